@@ -1,0 +1,189 @@
+"""A scripted OpenAI-compatible streaming server (test fixture and bench load target; never a default).
+
+It streams `tokens` content events per request with `ttft` seconds before the first and `itl` between
+the next, as chunked server-sent events like vLLM's, ends with a usage chunk (plus vLLM-style
+per-request speculative metrics when `spec` is set) and `[DONE]`. Failure modes, chosen per request
+by the prompt text: "FAIL500" answers HTTP 500, "CUT" closes the stream half-way, "SLOW" never
+finishes (for timeouts). It also serves /health, /metrics (spec-decode counters), /v1/models and
+/reset_prefix_cache, and counts what it saw.
+
+    python tests/fakeserver.py --port 0 --tokens 16 --ttft 0.05 --itl 0.01
+"""
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import threading
+import time
+
+
+class FakeServer:
+    def __init__(self, tokens=16, ttft=0.02, itl=0.005, spec=None, tokens_per_event=1, host="127.0.0.1", port=0):
+        self.tokens, self.ttft, self.itl = tokens, ttft, itl
+        self.spec = spec  # e.g. {"k": 4, "accept": 2}: per step, 4 drafted, 2 accepted
+        self.tokens_per_event = tokens_per_event
+        self.host = host
+        self.port = port
+        self.requests_seen = 0
+        self.resets = 0
+        self.counters = {"drafts": 0, "draft_tokens": 0, "accepted": 0}
+        self.server_ttfts: list[float] = []
+        self._loop = None
+        self._server = None
+        self._thread = None
+
+    # -- HTTP ----------------------------------------------------------------------------------
+    async def _handle(self, reader, writer):
+        try:
+            while True:
+                line = await reader.readline()
+                if not line:
+                    break
+                method, path, _ = line.decode().split(" ", 2)
+                headers = {}
+                while True:
+                    h = await reader.readline()
+                    if h in (b"\r\n", b""):
+                        break
+                    k, _, v = h.decode().partition(":")
+                    headers[k.strip().lower()] = v.strip()
+                body = await reader.readexactly(int(headers.get("content-length", 0))) if "content-length" in headers else b""
+                if not await self._route(method, path, body, writer):
+                    break
+        except (ConnectionError, asyncio.IncompleteReadError):
+            pass
+        finally:
+            writer.close()
+
+    def _plain(self, writer, status, text, ctype="text/plain"):
+        data = text.encode()
+        writer.write(f"HTTP/1.1 {status}\r\nContent-Type: {ctype}\r\nContent-Length: {len(data)}\r\n\r\n".encode() + data)
+
+    async def _route(self, method, path, body, writer) -> bool:
+        if path == "/health":
+            self._plain(writer, "200 OK", "")
+        elif path == "/v1/models":
+            self._plain(writer, "200 OK", json.dumps({"object": "list", "data": [{"id": "fake", "object": "model"}]}),
+                        "application/json")
+        elif path in ("/reset_prefix_cache", "/flush_cache"):
+            self.resets += 1
+            self._plain(writer, "200 OK", "")
+        elif path == "/metrics":
+            c = self.counters
+            text = (f'vllm:spec_decode_num_drafts_total{{engine="0",model_name="fake"}} {c["drafts"]}.0\n'
+                    f'vllm:spec_decode_num_draft_tokens_total{{engine="0",model_name="fake"}} {c["draft_tokens"]}.0\n'
+                    f'vllm:spec_decode_num_accepted_tokens_total{{engine="0",model_name="fake"}} {c["accepted"]}.0\n')
+            self._plain(writer, "200 OK", text)
+        elif path in ("/v1/completions", "/v1/chat/completions"):
+            return await self._stream(json.loads(body), writer, chat=path.endswith("chat/completions"))
+        else:
+            self._plain(writer, "404 Not Found", "")
+        await writer.drain()
+        return True
+
+    async def _stream(self, req, writer, chat) -> bool:
+        self.requests_seen += 1
+        text = req.get("prompt") or json.dumps(req.get("messages"))
+        n = min(self.tokens, req.get("max_tokens", self.tokens))
+        if "FAIL500" in text:
+            self._plain(writer, "500 Internal Server Error", json.dumps({"error": "scripted failure"}))
+            await writer.drain()
+            return True
+        writer.write(b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nTransfer-Encoding: chunked\r\n\r\n")
+        t0 = time.perf_counter()
+
+        def chunk(obj):
+            data = b"data: " + (obj if isinstance(obj, bytes) else json.dumps(obj).encode()) + b"\n\n"
+            writer.write(f"{len(data):x}\r\n".encode() + data + b"\r\n")
+
+        sent = 0
+        first = True
+        while sent < n:
+            await asyncio.sleep(self.ttft if first else self.itl)
+            if first:
+                self.server_ttfts.append(time.perf_counter() - t0)
+            first = False
+            k = min(self.tokens_per_event, n - sent)
+            piece = "x" * k
+            choice = {"index": 0, "delta": {"content": piece}} if chat else {"index": 0, "text": piece}
+            chunk({"id": "c", "object": "chunk", "choices": [choice], "usage": None})
+            await writer.drain()
+            sent += k
+            if "CUT" in text and sent >= n // 2:
+                writer.close()
+                return False
+            if "SLOW" in text:
+                await asyncio.sleep(3600)
+        final = {"id": "c", "choices": [], "usage": {"prompt_tokens": len(text.split()), "completion_tokens": n,
+                                                     "total_tokens": n + len(text.split())}}
+        if self.spec:
+            steps = max(1, n // (1 + self.spec["accept"]))
+            drafted, accepted = steps * self.spec["k"], steps * self.spec["accept"]
+            self.counters["drafts"] += steps
+            self.counters["draft_tokens"] += drafted
+            self.counters["accepted"] += accepted
+            final["metrics"] = {"speculative_decoding": {
+                "mean_acceptance_length": 1 + accepted / steps, "draft_acceptance_rate": accepted / drafted,
+                "num_spec_steps": steps, "num_accepted_draft_tokens": accepted, "num_draft_tokens": drafted,
+                "num_spec_tokens": self.spec["k"]}}
+        chunk(final)
+        chunk(b"[DONE]")
+        writer.write(b"0\r\n\r\n")
+        await writer.drain()
+        return True
+
+    # -- lifecycle -----------------------------------------------------------------------------
+    def start(self) -> "FakeServer":
+        ready = threading.Event()
+
+        def run():
+            self._loop = asyncio.new_event_loop()
+            asyncio.set_event_loop(self._loop)
+
+            async def main():
+                self._server = await asyncio.start_server(self._handle, self.host, self.port, limit=1 << 24)
+                self.port = self._server.sockets[0].getsockname()[1]
+                ready.set()
+                async with self._server:
+                    await self._server.serve_forever()
+
+            try:
+                self._loop.run_until_complete(main())
+            except asyncio.CancelledError:
+                pass
+
+        self._thread = threading.Thread(target=run, daemon=True)
+        self._thread.start()
+        ready.wait(10)
+        return self
+
+    @property
+    def base_url(self) -> str:
+        return f"http://{self.host}:{self.port}"
+
+    def stop(self) -> None:
+        if self._loop and self._server:
+            self._loop.call_soon_threadsafe(self._server.close)
+            for task in asyncio.all_tasks(self._loop):
+                self._loop.call_soon_threadsafe(task.cancel)
+
+
+def main():
+    p = argparse.ArgumentParser()
+    p.add_argument("--tokens", type=int, default=16)
+    p.add_argument("--ttft", type=float, default=0.02)
+    p.add_argument("--itl", type=float, default=0.005)
+    p.add_argument("--spec", default=None, help='JSON, e.g. {"k":4,"accept":2}')
+    p.add_argument("--tokens-per-event", type=int, default=1)
+    p.add_argument("--seconds", type=float, default=3600)
+    p.add_argument("--port", type=int, default=0)
+    a, _unknown = p.parse_known_args()  # tolerate engine flags when standing in for a server
+    s = FakeServer(a.tokens, a.ttft, a.itl, json.loads(a.spec) if a.spec else None, a.tokens_per_event,
+                   port=a.port).start()
+    print(json.dumps({"base_url": s.base_url}), flush=True)
+    time.sleep(a.seconds)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,80 @@
+"""The load generator against a scripted streaming server with known delays and token counts."""
+import asyncio
+
+import pytest
+
+from specmatch import metrics
+from specmatch.client import Request, build_payload, run_load
+from specmatch.engines import get_engine
+
+SETTINGS = {"max_tokens": 64, "temperature": 0.0, "ignore_eos": True}
+
+
+def reqs(n, text="hello world", protocol="openai-completions", source="s"):
+    p = {"text": text, "messages": [{"role": "user", "content": text}], "max_tokens": None}
+    return [Request(i, f"p{i}", source, i % 2 == 0, build_payload(protocol, p, "fake", SETTINGS)) for i in range(n)]
+
+
+def test_timings_and_counts_are_exact(fake_server):
+    srv = fake_server(tokens=20, ttft=0.10, itl=0.02)
+    recs = asyncio.run(run_load(srv.base_url, reqs(6), 2, "openai-completions"))
+    assert len(recs) == 6 and all(r["ok"] for r in recs)
+    for r in recs:
+        assert r["output_tokens"] == 20 and len(r["arrivals_s"]) == 20
+        assert r["ttft_s"] == pytest.approx(0.10, abs=0.02)
+        gaps = [b - a for a, b in zip(r["arrivals_s"], r["arrivals_s"][1:])]
+        assert sum(gaps) / len(gaps) == pytest.approx(0.02, abs=0.004)
+        assert r["e2e_s"] == pytest.approx(0.10 + 19 * 0.02, abs=0.05)
+    s = metrics.summarize(recs)
+    assert s["completed"] == 6 and s["failed"] == 0 and s["total_output_tokens"] == 120
+    # closed loop, 2 workers, 3 requests each of ~0.48 s => ~1.44 s, 120 tokens
+    assert s["duration"] == pytest.approx(3 * 0.48, rel=0.1)
+    assert s["output_throughput"] == pytest.approx(120 / s["duration"])
+    assert s["median_tpot_ms"] == pytest.approx(20, abs=3)
+    assert s["median_itl_ms"] == pytest.approx(20, abs=3)
+
+
+def test_output_tokens_come_from_usage_not_events(fake_server):
+    srv = fake_server(tokens=24, ttft=0.01, itl=0.005, tokens_per_event=3)  # EAGLE-like multi-token events
+    r = asyncio.run(run_load(srv.base_url, reqs(2), 1, "openai-completions"))
+    assert [x["output_tokens"] for x in r] == [24, 24]
+    assert all(len(x["arrivals_s"]) == 8 for x in r)
+
+
+def test_chat_endpoint(fake_server):
+    srv = fake_server(tokens=5, ttft=0.01, itl=0.001)
+    r = asyncio.run(run_load(srv.base_url, reqs(3, protocol="openai-chat"), 3, "openai-chat"))
+    assert all(x["ok"] and x["output_tokens"] == 5 for x in r)
+
+
+def test_every_injected_failure_is_counted(fake_server):
+    srv = fake_server(tokens=10, ttft=0.01, itl=0.002)
+    rs = reqs(3) + reqs(1, "FAIL500") + reqs(1, "CUT here") + reqs(1, "SLOW")
+    for i, r in enumerate(rs):
+        r.index = i
+    recs = asyncio.run(run_load(srv.base_url, rs, 2, "openai-completions", timeout=1.0))
+    assert len(recs) == 6
+    assert sum(r["ok"] for r in recs) == 3
+    errors = sorted(r["error"].split(":")[0] for r in recs if not r["ok"])
+    assert errors == ["connection", "http", "timeout"] or errors == ["http", "http", "timeout"]
+    s = metrics.summarize(recs)
+    assert s["failed"] == 3 and sum(s["failure_reasons"].values()) == 3
+
+
+def test_acceptance_equals_what_the_server_reported(fake_server):
+    srv = fake_server(tokens=30, ttft=0.01, itl=0.001, spec={"k": 4, "accept": 2})
+    eng = get_engine({"engine": "vllm", "model": "fake"})
+    recs = asyncio.run(run_load(srv.base_url, reqs(4), 2, "openai-completions", eng.parse_request_acceptance))
+    for r in recs:
+        assert r["num_spec_steps"] == 10 and r["num_accepted_tokens"] == 20 and r["num_draft_tokens"] == 40
+        assert r["acceptance_rate"] == pytest.approx(0.5)
+    by = metrics.acceptance_by_source(recs)
+    assert by["s"]["acceptance_rate"] == pytest.approx(0.5) and by["s"]["acceptance_length"] == pytest.approx(3.0)
+
+
+def test_open_loop_rate(fake_server):
+    srv = fake_server(tokens=2, ttft=0.001, itl=0.001)
+    recs = asyncio.run(run_load(srv.base_url, reqs(20), 8, "openai-completions", request_rate=50.0, seed=1))
+    assert len(recs) == 20 and all(r["ok"] for r in recs)
+    span = max(r["start_s"] for r in recs)
+    assert 0.1 < span < 1.5  # 19 gaps at 50 req/s ~ 0.38 s

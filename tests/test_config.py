@@ -1,0 +1,42 @@
+import copy
+
+import pytest
+import yaml
+
+from conftest import REPO
+from specmatch.config import load, requests_per_cell, validate
+from specmatch.io import SpecmatchError
+
+
+def base():
+    return yaml.safe_load((REPO / "config.yaml").read_text())
+
+
+def test_shipped_config_is_valid_and_gets_defaults():
+    cfg = load(REPO / "config.yaml")
+    assert cfg["baseline"] == "baseline"
+    assert cfg["servers"]["ngram"]["host"] == "127.0.0.1"
+    assert cfg["servers"]["ngram"]["startup_timeout_s"] == 1200
+    assert cfg["suites"]["train_mix"]["turn"] == "last"
+    assert cfg["requests"]["request_rate"] is None
+    assert requests_per_cell(cfg, 16) == 32 and requests_per_cell(cfg, 1) == 8
+
+
+@pytest.mark.parametrize("mutate, message", [
+    (lambda c: c["servers"]["ngram"]["speculative"].update(method="magic"), "servers.ngram.speculative.method"),
+    (lambda c: c.update(concurrency=[0]), "concurrency.0"),
+    (lambda c: c.update(baseline="nope"), "baseline: 'nope' is not a server"),
+    (lambda c: c["servers"]["baseline"].update(speculative={"method": "ngram"}), "the baseline must not speculate"),
+    (lambda c: c["servers"]["draft"]["speculative"].pop("model"), "servers.draft.speculative.model"),
+    (lambda c: c["servers"].update(ext={"engine": "external"}), "servers.ext.base_url"),
+    (lambda c: c["suites"]["generic"].pop("path"), "suites.generic.path"),
+    (lambda c: c.update(typo_key=1), "Additional properties are not allowed ('typo_key'"),
+    (lambda c: c["requests"].update(temperature="hot"), "requests.temperature"),
+])
+def test_bad_config_names_the_key(mutate, message):
+    cfg = copy.deepcopy(base())
+    mutate(cfg)
+    with pytest.raises(SpecmatchError) as e:
+        validate(cfg, "my.yaml")
+    assert message in str(e.value)
+    assert "my.yaml" in str(e.value)

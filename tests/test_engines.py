@@ -1,0 +1,122 @@
+"""Command building for every engine, and response parsing on recorded real responses."""
+import json
+from pathlib import Path
+
+import pytest
+
+from specmatch.engines import get_engine, redact_argv, redact_env
+from specmatch.engines.sglang import acceptance_from_meta, parse_meta_info, running_cap
+from specmatch.io import SpecmatchError
+from specmatch.metrics import parse_prometheus
+
+FIX = Path(__file__).parent / "fixtures"
+
+
+def test_vllm_cpu_argv_and_env():
+    eng = get_engine({"engine": "vllm", "model": "m", "python": "/venv/bin/python", "profile": "cpu",
+                      "speculative": {"method": "ngram", "num_speculative_tokens": 4, "prompt_lookup_max": 4,
+                                      "num_speculative_tokens_per_batch_size": [[1, 4, 4], [5, 256, 0]]},
+                      "args": ["--seed", 1], "env": {"MY_TOKEN": "s3cret"}})
+    plan = eng.launch_plan(port=8123, max_concurrency=16)
+    assert plan.argv[:8] == ["/venv/bin/python", "-m", "vllm.entrypoints.openai.api_server", "--model", "m",
+                             "--host", "127.0.0.1", "--port"]
+    spec = json.loads(plan.argv[plan.argv.index("--speculative-config") + 1])
+    assert spec["num_speculative_tokens_per_batch_size"] == [[1, 4, 4], [5, 256, 0]]
+    assert "--enable-per-request-metrics" in plan.argv
+    assert plan.argv[plan.argv.index("--per-request-spec-decode-metrics") + 1] == "summary"
+    assert "-O0" in plan.argv and "--max-num-seqs" not in plan.argv
+    assert plan.argv[-2:] == ["--seed", "1"]
+    assert plan.env["VLLM_CPU_KVCACHE_SPACE"] and plan.env["VLLM_SERVER_DEV_MODE"] == "1"
+    assert plan.base_url == "http://127.0.0.1:8123"
+    assert redact_env(plan.env)["MY_TOKEN"] == "<redacted>"
+
+
+def test_vllm_gpu_argv_high_concurrency_and_tp():
+    plan = get_engine({"engine": "vllm", "model": "big", "profile": "gpu", "tensor_parallel_size": 8,
+                       "speculative": {"method": "eagle3", "model": "d", "num_speculative_tokens": 3}}
+                      ).launch_plan(port=1, max_concurrency=512)
+    assert "-O0" not in plan.argv and "VLLM_CPU_KVCACHE_SPACE" not in plan.env
+    assert plan.argv[plan.argv.index("--tensor-parallel-size") + 1] == "8"
+    assert plan.argv[plan.argv.index("--max-num-seqs") + 1] == "512"
+
+
+def test_sglang_eagle3_argv_sets_running_cap():
+    cfg = {"engine": "sglang", "model": "T", "tensor_parallel_size": 8,
+           "speculative": {"method": "eagle3", "model": "D", "num_steps": 3, "eagle_topk": 1, "num_draft_tokens": 4,
+                           "spec_v2": True}}
+    plan = get_engine(cfg).launch_plan(port=30000, max_concurrency=256)
+    a = plan.argv
+    assert a[1:3] == ["-m", "sglang.launch_server"]
+    assert a[a.index("--speculative-algorithm") + 1] == "EAGLE3"
+    assert a[a.index("--speculative-draft-model-path") + 1] == "D"
+    assert [a[a.index(f) + 1] for f in ("--speculative-num-steps", "--speculative-eagle-topk",
+                                        "--speculative-num-draft-tokens")] == ["3", "1", "4"]
+    assert a[a.index("--max-running-requests") + 1] == "256" and a[a.index("--cuda-graph-max-bs") + 1] == "256"
+    assert a[a.index("--tp") + 1] == "8"
+    assert plan.env["SGLANG_ENABLE_SPEC_V2"] == "True"
+    assert running_cap(1) == 64 and running_cap(65) == 128
+
+
+@pytest.mark.parametrize("spec, msg", [
+    ({"method": "eagle3", "model": "D", "num_steps": 3}, "all set, or none"),
+    ({"method": "eagle3", "model": "D", "num_steps": 3, "eagle_topk": 1, "num_draft_tokens": 3}, r"num_steps \+ 1 = 4"),
+    ({"method": "eagle3", "model": "D", "num_steps": 3, "eagle_topk": 4, "num_draft_tokens": 8, "spec_v2": True},
+     "requires eagle_topk 1"),
+])
+def test_sglang_rejects_inconsistent_spec(spec, msg):
+    with pytest.raises(SpecmatchError, match=msg):
+        get_engine({"engine": "sglang", "model": "T", "speculative": spec}).launch_plan(1, 8)
+
+
+def test_external_reads_key_from_env(monkeypatch):
+    eng = get_engine({"engine": "external", "base_url": "http://h:1/", "api_key_env": "SM_KEY", "flavor": "sglang"})
+    assert not eng.launches and eng.base_url() == "http://h:1"
+    with pytest.raises(SpecmatchError, match="SM_KEY"):
+        eng.api_key()
+    monkeypatch.setenv("SM_KEY", "k")
+    assert eng.api_key() == "k"
+    assert eng.protocol("completions") == "sglang-generate"
+
+
+def test_redact_argv():
+    assert redact_argv(["x", "--api-key", "abc", "--hf-token=zzz"]) == ["x", "--api-key", "<redacted>",
+                                                                        "--hf-token=<redacted>"]
+
+
+def test_vllm_counters_from_recorded_metrics():
+    text = (FIX / "vllm" / "metrics_ngram_cpu_0.32.0.prom").read_text()
+    eng = get_engine({"engine": "vllm", "model": "m"})
+    c = eng.counters(text)
+    assert c["drafts"] == 2.0 and c["draft_tokens"] == 8.0 and c["accepted_tokens"] == 0.0
+    assert sorted(c["accepted_per_pos"]) == [0, 1, 2, 3]
+    after = {**c, "drafts": 12.0, "draft_tokens": 48.0, "accepted_tokens": 20.0,
+             "accepted_per_pos": {0: 10.0, 1: 6.0, 2: 4.0, 3: 0.0}}
+    acc = eng.cell_acceptance(c, after, [])
+    assert acc["spec_decode_acceptance_rate"] == pytest.approx(20 / 40)
+    assert acc["spec_decode_acceptance_length"] == pytest.approx(1 + 20 / 10)
+    assert acc["spec_decode_per_position_acceptance_rates"] == pytest.approx([1.0, 0.6, 0.4, 0.0])
+    assert parse_prometheus('a{b="c"} 1.5\n# x\n')[("a", (("b", "c"),))] == 1.5
+
+
+def test_vllm_per_request_metrics_from_recorded_stream():
+    sse = (FIX / "vllm" / "stream_completions_ngram_cpu_0.32.0.sse").read_text()
+    events = [json.loads(l[6:]) for l in sse.splitlines() if l.startswith("data: ") and l != "data: [DONE]"]
+    final = events[-1]
+    assert final["usage"]["completion_tokens"] == 24
+    acc = get_engine({"engine": "vllm", "model": "m"}).parse_request_acceptance(final)
+    assert acc == {"num_draft_tokens": 8, "num_accepted_tokens": 0, "num_spec_steps": 2, "acceptance_length": 1.0,
+                   "acceptance_rate": 0.0, "acceptance_histogram": [2, 0, 0, 0, 0]}
+
+
+def test_sglang_meta_info_recorded_examples():
+    ex = json.loads((FIX / "sglang" / "meta_info_examples.json").read_text())
+    old = parse_meta_info(ex["v1_verify_only"])
+    assert old["acceptance_length"] == pytest.approx(256 / 101) and old["num_accepted_tokens"] is None
+    new = parse_meta_info(ex["newer_build"])
+    assert new["acceptance_length"] == pytest.approx(128 / 30)
+    assert new["num_accepted_tokens"] == 98 and new["num_draft_tokens"] == 120
+    assert new["acceptance_rate"] == pytest.approx(0.8167)
+    cell = acceptance_from_meta([old, new])
+    assert cell["spec_decode_acceptance_length"] == pytest.approx((256 + 128) / (101 + 30))
+    assert cell["spec_decode_acceptance_rate"] is None  # the old build reports no draft counts
+    assert parse_meta_info({"completion_tokens": 5}) is None

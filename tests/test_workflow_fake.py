@@ -1,0 +1,122 @@
+"""The real workflow (all rules, real Snakemake) on a small training root, against scripted
+OpenAI-compatible endpoints (`external` engine): fast, no vLLM needed. Also checks provenance."""
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+from conftest import REPO, copy_workflow, run, snakemake_cmd
+from test_prompts import make_root
+
+
+@pytest.fixture(scope="module")
+def endpoints():
+    procs, urls = [], {}
+    for name, spec in (("base", None), ("spec", '{"k": 4, "accept": 2}')):
+        cmd = [sys.executable, str(REPO / "tests" / "fakeserver.py"), "--tokens", "12", "--ttft", "0.01",
+               "--itl", "0.004"] + (["--spec", spec] if spec else [])
+        p = subprocess.Popen(cmd, stdout=subprocess.PIPE, text=True)
+        urls[name] = json.loads(p.stdout.readline())["base_url"]
+        procs.append(p)
+    yield urls
+    for p in procs:
+        p.terminate()
+        p.wait(10)
+
+
+@pytest.fixture(scope="module")
+def workdir(tmp_path_factory, tok, tok_dir, endpoints):
+    wd = copy_workflow(tmp_path_factory.mktemp("wf"))
+    make_root(wd, tok, {"code": 12, "agent": 6, "chat": 4})
+    cfg = {
+        "dataset": {"root": "prepared", "tokenizer": str(tok_dir), "holdout": {"fraction": 0.25}},
+        "demo": {"enabled": False}, "models": {"embedded": {"enabled": False}},
+        "suites": {"train_mix": {"kind": "training", "size": 8, "seed": 0},
+                   "generic": {"kind": "file", "path": "resources/prompts/generic.jsonl", "size": 8}},
+        "servers": {"baseline": {"engine": "external", "base_url": endpoints["base"], "flavor": "vllm"},
+                    "eagle": {"engine": "external", "base_url": endpoints["spec"], "flavor": "vllm"}},
+        "baseline": "baseline", "concurrency": [1, 2],
+        "requests": {"min_per_cell": 4, "per_worker": 2, "warmup": 1, "max_tokens": 12},
+        "summary": {"bootstrap": 200},
+    }
+    (wd / "test.yaml").write_text(yaml.safe_dump(cfg))
+    return wd
+
+
+def sm(wd, *args, check=True):
+    return run(snakemake_cmd() + ["--cores", "2", "--configfile", "test.yaml", *args], wd, check=check)
+
+
+def job_counts(stdout: str) -> dict:
+    counts, on = {}, False
+    for line in stdout.splitlines():
+        if line.startswith("job ") and "count" in line:
+            on = True
+            continue
+        if on:
+            parts = line.split()
+            if not parts or parts[0] == "total":
+                break
+            if parts[0].startswith("---"):
+                continue
+            counts[parts[0]] = int(parts[1])
+    return counts
+
+
+def test_full_run_then_nothing_then_exact_reruns(workdir):
+    sm(workdir)
+    res = workdir / "results"
+    summary = (res / "summary" / "summary.md").read_text()
+    assert "**eagle** on `train_mix`" in summary and "acceptance" in summary.lower()
+    cell = json.loads((res / "cells" / "eagle" / "train_mix" / "c2.json").read_text())
+    assert cell["completed"] == 4 and cell["failed"] == 0 and cell["total_output_tokens"] == 48
+    assert cell["spec_decode_acceptance_rate"] == pytest.approx(0.5)
+    assert cell["spec_decode_acceptance_length"] == pytest.approx(3.0)
+    assert set(cell["acceptance_by_source"]) <= {"code", "agent", "chat"}
+    for f in ("cells.csv", "cells.parquet", "speedups.csv", "plots/throughput.png", "plots/speedup.png",
+              "verdict.json"):
+        assert (res / "summary" / f).exists(), f
+    assert not list(res.rglob("*.partial*"))
+    # second run: nothing to do
+    out = sm(workdir, "-n").stdout
+    assert "Nothing to be done" in out
+    # one concurrency changed: only the new cells and the summary
+    counts = job_counts(sm(workdir, "-n", "--config", "concurrency=[1, 3]").stdout)
+    assert counts == {"all": 1, "cell": 4, "summary": 1}
+    # one server changed: its launch record and its cells only
+    counts = job_counts(sm(workdir, "-n", "--config", "servers={'eagle': {'engine': 'external', 'base_url': "
+                                                    f"'{json.loads((res / 'servers/eagle/launch.json').read_text())['config']['base_url']}', "
+                                                    "'flavor': 'vllm', 'args': ['--x']}}").stdout)
+    assert counts == {"all": 1, "launch": 1, "cell": 4, "summary": 1}
+    # one suite changed: that suite and its cells only
+    counts = job_counts(sm(workdir, "-n", "--config", "suites={'generic': {'kind': 'file', 'size': 6, "
+                                                    "'path': 'resources/prompts/generic.jsonl'}}").stdout)
+    assert counts == {"all": 1, "prompts": 1, "cell": 4, "summary": 1}
+
+
+def test_provenance_and_verify(workdir):
+    res = workdir / "results"
+    if not (res / "summary" / "summary.md").exists():
+        sm(workdir)
+    cli = [sys.executable, "-m", "specmatch.cli"]
+    env = {"PYTHONPATH": str(REPO / "workflow")}
+    out = run(cli + ["provenance", "results/summary/summary.md"], workdir, env=env).stdout
+    assert "made by rule summary" in out and "made by rule cell" in out and "made by rule inspect" in out
+    assert "prepared/code/tokenized_data.jsonl" in out and "(source input)" in out
+    assert "server eagle" in out
+    ok = run(cli + ["verify"], workdir, env=env)
+    assert "matches" in ok.stdout
+    # change one training file: verify names exactly the results it invalidates
+    f = workdir / "prepared" / "chat" / "tokenized_data.jsonl"
+    f.write_text(f.read_text() + f.read_text().splitlines()[0] + "\n")
+    bad = run(cli + ["verify"], workdir, env=env, check=False)
+    assert bad.returncode == 1
+    assert f"CHANGED prepared/chat/tokenized_data.jsonl (input content changed) -> results/inspect/manifest.json" in bad.stdout
+    invalid = bad.stdout.split("invalidated results:")[1].split()
+    assert "results/inspect/manifest.json" in invalid and "results/prompts/train_mix.jsonl" in invalid
+    assert "results/prompts/generic.jsonl" in invalid  # the control suite's match report reads the manifest
+    assert all(not p.startswith("results/servers/") for p in invalid)
+    assert "results/summary/summary.md" in invalid

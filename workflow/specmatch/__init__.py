@@ -1,0 +1,2 @@
+"""specmatch: does speculative decoding pay off on your traffic?"""
+__version__ = "0.1.0"

@@ -1,0 +1,154 @@
+"""Load and validate the workflow config against workflow/schemas/config.schema.yaml.
+
+The schema is the reference manual; this module applies its defaults, checks the cross-key rules a
+JSON Schema cannot express (the baseline names a server, engines have what they need) and turns
+validation errors into messages that name the bad key, e.g. `servers.ngram.speculative.method`.
+"""
+from __future__ import annotations
+
+import copy
+from pathlib import Path
+from typing import Any
+
+import jsonschema
+import yaml
+
+from .io import SpecmatchError
+
+SCHEMA_PATH = Path(__file__).resolve().parent.parent / "schemas" / "config.schema.yaml"
+
+
+def load_schema() -> dict:
+    return yaml.safe_load(SCHEMA_PATH.read_text())
+
+
+def _key_path(error: jsonschema.ValidationError) -> str:
+    parts = [str(p) for p in error.absolute_path]
+    return ".".join(parts) if parts else "(top level)"
+
+
+def _scalar(types, value):
+    if not isinstance(value, str):
+        return value
+    text = value.strip()
+    if "integer" in types and text.lstrip("-").isdigit():
+        return int(text)
+    if "number" in types:
+        try:
+            return float(text)
+        except ValueError:
+            pass
+    if "boolean" in types and text.lower() in ("true", "false"):
+        return text.lower() == "true"
+    if "null" in types and text.lower() in ("null", "none", "~"):
+        return None
+    return value
+
+
+def _coerce(schema: dict, value: Any, root: dict) -> Any:
+    """Turn numbers/booleans written as strings into their types where the schema expects them."""
+    if "$ref" in schema:
+        schema = root["$defs"][schema["$ref"].split("/")[-1]]
+    types = schema.get("type", [])
+    types = [types] if isinstance(types, str) else types
+    if isinstance(value, dict):
+        props = schema.get("properties", {})
+        extra = schema.get("additionalProperties")
+        return {k: _coerce(props[k], v, root) if k in props else
+                (_coerce(extra, v, root) if isinstance(extra, dict) else v) for k, v in value.items()}
+    if isinstance(value, list):
+        items = schema.get("items")
+        return [_coerce(items, v, root) for v in value] if isinstance(items, dict) else value
+    return _scalar(types, value)
+
+
+def _fill_defaults(schema: dict, instance: Any, root: dict) -> None:
+    """Fill `default` values of properties the user did not set (recursively, following $ref)."""
+    if "$ref" in schema:
+        ref = schema["$ref"].split("/")[-1]
+        schema = root["$defs"][ref]
+    if not isinstance(instance, dict):
+        return
+    for key, sub in schema.get("properties", {}).items():
+        if "$ref" in sub:
+            sub = root["$defs"][sub["$ref"].split("/")[-1]]
+        if key not in instance and "default" in sub:
+            instance[key] = copy.deepcopy(sub["default"])
+        if key in instance:
+            _fill_defaults(sub, instance[key], root)
+    extra = schema.get("additionalProperties")
+    if isinstance(extra, dict):
+        for key, value in instance.items():
+            if key not in schema.get("properties", {}):
+                _fill_defaults(extra, value, root)
+
+
+def validate(config: dict, source: str = "config") -> dict:
+    """Return a validated copy of `config` with schema defaults applied; raise SpecmatchError."""
+    schema = load_schema()
+    cfg = copy.deepcopy(config)
+    # `snakemake --config concurrency=[1,8]` hands nested values over as text; coerce by the schema.
+    cfg = _coerce(schema, cfg, schema)
+    validator = jsonschema.Draft202012Validator(schema)
+    errors = sorted(validator.iter_errors(cfg), key=lambda e: list(e.absolute_path))
+    if errors:
+        lines = [f"{source}: {_key_path(e)}: {e.message}" for e in errors[:20]]
+        raise SpecmatchError("invalid configuration:\n  " + "\n  ".join(lines))
+    for top in ("requests", "summary", "demo", "models"):
+        cfg.setdefault(top, {})
+    _fill_defaults(schema, cfg, schema)
+    _cross_checks(cfg, source)
+    return cfg
+
+
+def _cross_checks(cfg: dict, source: str) -> None:
+    servers = cfg["servers"]
+    if cfg["baseline"] not in servers:
+        raise SpecmatchError(
+            f"{source}: baseline: '{cfg['baseline']}' is not a server (servers: {', '.join(servers)})"
+        )
+    if servers[cfg["baseline"]].get("speculative"):
+        raise SpecmatchError(f"{source}: servers.{cfg['baseline']}.speculative: the baseline must not speculate")
+    for name, srv in servers.items():
+        if srv["engine"] in ("vllm", "sglang") and not srv.get("model"):
+            raise SpecmatchError(f"{source}: servers.{name}.model: required for engine {srv['engine']}")
+        if srv["engine"] == "external" and not srv.get("base_url"):
+            raise SpecmatchError(f"{source}: servers.{name}.base_url: required for engine external")
+        if srv["engine"] != "external" and srv.get("base_url"):
+            raise SpecmatchError(f"{source}: servers.{name}.base_url: only for engine external")
+        spec = srv.get("speculative") or {}
+        if spec.get("method") in ("draft_model", "eagle", "eagle3") and not spec.get("model"):
+            raise SpecmatchError(f"{source}: servers.{name}.speculative.model: required for method {spec['method']}")
+    for name, suite in cfg["suites"].items():
+        if suite["kind"] == "file" and not suite.get("path"):
+            raise SpecmatchError(f"{source}: suites.{name}.path: required for kind file")
+
+
+def load(path: str | Path, overrides: dict | None = None) -> dict:
+    path = Path(path)
+    try:
+        raw = yaml.safe_load(path.read_text())
+    except FileNotFoundError:
+        raise SpecmatchError(f"{path}: config file not found") from None
+    except yaml.YAMLError as exc:
+        raise SpecmatchError(f"{path}: not valid YAML: {exc}") from None
+    if not isinstance(raw, dict):
+        raise SpecmatchError(f"{path}: expected a mapping at the top level")
+    if overrides:
+        raw = deep_merge(raw, overrides)
+    return validate(raw, str(path))
+
+
+def deep_merge(base: dict, over: dict) -> dict:
+    out = copy.deepcopy(base)
+    for k, v in over.items():
+        if isinstance(v, dict) and isinstance(out.get(k), dict):
+            out[k] = deep_merge(out[k], v)
+        else:
+            out[k] = copy.deepcopy(v)
+    return out
+
+
+def requests_per_cell(cfg: dict, concurrency: int) -> int:
+    r = cfg["requests"]
+    return max(r["min_per_cell"], r["per_worker"] * concurrency)

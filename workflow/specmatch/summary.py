@@ -1,0 +1,367 @@
+"""Aggregate every cell into the answer a team acts on.
+
+- `cells.csv` / `cells.parquet`: one tidy row per (server, suite, concurrency).
+- `speedups.csv`: each speculative server against the baseline on the same suite and concurrency,
+  for output throughput, TPOT and end-to-end latency, with bootstrap intervals from the per-request
+  records (throughput via Little's law, C x mean output tokens / mean latency, resampled per cell).
+- the crossover concurrency where speculation stops paying, and a recommendation: for vLLM a
+  `num_speculative_tokens_per_batch_size` schedule, for SGLang the batch size above which to fall back.
+- acceptance per training source, and the distribution effect (training-mix vs control suites).
+- plots and `summary.md` (the verdict first, then the tables).
+
+    python -m specmatch.summary --baseline NAME --cells c*.json --matches *.match.json --out-dir results/summary
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+import numpy as np
+import polars as pl
+
+from .io import SpecmatchError, atomic_path, read_json, write_text
+from .provenance import Recorder
+
+CELL_COLUMNS = ["server", "suite", "concurrency", "engine", "completed", "failed", "duration", "output_throughput",
+                "request_throughput", "total_token_throughput", "mean_ttft_ms", "median_ttft_ms", "p99_ttft_ms",
+                "mean_tpot_ms", "median_tpot_ms", "p99_tpot_ms", "median_itl_ms", "p99_itl_ms", "mean_e2el_ms",
+                "median_e2el_ms", "p99_e2el_ms", "spec_decode_acceptance_rate", "spec_decode_acceptance_length",
+                "holdout_share"]
+
+
+def load_cells(paths: list[Path]) -> tuple[pl.DataFrame, dict]:
+    rows, reqs = [], {}
+    for p in paths:
+        c = read_json(p)
+        rows.append({k: c.get(k) for k in CELL_COLUMNS} | {"path": str(p)})
+        rq = p.with_name(p.name.replace(".json", ".requests.parquet"))
+        if not rq.exists():
+            raise SpecmatchError(f"{rq}: per-request records missing for {p}")
+        reqs[(c["server"], c["suite"], c["concurrency"])] = (pl.read_parquet(rq), c)
+    if not rows:
+        raise SpecmatchError("no cells to summarise")
+    df = pl.DataFrame(rows, infer_schema_length=None).sort(["suite", "server", "concurrency"])
+    return df, reqs
+
+
+def _boot_stats(df: pl.DataFrame, concurrency: int, n: int, rng) -> dict[str, np.ndarray]:
+    ok = df.filter(pl.col("ok"))
+    out = ok["output_tokens"].to_numpy().astype(float)
+    e2e = ok["e2e_s"].to_numpy().astype(float)
+    ttft = ok["ttft_s"].fill_null(np.nan).to_numpy().astype(float)
+    tpot = np.where(out > 1, (e2e - ttft) / np.maximum(out - 1, 1), np.nan)
+    k = len(out)
+    idx = rng.integers(0, k, size=(n, k))
+    return {"thr": concurrency * out[idx].mean(axis=1) / e2e[idx].mean(axis=1),
+            "tpot": np.nanmean(tpot[idx], axis=1), "e2e": e2e[idx].mean(axis=1)}
+
+
+def speedups(df: pl.DataFrame, reqs: dict, baseline: str, n_boot: int, conf: float, seed: int = 0) -> pl.DataFrame:
+    rng = np.random.default_rng(seed)
+    lo_q, hi_q = (1 - conf) / 2 * 100, (1 + conf) / 2 * 100
+    rows = []
+    for (server, suite, c), (rq, cell) in sorted(reqs.items()):
+        if server == baseline or (baseline, suite, c) not in reqs:
+            continue
+        brq, bcell = reqs[(baseline, suite, c)]
+        if not cell.get("completed") or not bcell.get("completed"):
+            continue
+        s, b = _boot_stats(rq, c, n_boot, rng), _boot_stats(brq, c, n_boot, rng)
+        row = {"server": server, "suite": suite, "concurrency": c,
+               "throughput": cell["output_throughput"], "baseline_throughput": bcell["output_throughput"],
+               "speedup_throughput": cell["output_throughput"] / bcell["output_throughput"]}
+        ratio = s["thr"] / b["thr"]
+        row["speedup_throughput_lo"], row["speedup_throughput_hi"] = (
+            float(np.percentile(ratio, lo_q)) * row["speedup_throughput"] / float(np.median(ratio)),
+            float(np.percentile(ratio, hi_q)) * row["speedup_throughput"] / float(np.median(ratio)))
+        for key, name in (("tpot", "tpot"), ("e2e", "e2el")):
+            r = b[key] / s[key]  # > 1: the speculative server is faster per request
+            point = (bcell.get(f"mean_{name}_ms") or np.nan) / (cell.get(f"mean_{name}_ms") or np.nan)
+            row[f"speedup_{name}"] = float(point)
+            row[f"speedup_{name}_lo"] = float(np.nanpercentile(r, lo_q))
+            row[f"speedup_{name}_hi"] = float(np.nanpercentile(r, hi_q))
+        row["acceptance_rate"] = cell.get("spec_decode_acceptance_rate")
+        row["acceptance_length"] = cell.get("spec_decode_acceptance_length")
+        row["verdict"] = ("pays" if row["speedup_throughput_lo"] > 1 else
+                          "loses" if row["speedup_throughput_hi"] < 1 else "inconclusive")
+        rows.append(row)
+    return pl.DataFrame(rows, infer_schema_length=None) if rows else pl.DataFrame()
+
+
+def crossover(sp: pl.DataFrame) -> list[dict]:
+    """Per (server, suite): where speculation stops paying (by the point estimate, with the interval's word)."""
+    out = []
+    if sp.is_empty():
+        return out
+    for (server, suite), g in sp.group_by(["server", "suite"], maintain_order=True):
+        g = g.sort("concurrency")
+        cs, sps = g["concurrency"].to_list(), g["speedup_throughput"].to_list()
+        verdicts = g["verdict"].to_list()
+        pays = [x > 1 for x in sps]
+        if all(pays):
+            text, last = "pays everywhere measured", cs[-1]
+        elif not any(pays):
+            text, last = "never pays", None
+        else:
+            first_loss = next(i for i, p in enumerate(pays) if not p)
+            last = cs[first_loss - 1] if first_loss > 0 else None
+            text = (f"stops paying at c={cs[first_loss]}" + (f" (pays up to c={last})" if last else "")
+                    if first_loss > 0 else "loses at low concurrency, pays higher up: " +
+                    ", ".join(f"c={c}: {s:.2f}x" for c, s in zip(cs, sps)))
+        out.append({"server": server, "suite": suite, "crossover": text, "pays_up_to": last,
+                    "confident": all(v != "inconclusive" for v in verdicts),
+                    "speedups": {int(c): round(float(s), 3) for c, s in zip(cs, sps)}})
+    return out
+
+
+def recommendation(cross: list[dict], launches: dict, training_suites: set[str]) -> list[dict]:
+    recs = []
+    for x in cross:
+        if training_suites and x["suite"] not in training_suites:
+            continue
+        launch = launches.get(x["server"], {})
+        engine, spec = launch.get("engine"), (launch.get("speculative") or {})
+        k = spec.get("num_speculative_tokens", 4)
+        flavor = launch.get("flavor", engine)
+        if x["pays_up_to"] is None:
+            text = "turn speculation off: it never beat the baseline on this suite"
+        elif x["crossover"] == "pays everywhere measured":
+            text = "keep speculation on at every measured concurrency"
+        elif flavor == "vllm":
+            sched = [[1, int(x["pays_up_to"]), int(k)], [int(x["pays_up_to"]) + 1, 1024, 0]]
+            text = ("vLLM: --speculative-config '" + json.dumps({**{kk: vv for kk, vv in spec.items()
+                    if kk != "num_speculative_tokens_per_batch_size"}, "num_speculative_tokens_per_batch_size": sched},
+                    sort_keys=True) + "'")
+        else:
+            text = f"SGLang: route traffic to the baseline server above batch size {x['pays_up_to']}"
+        recs.append({**x, "recommendation": text,
+                     "evidence": "all intervals exclude 1" if x["confident"] else
+                     "some intervals include 1: treat the boundary as approximate"})
+    return recs
+
+
+def acceptance_by_source(paths: list[Path]) -> pl.DataFrame:
+    rows = []
+    for p in paths:
+        c = read_json(p)
+        for src, a in (c.get("acceptance_by_source") or {}).items():
+            rows.append({"server": c["server"], "suite": c["suite"], "concurrency": c["concurrency"], "source": src,
+                         **{k: a.get(k) for k in ("requests", "acceptance_rate", "acceptance_length",
+                                                  "num_accepted_tokens", "num_draft_tokens", "num_spec_steps")}})
+    if not rows:
+        return pl.DataFrame()
+    df = pl.DataFrame(rows, infer_schema_length=None)
+    return (df.group_by(["server", "suite", "source"]).agg(
+        pl.col("requests").sum(), pl.col("num_accepted_tokens").sum(), pl.col("num_draft_tokens").sum(),
+        pl.col("num_spec_steps").sum())
+        .with_columns((pl.col("num_accepted_tokens") / pl.col("num_draft_tokens")).alias("acceptance_rate"),
+                      (1 + pl.col("num_accepted_tokens") / pl.col("num_spec_steps")).alias("acceptance_length"))
+        .sort(["server", "suite", "source"]))
+
+
+def plots(df: pl.DataFrame, sp: pl.DataFrame, acc: pl.DataFrame, cross: list[dict], out: Path) -> list[Path]:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    out.mkdir(parents=True, exist_ok=True)
+    suites = sorted(df["suite"].unique().to_list())
+    servers = df["server"].unique(maintain_order=True).to_list()
+    made = []
+
+    def save(fig, name):
+        path = out / f"{name}.png"
+        with atomic_path(path, ".png") as tmp:
+            fig.savefig(tmp, format="png", dpi=110)
+        plt.close(fig)
+        made.append(path)
+
+    fig, axes = plt.subplots(1, len(suites), figsize=(5.5 * len(suites), 4), squeeze=False)
+    for ax, suite in zip(axes[0], suites):
+        for s in servers:
+            g = df.filter((pl.col("suite") == suite) & (pl.col("server") == s)).sort("concurrency")
+            ax.plot(g["concurrency"], g["output_throughput"], marker="o", label=s)
+        ax.set_xscale("log", base=2)
+        ax.set_title(f"suite {suite}")
+        ax.set_xlabel("concurrency")
+        ax.set_ylabel("output tokens/s")
+        ax.grid(alpha=0.3)
+    axes[0][0].legend()
+    fig.suptitle("Output throughput vs concurrency")
+    fig.tight_layout()
+    save(fig, "throughput")
+
+    if not sp.is_empty():
+        fig, axes = plt.subplots(1, len(suites), figsize=(5.5 * len(suites), 4), squeeze=False)
+        for ax, suite in zip(axes[0], suites):
+            for s in sp["server"].unique(maintain_order=True).to_list():
+                g = sp.filter((pl.col("suite") == suite) & (pl.col("server") == s)).sort("concurrency")
+                if g.is_empty():
+                    continue
+                x = g["concurrency"].to_numpy()
+                line = ax.plot(x, g["speedup_throughput"], marker="o", label=s)[0]
+                ax.fill_between(x, g["speedup_throughput_lo"], g["speedup_throughput_hi"], alpha=0.2,
+                                color=line.get_color())
+                xo = next((c for c in cross if c["server"] == s and c["suite"] == suite), None)
+                if xo and xo["pays_up_to"] is not None and xo["crossover"].startswith("stops"):
+                    ax.axvline(xo["pays_up_to"], color=line.get_color(), ls=":", alpha=0.7)
+            ax.axhline(1.0, color="black", lw=1)
+            ax.set_xscale("log", base=2)
+            ax.set_title(f"suite {suite}")
+            ax.set_xlabel("concurrency")
+            ax.set_ylabel("throughput speedup vs baseline")
+            ax.grid(alpha=0.3)
+        axes[0][0].legend()
+        fig.suptitle("Speedup over the baseline (band: bootstrap interval; dotted: last concurrency that pays)")
+        fig.tight_layout()
+        save(fig, "speedup")
+
+    fig, axes = plt.subplots(1, len(suites), figsize=(5.5 * len(suites), 4), squeeze=False)
+    for ax, suite in zip(axes[0], suites):
+        for s in servers:
+            g = df.filter((pl.col("suite") == suite) & (pl.col("server") == s)).sort("concurrency")
+            ax.plot(g["output_throughput"], g["median_tpot_ms"], marker="o", label=s)
+            for c, x, y in zip(g["concurrency"], g["output_throughput"], g["median_tpot_ms"]):
+                if x is not None and y is not None:
+                    ax.annotate(f"c{c}", (x, y), fontsize=7, alpha=0.7)
+        ax.set_title(f"suite {suite}")
+        ax.set_xlabel("output tokens/s")
+        ax.set_ylabel("median TPOT (ms)")
+        ax.grid(alpha=0.3)
+    axes[0][0].legend()
+    fig.suptitle("Latency vs throughput (lower right is better)")
+    fig.tight_layout()
+    save(fig, "latency_throughput")
+
+    if not acc.is_empty():
+        fig, ax = plt.subplots(figsize=(8, 4))
+        keys = acc.select(["server", "suite"]).unique(maintain_order=True).rows()
+        sources = sorted(acc["source"].unique().to_list())
+        width = 0.8 / max(1, len(keys))
+        for i, (srv, suite) in enumerate(keys):
+            g = acc.filter((pl.col("server") == srv) & (pl.col("suite") == suite))
+            vals = [g.filter(pl.col("source") == src)["acceptance_rate"].to_list() for src in sources]
+            ax.bar(np.arange(len(sources)) + i * width, [v[0] if v and v[0] is not None else 0 for v in vals], width,
+                   label=f"{srv} / {suite}")
+        ax.set_xticks(np.arange(len(sources)) + 0.4 - width / 2, sources, rotation=30, ha="right")
+        ax.set_ylabel("draft acceptance rate")
+        ax.set_title("Acceptance by prompt source")
+        ax.legend(fontsize=7)
+        fig.tight_layout()
+        save(fig, "acceptance_by_source")
+    return made
+
+
+def _fmt(v, spec=".2f"):
+    return "—" if v is None or (isinstance(v, float) and np.isnan(v)) else format(v, spec)
+
+
+def markdown(df, sp, cross, recs, acc, matches, baseline) -> str:
+    lines = ["# specmatch: does speculation pay off here?", ""]
+    if not cross:
+        lines.append(f"Only the baseline `{baseline}` was measured: nothing to compare.")
+    for x in cross:
+        best = max(x["speedups"].items(), key=lambda kv: kv[1])
+        lines.append(f"- **{x['server']}** on `{x['suite']}`: {x['crossover']}; best {best[1]:.2f}x at c={best[0]}"
+                     + ("" if x["confident"] else " (some intervals include 1)") + ".")
+    if recs:
+        lines += ["", "## Recommendation (training-mix suites)", ""]
+        lines += [f"- **{r['server']}** (`{r['suite']}`): {r['recommendation']} — {r['evidence']}." for r in recs]
+    suites = sorted(df["suite"].unique().to_list())
+    if len(suites) > 1 and not sp.is_empty():
+        lines += ["", "## Distribution effect: same server, different prompts", "",
+                  "| server | concurrency | " + " | ".join(f"speedup on {s}" for s in suites) + " |",
+                  "|---|---|" + "---|" * len(suites)]
+        for (server, c), g in sp.group_by(["server", "concurrency"], maintain_order=True):
+            vals = {r["suite"]: r["speedup_throughput"] for r in g.iter_rows(named=True)}
+            lines.append(f"| {server} | {c} | " + " | ".join(_fmt(vals.get(s)) + "x" if s in vals else "—"
+                                                              for s in suites) + " |")
+    if matches:
+        lines += ["", "## Prompt suites", "", "| suite | prompts | source TVD vs training | prompt-length KS | verdict |",
+                  "|---|---|---|---|---|"]
+        for m in matches:
+            lines.append(f"| {m['suite']} | {m['prompts']} | {_fmt(m.get('source_tvd_vs_training_mix'), '.3f')} | "
+                         f"{_fmt(m.get('prompt_length_ks'), '.3f')} | {m['verdict']} |")
+    if not sp.is_empty():
+        lines += ["", f"## Speedup over `{baseline}` (interval: bootstrap)", "",
+                  "| server | suite | c | tok/s | baseline tok/s | throughput speedup | TPOT speedup | e2e speedup | acceptance | verdict |",
+                  "|---|---|---|---|---|---|---|---|---|---|"]
+        for r in sp.sort(["suite", "server", "concurrency"]).iter_rows(named=True):
+            lines.append(
+                f"| {r['server']} | {r['suite']} | {r['concurrency']} | {_fmt(r['throughput'], '.1f')} | "
+                f"{_fmt(r['baseline_throughput'], '.1f')} | {_fmt(r['speedup_throughput'])}x "
+                f"[{_fmt(r['speedup_throughput_lo'])}, {_fmt(r['speedup_throughput_hi'])}] | "
+                f"{_fmt(r['speedup_tpot'])}x [{_fmt(r['speedup_tpot_lo'])}, {_fmt(r['speedup_tpot_hi'])}] | "
+                f"{_fmt(r['speedup_e2el'])}x | {_fmt(r['acceptance_rate'], '.3f')} | {r['verdict']} |")
+    lines += ["", "## All cells", "",
+              "| server | suite | c | ok | failed | tok/s | req/s | TTFT p50 ms | TPOT p50 ms | ITL p99 ms | e2e p50 ms | acceptance rate | acceptance length |",
+              "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+    for r in df.iter_rows(named=True):
+        lines.append(f"| {r['server']} | {r['suite']} | {r['concurrency']} | {r['completed']} | {r['failed']} | "
+                     f"{_fmt(r['output_throughput'], '.1f')} | {_fmt(r['request_throughput'], '.2f')} | "
+                     f"{_fmt(r['median_ttft_ms'], '.0f')} | {_fmt(r['median_tpot_ms'], '.1f')} | "
+                     f"{_fmt(r['p99_itl_ms'], '.1f')} | {_fmt(r['median_e2el_ms'], '.0f')} | "
+                     f"{_fmt(r['spec_decode_acceptance_rate'], '.3f')} | {_fmt(r['spec_decode_acceptance_length'], '.2f')} |")
+    if not acc.is_empty():
+        lines += ["", "## Acceptance by training source", "", "| server | suite | source | requests | acceptance rate | acceptance length |",
+                  "|---|---|---|---|---|---|"]
+        for r in acc.iter_rows(named=True):
+            lines.append(f"| {r['server']} | {r['suite']} | {r['source']} | {r['requests']} | "
+                         f"{_fmt(r['acceptance_rate'], '.3f')} | {_fmt(r['acceptance_length'], '.2f')} |")
+    lines += ["", "Plots: `plots/throughput.png`, `plots/speedup.png`, `plots/latency_throughput.png`, "
+                  "`plots/acceptance_by_source.png`. Every file has a `.prov.json` beside it: "
+                  "`specmatch provenance results/summary/summary.md`."]
+    return "\n".join(lines) + "\n"
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m specmatch.summary", description=__doc__.split("\n\n")[0])
+    p.add_argument("--baseline", required=True)
+    p.add_argument("--settings", default="{}")
+    p.add_argument("--cells", nargs="+", type=Path, required=True)
+    p.add_argument("--matches", nargs="*", type=Path, default=[])
+    p.add_argument("--out-dir", type=Path, required=True)
+    a = p.parse_args(argv)
+    settings = {"bootstrap": 1000, "confidence": 0.9, **json.loads(a.settings)}
+    rec = Recorder("summary", a.cells + a.matches, {"baseline": a.baseline, "summary": settings})
+    try:
+        df, reqs = load_cells(a.cells)
+        if a.baseline not in df["server"].to_list():
+            raise SpecmatchError(f"baseline: no cells of server '{a.baseline}'")
+        sp = speedups(df, reqs, a.baseline, settings["bootstrap"], settings["confidence"])
+        cross = crossover(sp)
+        launches = {}
+        for s in df["server"].unique().to_list():
+            lp = Path("results/servers") / s / "launch.json"
+            if lp.exists():
+                launches[s] = read_json(lp)
+        matches = [read_json(m) for m in a.matches]
+        training = {m["suite"] for m in matches if m.get("representative") is not None and "candidates" in m
+                    and m.get("prompt_length_ks") is not None}
+        recs = recommendation(cross, launches, training)
+        acc = acceptance_by_source(a.cells)
+    except SpecmatchError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 1
+    out = a.out_dir
+    with atomic_path(out / "cells.csv") as tmp:
+        df.write_csv(tmp)
+    with atomic_path(out / "cells.parquet", ".parquet") as tmp:
+        df.write_parquet(tmp)
+    with atomic_path(out / "speedups.csv") as tmp:
+        (sp if not sp.is_empty() else pl.DataFrame({"server": []})).write_csv(tmp)
+    made = plots(df, sp, acc, cross, out / "plots")
+    write_text(out / "verdict.json", json.dumps({"crossover": cross, "recommendations": recs}, indent=2) + "\n")
+    md = markdown(df, sp, cross, recs, acc, matches, a.baseline)
+    write_text(out / "summary.md", md)
+    rec.write([out / "summary.md", out / "cells.csv", out / "cells.parquet", out / "speedups.csv",
+               out / "verdict.json", *made])
+    print(md.split("\n## ")[0])
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
