@@ -13,7 +13,6 @@ if not workflow.config_settings.configfiles:
     configfile: "config.yaml"
 
 
-
 include: "workflow/rules/common.smk"
 include: "workflow/rules/models.smk"
 include: "workflow/rules/inspect.smk"

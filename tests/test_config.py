@@ -40,3 +40,15 @@ def test_bad_config_names_the_key(mutate, message):
         validate(cfg, "my.yaml")
     assert message in str(e.value)
     assert "my.yaml" in str(e.value)
+
+
+def test_shipped_example_configs_validate_and_build():
+    from specmatch.engines import get_engine
+
+    for f in sorted((REPO / "resources" / "configs").glob("*.yaml")):
+        cfg = load(f)
+        for name, srv in cfg["servers"].items():
+            plan = get_engine(srv).launch_plan(port=30000, max_concurrency=max(cfg["concurrency"]))
+            assert plan.argv and plan.host == "127.0.0.1", (f.name, name)
+            if srv["engine"] == "sglang":
+                assert plan.argv[plan.argv.index("--max-running-requests") + 1] == "256"

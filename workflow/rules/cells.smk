@@ -9,22 +9,22 @@ rule cell:
     output:
         cell="results/cells/{server}/{suite}/c{concurrency}.json",
         requests="results/cells/{server}/{suite}/c{concurrency}.requests.parquet",
+    log:
+        "results/logs/cells/{server}/{suite}/c{concurrency}.log",
+    wildcard_constraints:
+        concurrency=r"\d+",
+    priority: server_priority
+    conda:
+        "../../envs/specmatch.yaml"
+    resources:
+        serving_slot=1,
+        gpu=server_gpus,
     params:
         server=server_json,
         requests=requests_json,
         max_concurrency=launch_concurrency_param,
-    wildcard_constraints:
-        concurrency=r"\d+",
-    resources:
-        serving_slot=1,
-        gpu=server_gpus,
-    priority: server_priority
-    log:
-        "results/logs/cells/{server}/{suite}/c{concurrency}.log",
-    conda:
-        "../../envs/specmatch.yaml"
     shell:
-        "{PY} -m specmatch.cell --name {wildcards.server} --server {params.server:q} --suite {wildcards.suite}"
+        "python -m specmatch.cell --name {wildcards.server} --server {params.server:q} --suite {wildcards.suite}"
         " --prompts {input.prompts} --concurrency {wildcards.concurrency}"
         " --max-concurrency {params.max_concurrency} --requests {params.requests:q}"
         " --launch {input.launch} --out {output.cell} --requests-out {output.requests}"

@@ -10,15 +10,10 @@ from snakemake.exceptions import WorkflowError
 _PKG = str(Path(workflow.basedir) / "workflow")
 if _PKG not in sys.path:
     sys.path.insert(0, _PKG)
-# Jobs import the package from this checkout, whatever environment runs them.
-os.environ["PYTHONPATH"] = os.pathsep.join(
-    [_PKG] + [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]
-)
-# Servers started for this run die with this process (the watchdog watches it).
-os.environ["SPECMATCH_OWNER_PID"] = str(os.getpid())
 
 from specmatch.config import validate as _validate_config
-from specmatch.io import SpecmatchError, stable_hash
+from specmatch.io import SpecmatchError
+from specmatch.workflow_env import prepare as _prepare_env
 
 try:
     CFG = _validate_config(config, "config")
@@ -26,19 +21,17 @@ except SpecmatchError as _exc:
     raise WorkflowError(str(_exc))
 
 
-def _python():
-    """Interpreter for jobs: the env's `python` under conda, else the one running Snakemake."""
+def _uses_conda():
     try:
         from snakemake.settings.types import DeploymentMethod
 
-        if DeploymentMethod.CONDA in workflow.deployment_settings.deployment_method:
-            return "python"
+        return DeploymentMethod.CONDA in workflow.deployment_settings.deployment_method
     except Exception:
-        pass
-    return sys.executable
+        return False
 
 
-PY = _python()
+# Jobs call `python -m specmatch.<step>` with this checkout's package; servers die with this process.
+_prepare_env(_PKG, conda=_uses_conda())
 SERVERS = list(CFG["servers"])
 SUITES = list(CFG["suites"])
 CONCURRENCY = sorted(CFG["concurrency"])
@@ -91,7 +84,9 @@ def built_paths():
 def local_inputs(paths):
     """Inputs that Snakemake should track: folders we build, or local files/folders that exist."""
     built = built_paths()
-    return [p for p in paths if p and (os.path.normpath(p) in built or os.path.exists(p))]
+    return [
+        p for p in paths if p and (os.path.normpath(p) in built or os.path.exists(p))
+    ]
 
 
 def server_model_inputs(wildcards):
@@ -114,6 +109,22 @@ def training_inputs():
     return []
 
 
+def draft_target(wildcards):
+    return CFG["models"]["drafts"][wildcards.draft]["from"]
+
+
+def draft_layers(wildcards):
+    return CFG["models"]["drafts"][wildcards.draft]["layers"]
+
+
+def dataset_root(wildcards):
+    return CFG["dataset"]["root"]
+
+
+def dataset_tokenizer(wildcards):
+    return CFG["dataset"]["tokenizer"]
+
+
 def suite_inputs(wildcards):
     suite = CFG["suites"][wildcards.suite]
     ins = {"manifest": "results/inspect/manifest.json", "tokenizer": tokenizer_input()}
@@ -128,7 +139,9 @@ def suite_json(wildcards):
 
 def holdout_json(wildcards):
     suite = CFG["suites"][wildcards.suite]
-    return to_json(CFG["dataset"].get("holdout", {}) if suite["kind"] == "training" else {})
+    return to_json(
+        CFG["dataset"].get("holdout", {}) if suite["kind"] == "training" else {}
+    )
 
 
 def requests_json(wildcards):

@@ -5,16 +5,18 @@ rule demo_data:
     input:
         tokenizer=tokenizer_input(),
     output:
-        directory(CFG["dataset"]["root"]) if CFG["demo"].get("enabled") else "results/.demo_disabled",
-    params:
-        rows=to_json(CFG["demo"].get("rows_per_source", {})),
-        tokenizer=CFG["dataset"]["tokenizer"],
+        directory(CFG["dataset"]["root"])
+        if CFG["demo"].get("enabled")
+        else "results/.demo_disabled",
     log:
         "results/logs/demo_data.log",
     conda:
         "../../envs/specmatch.yaml"
+    params:
+        rows=to_json(CFG["demo"].get("rows_per_source", {})),
+        tokenizer=dataset_tokenizer,
     shell:
-        "{PY} -m specmatch.demo --tokenizer {params.tokenizer:q} --rows {params.rows:q} --out {output} > {log} 2>&1"
+        "python -m specmatch.demo --tokenizer {params.tokenizer:q} --rows {params.rows:q} --out {output} > {log} 2>&1"
 
 
 rule inspect:
@@ -33,17 +35,17 @@ rule inspect:
             caption="../report/mix.rst",
             category="1. Training data",
         ),
-    params:
-        root=CFG["dataset"]["root"],
-        tokenizer=CFG["dataset"]["tokenizer"],
-        max_malformed=CFG["dataset"]["max_malformed_fraction"],
     log:
         "results/logs/inspect.log",
     benchmark:
         "results/benchmarks/inspect.tsv"
     conda:
         "../../envs/specmatch.yaml"
+    params:
+        root=dataset_root,
+        tokenizer=dataset_tokenizer,
+        max_malformed=CFG["dataset"]["max_malformed_fraction"],
     shell:
-        "{PY} -m specmatch.inspect --root {params.root:q} --tokenizer {params.tokenizer:q}"
+        "python -m specmatch.inspect --root {params.root:q} --tokenizer {params.tokenizer:q}"
         " --max-malformed-fraction {params.max_malformed}"
         " --out {output.manifest} --report {output.report} > {log} 2>&1"

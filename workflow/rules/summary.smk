@@ -22,13 +22,13 @@ rule summary:
             caption="../report/plots.rst",
             category="3. Plots",
         ),
-    params:
-        baseline=CFG["baseline"],
-        settings=to_json(CFG["summary"]),
     log:
         "results/logs/summary.log",
     conda:
         "../../envs/specmatch.yaml"
+    params:
+        baseline=CFG["baseline"],
+        settings=to_json(CFG["summary"]),
     shell:
-        "{PY} -m specmatch.summary --baseline {params.baseline} --settings {params.settings:q}"
+        "python -m specmatch.summary --baseline {params.baseline} --settings {params.settings:q}"
         " --cells {input.cells} --matches {input.matches} --out-dir results/summary > {log} 2>&1"
