@@ -1,0 +1,103 @@
+"""The server manager: reuse, restart, start-up failures with the log tail, and the watchdog."""
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import requests
+
+from conftest import REPO
+from specmatch.io import SpecmatchError
+from specmatch.server import Manager, group_alive, pid_alive
+
+
+def engine_python(tmp_path: Path, body: str) -> str:
+    """An executable standing in for an engine's python: it gets the real vLLM argv."""
+    exe = tmp_path / f"fakepython_{abs(hash(body))}"
+    exe.write_text(f"#!/bin/sh\n{body}\n")
+    exe.chmod(0o755)
+    return str(exe)
+
+
+@pytest.fixture
+def fake_python(tmp_path):
+    return engine_python(tmp_path, f'exec {sys.executable} {REPO}/tests/fakeserver.py --tokens 4 "$@"')
+
+
+def cfg(python, **kw):
+    return {"engine": "vllm", "model": "m", "python": python, "profile": "gpu", "startup_timeout_s": 30,
+            "idle_timeout_s": 600, **kw}
+
+
+def wait_dead(pid, seconds=30):
+    deadline = time.time() + seconds
+    while time.time() < deadline:
+        if not pid_alive(pid) and not group_alive(pid):
+            return True
+        time.sleep(0.2)
+    return False
+
+
+def test_reuse_then_restart_on_config_change(tmp_path, fake_python):
+    m = Manager(tmp_path / "state")
+    with m.slot():
+        a = m.attach("a", cfg(fake_python), 8, tmp_path / "a.log")
+    assert not a.reused and a.startup_s is not None
+    assert requests.get(a.base_url + "/health", timeout=5).status_code == 200
+    assert a.base_url.startswith("http://127.0.0.1:")
+    with m.slot():
+        again = m.attach("a", cfg(fake_python), 8, tmp_path / "a.log")
+    assert again.reused and again.pid == a.pid
+    with m.slot():
+        b = m.attach("b", cfg(fake_python, args=["--seed", "1"]), 8, tmp_path / "b.log")
+    assert not b.reused and b.pid != a.pid
+    assert wait_dead(a.pid, 5), "the replaced server must be gone before the new one starts"
+    assert m.read_current()["name"] == "b"
+    stopped = m.stop_current()
+    assert stopped["pid"] == b.pid and wait_dead(b.pid, 30)
+    assert m.read_current() is None
+
+
+def test_startup_crash_reports_log_tail(tmp_path):
+    py = engine_python(tmp_path, 'echo "CUDA out of memory: boom" >&2; exit 3')
+    m = Manager(tmp_path / "state")
+    with pytest.raises(SpecmatchError) as e, m.slot():
+        m.attach("x", cfg(py), 8, tmp_path / "x.log")
+    assert "exited with code 3" in str(e.value) and "boom" in str(e.value) and "x.log" in str(e.value)
+    assert m.read_current() is None
+
+
+def test_startup_timeout_kills_and_reports(tmp_path):
+    py = engine_python(tmp_path, 'echo "loading weights..."; exec sleep 600')
+    m = Manager(tmp_path / "state")
+    with pytest.raises(SpecmatchError) as e, m.slot():
+        m.attach("slow", cfg(py, startup_timeout_s=2), 8, tmp_path / "s.log")
+    assert "not healthy after 2 s" in str(e.value) and "loading weights" in str(e.value)
+    out = subprocess.run(["pgrep", "-f", f"{py}"], capture_output=True, text=True).stdout
+    assert not out.strip()
+
+
+def test_watchdog_stops_server_when_owner_dies(tmp_path, fake_python, monkeypatch):
+    owner = subprocess.Popen(["sleep", "600"])
+    monkeypatch.setenv("SPECMATCH_OWNER_PID", str(owner.pid))
+    monkeypatch.setenv("PYTHONPATH", str(REPO / "workflow"))
+    m = Manager(tmp_path / "state")
+    with m.slot():
+        a = m.attach("a", cfg(fake_python), 8, tmp_path / "a.log")
+    time.sleep(1.5)
+    assert pid_alive(a.pid)
+    owner.kill()
+    owner.wait()
+    assert wait_dead(a.pid, 30), "watchdog did not stop the server after its owner died"
+    assert m.read_current() is None
+
+
+def test_watchdog_idle_timeout(tmp_path, fake_python, monkeypatch):
+    monkeypatch.delenv("SPECMATCH_OWNER_PID", raising=False)
+    m = Manager(tmp_path / "state")
+    with m.slot():
+        a = m.attach("a", cfg(fake_python, idle_timeout_s=2), 8, tmp_path / "a.log")
+    assert wait_dead(a.pid, 30)
+    assert "idle for" in (tmp_path / "state" / "watchdog.log").read_text()
