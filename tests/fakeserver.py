@@ -25,6 +25,7 @@ class FakeServer:
         self.tokens_per_event = tokens_per_event
         self.host = host
         self.port = port
+        self.report_timing = False
         self.requests_seen = 0
         self.resets = 0
         self.counters = {"drafts": 0, "draft_tokens": 0, "accepted": 0}
@@ -99,11 +100,14 @@ class FakeServer:
 
         sent = 0
         first = True
+        writes = []
         while sent < n:
-            await asyncio.sleep(self.ttft if first else self.itl)
+            if self.ttft or self.itl:
+                await asyncio.sleep(self.ttft if first else self.itl)
             if first:
                 self.server_ttfts.append(time.perf_counter() - t0)
             first = False
+            writes.append(time.perf_counter() - t0)
             k = min(self.tokens_per_event, n - sent)
             piece = "x" * k
             choice = {"index": 0, "delta": {"content": piece}} if chat else {"index": 0, "text": piece}
@@ -117,6 +121,8 @@ class FakeServer:
                 await asyncio.sleep(3600)
         final = {"id": "c", "choices": [], "usage": {"prompt_tokens": len(text.split()), "completion_tokens": n,
                                                      "total_tokens": n + len(text.split())}}
+        if self.report_timing:  # the server's own clock, for measuring the client's overhead
+            final["server_timing"] = {"event_times_s": writes}
         if self.spec:
             steps = max(1, n // (1 + self.spec["accept"]))
             drafted, accepted = steps * self.spec["k"], steps * self.spec["accept"]
@@ -178,9 +184,12 @@ def main():
     p.add_argument("--tokens-per-event", type=int, default=1)
     p.add_argument("--seconds", type=float, default=3600)
     p.add_argument("--port", type=int, default=0)
+    p.add_argument("--report-timing", action="store_true")
     a, _unknown = p.parse_known_args()  # tolerate engine flags when standing in for a server
     s = FakeServer(a.tokens, a.ttft, a.itl, json.loads(a.spec) if a.spec else None, a.tokens_per_event,
-                   port=a.port).start()
+                   port=a.port)
+    s.report_timing = a.report_timing
+    s.start()
     print(json.dumps({"base_url": s.base_url}), flush=True)
     time.sleep(a.seconds)
 

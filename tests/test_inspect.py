@@ -184,3 +184,19 @@ def test_real_specforge_rows(tmp_path):
     s = m["sources"][0]
     assert s["rows"] == len(rows) and s["tokens"] == sum(len(r["input_ids"]) for r in rows)
     assert s["by_schema"]["tokenized"]["rows_with_template_tokens"] == len(rows)
+
+
+def test_vectorised_path_equals_row_by_row_path(tmp_path, tok_dir, monkeypatch):
+    """The polars fast path for tokenized JSON Lines must report exactly what the exact path reports."""
+    import specmatch.inspect as insp
+
+    build_root(tmp_path)
+    calls = []
+    real = insp.SourceInspector._fast_tokenized
+    monkeypatch.setattr(insp.SourceInspector, "_fast_tokenized", lambda self, b: calls.append(1) or real(self, b))
+    fast = inspect_root(tmp_path, str(tok_dir))
+    assert calls, "the fast path was never tried"
+    monkeypatch.setattr(insp.SourceInspector, "_fast_tokenized", lambda self, b: None)
+    slow = inspect_root(tmp_path, str(tok_dir))
+    fast.pop("seconds"), slow.pop("seconds")
+    assert fast == slow

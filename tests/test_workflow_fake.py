@@ -120,3 +120,14 @@ def test_provenance_and_verify(workdir):
     assert "results/prompts/generic.jsonl" in invalid  # the control suite's match report reads the manifest
     assert all(not p.startswith("results/servers/") for p in invalid)
     assert "results/summary/summary.md" in invalid
+
+
+def test_snakemake_report_has_the_verdict_and_plots(workdir):
+    if not (workdir / "results" / "summary" / "summary.md").exists():
+        sm(workdir)
+    sm(workdir, "--report", "report.html")
+    html = (workdir / "report.html").read_text()
+    assert html.lstrip().lower().startswith("<!doctype html")
+    for needle in ("summary.md", "throughput.png", "speedup.png", "manifest", "4. Verdict", "3. Plots",
+                   "1. Training data", "2. Prompt suites"):
+        assert needle in html, needle

@@ -228,6 +228,8 @@ class RequestRun:
             rec["prompt_tokens"] = self.usage.get("prompt_tokens")
             rec["output_tokens"] = self.usage.get("completion_tokens")
             acc = self.parse_acceptance(self.final)
+        if self.final and "server_timing" in self.final:  # only test/bench servers send this
+            rec["server_timing"] = self.final["server_timing"]
         if acc:
             for k in ("num_draft_tokens", "num_accepted_tokens", "num_spec_steps", "acceptance_length",
                       "acceptance_rate"):

@@ -100,10 +100,15 @@ class SchemaStats:
     mask_kinds: Counter = field(default_factory=Counter)
 
 
-def tokenized_stats(ids_lists: list, masks: list | None, template_ids: list[int]) -> pl.DataFrame:
-    """Per-row token statistics, vectorised with polars (rows may be 100k x 20k tokens)."""
-    df = pl.DataFrame({"ids": ids_lists, "mask": masks if masks is not None else [None] * len(ids_lists)},
-                      schema={"ids": pl.List(pl.Int64), "mask": pl.List(pl.Int64)})
+def tokenized_stats(ids_lists, masks: list | None, template_ids: list[int]) -> pl.DataFrame:
+    """Per-row token statistics, vectorised with polars (rows may be 100k x 20k tokens).
+
+    `ids_lists` is a list of token-id lists, or a polars frame with columns ids and mask."""
+    if isinstance(ids_lists, pl.DataFrame):
+        df = ids_lists
+    else:
+        df = pl.DataFrame({"ids": ids_lists, "mask": masks if masks is not None else [None] * len(ids_lists)},
+                          schema={"ids": pl.List(pl.Int64), "mask": pl.List(pl.Int64)})
     n = pl.col("ids").list.len()
     m = pl.col("mask")
     starts = m.list.eval((pl.element() != 0) & (pl.element().shift(1).fill_null(0) == 0))
@@ -145,10 +150,62 @@ class SourceInspector:
         if len(self.skipped_at[reason]) < MAX_LOCATIONS:
             self.skipped_at[reason].append(location)
 
+    def _fast_tokenized(self, batch: readers.Batch) -> str | None:
+        """Parse and check a whole JSON Lines batch of tokenized rows in polars (no Python per row).
+
+        Returns the mask kind when the batch was fully handled; None sends it to the exact
+        row-by-row path, which locates every problem (bad JSON, missing fields, length mismatch)."""
+        import io as _io
+
+        try:
+            frame = pl.read_ndjson(_io.BytesIO(b"".join(batch.raw)), infer_schema_length=None)
+        except Exception:  # polars raises several error types for bad input
+            return None
+        cols = set(frame.columns)
+        if frame.height != len(batch.raw) or "input_ids" not in cols or cols & {"conversations", "messages", "text"}:
+            return None
+
+        def flat(col):
+            dt = frame.schema[col]
+            if isinstance(dt, pl.List) and isinstance(dt.inner, pl.List):
+                if frame.select((pl.col(col).list.len() != 1).any()).item():
+                    return None
+                return pl.col(col).list.first()
+            if isinstance(dt, pl.List) and dt.inner.is_integer():
+                return pl.col(col)
+            return None
+
+        ids = flat("input_ids")
+        if ids is None:
+            return None
+        kind, mask = "none", pl.lit(None, dtype=pl.List(pl.Int64))
+        if "loss_mask" in cols and frame["loss_mask"].null_count() < frame.height:
+            kind, mask = "loss_mask", flat("loss_mask")
+        elif "labels" in cols and frame["labels"].null_count() < frame.height:
+            lab = flat("labels")
+            kind, mask = "labels", None if lab is None else lab.list.eval((pl.element() != -100).cast(pl.Int64))
+        if mask is None:
+            return None
+        sub = frame.select(ids.cast(pl.List(pl.Int64)).alias("ids"), mask.cast(pl.List(pl.Int64)).alias("mask"))
+        bad = sub.select((pl.col("ids").is_null() | (pl.col("ids").list.len() == 0) |
+                          ((pl.col("mask").list.len() != pl.col("ids").list.len()) if kind != "none"
+                           else pl.lit(False)) | (pl.col("mask").is_null() if kind != "none" else pl.lit(False))
+                          ).any()).item()
+        if bad:
+            return None
+        self._add_tokenized(sub, None, [kind] * sub.height)
+        return kind
+
     def add_file(self, df: readers.DataFile) -> None:
         schemas = Counter()
         rows = 0
-        for batch in readers.iter_batches(df):
+        for batch in readers.iter_batches(df, raw=True):
+            if batch.raw is not None:
+                if self._fast_tokenized(batch):
+                    rows += len(batch.raw)
+                    schemas["tokenized"] += len(batch.raw)
+                    continue
+                batch.parse()
             rows += len(batch.rows)
             tok_ids, tok_masks, mask_kind = [], [], []
             convs, texts = [], []

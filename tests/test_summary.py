@@ -1,0 +1,71 @@
+"""Speedups, intervals, crossover and recommendation on synthetic cells with known answers."""
+import json
+from pathlib import Path
+
+import numpy as np
+import polars as pl
+import pytest
+
+from specmatch.cell import write_requests
+from specmatch.summary import crossover, load_cells, markdown, recommendation, speedups
+
+
+def fake_cell(root: Path, server, suite, c, tok_per_s, n=40, seed=0, drafts=None, rate=None):
+    """Closed-loop requests with 64 output tokens each, at a per-request speed of tok_per_s."""
+    rng = np.random.default_rng(seed)
+    recs, t = [], 0.0
+    for i in range(n):
+        e2e = 64 / tok_per_s * rng.uniform(0.97, 1.03)
+        recs.append({"index": i, "prompt_id": f"p{i}", "source": "code" if i % 2 else "chat", "holdout": False,
+                     "start_s": (i // c) * e2e, "e2e_s": e2e, "ttft_s": 0.05, "arrivals_s": [0.05, 0.06],
+                     "prompt_tokens": 10, "output_tokens": 64, "ok": True, "error": None,
+                     "num_draft_tokens": None, "num_accepted_tokens": None, "num_spec_steps": None,
+                     "acceptance_length": None, "acceptance_rate": None})
+    duration = max(r["start_s"] + r["e2e_s"] for r in recs)
+    d = root / server / suite
+    d.mkdir(parents=True, exist_ok=True)
+    cell = {"server": server, "suite": suite, "concurrency": c, "engine": "vllm", "completed": n, "failed": 0,
+            "duration": duration, "output_throughput": 64 * n / duration,
+            "mean_tpot_ms": 1000 / tok_per_s, "mean_e2el_ms": 64000 / tok_per_s,
+            "spec_decode_acceptance_rate": rate, "spec_decode_num_drafts": drafts, "acceptance_by_source": {}}
+    (d / f"c{c}.json").write_text(json.dumps(cell))
+    write_requests(d / f"c{c}.requests.parquet", recs)
+    return d / f"c{c}.json"
+
+
+def test_speedup_crossover_and_schedule(tmp_path):
+    paths = []
+    for c, base, spec in ((1, 30, 45), (4, 25, 30), (16, 20, 12)):  # pays, pays, loses
+        paths.append(fake_cell(tmp_path, "baseline", "train", c, base))
+        paths.append(fake_cell(tmp_path, "eagle", "train", c, spec, seed=1, rate=0.5, drafts=100))
+    df, reqs = load_cells(paths)
+    sp = speedups(df, reqs, "baseline", 500, 0.9)
+    row = {r["concurrency"]: r for r in sp.iter_rows(named=True)}
+    assert row[1]["speedup_throughput"] == pytest.approx(1.5, rel=0.05)
+    assert row[16]["speedup_throughput"] == pytest.approx(0.6, rel=0.05)
+    assert row[1]["speedup_throughput_lo"] < row[1]["speedup_throughput"] < row[1]["speedup_throughput_hi"]
+    assert row[1]["verdict"] == "pays" and row[16]["verdict"] == "loses"
+    assert row[1]["speedup_tpot"] == pytest.approx(1.5, rel=0.05)
+    cross = crossover(sp)
+    assert cross[0]["crossover"] == "stops paying at c=16 (pays up to c=4)" and cross[0]["pays_up_to"] == 4
+    assert cross[0]["confident_loses"] == [16]
+    launches = {"eagle": {"engine": "vllm", "flavor": "vllm",
+                          "speculative": {"method": "eagle3", "model": "d", "num_speculative_tokens": 3}}}
+    rec = recommendation(cross, launches, {"train"})[0]
+    cfg = json.loads(rec["recommendation"].split("'")[1])
+    assert cfg["num_speculative_tokens_per_batch_size"] == [[1, 4, 3], [5, 1024, 0]]
+    md = markdown(df, sp, cross, [rec], pl.DataFrame(), [], "baseline")
+    assert "**eagle** on `train`: stops paying at c=16" in md and "clearly loses at c=16" in md
+
+
+def test_never_pays_and_everywhere(tmp_path):
+    paths = []
+    for c in (1, 8):
+        paths.append(fake_cell(tmp_path, "baseline", "s", c, 30))
+        paths.append(fake_cell(tmp_path, "slow", "s", c, 10, seed=2))
+        paths.append(fake_cell(tmp_path, "fast", "s", c, 60, seed=3))
+    df, reqs = load_cells(paths)
+    cross = {x["server"]: x for x in crossover(speedups(df, reqs, "baseline", 300, 0.9))}
+    assert cross["slow"]["crossover"] == "never pays" and cross["fast"]["crossover"] == "pays everywhere measured"
+    recs = {r["server"]: r["recommendation"] for r in recommendation(list(cross.values()), {}, set())}
+    assert recs["slow"].startswith("turn speculation off") and recs["fast"].startswith("keep speculation on")
