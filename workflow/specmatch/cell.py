@@ -27,7 +27,7 @@ import polars as pl
 import requests as http
 
 from . import metrics
-from .client import Request, build_payload, run_load
+from .client import Request, build_payload, run, run_load
 from .config import requests_per_cell
 from .engines import get_engine
 from .io import SpecmatchError, atomic_path, read_json, read_jsonl, write_json
@@ -86,11 +86,11 @@ def run_cell(name: str, cfg: dict, suite: str, prompts: list[dict], concurrency:
         with LeaseKeeper(manager):
             reset = reset_cache(att.base_url, engine)
             if warm:
-                asyncio.run(run_load(att.base_url, warm, min(concurrency, len(warm)), protocol,
+                run(run_load(att.base_url, warm, min(concurrency, len(warm)), protocol,
                                      engine.parse_request_acceptance, req_cfg["timeout_s"], api_key))
             before = scrape(att.base_url, engine)
             t0 = time.time()
-            records = asyncio.run(run_load(att.base_url, reqs, concurrency, protocol, engine.parse_request_acceptance,
+            records = run(run_load(att.base_url, reqs, concurrency, protocol, engine.parse_request_acceptance,
                                            req_cfg["timeout_s"], api_key, request_rate=req_cfg.get("request_rate"),
                                            burstiness=req_cfg.get("burstiness", 1.0), seed=req_cfg["seed"]))
             after = scrape(att.base_url, engine)

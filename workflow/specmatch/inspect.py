@@ -157,12 +157,20 @@ class SourceInspector:
         row-by-row path, which locates every problem (bad JSON, missing fields, length mismatch)."""
         import io as _io
 
-        try:
-            frame = pl.read_ndjson(_io.BytesIO(b"".join(batch.raw)), infer_schema_length=None)
-        except Exception:  # polars raises several error types for bad input
+        try:  # an explicit schema from the first row: twice as fast as inference, and strict
+            first = json.loads(batch.raw[0])
+            schema = {}
+            for key in ("input_ids", "loss_mask", "labels"):
+                v = first.get(key)
+                if isinstance(v, list) and v:
+                    schema[key] = pl.List(pl.List(pl.Int64)) if isinstance(v[0], list) else pl.List(pl.Int64)
+            if "input_ids" not in schema:
+                return None
+            frame = pl.read_ndjson(_io.BytesIO(b"".join(batch.raw)), schema=schema)
+        except Exception:  # bad JSON, wrong types, other schemas: the exact path will say which row
             return None
         cols = set(frame.columns)
-        if frame.height != len(batch.raw) or "input_ids" not in cols or cols & {"conversations", "messages", "text"}:
+        if frame.height != len(batch.raw):
             return None
 
         def flat(col):
