@@ -57,11 +57,25 @@ def pid_alive(pid: int | None) -> bool:
         return True
 
 
-def free_port(host: str) -> int:
+def free_port(host: str, low: int = 20000, high: int = 32767) -> int:
+    """A free port below the kernel's ephemeral range (32768+ on Linux), chosen at random.
+
+    Why not bind(0): that hands out an ephemeral port, which the kernel may give to any outgoing
+    connection (or another server) in the minute before the engine binds it; a foreign process
+    answering /health on "our" port would look like a healthy server."""
+    import random
+
     fam = socket.AF_INET6 if ":" in host else socket.AF_INET
-    with socket.socket(fam, socket.SOCK_STREAM) as s:
-        s.bind((host, 0))
-        return s.getsockname()[1]
+    rng = random.Random()
+    for _ in range(200):
+        port = rng.randint(low, high)
+        with socket.socket(fam, socket.SOCK_STREAM) as s:
+            try:
+                s.bind((host, port))
+            except OSError:
+                continue
+            return port
+    raise SpecmatchError(f"no free port on {host} between {low} and {high}")
 
 
 def config_hash(server_cfg: dict, max_concurrency: int) -> str:
@@ -188,6 +202,11 @@ class Manager:
                     raise SpecmatchError(f"server {name} exited with code {proc.returncode} during start-up; "
                                          f"last lines of {log_path}:\n{tail(log_path)}")
                 if self.healthy(plan.base_url, engine, timeout=2):
+                    time.sleep(0.2)
+                    if proc.poll() is not None:
+                        raise SpecmatchError(f"server {name} exited with code {proc.returncode} although "
+                                             f"{plan.base_url} answered: is another process using that port? "
+                                             f"Last lines of {log_path}:\n{tail(log_path)}")
                     break
                 if time.time() - t0 > timeout:
                     raise SpecmatchError(f"server {name} not healthy after {timeout:g} s "
