@@ -147,3 +147,16 @@ def test_real_specforge_qwen3_rows_decode_and_cut(tmp_path):
         assert qtok(r["text"], add_special_tokens=False)["input_ids"] == full["input_ids"][:s]
         assert r["messages"] and r["messages"][-1]["role"] in ("user", "tool", "assistant")
         assert "<|im_start|>" in r["text"]
+
+
+def test_vectorised_cutting_equals_row_by_row(tmp_path, tok, tok_dir, monkeypatch):
+    import specmatch.prompts as pr
+
+    root = make_root(tmp_path, tok, {"a": 30, "b": 10})
+    m = inspect_root(root, str(tok_dir))
+    spec = {"size": 20, "seed": 3, "turn": "first", "weighting": "mix"}
+    fast, fmatch = training_suite("t", spec, m, tok, {"fraction": 0.3})
+    monkeypatch.setattr(pr, "_fast_candidates", lambda *a, **k: False)
+    slow, smatch = training_suite("t", spec, m, tok, {"fraction": 0.3})
+    assert json.dumps(fast) == json.dumps(slow)
+    assert fmatch == smatch

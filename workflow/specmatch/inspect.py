@@ -134,6 +134,65 @@ def tokenized_stats(ids_lists, masks: list | None, template_ids: list[int]) -> p
     return out
 
 
+def fast_tokenized_frame(batch: readers.Batch, with_id: bool = False) -> tuple[pl.DataFrame, str] | None:
+    """Parse and check a whole JSON Lines batch of tokenized rows in polars (no Python per row).
+
+    Returns (frame with columns ids, mask[, id], mask kind), or None, which sends the batch to the
+    exact row-by-row path that locates every problem (bad JSON, missing fields, length mismatch)."""
+    import io as _io
+
+    try:  # an explicit schema from the first row: twice as fast as inference, and strict
+        first = json.loads(batch.raw[0])
+        schema = {}
+        for key in ("input_ids", "loss_mask", "labels"):
+            v = first.get(key)
+            if isinstance(v, list) and v:
+                schema[key] = pl.List(pl.List(pl.Int64)) if isinstance(v[0], list) else pl.List(pl.Int64)
+        if "input_ids" not in schema:
+            return None
+        if with_id and "id" in first:
+            schema["id"] = pl.Int64 if isinstance(first["id"], int) else pl.String
+        frame = pl.read_ndjson(_io.BytesIO(b"".join(batch.raw)), schema=schema)
+    except Exception:  # bad JSON, wrong types, other schemas: the exact path will say which row
+        return None
+    cols = set(frame.columns)
+    if frame.height != len(batch.raw):
+        return None
+
+    def flat(col):
+        dt = frame.schema[col]
+        if isinstance(dt, pl.List) and isinstance(dt.inner, pl.List):
+            if frame.select((pl.col(col).list.len() != 1).any()).item():
+                return None
+            return pl.col(col).list.first()
+        if isinstance(dt, pl.List) and dt.inner.is_integer():
+            return pl.col(col)
+        return None
+
+    ids = flat("input_ids")
+    if ids is None:
+        return None
+    kind, mask = "none", pl.lit(None, dtype=pl.List(pl.Int64))
+    if "loss_mask" in cols and frame["loss_mask"].null_count() < frame.height:
+        kind, mask = "loss_mask", flat("loss_mask")
+    elif "labels" in cols and frame["labels"].null_count() < frame.height:
+        lab = flat("labels")
+        kind, mask = "labels", None if lab is None else lab.list.eval((pl.element() != -100).cast(pl.Int64))
+    if mask is None:
+        return None
+    exprs = [ids.cast(pl.List(pl.Int64)).alias("ids"), mask.cast(pl.List(pl.Int64)).alias("mask")]
+    if with_id and "id" in cols:
+        exprs.append(pl.col("id").cast(pl.String))
+    sub = frame.select(exprs)
+    bad = sub.select((pl.col("ids").is_null() | (pl.col("ids").list.len() == 0) |
+                      ((pl.col("mask").list.len() != pl.col("ids").list.len()) if kind != "none"
+                       else pl.lit(False)) | (pl.col("mask").is_null() if kind != "none" else pl.lit(False))
+                      ).any()).item()
+    if bad:
+        return None
+    return sub, kind
+
+
 class SourceInspector:
     def __init__(self, name: str, path: Path, template_ids: list[int], tokenizer, malformed_limit: float):
         self.name, self.path = name, path
@@ -151,57 +210,12 @@ class SourceInspector:
             self.skipped_at[reason].append(location)
 
     def _fast_tokenized(self, batch: readers.Batch) -> str | None:
-        """Parse and check a whole JSON Lines batch of tokenized rows in polars (no Python per row).
-
-        Returns the mask kind when the batch was fully handled; None sends it to the exact
-        row-by-row path, which locates every problem (bad JSON, missing fields, length mismatch)."""
-        import io as _io
-
-        try:  # an explicit schema from the first row: twice as fast as inference, and strict
-            first = json.loads(batch.raw[0])
-            schema = {}
-            for key in ("input_ids", "loss_mask", "labels"):
-                v = first.get(key)
-                if isinstance(v, list) and v:
-                    schema[key] = pl.List(pl.List(pl.Int64)) if isinstance(v[0], list) else pl.List(pl.Int64)
-            if "input_ids" not in schema:
-                return None
-            frame = pl.read_ndjson(_io.BytesIO(b"".join(batch.raw)), schema=schema)
-        except Exception:  # bad JSON, wrong types, other schemas: the exact path will say which row
+        """Handle a whole JSON Lines batch of tokenized rows in polars; None = use the exact path."""
+        got = fast_tokenized_frame(batch)
+        if got is None:
             return None
-        cols = set(frame.columns)
-        if frame.height != len(batch.raw):
-            return None
-
-        def flat(col):
-            dt = frame.schema[col]
-            if isinstance(dt, pl.List) and isinstance(dt.inner, pl.List):
-                if frame.select((pl.col(col).list.len() != 1).any()).item():
-                    return None
-                return pl.col(col).list.first()
-            if isinstance(dt, pl.List) and dt.inner.is_integer():
-                return pl.col(col)
-            return None
-
-        ids = flat("input_ids")
-        if ids is None:
-            return None
-        kind, mask = "none", pl.lit(None, dtype=pl.List(pl.Int64))
-        if "loss_mask" in cols and frame["loss_mask"].null_count() < frame.height:
-            kind, mask = "loss_mask", flat("loss_mask")
-        elif "labels" in cols and frame["labels"].null_count() < frame.height:
-            lab = flat("labels")
-            kind, mask = "labels", None if lab is None else lab.list.eval((pl.element() != -100).cast(pl.Int64))
-        if mask is None:
-            return None
-        sub = frame.select(ids.cast(pl.List(pl.Int64)).alias("ids"), mask.cast(pl.List(pl.Int64)).alias("mask"))
-        bad = sub.select((pl.col("ids").is_null() | (pl.col("ids").list.len() == 0) |
-                          ((pl.col("mask").list.len() != pl.col("ids").list.len()) if kind != "none"
-                           else pl.lit(False)) | (pl.col("mask").is_null() if kind != "none" else pl.lit(False))
-                          ).any()).item()
-        if bad:
-            return None
-        self._add_tokenized(sub, None, [kind] * sub.height)
+        frame, kind = got
+        self._add_tokenized(frame, None, [kind] * frame.height)
         return kind
 
     def add_file(self, df: readers.DataFile) -> None:

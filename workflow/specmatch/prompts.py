@@ -26,7 +26,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from . import readers
-from .inspect import ASSISTANT_ROLES, TOOL_ROLES, _flat, row_schema
+from .inspect import _flat, fast_tokenized_frame, row_schema
 from .io import SpecmatchError, read_json, write_json, write_jsonl, write_text
 from .stats import describe, ks_critical, ks_statistic, total_variation
 
@@ -45,7 +45,7 @@ class Candidate:
     prompt_tokens: int
     completion_tokens: int
     holdout: bool
-    ids: list | None = None          # tokenized rows: prompt token ids
+    ids: list | None = None          # tokenized rows: prompt token ids (None until loaded for the sample)
     messages: list | None = None     # conversation rows: prompt messages
     tools: object = None
     key: str = ""
@@ -140,7 +140,11 @@ def collect_candidates(manifest: dict, tok, spec: dict, holdout: dict, skipped: 
     for src in manifest["sources"]:
         for f in src["files"]:
             df = readers.sniff(Path(f["path"]))
-            for batch in readers.iter_batches(df):
+            for batch in readers.iter_batches(df, raw=True):
+                if batch.raw is not None and _fast_candidates(batch, src["name"], f["path"], spec, holdout, root,
+                                                              rng, max_p, min_c, want_holdout, skipped, cands):
+                    continue
+                batch.parse()
                 for i, row in enumerate(batch.rows):
                     loc = batch.locations[i]
                     if row is None:
@@ -191,6 +195,69 @@ def collect_candidates(manifest: dict, tok, spec: dict, holdout: dict, skipped: 
                     else:
                         skipped["text row has no assistant turn to cut at"] += 1
     return cands
+
+
+def _fast_candidates(batch, source, path, spec, holdout, root, rng, max_p, min_c, want_holdout, skipped,
+                     cands) -> bool:
+    """Cut a whole JSON Lines batch of tokenized rows with polars; prompt ids are loaded later, only
+    for the sampled prompts (memory stays bounded by one batch). False = use the exact path."""
+    import polars as pl
+
+    got = fast_tokenized_frame(batch, with_id=True)
+    if got is None or got[1] == "none":
+        return False
+    frame, _kind = got
+    el, prev = pl.element(), pl.element().shift(1).fill_null(0)
+    spans = frame.select(
+        pl.col("mask").list.eval(pl.arg_where((el != 0) & (prev == 0))).alias("starts"),
+        pl.col("mask").list.eval(pl.arg_where((el == 0) & (prev != 0))).alias("ends"),
+        pl.col("mask").list.last().alias("last"), pl.col("ids").list.len().alias("n"))
+    ids_col = frame["id"].to_list() if "id" in frame.columns else [None] * frame.height
+    rows, cuts = [], []
+    for i, (starts, ends, last, n) in enumerate(spans.iter_rows()):
+        loc = batch.locations[i]
+        if last:
+            ends = list(ends) + [n]
+        if not starts:
+            skipped["no assistant turn in row"] += 1
+            continue
+        row_id = str(ids_col[i]) if ids_col[i] is not None else loc.rsplit(":", 1)[-1]
+        hold = is_holdout(source, path, row_id, holdout, root)
+        if (want_holdout == "only" and not hold) or (want_holdout == "exclude" and hold):
+            skipped[f"holdout={hold} excluded by suite setting"] += 1
+            continue
+        for t in pick_turns(len(starts), spec.get("turn", "last"), rng):
+            c = Candidate(source, loc, row_id, t, len(starts), starts[t], ends[t] - starts[t], hold)
+            if _keep(c, max_p, min_c, skipped):
+                rows.append(i)
+                cuts.append(starts[t])
+                cands.append(c)
+    if rows:  # dedup key: a hash of the prompt's token ids, computed without leaving polars
+        keyed = frame.select("ids")[rows].with_columns(pl.Series("s", cuts))
+        hashes = keyed.select(pl.col("ids").list.head(pl.col("s")).hash())["ids"].to_list()
+        for c, h in zip(cands[len(cands) - len(rows):], hashes):
+            c.key = f"ids:{h}"
+    return True
+
+
+def load_prompt_ids(chosen: list[Candidate]) -> None:
+    """Second pass: read the token ids of the sampled prompts only (by file and line)."""
+    wanted: dict[str, dict[int, list[Candidate]]] = defaultdict(lambda: defaultdict(list))
+    for c in chosen:
+        if c.ids is None and c.messages is None:
+            path, line = c.origin.rsplit(":", 1)
+            wanted[path][int(line)].append(c)
+    for path, lines in wanted.items():
+        df = readers.sniff(Path(path))
+        last = max(lines)
+        with readers._open_decompressed(df.path, df.compression) as fh:
+            for lineno, raw in enumerate(fh, 1):
+                if lineno in lines:
+                    ids = _flat(json.loads(raw)["input_ids"])
+                    for c in lines[lineno]:
+                        c.ids = ids[:c.prompt_tokens]
+                if lineno >= last:
+                    break
 
 
 def _tools(tools):
@@ -254,7 +321,7 @@ def sample(cands: list[Candidate], size: int, weights: dict[str, float], seed: i
     by_src: dict[str, list[Candidate]] = defaultdict(list)
     seen = set()
     for c in cands:
-        key = hashlib.sha256(json.dumps(c.ids if c.ids is not None else c.messages).encode()).hexdigest()
+        key = c.key or hashlib.sha256(json.dumps(c.ids if c.ids is not None else c.messages).encode()).hexdigest()
         if key in seen:
             skipped["duplicate prompt"] += 1
             continue
@@ -298,6 +365,7 @@ def training_suite(name: str, spec: dict, manifest: dict, tok, holdout: dict) ->
                              f"(skipped: {dict(skipped) or 'nothing'})")
     weights = source_weights(manifest, spec.get("weighting", "mix"))
     chosen, alloc = sample(cands, spec.get("size", 64), weights, spec.get("seed", 0), skipped)
+    load_prompt_ids(chosen)
     tok_chosen = [c for c in chosen if c.ids is not None]
     texts = dict(zip((id(c) for c in tok_chosen),
                      tok.batch_decode([c.ids for c in tok_chosen], skip_special_tokens=False)))
