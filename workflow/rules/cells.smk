@@ -14,11 +14,12 @@ rule cell:
     wildcard_constraints:
         concurrency=r"\d+",
     priority: server_priority
+    group:
+        "server_{server}"
     conda:
         "../../envs/specmatch.yaml"
     resources:
         serving_slot=1,
-        gpu=server_gpus,
     params:
         server=server_json,
         requests=requests_json,

