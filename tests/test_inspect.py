@@ -106,6 +106,17 @@ def test_every_format_and_schema_counted_exactly(tmp_path, tok_dir):
     assert "SHA256SUMS" in ignored and "dataset_info.json" in ignored
     assert all(f["sha256"].startswith("sha256:") for s in m["sources"] for f in s["files"])
     assert m["tokenizer"]["vocab_size"] == 49152
+    validate_manifest(m)
+
+
+def validate_manifest(m):
+    import jsonschema
+    import yaml
+
+    from conftest import REPO
+
+    schema = yaml.safe_load((REPO / "workflow" / "schemas" / "manifest.schema.yaml").read_text())
+    jsonschema.Draft202012Validator(schema).validate(json.loads(json.dumps(m)))
 
 
 def test_missing_root(tmp_path, tok_dir):
@@ -150,6 +161,7 @@ def test_malformed_rows_located_and_fatal_by_default(tmp_path, tok_dir):
     msg = str(e.value)
     assert "4 of 6 rows malformed" in msg and "d.jsonl:2" in msg
     m = inspect_root(tmp_path, str(tok_dir), max_malformed_fraction=0.7)
+    validate_manifest(m)
     s = m["sources"][0]
     assert s["rows"] == 2 and s["skipped"]["total"] == 4
     reasons = {r["reason"]: r["first_locations"] for r in s["skipped"]["reasons"]}

@@ -160,3 +160,32 @@ def test_vectorised_cutting_equals_row_by_row(tmp_path, tok, tok_dir, monkeypatc
     slow, smatch = training_suite("t", spec, m, tok, {"fraction": 0.3})
     assert json.dumps(fast) == json.dumps(slow)
     assert fmatch == smatch
+
+
+def test_rows_without_mask_are_cut_at_the_template_markers(tmp_path, tok, tok_dir):
+    root = tmp_path / "prepared"
+    (root / "raw").mkdir(parents=True)
+    with open(root / "raw" / "d.jsonl", "w") as fh:
+        for i in range(3):
+            conv = [dict(m) for m in CONV]
+            conv[1]["content"] = f"[{i}] " + conv[1]["content"]
+            row = tokenize_conversation(tok, conv)
+            fh.write(json.dumps({"input_ids": row["input_ids"]}) + "\n")  # no loss_mask, no labels
+    m = inspect_root(root, str(tok_dir))
+    for turn, n_prev in (("last", 1), ("first", 0)):
+        rows, _ = training_suite("t", {"size": 3, "seed": 0, "turn": turn}, m, tok, {})
+        assert len(rows) == 3
+        for r in rows:
+            assert r["turns"] == 2 and r["text"].endswith("<|im_start|>assistant\n")
+            assert r["text"].count("def add") == n_prev and "def sub" not in r["text"]
+            assert r["reference_completion_tokens"] == len(tok((CONV[4] if turn == "last" else CONV[2])["content"]
+                                                               + "<|im_end|>", add_special_tokens=False)["input_ids"])
+
+
+def test_max_total_tokens_skips_and_counts(tmp_path, tok, tok_dir):
+    root = make_root(tmp_path, tok, {"a": 6})
+    m = inspect_root(root, str(tok_dir))
+    rows, match = training_suite("t", {"size": 6, "seed": 0, "turn": "first", "max_total_tokens": 10_000}, m, tok, {})
+    assert len(rows) == 6
+    with pytest.raises(SpecmatchError, match="max_total_tokens"):
+        training_suite("t", {"size": 6, "seed": 0, "max_total_tokens": 20}, m, tok, {})

@@ -88,6 +88,13 @@ def test_real_vllm_end_to_end(wd):
     assert "Nothing to be done" in sm(wd, "-n").stdout
     counts = job_counts(sm(wd, "-n", "--config", "concurrency=[1, 3]").stdout)
     assert counts == {"all": 1, "cell": 4, "summary": 1}
+    # rerun one cell for real: only that cell's server starts again, and the summary follows
+    target = "results/cells/ngram/train_mix/c1.json"
+    out = sm(wd, "--forcerun", target).stdout + ""
+    assert (res / "servers" / "ngram" / "server.log").read_text().count("=== specmatch: starting") == 2
+    assert (res / "servers" / "baseline" / "server.log").read_text().count("=== specmatch: starting") == 1
+    assert not server_pids()
+    del out
 
 
 def test_sigkill_of_snakemake_leaves_no_server(wd):
@@ -101,11 +108,12 @@ def test_sigkill_of_snakemake_leaves_no_server(wd):
                                                "--", target],
                             cwd=wd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=env,
                             start_new_session=True)
-    state = wd / "results" / ".servers" / "current.json"
+    states = wd / "results" / ".servers"  # one folder per host (and SLURM allocation)
     log = wd / "results" / "logs" / "cells" / "ngram" / "train_mix" / "c1.log"
     deadline = time.time() + 600
     while time.time() < deadline:  # wait until the server is up and the cell is sending requests
-        if state.exists() and json.loads(state.read_text()).get("startup_s"):
+        found = list(states.glob("*/current.json"))
+        if found and json.loads(found[0].read_text()).get("startup_s"):
             break
         assert proc.poll() is None, "snakemake ended before the cell started"
         time.sleep(1)

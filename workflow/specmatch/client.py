@@ -36,9 +36,8 @@ def build_payload(protocol: str, prompt: dict, model: str, settings: dict, extra
     """The request body for a prompt: sampling settings explicit, streaming with usage."""
     max_tokens = settings["max_tokens"]
     if settings.get("use_reference_length") and prompt.get("reference_completion_tokens"):
+        # the training completion's own length, as the real traffic would produce (capped)
         max_tokens = min(max_tokens, prompt["reference_completion_tokens"])
-    elif prompt.get("max_tokens"):
-        max_tokens = min(max_tokens, prompt["max_tokens"])
     if protocol == "sglang-generate":
         body = {"text": prompt["text"], "stream": True,
                 "sampling_params": {"max_new_tokens": max_tokens, "temperature": settings["temperature"],

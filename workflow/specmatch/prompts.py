@@ -135,6 +135,7 @@ def collect_candidates(manifest: dict, tok, spec: dict, holdout: dict, skipped: 
     end_id = tok.convert_tokens_to_ids(tok.eos_token) if tok.eos_token else None
     max_p = spec.get("max_prompt_tokens", 2048)
     min_c = spec.get("min_completion_tokens", 1)
+    max_total = spec.get("max_total_tokens")
     want_holdout = spec.get("holdout", "any")
     cands: list[Candidate] = []
     for src in manifest["sources"]:
@@ -142,7 +143,8 @@ def collect_candidates(manifest: dict, tok, spec: dict, holdout: dict, skipped: 
             df = readers.sniff(Path(f["path"]))
             for batch in readers.iter_batches(df, raw=True):
                 if batch.raw is not None and _fast_candidates(batch, src["name"], f["path"], spec, holdout, root,
-                                                              rng, max_p, min_c, want_holdout, skipped, cands):
+                                                              rng, max_p, min_c, want_holdout, skipped, cands,
+                                                              max_total):
                     continue
                 batch.parse()
                 for i, row in enumerate(batch.rows):
@@ -173,7 +175,7 @@ def collect_candidates(manifest: dict, tok, spec: dict, holdout: dict, skipped: 
                         for t in pick_turns(len(spans), spec.get("turn", "last"), rng):
                             s, e = spans[t]
                             c = Candidate(src["name"], loc, row_id, t, len(spans), s, e - s, hold, ids=ids[:s])
-                            if _keep(c, max_p, min_c, skipped):
+                            if _keep(c, max_p, min_c, skipped, max_total):
                                 cands.append(c)
                     elif schema == "conversations":
                         conv = normalise_messages(row.get("conversations", row.get("messages")))
@@ -190,7 +192,7 @@ def collect_candidates(manifest: dict, tok, spec: dict, holdout: dict, skipped: 
                                           len(tok(comp, add_special_tokens=False)["input_ids"]), hold,
                                           messages=conv[:k], tools=_tools(row.get("tools")))
                             c.prompt_tokens = len(render_ids(tok, c.messages, c.tools))
-                            if _keep(c, max_p, min_c, skipped):
+                            if _keep(c, max_p, min_c, skipped, max_total):
                                 cands.append(c)
                     else:
                         skipped["text row has no assistant turn to cut at"] += 1
@@ -198,7 +200,7 @@ def collect_candidates(manifest: dict, tok, spec: dict, holdout: dict, skipped: 
 
 
 def _fast_candidates(batch, source, path, spec, holdout, root, rng, max_p, min_c, want_holdout, skipped,
-                     cands) -> bool:
+                     cands, max_total=None) -> bool:
     """Cut a whole JSON Lines batch of tokenized rows with polars; prompt ids are loaded later, only
     for the sampled prompts (memory stays bounded by one batch). False = use the exact path."""
     import polars as pl
@@ -228,7 +230,7 @@ def _fast_candidates(batch, source, path, spec, holdout, root, rng, max_p, min_c
             continue
         for t in pick_turns(len(starts), spec.get("turn", "last"), rng):
             c = Candidate(source, loc, row_id, t, len(starts), starts[t], ends[t] - starts[t], hold)
-            if _keep(c, max_p, min_c, skipped):
+            if _keep(c, max_p, min_c, skipped, max_total):
                 rows.append(i)
                 cuts.append(starts[t])
                 cands.append(c)
@@ -278,7 +280,10 @@ def render_ids(tok, messages, tools=None) -> list[int]:
     return tok(render_text(tok, messages, tools), add_special_tokens=False)["input_ids"]
 
 
-def _keep(c: Candidate, max_p: int, min_c: int, skipped: Counter) -> bool:
+def _keep(c: Candidate, max_p: int, min_c: int, skipped: Counter, max_total: int | None = None) -> bool:
+    if max_total and c.prompt_tokens + c.completion_tokens > max_total:
+        skipped[f"prompt + completion longer than max_total_tokens ({max_total})"] += 1
+        return False
     if c.prompt_tokens > max_p:
         skipped[f"prompt longer than max_prompt_tokens ({max_p})"] += 1
         return False

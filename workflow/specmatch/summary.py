@@ -151,11 +151,13 @@ def recommendation(cross: list[dict], launches: dict, training_suites: set[str])
     return recs
 
 
-def acceptance_by_source(paths: list[Path]) -> pl.DataFrame:
+def acceptance_by_source(paths: list[Path], key: str = "acceptance_by_source") -> pl.DataFrame:
+    """Acceptance pooled over a server's cells per prompt source (or, with key acceptance_by_holdout,
+    per held-out flag: training rows the drafter saw overstate what unseen traffic gets)."""
     rows = []
     for p in paths:
         c = read_json(p)
-        for src, a in (c.get("acceptance_by_source") or {}).items():
+        for src, a in (c.get(key) or {}).items():
             rows.append({"server": c["server"], "suite": c["suite"], "concurrency": c["concurrency"], "source": src,
                          **{k: a.get(k) for k in ("requests", "acceptance_rate", "acceptance_length",
                                                   "num_accepted_tokens", "num_draft_tokens", "num_spec_steps")}})
@@ -275,7 +277,7 @@ def _acc(v, drafts, spec):
     return _fmt(v, spec)
 
 
-def markdown(df, sp, cross, recs, acc, matches, baseline) -> str:
+def markdown(df, sp, cross, recs, acc, matches, baseline, hold=None) -> str:
     lines = ["# specmatch: does speculation pay off here?", ""]
     if not cross:
         lines.append(f"Only the baseline `{baseline}` was measured: nothing to compare.")
@@ -320,21 +322,30 @@ def markdown(df, sp, cross, recs, acc, matches, baseline) -> str:
                 f"{_fmt(r['speedup_tpot'])}x [{_fmt(r['speedup_tpot_lo'])}, {_fmt(r['speedup_tpot_hi'])}] | "
                 f"{_fmt(r['speedup_e2el'])}x | {_acc(r['acceptance_rate'], r.get('num_drafts'), '.3f')} | {r['verdict']} |")
     lines += ["", "## All cells", "",
-              "| server | suite | c | ok | failed | tok/s | req/s | TTFT p50 ms | TPOT p50 ms | ITL p99 ms | e2e p50 ms | acceptance rate | acceptance length |",
-              "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+              "| server | suite | c | ok | failed | tok/s | req/s | TTFT p50 ms | TPOT p50 ms | ITL p99 ms | e2e p50 ms | acceptance rate | acceptance length | held-out share |",
+              "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in df.iter_rows(named=True):
         lines.append(f"| {r['server']} | {r['suite']} | {r['concurrency']} | {r['completed']} | {r['failed']} | "
                      f"{_fmt(r['output_throughput'], '.1f')} | {_fmt(r['request_throughput'], '.2f')} | "
                      f"{_fmt(r['median_ttft_ms'], '.0f')} | {_fmt(r['median_tpot_ms'], '.1f')} | "
                      f"{_fmt(r['p99_itl_ms'], '.1f')} | {_fmt(r['median_e2el_ms'], '.0f')} | "
                      f"{_acc(r['spec_decode_acceptance_rate'], r.get('spec_decode_num_drafts'), '.3f')} | "
-                     f"{_acc(r['spec_decode_acceptance_length'], r.get('spec_decode_num_drafts'), '.2f')} |")
+                     f"{_acc(r['spec_decode_acceptance_length'], r.get('spec_decode_num_drafts'), '.2f')} | "
+                     f"{_fmt(r['holdout_share'], '.0%')} |")
     if not acc.is_empty():
         lines += ["", "## Acceptance by training source", "", "| server | suite | source | requests | acceptance rate | acceptance length |",
                   "|---|---|---|---|---|---|"]
         for r in acc.iter_rows(named=True):
             lines.append(f"| {r['server']} | {r['suite']} | {r['source']} | {r['requests']} | "
                          f"{_fmt(r['acceptance_rate'], '.3f')} | {_fmt(r['acceptance_length'], '.2f')} |")
+    if hold is not None and not hold.is_empty():
+        lines += ["", "## Held-out vs seen training prompts", "",
+                  "Acceptance on rows the drafter was trained on overstates what unseen traffic gets.", "",
+                  "| server | suite | held out | requests | acceptance rate | acceptance length |",
+                  "|---|---|---|---|---|---|"]
+        for r in hold.iter_rows(named=True):
+            lines.append(f"| {r['server']} | {r['suite']} | {'yes' if r['source'] == 'True' else 'no'} | "
+                         f"{r['requests']} | {_fmt(r['acceptance_rate'], '.3f')} | {_fmt(r['acceptance_length'], '.2f')} |")
     lines += ["", "Plots: `plots/throughput.png`, `plots/speedup.png`, `plots/latency_throughput.png`, "
                   "`plots/acceptance_by_source.png`. Every file has a `.prov.json` beside it: "
                   "`specmatch provenance results/summary/summary.md`."]
@@ -367,6 +378,10 @@ def main(argv: list[str] | None = None) -> int:
                     and m.get("prompt_length_ks") is not None}
         recs = recommendation(cross, launches, training)
         acc = acceptance_by_source(a.cells)
+        hold = acceptance_by_source(a.cells, "acceptance_by_holdout")
+        if not hold.is_empty():  # only suites that mix held-out and seen rows say anything here
+            mixed = hold.group_by(["server", "suite"]).agg(pl.col("source").n_unique().alias("k")).filter(pl.col("k") > 1)
+            hold = hold.join(mixed.select("server", "suite"), on=["server", "suite"])
     except SpecmatchError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 1
@@ -379,7 +394,7 @@ def main(argv: list[str] | None = None) -> int:
         (sp if not sp.is_empty() else pl.DataFrame({"server": []})).write_csv(tmp)
     made = plots(df, sp, acc, cross, out / "plots")
     write_text(out / "verdict.json", json.dumps({"crossover": cross, "recommendations": recs}, indent=2) + "\n")
-    md = markdown(df, sp, cross, recs, acc, matches, a.baseline)
+    md = markdown(df, sp, cross, recs, acc, matches, a.baseline, hold)
     write_text(out / "summary.md", md)
     rec.write([out / "summary.md", out / "cells.csv", out / "cells.parquet", out / "speedups.csv",
                out / "verdict.json", *made])
