@@ -43,24 +43,27 @@ def requests_for(n: int, max_tokens: int) -> list[Request]:
 
 def overhead(concurrency: int) -> dict:
     proc, url = start_server("--tokens", "32", "--ttft", "0.05", "--itl", "0.01", "--report-timing")
+    if os.cpu_count() > 1:
+        os.sched_setaffinity(0, {0})  # the client on core 0, the server on core 1
     try:
         n = max(concurrency * 2, 16)
         recs = run(run_load(url, requests_for(n, 32), concurrency, "openai-completions"))
     finally:
         proc.terminate()
         proc.wait()
-    send, deliver, ttft_oh, itl_oh = [], [], [], []
+    send, deliver, ttft_oh, itl_oh, prep = [], [], [], [], []
     for r in recs:
         t = r["server_timing"]
         srv, cli = t["event_abs"], t["client_arrivals_abs"]
-        send.append((t["received_abs"] - t["client_start_abs"]) * 1000)      # request out (client + loopback)
+        send.append((t["received_abs"] - t["client_start_abs"]) * 1000)      # request out (client + loopback + server accept)
+        prep.append((t["client_sent_abs"] - t["client_start_abs"]) * 1000)   # client alone: build + write the request
         deliver.extend((c - s) * 1000 for c, s in zip(cli, srv))              # event written -> client parsed it
         ttft_oh.append(((cli[0] - t["client_start_abs"]) - (srv[0] - t["received_abs"])) * 1000)
         itl_oh.extend(((cb - ca) - (sb - sa)) * 1000 for ca, cb, sa, sb in zip(cli, cli[1:], srv, srv[1:]))
     pct = lambda a, q: float(np.percentile(a, q))  # noqa: E731
     return {"c": concurrency, "requests": len(recs), "ttft_overhead_ms_p50": pct(ttft_oh, 50),
             "ttft_overhead_ms_p99": pct(ttft_oh, 99), "itl_overhead_ms_p50": pct(itl_oh, 50),
-            "itl_overhead_ms_p99": pct(itl_oh, 99), "send_ms_p99": pct(send, 99), "deliver_ms_p50": pct(deliver, 50),
+            "itl_overhead_ms_p99": pct(itl_oh, 99), "send_ms_p99": pct(send, 99), "client_write_ms_p99": pct(prep, 99), "deliver_ms_p50": pct(deliver, 50),
             "deliver_ms_p99": pct(deliver, 99)}
 
 
@@ -106,13 +109,15 @@ def vllm_rate(url: str, n: int, tokens: int, concurrency: int, tokenizer: str) -
 def main() -> None:
     print("client overhead against the server's own clock (ms; one monotonic clock for both processes):")
     print("  ttft/itl: client-measured minus server-measured; send: request leaves the client -> server has it;")
+    print("  write: the client builds and writes the request (its own share of send);")
     print("  deliver: server wrote an event -> the client has parsed it")
-    print(f"{'c':>5}{'ttft p50':>10}{'ttft p99':>10}{'itl p50':>10}{'itl p99':>10}{'send p99':>10}"
+    print(f"{'c':>5}{'ttft p50':>10}{'ttft p99':>10}{'itl p50':>10}{'itl p99':>10}{'send p99':>10}{'write p99':>11}"
           f"{'deliver p50':>13}{'deliver p99':>13}")
     for c in (1, 64, 256):
         o = overhead(c)
         print(f"{c:>5}{o['ttft_overhead_ms_p50']:>10.3f}{o['ttft_overhead_ms_p99']:>10.3f}"
               f"{o['itl_overhead_ms_p50']:>10.3f}{o['itl_overhead_ms_p99']:>10.3f}{o['send_ms_p99']:>10.3f}"
+              f"{o['client_write_ms_p99']:>11.3f}"
               f"{o['deliver_ms_p50']:>13.3f}{o['deliver_ms_p99']:>13.3f}")
     tokens, n, conc = 1000, 128, 64
     proc, url = start_server("--tokens", str(tokens), "--ttft", "0", "--itl", "0")

@@ -69,3 +69,20 @@ def test_never_pays_and_everywhere(tmp_path):
     assert cross["slow"]["crossover"] == "never pays" and cross["fast"]["crossover"] == "pays everywhere measured"
     recs = {r["server"]: r["recommendation"] for r in recommendation(list(cross.values()), {}, set())}
     assert recs["slow"].startswith("turn speculation off") and recs["fast"].startswith("keep speculation on")
+
+
+def test_noise_floor_from_cells_where_speculation_was_off(tmp_path):
+    from specmatch.summary import apply_noise_margin, noise_floor
+
+    paths = []
+    for c, base, spec, drafts in ((1, 30, 45, 100), (16, 20, 21.2, 0)):  # at c=16 the schedule turned drafting off
+        paths.append(fake_cell(tmp_path, "baseline", "s", c, base))
+        paths.append(fake_cell(tmp_path, "sched", "s", c, spec, seed=4, drafts=drafts, rate=0.5 if drafts else None))
+    df, reqs = load_cells(paths)
+    sp = speedups(df, reqs, "baseline", 300, 0.9)
+    floor = noise_floor(sp)
+    assert [f["concurrency"] for f in floor] == [16] and floor[0]["speedup"] == pytest.approx(1.06, rel=0.03)
+    judged = {r["concurrency"]: r["verdict"] for r in apply_noise_margin(sp, 0.06).iter_rows(named=True)}
+    assert judged == {1: "pays", 16: "inconclusive"}
+    md = markdown(df, sp, crossover(sp), [], pl.DataFrame(), [], "baseline")
+    assert "Noise floor" in md and "off (0 drafts)" in md

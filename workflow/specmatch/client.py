@@ -94,6 +94,7 @@ class Connection:
         head += [f"{k}: {v}" for k, v in self.headers.items()]
         self.writer.write(("\r\n".join(head) + "\r\n\r\n").encode() + body)
         await self.writer.drain()
+        self.sent_at = time.perf_counter()
         reader = self.reader
         status_line = await reader.readline()
         if not status_line:
@@ -280,7 +281,10 @@ async def _one(conn: Connection, req: Request, protocol: str, parse_acc, timeout
         run.error = f"protocol: {exc}"
         await conn.close()
     end = time.perf_counter()
-    return run.record(start, end, t_origin)
+    rec = run.record(start, end, t_origin)
+    if "server_timing" in rec:
+        rec["server_timing"]["client_sent_abs"] = getattr(conn, "sent_at", None)
+    return rec
 
 
 def run(coro):

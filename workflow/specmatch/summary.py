@@ -91,6 +91,16 @@ def speedups(df: pl.DataFrame, reqs: dict, baseline: str, n_boot: int, conf: flo
     return pl.DataFrame(rows, infer_schema_length=None) if rows else pl.DataFrame()
 
 
+def apply_noise_margin(sp: pl.DataFrame, margin: float) -> pl.DataFrame:
+    """Re-judge each cell so that 'pays'/'loses' also clear the measured run-to-run noise floor."""
+    if sp.is_empty() or margin <= 0:
+        return sp
+    return sp.with_columns(
+        pl.when(pl.col("speedup_throughput_lo") > 1 + margin).then(pl.lit("pays"))
+        .when(pl.col("speedup_throughput_hi") < 1 - margin).then(pl.lit("loses"))
+        .otherwise(pl.lit("inconclusive")).alias("verdict"))
+
+
 def crossover(sp: pl.DataFrame) -> list[dict]:
     """Per (server, suite): where speculation stops paying.
 
@@ -137,7 +147,9 @@ def recommendation(cross: list[dict], launches: dict, training_suites: set[str])
         if x["pays_up_to"] is None:
             text = "turn speculation off: it never beat the baseline on this suite"
         elif x["crossover"] == "pays everywhere measured":
-            text = "keep speculation on at every measured concurrency"
+            text = ("keep this configuration, its batch-size schedule included" if
+                    spec.get("num_speculative_tokens_per_batch_size") else
+                    "keep speculation on at every measured concurrency")
         elif flavor == "vllm":
             sched = [[1, int(x["pays_up_to"]), int(k)], [int(x["pays_up_to"]) + 1, 1024, 0]]
             text = ("vLLM: --speculative-config '" + json.dumps({**{kk: vv for kk, vv in spec.items()
@@ -181,36 +193,51 @@ def plots(df: pl.DataFrame, sp: pl.DataFrame, acc: pl.DataFrame, cross: list[dic
     out.mkdir(parents=True, exist_ok=True)
     suites = sorted(df["suite"].unique().to_list())
     servers = df["server"].unique(maintain_order=True).to_list()
+    concurrencies = sorted(df["concurrency"].unique().to_list())
     made = []
 
-    def save(fig, name):
+    def figure(name, title, draw, xlabel="concurrency", ylabel="", log_c=True, width=5.5, panels=None):
+        """One panel per suite; `draw(ax, suite)` fills a panel."""
+        panels = panels or suites
+        fig, axes = plt.subplots(1, len(panels), figsize=(width * len(panels), 4), squeeze=False)
+        for ax, suite in zip(axes[0], panels):
+            draw(ax, suite)
+            if log_c:
+                ax.set_xscale("log", base=2)
+                ax.set_xticks(concurrencies, [str(c) for c in concurrencies])
+                ax.minorticks_off()
+            ax.set_title(f"suite {suite}")
+            ax.set_xlabel(xlabel)
+            ax.set_ylabel(ylabel)
+            ax.grid(alpha=0.3)
+        handles, labels = axes[0][0].get_legend_handles_labels()
+        if handles:
+            fig.legend(handles, labels, loc="lower center", ncol=min(len(labels), 4), fontsize=8,
+                       bbox_to_anchor=(0.5, -0.02))
+        fig.suptitle(title)
+        fig.tight_layout(rect=(0, 0.08, 1, 1))
         path = out / f"{name}.png"
         with atomic_path(path, ".png") as tmp:
             fig.savefig(tmp, format="png", dpi=110)
         plt.close(fig)
         made.append(path)
 
-    fig, axes = plt.subplots(1, len(suites), figsize=(5.5 * len(suites), 4), squeeze=False)
-    for ax, suite in zip(axes[0], suites):
+    def rows(frame, suite, server):
+        return frame.filter((pl.col("suite") == suite) & (pl.col("server") == server)).sort("concurrency")
+
+    def throughput(ax, suite):
         for s in servers:
-            g = df.filter((pl.col("suite") == suite) & (pl.col("server") == s)).sort("concurrency")
+            g = rows(df, suite, s)
             ax.plot(g["concurrency"], g["output_throughput"], marker="o", label=s)
-        ax.set_xscale("log", base=2)
-        ax.set_title(f"suite {suite}")
-        ax.set_xlabel("concurrency")
-        ax.set_ylabel("output tokens/s")
-        ax.grid(alpha=0.3)
-    axes[0][0].legend()
-    fig.suptitle("Output throughput vs concurrency")
-    fig.tight_layout()
-    save(fig, "throughput")
+
+    figure("throughput", "Output throughput vs concurrency", throughput, ylabel="output tokens/s")
 
     if not sp.is_empty():
-        fig, axes = plt.subplots(1, len(suites), figsize=(5.5 * len(suites), 4), squeeze=False)
-        for ax, suite in zip(axes[0], suites):
-            for s in sp["server"].unique(maintain_order=True).to_list():
-                g = sp.filter((pl.col("suite") == suite) & (pl.col("server") == s)).sort("concurrency")
-                if g.is_empty():
+        def speedup(ax, suite):
+            for s in servers:
+                g = rows(sp, suite, s) if s in sp["server"].to_list() else None
+                if g is None or g.is_empty():
+                    ax.plot([], [])  # keep each server's colour the same across plots
                     continue
                 x = g["concurrency"].to_numpy()
                 line = ax.plot(x, g["speedup_throughput"], marker="o", label=s)[0]
@@ -220,49 +247,42 @@ def plots(df: pl.DataFrame, sp: pl.DataFrame, acc: pl.DataFrame, cross: list[dic
                 if xo and xo["pays_up_to"] is not None and xo["crossover"].startswith("stops"):
                     ax.axvline(xo["pays_up_to"], color=line.get_color(), ls=":", alpha=0.7)
             ax.axhline(1.0, color="black", lw=1)
-            ax.set_xscale("log", base=2)
-            ax.set_title(f"suite {suite}")
-            ax.set_xlabel("concurrency")
-            ax.set_ylabel("throughput speedup vs baseline")
-            ax.grid(alpha=0.3)
-        axes[0][0].legend()
-        fig.suptitle("Speedup over the baseline (band: bootstrap interval; dotted: last concurrency that pays)")
-        fig.tight_layout()
-        save(fig, "speedup")
 
-    fig, axes = plt.subplots(1, len(suites), figsize=(5.5 * len(suites), 4), squeeze=False)
-    for ax, suite in zip(axes[0], suites):
+        figure("speedup", "Speedup over the baseline (band: bootstrap interval; dotted: last concurrency that pays)",
+               speedup, ylabel="throughput speedup vs baseline")
+
+    def latency(ax, suite):
         for s in servers:
-            g = df.filter((pl.col("suite") == suite) & (pl.col("server") == s)).sort("concurrency")
+            g = rows(df, suite, s)
             ax.plot(g["output_throughput"], g["median_tpot_ms"], marker="o", label=s)
             for c, x, y in zip(g["concurrency"], g["output_throughput"], g["median_tpot_ms"]):
                 if x is not None and y is not None:
                     ax.annotate(f"c{c}", (x, y), fontsize=7, alpha=0.7)
-        ax.set_title(f"suite {suite}")
-        ax.set_xlabel("output tokens/s")
-        ax.set_ylabel("median TPOT (ms)")
-        ax.grid(alpha=0.3)
-    axes[0][0].legend()
-    fig.suptitle("Latency vs throughput (lower right is better)")
-    fig.tight_layout()
-    save(fig, "latency_throughput")
+
+    figure("latency_throughput", "Latency vs throughput (lower right is better)", latency,
+           xlabel="output tokens/s", ylabel="median TPOT (ms)", log_c=False)
 
     if not acc.is_empty():
-        fig, ax = plt.subplots(figsize=(8, 4))
-        keys = acc.select(["server", "suite"]).unique(maintain_order=True).rows()
-        sources = sorted(acc["source"].unique().to_list())
-        width = 0.8 / max(1, len(keys))
-        for i, (srv, suite) in enumerate(keys):
-            g = acc.filter((pl.col("server") == srv) & (pl.col("suite") == suite))
-            vals = [g.filter(pl.col("source") == src)["acceptance_rate"].to_list() for src in sources]
-            ax.bar(np.arange(len(sources)) + i * width, [v[0] if v and v[0] is not None else 0 for v in vals], width,
-                   label=f"{srv} / {suite}")
-        ax.set_xticks(np.arange(len(sources)) + 0.4 - width / 2, sources, rotation=30, ha="right")
-        ax.set_ylabel("draft acceptance rate")
-        ax.set_title("Acceptance by prompt source")
-        ax.legend(fontsize=7)
-        fig.tight_layout()
-        save(fig, "acceptance_by_source")
+        acc_suites = sorted(acc["suite"].unique().to_list())
+
+        def acceptance(ax, suite):
+            g = acc.filter(pl.col("suite") == suite)
+            sources = sorted(g["source"].unique().to_list())
+            spec_servers = [s for s in servers if s in g["server"].to_list()]
+            width = 0.8 / max(1, len(spec_servers))
+            for i, srv in enumerate(servers):
+                if srv not in spec_servers:
+                    ax.bar([], [])
+                    continue
+                k = spec_servers.index(srv)
+                vals = [g.filter((pl.col("server") == srv) & (pl.col("source") == src))["acceptance_rate"].to_list()
+                        for src in sources]
+                ax.bar(np.arange(len(sources)) + k * width, [v[0] if v and v[0] is not None else 0 for v in vals],
+                       width, label=srv)
+            ax.set_xticks(np.arange(len(sources)) + 0.4 - width / 2, sources, rotation=30, ha="right")
+
+        figure("acceptance_by_source", "Draft acceptance rate by prompt source", acceptance,
+               xlabel="prompt source", ylabel="draft acceptance rate", log_c=False, width=6.5, panels=acc_suites)
     return made
 
 
@@ -277,8 +297,20 @@ def _acc(v, drafts, spec):
     return _fmt(v, spec)
 
 
+def noise_floor(sp: pl.DataFrame) -> list[dict]:
+    """Cells where a speculative server drafted nothing (speculation switched off by its schedule):
+    it then runs the baseline's computation, so its 'speedup' is pure run-to-run variation, which
+    the bootstrap intervals (request-to-request variation within a cell) do not capture."""
+    if sp.is_empty() or "num_drafts" not in sp.columns:
+        return []
+    off = sp.filter(pl.col("num_drafts") == 0)
+    return [{"server": r["server"], "suite": r["suite"], "concurrency": r["concurrency"],
+             "speedup": r["speedup_throughput"]} for r in off.iter_rows(named=True)]
+
+
 def markdown(df, sp, cross, recs, acc, matches, baseline, hold=None) -> str:
     lines = ["# specmatch: does speculation pay off here?", ""]
+    floor = noise_floor(sp)
     if not cross:
         lines.append(f"Only the baseline `{baseline}` was measured: nothing to compare.")
     for x in cross:
@@ -292,6 +324,15 @@ def markdown(df, sp, cross, recs, acc, matches, baseline, hold=None) -> str:
             detail.append("within noise at c=" + ",".join(map(str, x["inconclusive"])))
         lines.append(f"- **{x['server']}** on `{x['suite']}`: {x['crossover']}; best {best[1]:.2f}x at c={best[0]}"
                      + (f" ({'; '.join(detail)})" if detail else "") + ".")
+    if floor:
+        dev = max(abs(f["speedup"] - 1) for f in floor)
+        lines += ["", f"**Noise floor:** in {len(floor)} cell(s) a speculative server drafted nothing (its schedule "
+                      f"switched speculation off), so it ran the baseline's work; its 'speedup' there was "
+                      + ", ".join(f"{f['speedup']:.2f}x ({f['server']}, {f['suite']}, c={f['concurrency']})"
+                                  for f in floor)
+                      + f". Differences within about ±{dev:.0%} are run-to-run variation, which the intervals "
+                        "(request-to-request variation within a cell) do not include; a cell is called 'pays' or "
+                        "'loses' only when its interval also clears this margin."]
     if recs:
         lines += ["", "## Recommendation (training-mix suites)", ""]
         lines += [f"- **{r['server']}** (`{r['suite']}`): {r['recommendation']} — {r['evidence']}." for r in recs]
@@ -367,6 +408,9 @@ def main(argv: list[str] | None = None) -> int:
         if a.baseline not in df["server"].to_list():
             raise SpecmatchError(f"baseline: no cells of server '{a.baseline}'")
         sp = speedups(df, reqs, a.baseline, settings["bootstrap"], settings["confidence"])
+        floor = noise_floor(sp)
+        margin = max((abs(f["speedup"] - 1) for f in floor), default=0.0)
+        sp = apply_noise_margin(sp, margin)
         cross = crossover(sp)
         launches = {}
         for s in df["server"].unique().to_list():
