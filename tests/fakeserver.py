@@ -173,6 +173,13 @@ class FakeServer:
                 self._loop.run_until_complete(main())
             except asyncio.CancelledError:
                 pass
+            finally:
+                pending = [t for t in asyncio.all_tasks(self._loop) if not t.done()]
+                for t in pending:
+                    t.cancel()
+                if pending:
+                    self._loop.run_until_complete(asyncio.gather(*pending, return_exceptions=True))
+                self._loop.close()
 
         self._thread = threading.Thread(target=run, daemon=True)
         self._thread.start()
@@ -184,10 +191,20 @@ class FakeServer:
         return f"http://{self.host}:{self.port}"
 
     def stop(self) -> None:
-        if self._loop and self._server:
-            self._loop.call_soon_threadsafe(self._server.close)
-            for task in asyncio.all_tasks(self._loop):
-                self._loop.call_soon_threadsafe(task.cancel)
+        if not (self._loop and self._server) or self._loop.is_closed():
+            return
+
+        async def shutdown():
+            self._server.close()
+            for t in asyncio.all_tasks():
+                if t is not asyncio.current_task():
+                    t.cancel()
+
+        try:
+            asyncio.run_coroutine_threadsafe(shutdown(), self._loop).result(5)
+        except Exception:
+            pass
+        self._thread.join(5)
 
 
 def main():

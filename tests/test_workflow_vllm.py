@@ -50,8 +50,17 @@ TINY = {
 
 
 def server_pids() -> list[int]:
+    """Live vLLM server processes (a zombie has exited and holds nothing; its reaping is init's job)."""
     out = subprocess.run(["pgrep", "-f", "vllm.entrypoints.openai.api_server"], capture_output=True, text=True)
-    return [int(p) for p in out.stdout.split()]
+    live = []
+    for pid in map(int, out.stdout.split()):
+        try:
+            state = Path(f"/proc/{pid}/stat").read_text().rsplit(") ", 1)[1][0]
+        except (FileNotFoundError, IndexError):
+            continue
+        if state != "Z":
+            live.append(pid)
+    return live
 
 
 @pytest.fixture(scope="module")

@@ -14,6 +14,7 @@ records with `ok: false` and a reason, never dropped.
 from __future__ import annotations
 
 import asyncio
+import gc
 import json
 import random
 import time
@@ -60,6 +61,24 @@ PATHS = {"openai-completions": "/v1/completions", "openai-chat": "/v1/chat/compl
 
 class HTTPError(Exception):
     pass
+
+
+def _timeout(seconds: float):
+    if hasattr(asyncio, "timeout"):  # Python 3.11+
+        return asyncio.timeout(seconds)
+
+    class _Legacy:  # Python 3.10: cancel this task from a timer
+        async def __aenter__(self):
+            task = asyncio.current_task()
+            self.handle = asyncio.get_running_loop().call_later(seconds, task.cancel)
+
+        async def __aexit__(self, exc_type, exc, tb):
+            self.handle.cancel()
+            if exc_type is asyncio.CancelledError:
+                raise asyncio.TimeoutError from exc
+            return False
+
+    return _Legacy()
 
 
 class Connection:
@@ -268,8 +287,11 @@ async def _one(conn: Connection, req: Request, protocol: str, parse_acc, timeout
     body = json.dumps(req.payload).encode()
     start = time.perf_counter()
     try:
-        await asyncio.wait_for(conn.stream(PATHS[protocol], body, run.on_event), timeout)
-    except asyncio.TimeoutError:
+        # asyncio.timeout runs the stream in this task; wait_for would schedule a new task, so at a
+        # burst of C requests the last one would be written only after C-1 loop turns.
+        async with _timeout(timeout):
+            await conn.stream(PATHS[protocol], body, run.on_event)
+    except (asyncio.TimeoutError, TimeoutError):
         run.error = f"timeout: no complete response within {timeout:g} s"
         await conn.close()
     except HTTPError as exc:
@@ -317,6 +339,10 @@ async def run_load(base_url: str, requests: list[Request], concurrency: int, pro
                     await _one(conn, r, protocol, parse_acceptance, timeout, 0.0)
 
             await asyncio.gather(*(warm(c) for c in conns[:max(1, min(len(warmup), concurrency))]))
+        # No garbage-collector pauses inside the measured phase (they land on random tokens' ITL).
+        gc.collect()
+        gc_was_enabled = gc.isenabled()
+        gc.disable()
         t_origin = time.perf_counter()
         results: list[dict | None] = [None] * len(requests)
         if request_rate is None:
@@ -354,5 +380,7 @@ async def run_load(base_url: str, requests: list[Request], concurrency: int, pro
             await asyncio.gather(*tasks)
         return [r for r in results if r is not None]
     finally:
+        if "gc_was_enabled" in locals() and gc_was_enabled:
+            gc.enable()
         for c in conns:
             await c.close()
