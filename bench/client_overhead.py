@@ -42,7 +42,7 @@ def requests_for(n: int, max_tokens: int) -> list[Request]:
 
 
 def overhead(concurrency: int) -> dict:
-    proc, url = start_server("--tokens", "32", "--ttft", "0.05", "--itl", "0.01", "--report-timing")
+    proc, url = start_server("--tokens", "32", "--ttft", "0.05", "--itl", "0.01", "--report-timing", "--ticker")
     if os.cpu_count() > 1:
         os.sched_setaffinity(0, {0})  # the client on core 0, the server on core 1
     try:

@@ -78,3 +78,35 @@ def test_open_loop_rate(fake_server):
     assert len(recs) == 20 and all(r["ok"] for r in recs)
     span = max(r["start_s"] for r in recs)
     assert 0.1 < span < 1.5  # 19 gaps at 50 req/s ~ 0.38 s
+
+
+def test_fast_event_check_agrees_with_a_full_parse_on_recorded_streams():
+    import json
+    from pathlib import Path
+
+    from specmatch.client import has_content
+
+    def slow(obj):
+        c = (obj.get("choices") or [{}])[0]
+        piece = c.get("text")
+        if piece is None:
+            d = c.get("delta") or {}
+            piece = d.get("content") or d.get("reasoning_content") or d.get("tool_calls")
+        return bool(piece)
+
+    fixtures = Path(__file__).parent / "fixtures" / "vllm"
+    n = 0
+    for f in fixtures.glob("*.sse"):
+        for line in f.read_text().splitlines():
+            if line.startswith("data: {"):
+                payload = line[6:].encode()
+                assert has_content(payload) == slow(json.loads(payload)), line
+                n += 1
+    extra = [{"choices": [{"delta": {"role": "assistant", "content": ""}}]},
+             {"choices": [{"delta": {"content": '"quoted"'}}]},
+             {"choices": [{"text": ""}]},
+             {"choices": [{"delta": {"tool_calls": [{"index": 0, "function": {"arguments": "{"}}]}}]}]
+    for obj in extra:
+        for sep in ((",", ":"), (", ", ": ")):  # compact (vLLM) and spaced (Python default) JSON
+            assert has_content(json.dumps(obj, separators=sep).encode()) == slow(obj), obj
+    assert n > 30
