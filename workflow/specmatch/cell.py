@@ -16,7 +16,6 @@ complete to Snakemake.
 from __future__ import annotations
 
 import argparse
-import asyncio
 import json
 import random
 import sys
@@ -39,12 +38,11 @@ def order_prompts(prompts: list[dict], n: int, seed: int) -> list[dict]:
     """A seeded order of n prompts (cycling through the suite when n is larger); server-independent."""
     if not prompts:
         raise SpecmatchError("the prompt suite is empty")
-    out, rng, k = [], random.Random(seed), 0
+    out, rng = [], random.Random(seed)
     while len(out) < n:
         perm = list(range(len(prompts)))
         rng.shuffle(perm)
         out.extend(prompts[i] for i in perm)
-        k += 1
     return out[:n]
 
 
@@ -138,7 +136,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--state-dir", type=Path)
     a = p.parse_args(argv)
     cfg, req_cfg = json.loads(a.server), json.loads(a.requests)
-    mgr = Manager(a.state_dir) if a.state_dir else Manager()
+    mgr = Manager(a.state_dir)
     rec = Recorder("cell", [a.prompts, a.launch], {"server": cfg, "suite": a.suite, "concurrency": a.concurrency,
                                                    "requests": req_cfg})
     try:

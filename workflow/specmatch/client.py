@@ -89,6 +89,7 @@ class Connection:
         self.host, self.port = host, port
         self.headers = headers
         self.reader: asyncio.StreamReader | None = None
+        self.sent_at: float | None = None  # when the last request was fully written
         self.writer: asyncio.StreamWriter | None = None
 
     async def _connect(self) -> None:
@@ -324,7 +325,7 @@ async def _one(conn: Connection, req: Request, protocol: str, parse_acc, timeout
     end = time.perf_counter()
     rec = run.record(start, end, t_origin)
     if "server_timing" in rec:
-        rec["server_timing"]["client_sent_abs"] = getattr(conn, "sent_at", None)
+        rec["server_timing"]["client_sent_abs"] = conn.sent_at
     return rec
 
 
@@ -346,6 +347,7 @@ async def run_load(base_url: str, requests: list[Request], concurrency: int, pro
     u = urlsplit(base_url)
     headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
     conns = [Connection(u.hostname, u.port or 80, headers) for _ in range(concurrency)]
+    gc_was_enabled = gc.isenabled()
     try:
         # Open every connection before the clock starts: measured requests never pay TCP set-up.
         await asyncio.gather(*(c.connect() for c in conns), return_exceptions=True)
@@ -360,7 +362,6 @@ async def run_load(base_url: str, requests: list[Request], concurrency: int, pro
             await asyncio.gather(*(warm(c) for c in conns[:max(1, min(len(warmup), concurrency))]))
         # No garbage-collector pauses inside the measured phase (they land on random tokens' ITL).
         gc.collect()
-        gc_was_enabled = gc.isenabled()
         gc.disable()
         t_origin = time.perf_counter()
         results: list[dict | None] = [None] * len(requests)
@@ -399,7 +400,7 @@ async def run_load(base_url: str, requests: list[Request], concurrency: int, pro
             await asyncio.gather(*tasks)
         return [r for r in results if r is not None]
     finally:
-        if "gc_was_enabled" in locals() and gc_was_enabled:
+        if gc_was_enabled:
             gc.enable()
         for c in conns:
             await c.close()

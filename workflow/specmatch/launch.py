@@ -90,7 +90,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--state-dir", type=Path)
     a = p.parse_args(argv)
     cfg = json.loads(a.server)
-    mgr = Manager(a.state_dir) if a.state_dir else Manager()
+    mgr = Manager(a.state_dir)
     inputs = [x for x in (cfg.get("model"), (cfg.get("speculative") or {}).get("model")) if x and Path(x).exists()]
     rec = Recorder("launch", inputs, {"server": cfg, "max_concurrency": a.max_concurrency})
     try:

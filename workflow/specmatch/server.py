@@ -36,6 +36,7 @@ import requests
 from .engines import LaunchPlan, get_engine, redact_argv, redact_env
 from .io import SpecmatchError, stable_hash, write_json
 
+
 def default_state_dir() -> Path:
     """One state folder per host (and per SLURM allocation): servers bind to their node's loopback,
     so two allocations must never share a slot lock or a current-server record."""
@@ -45,6 +46,8 @@ def default_state_dir() -> Path:
     if os.environ.get("SLURM_JOB_ID"):
         name += f"-slurm{os.environ['SLURM_JOB_ID']}"
     return Path("results/.servers") / name
+
+
 OWNER_ENV = "SPECMATCH_OWNER_PID"
 
 

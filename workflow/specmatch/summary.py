@@ -85,15 +85,14 @@ def speedups(df: pl.DataFrame, reqs: dict, baseline: str, n_boot: int, conf: flo
         row["acceptance_rate"] = cell.get("spec_decode_acceptance_rate")
         row["num_drafts"] = cell.get("spec_decode_num_drafts")
         row["acceptance_length"] = cell.get("spec_decode_acceptance_length")
-        row["verdict"] = ("pays" if row["speedup_throughput_lo"] > 1 else
-                          "loses" if row["speedup_throughput_hi"] < 1 else "inconclusive")
         rows.append(row)
-    return pl.DataFrame(rows, infer_schema_length=None) if rows else pl.DataFrame()
+    return apply_noise_margin(pl.DataFrame(rows, infer_schema_length=None), 0.0) if rows else pl.DataFrame()
 
 
 def apply_noise_margin(sp: pl.DataFrame, margin: float) -> pl.DataFrame:
-    """Re-judge each cell so that 'pays'/'loses' also clear the measured run-to-run noise floor."""
-    if sp.is_empty() or margin <= 0:
+    """Judge each cell: 'pays'/'loses' when its interval clears 1 by `margin` (the measured run-to-run
+    noise floor; 0 = the interval alone), 'inconclusive' otherwise. The one place verdicts are made."""
+    if sp.is_empty():
         return sp
     return sp.with_columns(
         pl.when(pl.col("speedup_throughput_lo") > 1 + margin).then(pl.lit("pays"))
@@ -270,7 +269,7 @@ def plots(df: pl.DataFrame, sp: pl.DataFrame, acc: pl.DataFrame, cross: list[dic
             sources = sorted(g["source"].unique().to_list())
             spec_servers = [s for s in servers if s in g["server"].to_list()]
             width = 0.8 / max(1, len(spec_servers))
-            for i, srv in enumerate(servers):
+            for srv in servers:
                 if srv not in spec_servers:
                     ax.bar([], [])
                     continue
@@ -308,9 +307,9 @@ def noise_floor(sp: pl.DataFrame) -> list[dict]:
              "speedup": r["speedup_throughput"]} for r in off.iter_rows(named=True)]
 
 
-def markdown(df, sp, cross, recs, acc, matches, baseline, hold=None) -> str:
+def markdown(df, sp, cross, recs, acc, matches, baseline, hold=None, floor=None) -> str:
     lines = ["# specmatch: does speculation pay off here?", ""]
-    floor = noise_floor(sp)
+    floor = noise_floor(sp) if floor is None else floor
     if not cross:
         lines.append(f"Only the baseline `{baseline}` was measured: nothing to compare.")
     for x in cross:
@@ -438,7 +437,7 @@ def main(argv: list[str] | None = None) -> int:
         (sp if not sp.is_empty() else pl.DataFrame({"server": []})).write_csv(tmp)
     made = plots(df, sp, acc, cross, out / "plots")
     write_text(out / "verdict.json", json.dumps({"crossover": cross, "recommendations": recs}, indent=2) + "\n")
-    md = markdown(df, sp, cross, recs, acc, matches, a.baseline, hold)
+    md = markdown(df, sp, cross, recs, acc, matches, a.baseline, hold, floor)
     write_text(out / "summary.md", md)
     rec.write([out / "summary.md", out / "cells.csv", out / "cells.parquet", out / "speedups.csv",
                out / "verdict.json", *made])
