@@ -212,3 +212,15 @@ def test_vectorised_path_equals_row_by_row_path(tmp_path, tok_dir, monkeypatch):
     slow = inspect_root(tmp_path, str(tok_dir))
     fast.pop("seconds"), slow.pop("seconds")
     assert fast == slow
+
+
+def test_mask_only_on_later_rows_is_seen_by_the_fast_path(tmp_path, tok_dir, monkeypatch):
+    import specmatch.inspect as insp
+
+    write_jsonl(tmp_path / "s" / "d.jsonl", [tok_row(5, 5, key="none")] + [tok_row(6, 4) for _ in range(3)])
+    fast = inspect_root(tmp_path, str(tok_dir))
+    monkeypatch.setattr(insp.SourceInspector, "_fast_tokenized", lambda self, b: None)
+    slow = inspect_root(tmp_path, str(tok_dir))
+    fast.pop("seconds"), slow.pop("seconds")
+    assert fast == slow
+    assert fast["sources"][0]["by_schema"]["tokenized"]["mask"] == {"none": 1, "loss_mask": 3}

@@ -155,11 +155,17 @@ def test_vectorised_cutting_equals_row_by_row(tmp_path, tok, tok_dir, monkeypatc
     root = make_root(tmp_path, tok, {"a": 30, "b": 10})
     m = inspect_root(root, str(tok_dir))
     spec = {"size": 20, "seed": 3, "turn": "first", "weighting": "mix"}
+    real = pr._fast_candidates
     fast, fmatch = training_suite("t", spec, m, tok, {"fraction": 0.3})
+    excl = {**spec, "holdout": "exclude"}
+    fast_x, fmatch_x = training_suite("t", excl, m, tok, {"fraction": 0.3})
     monkeypatch.setattr(pr, "_fast_candidates", lambda *a, **k: False)
     slow, smatch = training_suite("t", spec, m, tok, {"fraction": 0.3})
+    slow_x, smatch_x = training_suite("t", excl, m, tok, {"fraction": 0.3})
     assert json.dumps(fast) == json.dumps(slow)
     assert fmatch == smatch
+    assert json.dumps(fast_x) == json.dumps(slow_x) and fmatch_x == smatch_x  # same skip counts too
+    assert real is not pr._fast_candidates
 
 
 def test_rows_without_mask_are_cut_at_the_template_markers(tmp_path, tok, tok_dir):

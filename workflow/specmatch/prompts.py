@@ -127,24 +127,63 @@ def normalise_messages(conv: list[dict]) -> list[dict]:
     return out
 
 
+@dataclass
+class Cutter:
+    """The suite's cutting rules, shared by the vectorised and the row-by-row paths so that both
+    admit, cut, filter and count in the same order."""
+    spec: dict
+    holdout: dict
+    root: Path
+    skipped: Counter
+    cands: list
+
+    def __post_init__(self):
+        self.rng = random.Random(self.spec.get("seed", 0))
+        self.turn = self.spec.get("turn", "last")
+        self.max_p = self.spec.get("max_prompt_tokens", 2048)
+        self.min_c = self.spec.get("min_completion_tokens", 1)
+        self.max_total = self.spec.get("max_total_tokens")
+        self.want_holdout = self.spec.get("holdout", "any")
+
+    def admit(self, source: str, path: str, row_id: str) -> bool | None:
+        """The row's holdout flag, or None when the suite's holdout setting excludes the row."""
+        hold = is_holdout(source, path, row_id, self.holdout, self.root)
+        if (self.want_holdout == "only" and not hold) or (self.want_holdout == "exclude" and hold):
+            self.skipped[f"holdout={hold} excluded by suite setting"] += 1
+            return None
+        return hold
+
+    def keep(self, c: Candidate) -> bool:
+        if _keep(c, self.max_p, self.min_c, self.skipped, self.max_total):
+            self.cands.append(c)
+            return True
+        return False
+
+    def cut_tokenized(self, source: str, loc: str, row_id: str, hold: bool, spans: list[tuple[int, int]],
+                      ids: list | None = None) -> list[int]:
+        """Candidates at the chosen assistant spans; returns the prompt lengths of those kept."""
+        if not spans:
+            self.skipped["no assistant turn in row"] += 1
+            return []
+        kept = []
+        for t in pick_turns(len(spans), self.turn, self.rng):
+            s, e = spans[t]
+            if self.keep(Candidate(source, loc, row_id, t, len(spans), s, e - s, hold,
+                                   ids=ids[:s] if ids is not None else None)):
+                kept.append(s)
+        return kept
+
+
 def collect_candidates(manifest: dict, tok, spec: dict, holdout: dict, skipped: Counter) -> list[Candidate]:
     """Every eligible (row, turn) cut across every source in the manifest, before sampling."""
-    rng = random.Random(spec.get("seed", 0))
-    root = Path(manifest["root"])
+    cut = Cutter(spec, holdout, Path(manifest["root"]), skipped, [])
     header = assistant_header_ids(tok)
     end_id = tok.convert_tokens_to_ids(tok.eos_token) if tok.eos_token else None
-    max_p = spec.get("max_prompt_tokens", 2048)
-    min_c = spec.get("min_completion_tokens", 1)
-    max_total = spec.get("max_total_tokens")
-    want_holdout = spec.get("holdout", "any")
-    cands: list[Candidate] = []
     for src in manifest["sources"]:
         for f in src["files"]:
             df = readers.sniff(Path(f["path"]))
             for batch in readers.iter_batches(df, raw=True):
-                if batch.raw is not None and _fast_candidates(batch, src["name"], f["path"], spec, holdout, root,
-                                                              rng, max_p, min_c, want_holdout, skipped, cands,
-                                                              max_total):
+                if batch.raw is not None and _fast_candidates(batch, src["name"], f["path"], cut):
                     continue
                 batch.parse()
                 for i, row in enumerate(batch.rows):
@@ -157,9 +196,8 @@ def collect_candidates(manifest: dict, tok, spec: dict, holdout: dict, skipped: 
                         skipped["malformed row"] += 1
                         continue
                     row_id = str(row.get("id", loc.rsplit(":", 1)[-1]))
-                    hold = is_holdout(src["name"], f["path"], row_id, holdout, root)
-                    if (want_holdout == "only" and not hold) or (want_holdout == "exclude" and hold):
-                        skipped[f"holdout={hold} excluded by suite setting"] += 1
+                    hold = cut.admit(src["name"], f["path"], row_id)
+                    if hold is None:
                         continue
                     if schema == "tokenized":
                         ids = _flat(row["input_ids"])
@@ -169,14 +207,7 @@ def collect_candidates(manifest: dict, tok, spec: dict, holdout: dict, skipped: 
                             spans = spans_from_mask([int(t != -100) for t in _flat(row["labels"])])
                         else:
                             spans = spans_from_template(ids, header, end_id)
-                        if not spans:
-                            skipped["no assistant turn in row"] += 1
-                            continue
-                        for t in pick_turns(len(spans), spec.get("turn", "last"), rng):
-                            s, e = spans[t]
-                            c = Candidate(src["name"], loc, row_id, t, len(spans), s, e - s, hold, ids=ids[:s])
-                            if _keep(c, max_p, min_c, skipped, max_total):
-                                cands.append(c)
+                        cut.cut_tokenized(src["name"], loc, row_id, hold, spans, ids)
                     elif schema == "conversations":
                         conv = normalise_messages(row.get("conversations", row.get("messages")))
                         if row.get("system") and conv[0]["role"] != "system":
@@ -185,22 +216,20 @@ def collect_candidates(manifest: dict, tok, spec: dict, holdout: dict, skipped: 
                         if not idx:
                             skipped["no assistant turn in row"] += 1
                             continue
-                        for t in pick_turns(len(idx), spec.get("turn", "last"), rng):
+                        for t in pick_turns(len(idx), cut.turn, cut.rng):
                             k = idx[t]
                             comp = conv[k]["content"] or json.dumps(conv[k].get("tool_calls") or "")
                             c = Candidate(src["name"], loc, row_id, t, len(idx), -1,
                                           len(tok(comp, add_special_tokens=False)["input_ids"]), hold,
                                           messages=conv[:k], tools=_tools(row.get("tools")))
                             c.prompt_tokens = len(render_ids(tok, c.messages, c.tools))
-                            if _keep(c, max_p, min_c, skipped, max_total):
-                                cands.append(c)
+                            cut.keep(c)
                     else:
                         skipped["text row has no assistant turn to cut at"] += 1
-    return cands
+    return cut.cands
 
 
-def _fast_candidates(batch, source, path, spec, holdout, root, rng, max_p, min_c, want_holdout, skipped,
-                     cands, max_total=None) -> bool:
+def _fast_candidates(batch, source: str, path: str, cut: Cutter) -> bool:
     """Cut a whole JSON Lines batch of tokenized rows with polars; prompt ids are loaded later, only
     for the sampled prompts (memory stays bounded by one batch). False = use the exact path."""
     import polars as pl
@@ -215,29 +244,23 @@ def _fast_candidates(batch, source, path, spec, holdout, root, rng, max_p, min_c
         pl.col("mask").list.eval(pl.arg_where((el == 0) & (prev != 0))).alias("ends"),
         pl.col("mask").list.last().alias("last"), pl.col("ids").list.len().alias("n"))
     ids_col = frame["id"].to_list() if "id" in frame.columns else [None] * frame.height
+    first_new = len(cut.cands)
     rows, cuts = [], []
     for i, (starts, ends, last, n) in enumerate(spans.iter_rows()):
         loc = batch.locations[i]
+        row_id = str(ids_col[i]) if ids_col[i] is not None else loc.rsplit(":", 1)[-1]
+        hold = cut.admit(source, path, row_id)
+        if hold is None:
+            continue
         if last:
             ends = list(ends) + [n]
-        if not starts:
-            skipped["no assistant turn in row"] += 1
-            continue
-        row_id = str(ids_col[i]) if ids_col[i] is not None else loc.rsplit(":", 1)[-1]
-        hold = is_holdout(source, path, row_id, holdout, root)
-        if (want_holdout == "only" and not hold) or (want_holdout == "exclude" and hold):
-            skipped[f"holdout={hold} excluded by suite setting"] += 1
-            continue
-        for t in pick_turns(len(starts), spec.get("turn", "last"), rng):
-            c = Candidate(source, loc, row_id, t, len(starts), starts[t], ends[t] - starts[t], hold)
-            if _keep(c, max_p, min_c, skipped, max_total):
-                rows.append(i)
-                cuts.append(starts[t])
-                cands.append(c)
+        for s in cut.cut_tokenized(source, loc, row_id, hold, list(zip(starts, ends))):
+            rows.append(i)
+            cuts.append(s)
     if rows:  # dedup key: a hash of the prompt's token ids, computed without leaving polars
         keyed = frame.select("ids")[rows].with_columns(pl.Series("s", cuts))
         hashes = keyed.select(pl.col("ids").list.head(pl.col("s")).hash())["ids"].to_list()
-        for c, h in zip(cands[len(cands) - len(rows):], hashes):
+        for c, h in zip(cut.cands[first_new:], hashes):
             c.key = f"ids:{h}"
     return True
 
