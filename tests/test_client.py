@@ -110,3 +110,56 @@ def test_fast_event_check_agrees_with_a_full_parse_on_recorded_streams():
         for sep in ((",", ":"), (", ", ": ")):  # compact (vLLM) and spaced (Python default) JSON
             assert has_content(json.dumps(obj, separators=sep).encode()) == slow(obj), obj
     assert n > 30
+
+
+async def _hog_after(srv, n_requests, delay, block, coro):
+    """Run `coro` while blocking the client's event loop for `block` s, `delay` s after the server has
+    seen `n_requests` requests: tokens reach the socket while the client cannot read."""
+    import time
+
+    async def hog():
+        while srv.requests_seen < n_requests:
+            await asyncio.sleep(0.001)
+        await asyncio.sleep(delay)
+        time.sleep(block)
+
+    h = asyncio.ensure_future(hog())
+    out = await coro
+    await h
+    return out
+
+
+@pytest.mark.parametrize("kernel", [True, False])
+def test_arrivals_do_not_depend_on_when_the_client_reads(fake_server, monkeypatch, kernel):
+    """Four streams get their token at 0.1 s while the client is blocked until ~0.3 s. Stamped by the
+    kernel, TTFT and end-to-end latency are the server's 0.1 s; stamped at read time (the fallback
+    where a platform has no receive timestamps) they are the client's 0.3 s."""
+    from specmatch import client
+
+    if kernel and client._SO_TIMESTAMPNS is None:
+        pytest.skip("no kernel receive timestamps on this platform")
+    if not kernel:
+        monkeypatch.setattr(client, "_SO_TIMESTAMPNS", None)
+    srv = fake_server(tokens=1, ttft=0.1, itl=0.0)
+    recs = asyncio.run(_hog_after(srv, 4, 0.0, 0.3, run_load(srv.base_url, reqs(4), 4, "openai-completions")))
+    assert all(r["ok"] and r["arrival_clock"] == ("kernel" if kernel else "read") for r in recs)
+    expect = 0.1 if kernel else 0.3
+    for r in recs:
+        assert r["ttft_s"] == pytest.approx(expect, abs=0.03)
+        assert r["e2e_s"] == pytest.approx(expect, abs=0.03)
+    if kernel:  # the client says how long the tokens waited for it
+        assert max(r["read_lag_max_s"] for r in recs) == pytest.approx(0.2, abs=0.05)
+
+
+def test_a_client_that_fell_behind_is_reported(fake_server):
+    """Tokens written 30 ms apart that reach the client in one read are counted, and the cell warns."""
+    srv = fake_server(tokens=6, ttft=0.01, itl=0.03)
+    recs = asyncio.run(_hog_after(srv, 1, 0.02, 0.15, run_load(srv.base_url, reqs(1), 1, "openai-completions")))
+    assert recs[0]["ok"] and recs[0]["coalesced_events"] >= 2
+    s = metrics.summarize(recs)
+    assert s["coalesced_token_events"] == recs[0]["coalesced_events"] and s["coalesced_token_share"] > 0.3
+    warnings = metrics.measurement_warnings({**s, "concurrency": 1})
+    assert len(warnings) == 1 and "fell behind" in warnings[0]
+    calm = asyncio.run(run_load(srv.base_url, reqs(2), 1, "openai-completions"))
+    assert sum(r["coalesced_events"] for r in calm) == 0
+    assert metrics.measurement_warnings({**metrics.summarize(calm), "concurrency": 1}) == []

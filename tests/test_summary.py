@@ -86,3 +86,18 @@ def test_noise_floor_from_cells_where_speculation_was_off(tmp_path):
     assert judged == {1: "pays", 16: "inconclusive"}
     md = markdown(df, sp, crossover(sp), [], pl.DataFrame(), [], "baseline")
     assert "Noise floor" in md and "off (0 drafts)" in md
+
+
+def test_load_generator_section_names_the_clock_and_every_warning():
+    from specmatch.summary import load_generator_lines
+
+    cells = [{"server": "baseline", "suite": "train", "concurrency": 1, "arrival_clock": "kernel",
+              "p99_client_read_lag_ms": 0.3, "coalesced_token_events": 0, "warnings": []},
+             {"server": "eagle", "suite": "train", "concurrency": 256, "arrival_clock": "kernel",
+              "p99_client_read_lag_ms": 2.5, "coalesced_token_events": 40,
+              "warnings": ["40 token events (2.0%) reached the client in one read"]}]
+    text = "\n".join(load_generator_lines(cells))
+    assert "SO_TIMESTAMPNS" in text and "within 2.5 ms" in text and "40 token event(s)" in text
+    assert "- warning, eagle / train / c=256: 40 token events (2.0%)" in text
+    old = "\n".join(load_generator_lines([{"server": "b", "suite": "s", "concurrency": 1}]))
+    assert "older specmatch" in old

@@ -98,6 +98,7 @@ def run_cell(name: str, cfg: dict, suite: str, prompts: list[dict], concurrency:
               "started_at": t0, "server_reused": att.reused, "server_config_hash": att.config_hash,
               "cache_reset": reset, "holdout_share": sum(r["holdout"] for r in records) / len(records) if records else None}
     result.update(metrics.summarize(records))
+    result["warnings"] = metrics.measurement_warnings(result)
     per_req = [{"num_spec_steps": r["num_spec_steps"], "num_accepted_tokens": r["num_accepted_tokens"],
                 "num_draft_tokens": r["num_draft_tokens"], "completion_tokens": r["output_tokens"]}
                for r in records if r["ok"]]
@@ -164,6 +165,8 @@ def main(argv: list[str] | None = None) -> int:
               f"({frac:.1%} > requests.max_failure_fraction {req_cfg['max_failure_fraction']:.1%}); first: {first}. "
               f"Partial records: {bad_json}, {bad_pq}", file=sys.stderr)
         return 2
+    for w in result["warnings"]:
+        print(f"warning: cell {a.name}/{a.suite}/c{a.concurrency}: {w}", file=sys.stderr)
     write_requests(a.requests_out, records)
     write_json(a.out, result)
     rec.write([a.out, a.requests_out], server_info)

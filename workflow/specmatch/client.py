@@ -1,8 +1,11 @@
 """A streaming load generator that is never the bottleneck and never miscounts.
 
-Plain asyncio over raw HTTP/1.1 keep-alive connections (one per worker): no framework between the
-socket and the clock, so the client adds well under a millisecond to TTFT/ITL (bench/client_overhead.py
-measures it against vLLM's own client). Closed loop by default (C workers, each sends its next request
+Plain asyncio over raw non-blocking HTTP/1.1 keep-alive sockets (one per worker), parsed in the read
+callback itself (specmatch.sse): no framework between the socket and the clock. Token arrivals are
+the kernel's receive timestamps where Linux gives them (SO_TIMESTAMPNS), so neither the client's
+parsing nor the order in which it reads 256 sockets after one engine step enters TTFT, ITL or
+end-to-end latency (bench/client_overhead.py measures the overhead against a server's own clock,
+and the token rate against vLLM's own client). Closed loop by default (C workers, each sends its next request
 when the previous one ends, as the original benchmark_parallel runs did); optionally open loop at a
 request rate with gamma-distributed gaps (burstiness 1 = Poisson).
 
@@ -16,12 +19,17 @@ from __future__ import annotations
 import asyncio
 import gc
 import json
-import re
 import random
+import re
+import socket
+import struct
+import sys
 import time
 from dataclasses import dataclass
 from typing import Callable
 from urllib.parse import urlsplit
+
+from .sse import ProtocolError, ResponseParser
 
 
 @dataclass
@@ -82,138 +90,150 @@ def _timeout(seconds: float):
     return _Legacy()
 
 
+# Kernel receive timestamps (Linux SO_TIMESTAMPNS; Python's socket module does not name it).
+_SO_TIMESTAMPNS = getattr(socket, "SO_TIMESTAMPNS", 35 if sys.platform.startswith("linux") else None)
+_ANCBUF = socket.CMSG_SPACE(16) if hasattr(socket, "CMSG_SPACE") else 0
+_READ = 1 << 16
+
+
+def realtime_offset_ns() -> int:
+    """CLOCK_REALTIME minus CLOCK_MONOTONIC (perf_counter's clock), from the tightest of three brackets.
+    Kernel receive stamps are in real time; the client's other times are monotonic."""
+    best = None
+    for _ in range(3):
+        a = time.perf_counter_ns()
+        r = time.time_ns()
+        b = time.perf_counter_ns()
+        if best is None or b - a < best[0]:
+            best = (b - a, r - (a + b) // 2)
+    return best[1]
+
+
 class Connection:
-    """One keep-alive HTTP/1.1 connection that streams server-sent events."""
+    """One keep-alive HTTP/1.1 connection that streams server-sent events.
+
+    Token arrival times are the kernel's receive timestamps (SO_TIMESTAMPNS) where the platform
+    gives them: when a batched engine step sends a token to 256 streams at once, the client reads the
+    256 sockets one after another, and a user-space clock read would stamp the last stream's token
+    later by the time spent parsing the other 255. The kernel stamps each segment as it arrives, so
+    read order cannot bias TTFT or ITL; `read_lags` keeps how long each read waited for the client
+    (a measure of whether the client keeps up, reported per cell). Elsewhere the read time is used.
+    """
 
     def __init__(self, host: str, port: int, headers: dict[str, str]):
         self.host, self.port = host, port
         self.headers = headers
-        self.reader: asyncio.StreamReader | None = None
+        self.sock: socket.socket | None = None
+        self.kernel_stamps = False
         self.sent_at: float | None = None  # when the last request was fully written
-        self.writer: asyncio.StreamWriter | None = None
-
-    async def _connect(self) -> None:
-        self.reader, self.writer = await asyncio.open_connection(self.host, self.port, limit=1 << 24)
-
-    async def close(self) -> None:
-        if self.writer is not None:
-            self.writer.close()
-            try:
-                await self.writer.wait_closed()
-            except Exception:
-                pass
-            self.writer = None
+        self.read_lags: list[float] = []  # read time minus arrival time, per read of the last request
+        self.completed_at: float | None = None  # arrival of the bytes that completed the last response
+        self._offset_s = 0.0
+        self._send_start = 0.0
 
     async def connect(self) -> None:
-        if self.writer is None or self.writer.is_closing():
-            await self._connect()
+        if self.sock is not None:
+            return
+        loop = asyncio.get_running_loop()
+        infos = await loop.getaddrinfo(self.host, self.port, type=socket.SOCK_STREAM)
+        error: Exception | None = None
+        for family, type_, proto, _name, addr in infos:
+            sock = socket.socket(family, type_, proto)
+            sock.setblocking(False)
+            try:
+                sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+                await loop.sock_connect(sock, addr)
+            except OSError as exc:
+                sock.close()
+                error = exc
+                continue
+            self.kernel_stamps = False
+            if _SO_TIMESTAMPNS is not None and _ANCBUF:
+                try:
+                    sock.setsockopt(socket.SOL_SOCKET, _SO_TIMESTAMPNS, 1)
+                    self.kernel_stamps = True
+                except OSError:
+                    pass
+            self.sock = sock
+            return
+        raise error or OSError(f"cannot resolve {self.host}:{self.port}")
+
+    async def close(self) -> None:
+        if self.sock is not None:
+            self.sock.close()
+            self.sock = None
 
     async def stream(self, path: str, body: bytes, on_event: Callable[[bytes, float], None]) -> None:
         await self.connect()
+        loop = asyncio.get_running_loop()
+        sock = self.sock
         head = [f"POST {path} HTTP/1.1", f"Host: {self.host}:{self.port}", "Content-Type: application/json",
                 "Accept: text/event-stream", f"Content-Length: {len(body)}"]
         head += [f"{k}: {v}" for k, v in self.headers.items()]
-        self.writer.write(("\r\n".join(head) + "\r\n\r\n").encode() + body)
-        await self.writer.drain()
+        self._offset_s = realtime_offset_ns() / 1e9
+        self._send_start = time.perf_counter()
+        await loop.sock_sendall(sock, ("\r\n".join(head) + "\r\n\r\n").encode() + body)
         self.sent_at = time.perf_counter()
-        reader = self.reader
-        status_line = await reader.readline()
-        if not status_line:
+        self.read_lags = []
+        self.completed_at = None
+        parser = ResponseParser(on_event)
+        done = loop.create_future()
+        fd = sock.fileno()
+        loop.add_reader(fd, self._readable, sock, parser, done)
+        try:
+            await done
+        except ProtocolError as exc:
+            loop.remove_reader(fd)
             await self.close()
-            raise HTTPError("connection closed before a response")
-        parts = status_line.split(b" ", 2)
-        status = int(parts[1])
-        headers = {}
-        while True:
-            line = await reader.readline()
-            if line in (b"\r\n", b"\n", b""):
-                break
-            k, _, v = line.decode("latin-1").partition(":")
-            headers[k.strip().lower()] = v.strip()
-        chunked = "chunked" in headers.get("transfer-encoding", "").lower()
-        length = int(headers["content-length"]) if "content-length" in headers else None
-        keep = headers.get("connection", "").lower() != "close"
-        if status != 200:
-            data = await self._read_body(chunked, length)
-            if not keep:
-                await self.close()
-            raise HTTPError(f"HTTP {status}: {data[:300].decode('utf-8', 'replace')}")
-        buf = b""
-        got_done = False
-        async for data, now in self._iter_body(chunked, length):
-            buf += data
-            while True:
-                sep = buf.find(b"\n\n")
-                if sep < 0:
-                    break
-                event, buf = buf[:sep], buf[sep + 2:]
-                for line in event.split(b"\n"):
-                    if line.startswith(b"data:"):
-                        payload = line[5:].strip()
-                        if payload == b"[DONE]":
-                            got_done = True
-                        else:
-                            on_event(payload, now)
-        if not keep:
+            raise HTTPError(str(exc)) from None
+        finally:
+            loop.remove_reader(fd)  # before any close: a closed fd left registered breaks the selector
+        if not parser.keep_alive:
             await self.close()
-        if not got_done:
+        if parser.status != 200:
+            raise HTTPError(f"HTTP {parser.status}: {bytes(parser.body[:300]).decode('utf-8', 'replace')}")
+        if not parser.got_done:
             raise HTTPError("stream ended without [DONE]")
 
-    async def _read_body(self, chunked: bool, length: int | None) -> bytes:
-        out = b""
-        async for d, _t in self._iter_body(chunked, length):
-            out += d
-        return out
+    def _readable(self, sock: socket.socket, parser: ResponseParser, done: asyncio.Future) -> None:
+        """Read callback: drain the socket, stamping each read, and parse events on the spot."""
+        if done.done():
+            return
+        kernel, lags = self.kernel_stamps, self.read_lags
+        try:
+            while True:
+                try:
+                    if kernel:
+                        data, anc, _flags, _addr = sock.recvmsg(_READ, _ANCBUF)
+                    else:
+                        data, anc = sock.recv(_READ), ()
+                except (BlockingIOError, InterruptedError):
+                    return
+                now = time.perf_counter()
+                t = now
+                for level, kind, raw in anc:
+                    if level == socket.SOL_SOCKET and kind == _SO_TIMESTAMPNS and len(raw) >= _TIMESPEC.size:
+                        sec, nsec = _TIMESPEC.unpack_from(raw)
+                        # never before the request was sent nor after we read it (a clock step
+                        # between offset and stamp cannot move a token outside its true bounds)
+                        t = min(max(sec + nsec * 1e-9 - self._offset_s, self._send_start), now)
+                        lags.append(now - t)
+                if not data:
+                    parser.feed_eof(t)
+                    self.completed_at = t
+                    done.set_result(None)
+                    return
+                if parser.feed(data, t):
+                    self.completed_at = t
+                    done.set_result(None)
+                    return
+                if len(data) < _READ:
+                    return
+        except Exception as exc:  # a reset connection, a protocol error, the callback's own errors
+            done.set_exception(exc)
 
-    async def _iter_body(self, chunked: bool, length: int | None):
-        """Yield (body bytes, time they were read from the socket). Chunked framing is parsed from
-        64 KB reads, not one readline per chunk; every event in one read carries that read's time,
-        so events that arrived together are not stamped later for the parsing of their neighbours."""
-        reader = self.reader
-        if chunked:
-            buf = b""
-            t_read = time.perf_counter()
-            while True:
-                nl = buf.find(b"\r\n")
-                if nl < 0:
-                    data = await reader.read(1 << 16)
-                    t_read = time.perf_counter()
-                    if not data:
-                        await self.close()
-                        raise HTTPError("stream cut short (connection closed mid-body)")
-                    buf += data
-                    continue
-                size = int(buf[:nl].split(b";")[0].strip() or b"0", 16)
-                end = nl + 2 + size + 2
-                while len(buf) < end:
-                    data = await reader.read(max(1 << 16, end - len(buf)))
-                    t_read = time.perf_counter()
-                    if not data:
-                        await self.close()
-                        raise HTTPError("stream cut short (connection closed mid-body)")
-                    buf += data
-                if size == 0:
-                    if buf[end:]:  # pipelining is never used; anything left means a protocol error
-                        await self.close()
-                    return
-                yield buf[nl + 2:nl + 2 + size], t_read
-                buf = buf[end:]
-        elif length is not None:
-            remaining = length
-            while remaining > 0:
-                data = await reader.read(min(remaining, 1 << 16))
-                if not data:
-                    await self.close()
-                    raise HTTPError("stream cut short (connection closed mid-body)")
-                remaining -= len(data)
-                yield data, time.perf_counter()
-        else:
-            while True:
-                data = await reader.read(1 << 16)
-                if not data:
-                    await self.close()
-                    return
-                yield data, time.perf_counter()
+
+_TIMESPEC = struct.Struct("@ll")  # struct timespec: time_t and long seconds/nanoseconds
 
 
 _CONTENT = re.compile(rb'"(?:text|content|reasoning_content|reasoning)"\s*:\s*"(?!")|"tool_calls"\s*:\s*\[\s*\{')
@@ -235,21 +255,32 @@ class RequestRun:
         self.final: dict | None = None
         self.last_meta: dict | None = None
         self.error: str | None = None
+        self.seen_text = 0  # SGLang sends the cumulative text: its length so far
+        # token events that arrived in the same read as this stream's previous one: the server wrote
+        # them separately, so the client (or the network) fell behind, and their ITL reads as 0
+        self.coalesced = 0
+
+    def _arrive(self, now: float) -> None:
+        a = self.arrivals
+        if a and a[-1] == now:
+            self.coalesced += 1
+        a.append(now)
 
     def on_event(self, payload: bytes, now: float) -> None:
         if self.protocol != "sglang-generate" and not _NEEDS_PARSE.search(payload):
             # an ordinary token event: only whether it carries content matters (the counts come
             # from the final usage event), so skip the JSON parse on the hot path
             if has_content(payload):
-                self.arrivals.append(now)
+                self._arrive(now)
             return
         obj = json.loads(payload)
         if self.protocol == "sglang-generate":
             # cumulative text each event; meta_info carries the counts
             self.last_meta = obj
-            if obj.get("text") is not None and len(obj.get("text")) > getattr(self, "_seen", 0):
-                self._seen = len(obj["text"])
-                self.arrivals.append(now)
+            text = obj.get("text")
+            if text is not None and len(text) > self.seen_text:
+                self.seen_text = len(text)
+                self._arrive(now)
             return
         if "error" in obj and not obj.get("choices"):
             self.error = f"server error: {str(obj['error'])[:300]}"
@@ -262,7 +293,7 @@ class RequestRun:
                 delta = c.get("delta") or {}
                 piece = delta.get("content") or delta.get("reasoning_content") or delta.get("tool_calls")
             if piece:
-                self.arrivals.append(now)
+                self._arrive(now)
         if obj.get("usage"):
             self.usage = obj["usage"]
             self.final = obj
@@ -271,7 +302,7 @@ class RequestRun:
         rec = {"index": self.req.index, "prompt_id": self.req.prompt_id, "source": self.req.source,
                "holdout": self.req.holdout, "start_s": start - t_origin, "e2e_s": end - start,
                "ttft_s": (self.arrivals[0] - start) if self.arrivals else None,
-               "arrivals_s": [a - start for a in self.arrivals],
+               "arrivals_s": [a - start for a in self.arrivals], "coalesced_events": self.coalesced,
                "prompt_tokens": None, "output_tokens": None, "ok": False, "error": self.error,
                "num_draft_tokens": None, "num_accepted_tokens": None, "num_spec_steps": None,
                "acceptance_length": None, "acceptance_rate": None}
@@ -305,6 +336,7 @@ class RequestRun:
 async def _one(conn: Connection, req: Request, protocol: str, parse_acc, timeout: float, t_origin: float) -> dict:
     run = RequestRun(req, protocol, parse_acc)
     body = json.dumps(req.payload).encode()
+    conn.completed_at = None
     start = time.perf_counter()
     try:
         # asyncio.timeout runs the stream in this task; wait_for would schedule a new task, so at a
@@ -316,16 +348,22 @@ async def _one(conn: Connection, req: Request, protocol: str, parse_acc, timeout
         await conn.close()
     except HTTPError as exc:
         run.error = f"http: {exc}"
-    except (ConnectionError, OSError, asyncio.IncompleteReadError) as exc:
+    except OSError as exc:
         run.error = f"connection: {type(exc).__name__}: {exc}"
         await conn.close()
     except (ValueError, json.JSONDecodeError) as exc:
         run.error = f"protocol: {exc}"
         await conn.close()
-    end = time.perf_counter()
+    # the end is when the response's last bytes arrived, not when this coroutine resumed: at high
+    # concurrency many responses end in one engine step and are resumed one after another
+    end = conn.completed_at if conn.completed_at is not None else time.perf_counter()
     rec = run.record(start, end, t_origin)
+    # which clock stamped the token arrivals, and the longest a read of this request waited for the client
+    rec["arrival_clock"] = "kernel" if conn.kernel_stamps else "read"
+    rec["read_lag_max_s"] = max(conn.read_lags) if conn.read_lags else None
     if "server_timing" in rec:
         rec["server_timing"]["client_sent_abs"] = conn.sent_at
+        rec["server_timing"]["client_read_lags"] = list(conn.read_lags)
     return rec
 
 

@@ -81,6 +81,32 @@ def summarize(records: list[dict]) -> dict:
     out.update(_dist("tpot", [t for t in map(request_tpot_ms, ok) if t is not None]))
     out.update(_dist("itl", itls))
     out.update(_dist("e2el", [r["e2e_s"] * 1000 for r in ok]))
+    # How token arrivals were stamped ("kernel": the socket's receive timestamp, so the client's own
+    # parsing cannot delay them; "read": the client's clock when it read the socket), and how far
+    # behind the client's reads ran: the evidence that the load generator kept up.
+    out["arrival_clock"] = ",".join(sorted({r.get("arrival_clock") or "read" for r in records})) or None
+    lags = [r["read_lag_max_s"] * 1000 for r in records if r.get("read_lag_max_s") is not None]
+    out["p99_client_read_lag_ms"] = float(np.percentile(lags, 99)) if lags else None
+    out["max_client_read_lag_ms"] = float(max(lags)) if lags else None
+    events = sum(len(r.get("arrivals_s") or []) for r in ok)
+    out["coalesced_token_events"] = sum(r.get("coalesced_events") or 0 for r in ok)
+    out["coalesced_token_share"] = out["coalesced_token_events"] / events if events else None
+    return out
+
+
+def measurement_warnings(cell: dict) -> list[str]:
+    """What a reader of this cell's latency figures must know about how they were measured."""
+    out = []
+    share = cell.get("coalesced_token_share")
+    if share is not None and share > 0.01:
+        out.append(f"{cell['coalesced_token_events']} token events ({share:.1%}) reached the client in one read "
+                   f"together with their stream's previous token (worst read lag "
+                   f"{cell.get('max_client_read_lag_ms') or 0:.1f} ms): the client or the network fell behind, those "
+                   f"inter-token gaps read as 0, and ITL/TPOT percentiles are understated")
+    if "read" in (cell.get("arrival_clock") or "").split(",") and cell.get("concurrency", 1) > 16:
+        out.append("token arrivals were stamped when the client read each socket (this platform gives no kernel "
+                   "receive timestamps): with many streams receiving a token in one engine step, the last socket "
+                   "read carries the parsing time of the others in its ITL")
     return out
 
 

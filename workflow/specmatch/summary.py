@@ -307,7 +307,28 @@ def noise_floor(sp: pl.DataFrame) -> list[dict]:
              "speedup": r["speedup_throughput"]} for r in off.iter_rows(named=True)]
 
 
-def markdown(df, sp, cross, recs, acc, matches, baseline, hold=None, floor=None) -> str:
+def load_generator_lines(cells: list[dict]) -> list[str]:
+    """How the latencies were measured, and every cell whose measurement needs a caveat."""
+    if not cells:
+        return []
+    clocks = {x for c in cells for x in (c.get("arrival_clock") or "unrecorded").split(",")}
+    how = {"kernel": "by the kernel as they reached the socket (SO_TIMESTAMPNS), so the client's own parsing "
+                     "and read order do not enter TTFT, ITL or end-to-end latency",
+           "read": "by the client's clock when it read each socket (no kernel receive timestamps here)",
+           "unrecorded": "by a client that did not record its clock (cells from an older specmatch)"}
+    lags = [c["p99_client_read_lag_ms"] for c in cells if c.get("p99_client_read_lag_ms") is not None]
+    coalesced = sum(c.get("coalesced_token_events") or 0 for c in cells)
+    lines = ["", "## Load generator", "",
+             "Token arrivals were stamped " + "; and ".join(how[k] for k in sorted(clocks)) + "."
+             + (f" The client read each response within {max(lags):.1f} ms of its arrival (worst cell's p99)"
+                if lags else "")
+             + f"; {coalesced} token event(s) reached it in one read with their stream's previous token."]
+    for c in cells:
+        lines += [f"- warning, {c['server']} / {c['suite']} / c={c['concurrency']}: {w}" for w in c.get("warnings") or []]
+    return lines
+
+
+def markdown(df, sp, cross, recs, acc, matches, baseline, hold=None, floor=None, cells=None) -> str:
     lines = ["# specmatch: does speculation pay off here?", ""]
     floor = noise_floor(sp) if floor is None else floor
     if not cross:
@@ -386,6 +407,7 @@ def markdown(df, sp, cross, recs, acc, matches, baseline, hold=None, floor=None)
         for r in hold.iter_rows(named=True):
             lines.append(f"| {r['server']} | {r['suite']} | {'yes' if r['source'] == 'True' else 'no'} | "
                          f"{r['requests']} | {_fmt(r['acceptance_rate'], '.3f')} | {_fmt(r['acceptance_length'], '.2f')} |")
+    lines += load_generator_lines(cells or [])
     lines += ["", "Plots: `plots/throughput.png`, `plots/speedup.png`, `plots/latency_throughput.png`, "
                   "`plots/acceptance_by_source.png`. Every file has a `.prov.json` beside it: "
                   "`specmatch provenance results/summary/summary.md`."]
@@ -437,7 +459,7 @@ def main(argv: list[str] | None = None) -> int:
         (sp if not sp.is_empty() else pl.DataFrame({"server": []})).write_csv(tmp)
     made = plots(df, sp, acc, cross, out / "plots")
     write_text(out / "verdict.json", json.dumps({"crossover": cross, "recommendations": recs}, indent=2) + "\n")
-    md = markdown(df, sp, cross, recs, acc, matches, a.baseline, hold, floor)
+    md = markdown(df, sp, cross, recs, acc, matches, a.baseline, hold, floor, [c for _pq, c in reqs.values()])
     write_text(out / "summary.md", md)
     rec.write([out / "summary.md", out / "cells.csv", out / "cells.parquet", out / "speedups.csv",
                out / "verdict.json", *made])
