@@ -101,3 +101,45 @@ def test_load_generator_section_names_the_clock_and_every_warning():
     assert "- warning, eagle / train / c=256: 40 token events (2.0%)" in text
     old = "\n".join(load_generator_lines([{"server": "b", "suite": "s", "concurrency": 1}]))
     assert "older specmatch" in old
+
+
+def test_noise_floor_from_servers_identical_at_a_concurrency(tmp_path):
+    """Always-on n-gram and a schedule that switches it off above 4 run the same computation at c<=4:
+    their difference there is run-to-run noise, and it widens the margin verdicts must clear."""
+    from specmatch.summary import effective_config, noise_floor
+
+    spec = {"method": "ngram", "num_speculative_tokens": 4, "prompt_lookup_max": 4}
+    launches = {"baseline": {"config": {"engine": "vllm", "model": "m"}},
+                "ngram": {"config": {"engine": "vllm", "model": "m", "speculative": spec}},
+                "sched": {"config": {"engine": "vllm", "model": "m", "idle_timeout_s": 5, "speculative": {
+                    **spec, "num_speculative_tokens_per_batch_size": [[1, 4, 4], [5, 256, 0]]}}}}
+    assert effective_config(launches["ngram"], 4) == effective_config(launches["sched"], 4)
+    assert effective_config(launches["ngram"], 16) != effective_config(launches["sched"], 16)
+    assert effective_config(launches["baseline"], 16) != effective_config(launches["sched"], 16)  # K=4 at bs<=4
+    assert effective_config({"config": {"engine": "vllm", "model": "m", "speculative": {
+        **spec, "num_speculative_tokens_per_batch_size": [[1, 256, 0]]}}}, 8) == effective_config(launches["baseline"], 8)
+    paths = []
+    for c, base, ng, sc in ((1, 30, 36, 30), (16, 20, 15, 21)):
+        paths.append(fake_cell(tmp_path, "baseline", "s", c, base))
+        paths.append(fake_cell(tmp_path, "ngram", "s", c, ng, seed=1, drafts=50, rate=0.3))
+        paths.append(fake_cell(tmp_path, "sched", "s", c, sc, seed=2, drafts=50 if c == 1 else 0, rate=0.3))
+    df, reqs = load_cells(paths)
+    sp = speedups(df, reqs, "baseline", 300, 0.9)
+    floor = noise_floor(sp, launches, "baseline")
+    pair = [f for f in floor if f["against"] == "sched"]
+    assert len(pair) == 1 and pair[0]["server"] == "ngram" and pair[0]["concurrency"] == 1
+    assert pair[0]["speedup"] == pytest.approx(36 / 30, rel=0.03)
+    assert [f["concurrency"] for f in floor if f["against"] == "baseline"] == [16]
+    md = markdown(df, sp, crossover(sp), [], pl.DataFrame(), [], "baseline", floor=floor)
+    assert "apart (ngram vs sched, s, c=1)" in md and f"within about ±{pair[0]['speedup'] - 1:.0%}" in md
+
+
+def test_no_schedule_is_recommended_from_noise():
+    x = {"server": "s", "suite": "t", "crossover": "stops paying at c=16 (pays up to c=4)", "pays_up_to": 4,
+         "confident": False, "confident_pays": [], "confident_loses": [], "inconclusive": [1, 4, 16],
+         "speedups": {1: 1.05, 4: 1.04, 16: 0.93}}
+    launches = {"s": {"engine": "vllm", "flavor": "vllm", "speculative": {"method": "ngram", "num_speculative_tokens": 4}}}
+    rec = recommendation([x], launches, {"t"})[0]
+    assert rec["recommendation"].startswith("no change: at every measured concurrency the difference")
+    x2 = {**x, "confident_pays": [1], "inconclusive": [4, 16]}
+    assert "num_speculative_tokens_per_batch_size" in recommendation([x2], launches, {"t"})[0]["recommendation"]

@@ -143,7 +143,12 @@ def recommendation(cross: list[dict], launches: dict, training_suites: set[str])
         engine, spec = launch.get("engine"), (launch.get("speculative") or {})
         k = spec.get("num_speculative_tokens", 4)
         flavor = launch.get("flavor", engine)
-        if x["pays_up_to"] is None:
+        if not x["confident_pays"] and not x["confident_loses"]:
+            # every cell within noise: a schedule drawn from point estimates would be a coin toss
+            text = ("no change: at every measured concurrency the difference from the baseline is within the "
+                    "noise; longer cells (requests.per_worker, requests.min_per_cell) or repeated runs would be "
+                    "needed to decide")
+        elif x["pays_up_to"] is None:
             text = "turn speculation off: it never beat the baseline on this suite"
         elif x["crossover"] == "pays everywhere measured":
             text = ("keep this configuration, its batch-size schedule included" if
@@ -158,6 +163,7 @@ def recommendation(cross: list[dict], launches: dict, training_suites: set[str])
             text = f"SGLang: route traffic to the baseline server above batch size {x['pays_up_to']}"
         recs.append({**x, "recommendation": text,
                      "evidence": "all intervals exclude 1" if x["confident"] else
+                     "no interval clears the noise margin" if not (x["confident_pays"] or x["confident_loses"]) else
                      "some intervals include 1: treat the boundary as approximate"})
     return recs
 
@@ -296,15 +302,57 @@ def _acc(v, drafts, spec):
     return _fmt(v, spec)
 
 
-def noise_floor(sp: pl.DataFrame) -> list[dict]:
-    """Cells where a speculative server drafted nothing (speculation switched off by its schedule):
-    it then runs the baseline's computation, so its 'speedup' is pure run-to-run variation, which
-    the bootstrap intervals (request-to-request variation within a cell) do not capture."""
-    if sp.is_empty() or "num_drafts" not in sp.columns:
+# Launch settings that do not change what the server computes (compared out of configurations).
+_NOT_COMPUTE = ("idle_timeout_s", "startup_timeout_s", "host")
+
+
+def effective_config(launch: dict | None, concurrency: int) -> str | None:
+    """What a server computes at this concurrency, as a canonical string: its launch configuration
+    with a batch-size schedule reduced to the number of speculative tokens at each batch size up to
+    the concurrency (0 everywhere = no speculation). None when unknown."""
+    cfg = dict((launch or {}).get("config") or {})
+    if not cfg:
+        return None
+    for k in _NOT_COMPUTE:
+        cfg.pop(k, None)
+    spec = dict(cfg.pop("speculative", None) or {})
+    sched = spec.pop("num_speculative_tokens_per_batch_size", None)
+    if sched or "num_speculative_tokens" in spec:
+        k = spec.pop("num_speculative_tokens", None)
+        ks = [next((r[2] for r in sched if r[0] <= bs <= r[1]), None) if sched else k
+              for bs in range(1, concurrency + 1)]
+        if None in ks:
+            return None
+        spec = {**spec, "tokens_by_batch_size": ks} if any(ks) else {}
+    cfg["speculative"] = spec or None
+    return json.dumps(cfg, sort_keys=True)
+
+
+def noise_floor(sp: pl.DataFrame, launches: dict | None = None, baseline: str | None = None) -> list[dict]:
+    """Cells that measured the same computation twice: their throughput ratio is pure run-to-run
+    variation, which the bootstrap intervals (request-to-request variation within a cell) do not
+    capture. Two kinds: a speculative server that drafted nothing (its schedule switched speculation
+    off, or its configuration equals the baseline's at that concurrency) against the baseline; and two
+    servers whose configurations are identical at that concurrency (e.g. always-on n-gram and a
+    schedule that only switches it off above it), against each other."""
+    if sp.is_empty():
         return []
-    off = sp.filter(pl.col("num_drafts") == 0)
-    return [{"server": r["server"], "suite": r["suite"], "concurrency": r["concurrency"],
-             "speedup": r["speedup_throughput"]} for r in off.iter_rows(named=True)]
+    launches = launches or {}
+    base_cfg = {c: effective_config(launches.get(baseline), c) for c in sp["concurrency"].unique().to_list()}
+    out, groups = [], {}
+    for r in sp.iter_rows(named=True):
+        eff = effective_config(launches.get(r["server"]), r["concurrency"])
+        if r.get("num_drafts") == 0 or (eff is not None and eff == base_cfg[r["concurrency"]]):
+            out.append({"server": r["server"], "suite": r["suite"], "concurrency": r["concurrency"],
+                        "speedup": r["speedup_throughput"], "against": baseline})
+        elif eff is not None:
+            groups.setdefault((r["suite"], r["concurrency"], eff), []).append(r)
+    for (suite, c, _eff), rows in groups.items():
+        rows = sorted(rows, key=lambda r: r["throughput"])
+        for lo, hi in zip(rows, rows[1:]):
+            out.append({"server": hi["server"], "suite": suite, "concurrency": c,
+                        "speedup": hi["throughput"] / lo["throughput"], "against": lo["server"]})
+    return out
 
 
 def load_generator_lines(cells: list[dict]) -> list[str]:
@@ -330,7 +378,7 @@ def load_generator_lines(cells: list[dict]) -> list[str]:
 
 def markdown(df, sp, cross, recs, acc, matches, baseline, hold=None, floor=None, cells=None) -> str:
     lines = ["# specmatch: does speculation pay off here?", ""]
-    floor = noise_floor(sp) if floor is None else floor
+    floor = noise_floor(sp, None, baseline) if floor is None else floor
     if not cross:
         lines.append(f"Only the baseline `{baseline}` was measured: nothing to compare.")
     for x in cross:
@@ -346,10 +394,19 @@ def markdown(df, sp, cross, recs, acc, matches, baseline, hold=None, floor=None,
                      + (f" ({'; '.join(detail)})" if detail else "") + ".")
     if floor:
         dev = max(abs(f["speedup"] - 1) for f in floor)
-        lines += ["", f"**Noise floor:** in {len(floor)} cell(s) a speculative server drafted nothing (its schedule "
-                      f"switched speculation off), so it ran the baseline's work; its 'speedup' there was "
-                      + ", ".join(f"{f['speedup']:.2f}x ({f['server']}, {f['suite']}, c={f['concurrency']})"
-                                  for f in floor)
+        off = [f for f in floor if f["against"] == baseline]
+        same = [f for f in floor if f["against"] != baseline]
+        parts = []
+        if off:
+            parts.append("where a speculative server drafted nothing (its schedule switched speculation off) it ran "
+                         "the baseline's work, and its 'speedup' was " + ", ".join(
+                             f"{f['speedup']:.2f}x ({f['server']}, {f['suite']}, c={f['concurrency']})" for f in off))
+        if same:
+            parts.append("servers whose configurations are identical at that concurrency measured " + ", ".join(
+                f"{f['speedup']:.2f}x apart ({f['server']} vs {f['against']}, {f['suite']}, c={f['concurrency']})"
+                for f in same))
+        lines += ["", f"**Noise floor:** {len(floor)} cell(s) measured the same computation twice: "
+                      + "; ".join(parts)
                       + f". Differences within about ±{dev:.0%} are run-to-run variation, which the intervals "
                         "(request-to-request variation within a cell) do not include; a cell is called 'pays' or "
                         "'loses' only when its interval also clears this margin."]
@@ -429,15 +486,15 @@ def main(argv: list[str] | None = None) -> int:
         if a.baseline not in df["server"].to_list():
             raise SpecmatchError(f"baseline: no cells of server '{a.baseline}'")
         sp = speedups(df, reqs, a.baseline, settings["bootstrap"], settings["confidence"])
-        floor = noise_floor(sp)
-        margin = max((abs(f["speedup"] - 1) for f in floor), default=0.0)
-        sp = apply_noise_margin(sp, margin)
-        cross = crossover(sp)
         launches = {}
         for s in df["server"].unique().to_list():
             lp = Path("results/servers") / s / "launch.json"
             if lp.exists():
                 launches[s] = read_json(lp)
+        floor = noise_floor(sp, launches, a.baseline)
+        margin = max((abs(f["speedup"] - 1) for f in floor), default=0.0)
+        sp = apply_noise_margin(sp, margin)
+        cross = crossover(sp)
         matches = [read_json(m) for m in a.matches]
         training = {m["suite"] for m in matches if m.get("representative") is not None and "candidates" in m
                     and m.get("prompt_length_ks") is not None}
