@@ -19,12 +19,14 @@ import time
 
 
 class FakeServer:
-    def __init__(self, tokens=16, ttft=0.02, itl=0.005, spec=None, tokens_per_event=1, host="127.0.0.1", port=0):
+    def __init__(self, tokens=16, ttft=0.02, itl=0.005, spec=None, tokens_per_event=1, host="127.0.0.1", port=0,
+                 tls=None):
         self.tokens, self.ttft, self.itl = tokens, ttft, itl
         self.spec = spec  # e.g. {"k": 4, "accept": 2}: per step, 4 drafted, 2 accepted
         self.tokens_per_event = tokens_per_event
         self.host = host
         self.port = port
+        self.tls = tls  # an ssl.SSLContext to serve HTTPS
         self._bodies: dict = {}
         self.requests_seen = 0
         self.resets = 0
@@ -158,7 +160,8 @@ class FakeServer:
             asyncio.set_event_loop(self._loop)
 
             async def main():
-                self._server = await asyncio.start_server(self._handle, self.host, self.port, limit=1 << 24)
+                self._server = await asyncio.start_server(self._handle, self.host, self.port, limit=1 << 24,
+                                                          ssl=self.tls)
                 self.port = self._server.sockets[0].getsockname()[1]
                 ready.set()
                 async with self._server:
@@ -183,7 +186,7 @@ class FakeServer:
 
     @property
     def base_url(self) -> str:
-        return f"http://{self.host}:{self.port}"
+        return f"{'https' if self.tls else 'http'}://{self.host}:{self.port}"
 
     def stop(self) -> None:
         if not (self._loop and self._server) or self._loop.is_closed():

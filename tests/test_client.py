@@ -163,3 +163,41 @@ def test_a_client_that_fell_behind_is_reported(fake_server):
     calm = asyncio.run(run_load(srv.base_url, reqs(2), 1, "openai-completions"))
     assert sum(r["coalesced_events"] for r in calm) == 0
     assert metrics.measurement_warnings({**metrics.summarize(calm), "concurrency": 1}) == []
+
+
+@pytest.fixture(scope="module")
+def tls_cert(tmp_path_factory):
+    """A self-signed certificate for 127.0.0.1 / localhost."""
+    import shutil
+    import subprocess
+
+    if not shutil.which("openssl"):
+        pytest.skip("openssl not installed")
+    d = tmp_path_factory.mktemp("tls")
+    subprocess.run(["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "2",
+                    "-keyout", str(d / "key.pem"), "-out", str(d / "cert.pem"), "-subj", "/CN=localhost",
+                    "-addext", "subjectAltName=DNS:localhost,IP:127.0.0.1"], check=True, capture_output=True)
+    return d / "cert.pem", d / "key.pem"
+
+
+def test_https_endpoints_are_verified_and_timed_like_plain_ones(fake_server, tls_cert, monkeypatch):
+    import ssl
+
+    from specmatch import client
+
+    ctx = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+    ctx.load_cert_chain(*map(str, tls_cert))
+    srv = fake_server(tokens=12, ttft=0.05, itl=0.01, tls=ctx)
+    assert srv.base_url.startswith("https://")
+    # an unknown CA is refused: the API key is never sent to an unverified server
+    recs = asyncio.run(run_load(srv.base_url, reqs(2), 1, "openai-completions", api_key="sk-secret"))
+    assert not any(r["ok"] for r in recs) and "certificate verify failed" in recs[0]["error"]
+    assert srv.requests_seen == 0
+    monkeypatch.setenv("SSL_CERT_FILE", str(tls_cert[0]))
+    recs = asyncio.run(run_load(srv.base_url, reqs(4), 2, "openai-completions", api_key="sk-secret"))
+    assert all(r["ok"] and r["output_tokens"] == 12 and len(r["arrivals_s"]) == 12 for r in recs)
+    assert all(r["ttft_s"] == pytest.approx(0.05, abs=0.02) for r in recs)
+    if client._SO_TIMESTAMPNS is not None:
+        assert {r["arrival_clock"] for r in recs} == {"kernel"}
+    with pytest.raises(ValueError, match="expected http://host:port or https://host:port"):
+        asyncio.run(run_load("ftp://x:1", reqs(1), 1, "openai-completions"))

@@ -29,6 +29,7 @@ def test_shipped_config_is_valid_and_gets_defaults():
     (lambda c: c["servers"]["baseline"].update(speculative={"method": "ngram"}), "the baseline must not speculate"),
     (lambda c: c["servers"]["draft"]["speculative"].pop("model"), "servers.draft.speculative.model"),
     (lambda c: c["servers"].update(ext={"engine": "external"}), "servers.ext.base_url"),
+    (lambda c: c["servers"].update(ext={"engine": "external", "base_url": "10.0.0.5:8000"}), "servers.ext.base_url"),
     (lambda c: c["suites"]["generic"].pop("path"), "suites.generic.path"),
     (lambda c: c.update(typo_key=1), "Additional properties are not allowed ('typo_key'"),
     (lambda c: c["requests"].update(temperature="hot"), "requests.temperature"),

@@ -22,6 +22,7 @@ import json
 import random
 import re
 import socket
+import ssl
 import struct
 import sys
 import time
@@ -118,11 +119,17 @@ class Connection:
     later by the time spent parsing the other 255. The kernel stamps each segment as it arrives, so
     read order cannot bias TTFT or ITL; `read_lags` keeps how long each read waited for the client
     (a measure of whether the client keeps up, reported per cell). Elsewhere the read time is used.
+
+    HTTPS goes through an in-memory TLS object (ssl.MemoryBIO) rather than an SSL socket, so the
+    ciphertext is still read with recvmsg and keeps its kernel timestamp.
     """
 
-    def __init__(self, host: str, port: int, headers: dict[str, str]):
+    def __init__(self, host: str, port: int, headers: dict[str, str], tls: ssl.SSLContext | None = None):
         self.host, self.port = host, port
         self.headers = headers
+        self.tls_context = tls
+        self._tls: ssl.SSLObject | None = None
+        self._tls_in = self._tls_out = None
         self.sock: socket.socket | None = None
         self.kernel_stamps = False
         self.sent_at: float | None = None  # when the last request was fully written
@@ -147,6 +154,12 @@ class Connection:
                 sock.close()
                 error = exc
                 continue
+            if self.tls_context is not None:
+                try:
+                    await self._handshake(loop, sock)
+                except (OSError, ssl.SSLError) as exc:
+                    sock.close()
+                    raise ConnectionError(f"TLS handshake with {self.host}:{self.port}: {exc}") from None
             self.kernel_stamps = False
             if _SO_TIMESTAMPNS is not None and _ANCBUF:
                 try:
@@ -158,10 +171,54 @@ class Connection:
             return
         raise error or OSError(f"cannot resolve {self.host}:{self.port}")
 
+    async def _handshake(self, loop, sock: socket.socket) -> None:
+        self._tls_in, self._tls_out = ssl.MemoryBIO(), ssl.MemoryBIO()
+        self._tls = self.tls_context.wrap_bio(self._tls_in, self._tls_out, server_hostname=self.host)
+        while True:
+            try:
+                self._tls.do_handshake()
+                finished = True
+            except ssl.SSLWantReadError:
+                finished = False
+            out = self._tls_out.read()
+            if out:
+                await loop.sock_sendall(sock, out)
+            if finished:
+                return
+            data = await loop.sock_recv(sock, _READ)
+            if not data:
+                raise ConnectionError("connection closed during the handshake")
+            self._tls_in.write(data)
+
+    def _decrypt(self, data: bytes) -> tuple[bytes, bool]:
+        """Plaintext from ciphertext just read, and whether the peer has closed."""
+        if data:
+            self._tls_in.write(data)
+        else:
+            self._tls_in.write_eof()
+        parts, eof = [], not data
+        while True:
+            try:
+                chunk = self._tls.read(_READ)
+            except ssl.SSLWantReadError:
+                break
+            except (ssl.SSLZeroReturnError, ssl.SSLEOFError):  # close_notify, or a close without one
+                eof = True
+                break
+            if not chunk:
+                eof = True
+                break
+            parts.append(chunk)
+        pending = self._tls_out.read()  # e.g. a key update's answer
+        if pending and self.sock is not None:
+            self.sock.sendall(pending)
+        return b"".join(parts), eof
+
     async def close(self) -> None:
         if self.sock is not None:
             self.sock.close()
             self.sock = None
+        self._tls = self._tls_in = self._tls_out = None
 
     async def stream(self, path: str, body: bytes, on_event: Callable[[bytes, float], None]) -> None:
         await self.connect()
@@ -172,7 +229,11 @@ class Connection:
         head += [f"{k}: {v}" for k, v in self.headers.items()]
         self._offset_s = realtime_offset_ns() / 1e9
         self._send_start = time.perf_counter()
-        await loop.sock_sendall(sock, ("\r\n".join(head) + "\r\n\r\n").encode() + body)
+        wire = ("\r\n".join(head) + "\r\n\r\n").encode() + body
+        if self._tls is not None:
+            self._tls.write(wire)
+            wire = self._tls_out.read()
+        await loop.sock_sendall(sock, wire)
         self.sent_at = time.perf_counter()
         self.read_lags = []
         self.completed_at = None
@@ -218,12 +279,16 @@ class Connection:
                         # between offset and stamp cannot move a token outside its true bounds)
                         t = min(max(sec + nsec * 1e-9 - self._offset_s, self._send_start), now)
                         lags.append(now - t)
-                if not data:
-                    parser.feed_eof(t)
+                if self._tls is not None:
+                    plain, eof = self._decrypt(data)
+                else:
+                    plain, eof = data, not data
+                if plain and parser.feed(plain, t):
                     self.completed_at = t
                     done.set_result(None)
                     return
-                if parser.feed(data, t):
+                if eof:
+                    parser.feed_eof(t)
                     self.completed_at = t
                     done.set_result(None)
                     return
@@ -383,8 +448,13 @@ async def run_load(base_url: str, requests: list[Request], concurrency: int, pro
                    request_rate: float | None = None, burstiness: float = 1.0, seed: int = 0) -> list[dict]:
     """Send `requests` at `concurrency`; return one record per request, in request order."""
     u = urlsplit(base_url)
+    if u.scheme not in ("http", "https") or not u.hostname:
+        raise ValueError(f"base_url {base_url!r}: expected http://host:port or https://host:port")
     headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
-    conns = [Connection(u.hostname, u.port or 80, headers) for _ in range(concurrency)]
+    # https: certificates are verified against the system store (SSL_CERT_FILE adds a private CA)
+    tls = ssl.create_default_context() if u.scheme == "https" else None
+    default_port = 443 if tls else 80
+    conns = [Connection(u.hostname, u.port or default_port, headers, tls) for _ in range(concurrency)]
     gc_was_enabled = gc.isenabled()
     try:
         # Open every connection before the clock starts: measured requests never pay TCP set-up.
