@@ -242,13 +242,13 @@ class Connection:
         fd = sock.fileno()
         loop.add_reader(fd, self._readable, sock, parser, done)
         try:
-            await done
+            try:
+                await done
+            finally:
+                loop.remove_reader(fd)  # before any close: a closed fd left registered breaks the selector
         except ProtocolError as exc:
-            loop.remove_reader(fd)
             await self.close()
             raise HTTPError(str(exc)) from None
-        finally:
-            loop.remove_reader(fd)  # before any close: a closed fd left registered breaks the selector
         if not parser.keep_alive:
             await self.close()
         if parser.status != 200:
