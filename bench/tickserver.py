@@ -15,19 +15,13 @@ import argparse
 import asyncio
 import json
 import socket
-import struct
+import sys
 import time
+from pathlib import Path
 
-SO_TIMESTAMPNS = getattr(socket, "SO_TIMESTAMPNS", 35)  # Linux
-ANCBUF = socket.CMSG_SPACE(16)
-TIMESPEC = struct.Struct("@ll")
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "workflow"))
 
-
-def realtime_offset() -> float:
-    a = time.perf_counter_ns()
-    r = time.time_ns()
-    b = time.perf_counter_ns()
-    return (r - (a + b) // 2) / 1e9
+from specmatch.client import enable_kernel_stamps, realtime_offset_ns, recv_stamped  # noqa: E402
 
 
 def event(obj: dict | bytes) -> bytes:
@@ -48,7 +42,7 @@ class TickServer:
         self.host, self.port = host, port
         self.streams: list[dict] = []
         self.wake = asyncio.Event()
-        self.offset = realtime_offset()
+        self.offset = realtime_offset_ns() / 1e9
         self.token = {False: event({"id": "c", "object": "chunk", "choices": [{"index": 0, "text": "x"}], "usage": None}),
                       True: event({"id": "c", "object": "chunk", "choices": [{"index": 0, "delta": {"content": "x"}}],
                                    "usage": None})}
@@ -67,14 +61,14 @@ class TickServer:
                 sock, _ = await loop.sock_accept(lsock)
                 sock.setblocking(False)
                 sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-                sock.setsockopt(socket.SOL_SOCKET, SO_TIMESTAMPNS, 1)
+                enable_kernel_stamps(sock)
                 loop.add_reader(sock.fileno(), self.readable, Conn(sock))
         finally:
             ticker.cancel()
 
     def readable(self, c: Conn) -> None:
         try:
-            data, anc, _f, _a = c.sock.recvmsg(1 << 16, ANCBUF)
+            data, stamp = recv_stamped(c.sock, 1 << 16)
         except BlockingIOError:
             return
         if not data:
@@ -83,8 +77,7 @@ class TickServer:
             c.sock.close()
             return
         if c.arrived is None:  # the first byte of a request: its arrival by the kernel's clock
-            stamp = [TIMESPEC.unpack_from(raw) for lvl, kind, raw in anc if kind == SO_TIMESTAMPNS]
-            c.arrived = stamp[0][0] + stamp[0][1] * 1e-9 - self.offset if stamp else time.perf_counter()
+            c.arrived = stamp - self.offset if stamp is not None else time.perf_counter()
         c.buf += data
         end = c.buf.find(b"\r\n\r\n")
         if end < 0:

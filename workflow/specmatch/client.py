@@ -93,8 +93,31 @@ def _timeout(seconds: float):
 
 # Kernel receive timestamps (Linux SO_TIMESTAMPNS; Python's socket module does not name it).
 _SO_TIMESTAMPNS = getattr(socket, "SO_TIMESTAMPNS", 35 if sys.platform.startswith("linux") else None)
-_ANCBUF = socket.CMSG_SPACE(16) if hasattr(socket, "CMSG_SPACE") else 0
+_TIMESPEC = struct.Struct("@ll")  # struct timespec: time_t and long seconds/nanoseconds
+_ANCBUF = socket.CMSG_SPACE(_TIMESPEC.size) if hasattr(socket, "CMSG_SPACE") else 0
 _READ = 1 << 16
+
+
+def enable_kernel_stamps(sock: socket.socket) -> bool:
+    """Ask the kernel to timestamp every segment this socket receives; False where it cannot."""
+    if _SO_TIMESTAMPNS is None or not _ANCBUF:
+        return False
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, _SO_TIMESTAMPNS, 1)
+    except OSError:
+        return False
+    return True
+
+
+def recv_stamped(sock: socket.socket, size: int) -> tuple[bytes, float | None]:
+    """One read, and the kernel's receive time of its last segment (CLOCK_REALTIME seconds; None
+    when the kernel attached none)."""
+    data, anc, _flags, _addr = sock.recvmsg(size, _ANCBUF)
+    for level, kind, raw in anc:
+        if level == socket.SOL_SOCKET and kind == _SO_TIMESTAMPNS and len(raw) >= _TIMESPEC.size:
+            sec, nsec = _TIMESPEC.unpack_from(raw)
+            return data, sec + nsec * 1e-9
+    return data, None
 
 
 def realtime_offset_ns() -> int:
@@ -160,13 +183,7 @@ class Connection:
                 except (OSError, ssl.SSLError) as exc:
                     sock.close()
                     raise ConnectionError(f"TLS handshake with {self.host}:{self.port}: {exc}") from None
-            self.kernel_stamps = False
-            if _SO_TIMESTAMPNS is not None and _ANCBUF:
-                try:
-                    sock.setsockopt(socket.SOL_SOCKET, _SO_TIMESTAMPNS, 1)
-                    self.kernel_stamps = True
-                except OSError:
-                    pass
+            self.kernel_stamps = enable_kernel_stamps(sock)
             self.sock = sock
             return
         raise error or OSError(f"cannot resolve {self.host}:{self.port}")
@@ -221,6 +238,8 @@ class Connection:
         self._tls = self._tls_in = self._tls_out = None
 
     async def stream(self, path: str, body: bytes, on_event: Callable[[bytes, float], None]) -> None:
+        self.read_lags = []  # this request's, even if connecting or sending fails
+        self.completed_at = None
         await self.connect()
         loop = asyncio.get_running_loop()
         sock = self.sock
@@ -235,8 +254,6 @@ class Connection:
             wire = self._tls_out.read()
         await loop.sock_sendall(sock, wire)
         self.sent_at = time.perf_counter()
-        self.read_lags = []
-        self.completed_at = None
         parser = ResponseParser(on_event)
         done = loop.create_future()
         fd = sock.fileno()
@@ -264,31 +281,23 @@ class Connection:
         try:
             while True:
                 try:
-                    if kernel:
-                        data, anc, _flags, _addr = sock.recvmsg(_READ, _ANCBUF)
-                    else:
-                        data, anc = sock.recv(_READ), ()
+                    data, stamp = recv_stamped(sock, _READ) if kernel else (sock.recv(_READ), None)
                 except (BlockingIOError, InterruptedError):
                     return
-                now = time.perf_counter()
-                t = now
-                for level, kind, raw in anc:
-                    if level == socket.SOL_SOCKET and kind == _SO_TIMESTAMPNS and len(raw) >= _TIMESPEC.size:
-                        sec, nsec = _TIMESPEC.unpack_from(raw)
-                        # never before the request was sent nor after we read it (a clock step
-                        # between offset and stamp cannot move a token outside its true bounds)
-                        t = min(max(sec + nsec * 1e-9 - self._offset_s, self._send_start), now)
-                        lags.append(now - t)
+                now = t = time.perf_counter()
+                if stamp is not None:
+                    # never before the request was sent nor after we read it (a clock step
+                    # between offset and stamp cannot move a token outside its true bounds)
+                    t = min(max(stamp - self._offset_s, self._send_start), now)
+                    lags.append(now - t)
                 if self._tls is not None:
                     plain, eof = self._decrypt(data)
                 else:
                     plain, eof = data, not data
-                if plain and parser.feed(plain, t):
-                    self.completed_at = t
-                    done.set_result(None)
-                    return
+                complete = bool(plain) and parser.feed(plain, t)
                 if eof:
-                    parser.feed_eof(t)
+                    parser.feed_eof(t)  # a no-op after a complete response; a cut stream raises
+                if complete or eof:
                     self.completed_at = t
                     done.set_result(None)
                     return
@@ -296,9 +305,6 @@ class Connection:
                     return
         except Exception as exc:  # a reset connection, a protocol error, the callback's own errors
             done.set_exception(exc)
-
-
-_TIMESPEC = struct.Struct("@ll")  # struct timespec: time_t and long seconds/nanoseconds
 
 
 _CONTENT = re.compile(rb'"(?:text|content|reasoning_content|reasoning)"\s*:\s*"(?!")|"tool_calls"\s*:\s*\[\s*\{')
@@ -321,22 +327,13 @@ class RequestRun:
         self.last_meta: dict | None = None
         self.error: str | None = None
         self.seen_text = 0  # SGLang sends the cumulative text: its length so far
-        # token events that arrived in the same read as this stream's previous one: the server wrote
-        # them separately, so the client (or the network) fell behind, and their ITL reads as 0
-        self.coalesced = 0
-
-    def _arrive(self, now: float) -> None:
-        a = self.arrivals
-        if a and a[-1] == now:
-            self.coalesced += 1
-        a.append(now)
 
     def on_event(self, payload: bytes, now: float) -> None:
         if self.protocol != "sglang-generate" and not _NEEDS_PARSE.search(payload):
             # an ordinary token event: only whether it carries content matters (the counts come
             # from the final usage event), so skip the JSON parse on the hot path
             if has_content(payload):
-                self._arrive(now)
+                self.arrivals.append(now)
             return
         obj = json.loads(payload)
         if self.protocol == "sglang-generate":
@@ -345,7 +342,7 @@ class RequestRun:
             text = obj.get("text")
             if text is not None and len(text) > self.seen_text:
                 self.seen_text = len(text)
-                self._arrive(now)
+                self.arrivals.append(now)
             return
         if "error" in obj and not obj.get("choices"):
             self.error = f"server error: {str(obj['error'])[:300]}"
@@ -358,7 +355,7 @@ class RequestRun:
                 delta = c.get("delta") or {}
                 piece = delta.get("content") or delta.get("reasoning_content") or delta.get("tool_calls")
             if piece:
-                self._arrive(now)
+                self.arrivals.append(now)
         if obj.get("usage"):
             self.usage = obj["usage"]
             self.final = obj
@@ -367,7 +364,10 @@ class RequestRun:
         rec = {"index": self.req.index, "prompt_id": self.req.prompt_id, "source": self.req.source,
                "holdout": self.req.holdout, "start_s": start - t_origin, "e2e_s": end - start,
                "ttft_s": (self.arrivals[0] - start) if self.arrivals else None,
-               "arrivals_s": [a - start for a in self.arrivals], "coalesced_events": self.coalesced,
+               "arrivals_s": [a - start for a in self.arrivals],
+               # token events that arrived in the same read as their stream's previous one: the server
+               # wrote them separately, so the client (or the network) fell behind; their ITL reads as 0
+               "coalesced_events": sum(a == b for a, b in zip(self.arrivals, self.arrivals[1:])),
                "prompt_tokens": None, "output_tokens": None, "ok": False, "error": self.error,
                "num_draft_tokens": None, "num_accepted_tokens": None, "num_spec_steps": None,
                "acceptance_length": None, "acceptance_rate": None}
@@ -401,7 +401,6 @@ class RequestRun:
 async def _one(conn: Connection, req: Request, protocol: str, parse_acc, timeout: float, t_origin: float) -> dict:
     run = RequestRun(req, protocol, parse_acc)
     body = json.dumps(req.payload).encode()
-    conn.completed_at = None
     start = time.perf_counter()
     try:
         # asyncio.timeout runs the stream in this task; wait_for would schedule a new task, so at a

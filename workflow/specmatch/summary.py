@@ -355,6 +355,11 @@ def noise_floor(sp: pl.DataFrame, launches: dict | None = None, baseline: str | 
     return out
 
 
+def noise_margin(floor: list[dict]) -> float:
+    """The run-to-run variation a verdict must clear: the largest deviation among the floor's cells."""
+    return max((abs(f["speedup"] - 1) for f in floor), default=0.0)
+
+
 def load_generator_lines(cells: list[dict]) -> list[str]:
     """How the latencies were measured, and every cell whose measurement needs a caveat."""
     if not cells:
@@ -393,13 +398,13 @@ def markdown(df, sp, cross, recs, acc, matches, baseline, hold=None, floor=None,
         lines.append(f"- **{x['server']}** on `{x['suite']}`: {x['crossover']}; best {best[1]:.2f}x at c={best[0]}"
                      + (f" ({'; '.join(detail)})" if detail else "") + ".")
     if floor:
-        dev = max(abs(f["speedup"] - 1) for f in floor)
+        dev = noise_margin(floor)
         off = [f for f in floor if f["against"] == baseline]
         same = [f for f in floor if f["against"] != baseline]
         parts = []
         if off:
-            parts.append("where a speculative server drafted nothing (its schedule switched speculation off) it ran "
-                         "the baseline's work, and its 'speedup' was " + ", ".join(
+            parts.append("where a server ran the baseline's work (a schedule switched speculation off, so it drafted "
+                         "nothing, or its configuration is the baseline's) its 'speedup' was " + ", ".join(
                              f"{f['speedup']:.2f}x ({f['server']}, {f['suite']}, c={f['concurrency']})" for f in off))
         if same:
             parts.append("servers whose configurations are identical at that concurrency measured " + ", ".join(
@@ -492,8 +497,7 @@ def main(argv: list[str] | None = None) -> int:
             if lp.exists():
                 launches[s] = read_json(lp)
         floor = noise_floor(sp, launches, a.baseline)
-        margin = max((abs(f["speedup"] - 1) for f in floor), default=0.0)
-        sp = apply_noise_margin(sp, margin)
+        sp = apply_noise_margin(sp, noise_margin(floor))
         cross = crossover(sp)
         matches = [read_json(m) for m in a.matches]
         training = {m["suite"] for m in matches if m.get("representative") is not None and "candidates" in m
