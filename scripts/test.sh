@@ -4,4 +4,5 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh
+bash scripts/setup-parsers.sh
 exec .venv/bin/python -m pytest -ra "$@"

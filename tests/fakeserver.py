@@ -4,7 +4,9 @@ It streams `tokens` content events per request with `ttft` seconds before the fi
 the next, as chunked server-sent events like vLLM's, ends with a usage chunk (plus vLLM-style
 per-request speculative metrics when `spec` is set) and `[DONE]`. Failure modes, chosen per request
 by the prompt text: "FAIL500" answers HTTP 500, "CUT" closes the stream half-way, "SLOW" never
-finishes (for timeouts). It also serves /health, /metrics (spec-decode counters), /v1/models and
+finishes (for timeouts), "DIE" kills the server process half-way (when run as a process). It also
+serves SGLang's native /generate (cumulative or, with `incremental`, delta text; "ERRORSG" sends
+SGLang's error event). It also serves /health, /metrics (spec-decode counters), /v1/models and
 /reset_prefix_cache, and counts what it saw.
 
     python tests/fakeserver.py --port 0 --tokens 16 --ttft 0.05 --itl 0.01
@@ -20,13 +22,17 @@ import time
 
 class FakeServer:
     def __init__(self, tokens=16, ttft=0.02, itl=0.005, spec=None, tokens_per_event=1, host="127.0.0.1", port=0,
-                 tls=None):
+                 tls=None, usage_delay=0.0, empty_first=False, incremental=False):
         self.tokens, self.ttft, self.itl = tokens, ttft, itl
         self.spec = spec  # e.g. {"k": 4, "accept": 2}: per step, 4 drafted, 2 accepted
         self.tokens_per_event = tokens_per_event
         self.host = host
         self.port = port
         self.tls = tls  # an ssl.SSLContext to serve HTTPS
+        self.usage_delay = usage_delay  # seconds between the last token chunk and the usage chunk
+        self.empty_first = empty_first  # the first chunk carries choices with empty text (as vLLM's role chunk)
+        self.incremental = incremental  # SGLang /generate: delta text per event (--incremental-streaming-output)
+        self.events: list[str] = []     # what happened, in order: "warmup", "request", "reset"
         self._bodies: dict = {}
         self.requests_seen = 0
         self.resets = 0
@@ -71,6 +77,7 @@ class FakeServer:
                         "application/json")
         elif path in ("/reset_prefix_cache", "/flush_cache"):
             self.resets += 1
+            self.events.append("reset")
             self._plain(writer, "200 OK", "")
         elif path == "/metrics":
             c = self.counters
@@ -80,14 +87,56 @@ class FakeServer:
             self._plain(writer, "200 OK", text)
         elif path in ("/v1/completions", "/v1/chat/completions"):
             return await self._stream(json.loads(body), writer, chat=path.endswith("chat/completions"))
+        elif path == "/generate":
+            return await self._generate(json.loads(body), writer)
         else:
             self._plain(writer, "404 Not Found", "")
+        await writer.drain()
+        return True
+
+    async def _generate(self, req, writer) -> bool:
+        """SGLang's native streaming /generate: cumulative text (or deltas when incremental) and
+        meta_info with cumulative completion_tokens and, with `spec`, verify steps and correct drafts."""
+        self.requests_seen += 1
+        text = req.get("text", "")
+        self.events.append("warmup" if "Warm-up" in text else "request")
+        n = min(self.tokens, (req.get("sampling_params") or {}).get("max_new_tokens", self.tokens))
+        writer.write(b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nTransfer-Encoding: chunked\r\n\r\n")
+
+        def chunk(obj):
+            data = b"data: " + (obj if isinstance(obj, bytes) else json.dumps(obj).encode()) + b"\n\n"
+            writer.write(f"{len(data):x}\r\n".encode() + data + b"\r\n")
+
+        if "ERRORSG" in text:
+            chunk({"error": {"message": "scripted SGLang failure", "type": "invalid_request_error", "code": 400}})
+            chunk(b"[DONE]")
+            writer.write(b"0\r\n\r\n")
+            await writer.drain()
+            return True
+        k = self.tokens_per_event
+        sent, out = 0, ""
+        while sent < n:
+            await asyncio.sleep(self.ttft if sent == 0 else self.itl)
+            step = min(k, n - sent)
+            sent += step
+            piece = "x" * step
+            out += piece
+            meta = {"prompt_tokens": len(text.split()), "completion_tokens": sent}
+            if self.spec:
+                steps = max(1, sent // (1 + self.spec["accept"]))
+                meta.update({"spec_verify_ct": steps, "spec_num_correct_drafts": steps * self.spec["accept"],
+                             "spec_num_proposed_drafts": steps * self.spec["k"]})
+            chunk({"text": piece if self.incremental else out, "meta_info": meta})
+            await writer.drain()
+        chunk(b"[DONE]")
+        writer.write(b"0\r\n\r\n")
         await writer.drain()
         return True
 
     async def _stream(self, req, writer, chat) -> bool:
         self.requests_seen += 1
         text = req.get("prompt") or json.dumps(req.get("messages"))
+        self.events.append("warmup" if "Warm-up" in text else "request")
         n = min(self.tokens, req.get("max_tokens", self.tokens))
         if "FAIL500" in text:
             self._plain(writer, "500 Internal Server Error", json.dumps({"error": "scripted failure"}))
@@ -102,7 +151,14 @@ class FakeServer:
 
         sent = 0
         first = True
-        if not (self.ttft or self.itl or self.spec or "CUT" in text or "SLOW" in text):
+        if self.empty_first:
+            await asyncio.sleep(self.ttft)
+            self.server_ttfts.append(time.perf_counter() - t0)
+            empty = {"index": 0, "delta": {"role": "assistant", "content": ""}} if chat else {"index": 0, "text": ""}
+            chunk({"id": "c", "object": "chunk", "choices": [empty], "usage": None})
+            await writer.drain()
+            first = False
+        if not (self.ttft or self.itl or self.spec or self.empty_first or "CUT" in text or "SLOW" in text):
             # as fast as possible: the whole stream prebuilt and written at once, so the client is the bottleneck
             key = (n, chat)
             if key not in self._bodies:
@@ -131,8 +187,14 @@ class FakeServer:
             if "CUT" in text and sent >= n // 2:
                 writer.close()
                 return False
+            if "DIE" in text and sent >= n // 2 and __name__ == "__main__":  # only as its own process
+                import os
+
+                os._exit(7)
             if "SLOW" in text:
                 await asyncio.sleep(3600)
+        if self.usage_delay:
+            await asyncio.sleep(self.usage_delay)
         final = {"id": "c", "choices": [], "usage": {"prompt_tokens": len(text.split()), "completion_tokens": n,
                                                      "total_tokens": n + len(text.split())}}
         if self.spec:

@@ -3,23 +3,27 @@ import json
 
 import polars as pl
 
-from specmatch.cell import main, order_prompts
+from specmatch.cell import main, plan_requests
+from specmatch.records import Prompt
 
-REQ = {"endpoint": "completions", "min_per_cell": 6, "per_worker": 1, "warmup": 0, "max_tokens": 8,
+REQ = {"endpoint": "completions", "passes": 2, "warmup": 0, "max_tokens": 8,
        "use_reference_length": False, "temperature": 0.0, "ignore_eos": True, "seed": 0, "timeout_s": 5,
        "max_failure_fraction": 0.0, "request_rate": None, "burstiness": 1.0}
 
 
+def prompt(i, text, source="src"):
+    return Prompt(f"s-{i}", "s", source, "s.jsonl", i + 1, None, str(i), 0, 1, text, None, 3, 8, False)
+
+
 def prompts_file(tmp_path, texts):
     p = tmp_path / "s.jsonl"
-    p.write_text("".join(json.dumps({"id": f"s-{i}", "source": "src", "text": t, "messages": None,
-                                     "holdout": False}) + "\n" for i, t in enumerate(texts)))
+    p.write_text("".join(json.dumps(prompt(i, t).to_json()) + "\n" for i, t in enumerate(texts)))
     return p
 
 
 def args(tmp_path, url, prompts, req):
     return ["--name", "ext", "--server", json.dumps({"engine": "external", "base_url": url, "flavor": "vllm"}),
-            "--suite", "s", "--prompts", str(prompts), "--concurrency", "2", "--max-concurrency", "0",
+            "--suite", "s", "--prompts", str(prompts), "--concurrency", "2", "--max-batch", "0",
             "--requests", json.dumps(req), "--out", str(tmp_path / "c2.json"),
             "--requests-out", str(tmp_path / "c2.requests.parquet"), "--state-dir", str(tmp_path / "state")]
 
@@ -47,7 +51,55 @@ def test_tolerated_failures_are_counted(tmp_path, fake_server):
 
 
 def test_same_prompt_order_for_every_server():
-    prompts = [{"id": i} for i in range(5)]
-    a = order_prompts(prompts, 12, seed=3)
-    assert a == order_prompts(prompts, 12, seed=3) and len(a) == 12
-    assert sorted(p["id"] for p in a[:5]) == [0, 1, 2, 3, 4]  # every prompt once before any repeats
+    prompts = [prompt(i, f"t{i}") for i in range(5)]
+    a = plan_requests(prompts, 3, seed=3)
+    assert a == plan_requests(prompts, 3, seed=3) and len(a) == 15
+    for k in range(3):  # every prompt exactly once per pass, passes in order
+        assert sorted(p.id for p, kk in a[5 * k:5 * k + 5] if kk == k) == [f"s-{i}" for i in range(5)]
+    assert [p.id for p, _ in a[:5]] != [p.id for p, _ in a[5:10]]  # each pass in its own seeded order
+
+
+def test_every_concurrency_measures_the_whole_suite_and_never_the_warmup(tmp_path, fake_server):
+    """Defect 6: each concurrency measured a different subset of the suite, and when n + warmup
+    exceeded the suite, warm-up prompts were measured again after the cache reset."""
+    srv = fake_server(tokens=4, ttft=0.001, itl=0.001)
+    p = prompts_file(tmp_path, [f"prompt {i}" for i in range(5)])
+    req = {**REQ, "passes": 1, "warmup": 3}
+    for c in ("1", "4"):
+        a = args(tmp_path, srv.base_url, p, req)
+        a[a.index("--concurrency") + 1] = c
+        a[a.index("--out") + 1] = str(tmp_path / f"c{c}.json")
+        a[a.index("--requests-out") + 1] = str(tmp_path / f"c{c}.requests.parquet")
+        assert main(a) == 0
+        recs = pl.read_parquet(tmp_path / f"c{c}.requests.parquet")
+        assert sorted(recs["prompt_id"].to_list()) == [f"s-{i}" for i in range(5)]
+        cell = json.loads((tmp_path / f"c{c}.json").read_text())
+        assert cell["num_prompts"] == 5 and cell["warmup_requests"] == 3
+    # per cell: three warm-up requests (prompts of their own), then the reset, then the suite
+    assert srv.events == (["warmup"] * 3 + ["reset"] + ["request"] * 5) * 2
+
+
+def test_a_suite_too_small_for_the_concurrency_is_an_error(tmp_path, fake_server):
+    srv = fake_server(tokens=4)
+    a = args(tmp_path, srv.base_url, prompts_file(tmp_path, ["a"]), {**REQ, "passes": 1})
+    assert main(a) == 1 and not (tmp_path / "c2.json").exists()
+
+
+def test_a_server_that_dies_mid_cell_is_named_with_its_exit_status(tmp_path, capsys):
+    """Defect 12: the only message was "32 of 32 requests failed ... stream cut short"."""
+    import sys
+
+    from conftest import REPO
+
+    exe = tmp_path / "fakepython"
+    exe.write_text(f'#!/bin/sh\nexec {sys.executable} {REPO}/tests/fakeserver.py --tokens 8 --ttft 0.01 --itl 0.01 "$@"\n')
+    exe.chmod(0o755)
+    server = {"engine": "vllm", "model": "m", "python": str(exe), "profile": "gpu", "startup_timeout_s": 30}
+    p = prompts_file(tmp_path, ["fine", "DIE now", "fine too"])
+    a = args(tmp_path, "http://unused", p, {**REQ, "passes": 1, "timeout_s": 5})
+    a[a.index("--server") + 1] = json.dumps(server)
+    a += ["--server-log", str(tmp_path / "server.log")]
+    assert main(a) == 2
+    err = capsys.readouterr().err
+    assert "server ext (pid" in err and "died: exit status 7" in err and "server.log" in err
+    assert not (tmp_path / "c2.json").exists()

@@ -5,8 +5,9 @@ from pathlib import Path
 import pytest
 
 from specmatch.engines import get_engine, redact_argv, redact_env
-from specmatch.engines.sglang import acceptance_from_meta, parse_meta_info, running_cap
-from specmatch.io import SpecmatchError
+from specmatch.engines.sglang import parse_meta_info, running_cap
+from specmatch.records import RequestRecord
+from specmatch.files import SpecmatchError
 from specmatch.metrics import parse_prometheus
 
 FIX = Path(__file__).parent / "fixtures"
@@ -17,7 +18,7 @@ def test_vllm_cpu_argv_and_env():
                       "speculative": {"method": "ngram", "num_speculative_tokens": 4, "prompt_lookup_max": 4,
                                       "num_speculative_tokens_per_batch_size": [[1, 4, 4], [5, 256, 0]]},
                       "args": ["--seed", 1], "env": {"MY_TOKEN": "s3cret"}})
-    plan = eng.launch_plan(port=8123, max_concurrency=16)
+    plan = eng.launch_plan(port=8123, max_batch=16)
     assert plan.argv[:8] == ["/venv/bin/python", "-m", "vllm.entrypoints.openai.api_server", "--model", "m",
                              "--host", "127.0.0.1", "--port"]
     spec = json.loads(plan.argv[plan.argv.index("--speculative-config") + 1])
@@ -34,25 +35,25 @@ def test_vllm_cpu_argv_and_env():
 def test_vllm_gpu_argv_high_concurrency_and_tp():
     plan = get_engine({"engine": "vllm", "model": "big", "profile": "gpu", "tensor_parallel_size": 8,
                        "speculative": {"method": "eagle3", "model": "d", "num_speculative_tokens": 3}}
-                      ).launch_plan(port=1, max_concurrency=512)
+                      ).launch_plan(port=1, max_batch=512)
     assert "-O0" not in plan.argv and "VLLM_CPU_KVCACHE_SPACE" not in plan.env
     assert plan.argv[plan.argv.index("--tensor-parallel-size") + 1] == "8"
     assert plan.argv[plan.argv.index("--max-num-seqs") + 1] == "512"
 
 
 def test_sglang_eagle3_argv_sets_running_cap():
-    cfg = {"engine": "sglang", "model": "T", "tensor_parallel_size": 8,
+    cfg = {"engine": "sglang", "model": "T", "tensor_parallel_size": 8, "sglang_version": "0.5.23",
            "speculative": {"method": "eagle3", "model": "D", "num_steps": 3, "eagle_topk": 1, "num_draft_tokens": 4,
                            "spec_v2": True}}
-    plan = get_engine(cfg).launch_plan(port=30000, max_concurrency=256)
+    plan = get_engine(cfg).launch_plan(port=30000, max_batch=256)
     a = plan.argv
     assert a[1:3] == ["-m", "sglang.launch_server"]
     assert a[a.index("--speculative-algorithm") + 1] == "EAGLE3"
     assert a[a.index("--speculative-draft-model-path") + 1] == "D"
     assert [a[a.index(f) + 1] for f in ("--speculative-num-steps", "--speculative-eagle-topk",
                                         "--speculative-num-draft-tokens")] == ["3", "1", "4"]
-    assert a[a.index("--max-running-requests") + 1] == "256" and a[a.index("--cuda-graph-max-bs") + 1] == "256"
-    assert a[a.index("--tp") + 1] == "8"
+    assert a[a.index("--max-running-requests") + 1] == "256" and a[a.index("--cuda-graph-max-bs-decode") + 1] == "256"
+    assert a[a.index("--tensor-parallel-size") + 1] == "8"
     assert plan.env["SGLANG_ENABLE_SPEC_V2"] == "True"
     assert running_cap(1) == 64 and running_cap(65) == 128
 
@@ -65,7 +66,7 @@ def test_sglang_eagle3_argv_sets_running_cap():
 ])
 def test_sglang_rejects_inconsistent_spec(spec, msg):
     with pytest.raises(SpecmatchError, match=msg):
-        get_engine({"engine": "sglang", "model": "T", "speculative": spec}).launch_plan(1, 8)
+        get_engine({"engine": "sglang", "model": "T", "speculative": spec, "sglang_version": "0.5.23"}).launch_plan(1, 8)
 
 
 def test_external_reads_key_from_env(monkeypatch):
@@ -92,6 +93,7 @@ def test_vllm_counters_from_recorded_metrics():
     after = {**c, "drafts": 12.0, "draft_tokens": 48.0, "accepted_tokens": 20.0,
              "accepted_per_pos": {0: 10.0, 1: 6.0, 2: 4.0, 3: 0.0}}
     acc = eng.cell_acceptance(c, after, [])
+    assert acc["acceptance_source"].startswith("server counters")
     assert acc["spec_decode_acceptance_rate"] == pytest.approx(20 / 40)
     assert acc["spec_decode_acceptance_length"] == pytest.approx(1 + 20 / 10)
     assert acc["spec_decode_per_position_acceptance_rates"] == pytest.approx([1.0, 0.6, 0.4, 0.0])
@@ -116,7 +118,40 @@ def test_sglang_meta_info_recorded_examples():
     assert new["acceptance_length"] == pytest.approx(128 / 30)
     assert new["num_accepted_tokens"] == 98 and new["num_draft_tokens"] == 120
     assert new["acceptance_rate"] == pytest.approx(0.8167)
-    cell = acceptance_from_meta([old, new])
+    recs = [record(old, 256), record(new, 128)]
+    cell = get_engine({"engine": "sglang", "model": "m"}).cell_acceptance({}, {}, recs)
     assert cell["spec_decode_acceptance_length"] == pytest.approx((256 + 128) / (101 + 30))
     assert cell["spec_decode_acceptance_rate"] is None  # the old build reports no draft counts
     assert parse_meta_info({"completion_tokens": 5}) is None
+
+
+def record(acc: dict, out: int, source="s", holdout=False) -> RequestRecord:
+    return RequestRecord(0, "p", source, holdout, output_tokens=out, ok=True, **{
+        k: acc.get(k) for k in ("num_spec_steps", "num_accepted_tokens", "num_draft_tokens", "acceptance_length",
+                                "acceptance_rate")})
+
+
+def test_one_acceptance_definition_per_engine_for_cell_source_and_holdout():
+    """The cell, every prompt source and the held-out rows use the engine's own definition (defect:
+    SGLang rows carrying only verify steps and completion tokens read 1.00 per source)."""
+    from specmatch import metrics
+
+    sg = get_engine({"engine": "sglang", "model": "m"})
+    recs = [record(parse_meta_info({"spec_verify_ct": 101, "completion_tokens": 256}), 256, "code", True)]
+    cell = sg.cell_acceptance({}, {}, recs)
+    by_src = metrics.acceptance_by_group(sg, recs, lambda r: r.source)
+    by_hold = metrics.acceptance_by_group(sg, recs, lambda r: "held_out" if r.holdout else "seen")
+    assert cell["spec_decode_acceptance_length"] == pytest.approx(2.53, abs=0.01)
+    assert by_src["code"]["acceptance_length"] == pytest.approx(2.53, abs=0.01)
+    assert by_hold["held_out"]["acceptance_length"] == pytest.approx(2.53, abs=0.01)
+
+
+def test_vllm_without_metrics_endpoint_keeps_vllms_definition():
+    """Defect: with /metrics unreadable the cell fell back to SGLang's formula on vLLM's per-request
+    data: 64 tokens over 10 steps with 5 accepted gave 6.4 instead of 1.5."""
+    v = get_engine({"engine": "vllm", "model": "m"})
+    rec = record({"num_spec_steps": 10, "num_accepted_tokens": 5, "num_draft_tokens": 40}, 64)
+    cell = v.cell_acceptance({}, {}, [rec])
+    assert cell["spec_decode_acceptance_length"] == pytest.approx(1.5)
+    assert cell["spec_decode_acceptance_rate"] == pytest.approx(5 / 40)
+    assert "per-request" in cell["acceptance_source"] and "1 + accepted / drafts" in cell["acceptance_source"]

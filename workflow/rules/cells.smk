@@ -1,32 +1,42 @@
-# Stage 4: one benchmark cell per (server, suite, concurrency). Each cell holds the serving slot,
-# so no two cells load the machine at once, and cells of one server run back to back (priority).
+# Stage 4: one benchmark cell per (server, suite, repeat, concurrency).
+#
+# One server at a time: every launch and cell holds the `serving_slot` resource, of which
+# profiles/default provides one, so no two benchmarks (or a benchmark and a server start) overlap;
+# this is the only mechanism. A cell also takes every core, so no other job (training, inspection)
+# runs beside a measurement. Priorities order the cells repeat by repeat, servers interleaved
+# (common.smk, server_priority). The group only packs a server's jobs into one cluster allocation.
 
 
 rule cell:
     input:
         prompts="results/prompts/{suite}.jsonl",
-        launch="results/servers/{server}/launch.json",
+        launch="results/servers/{server}/r{repeat}/launch.json",
     output:
-        cell="results/cells/{server}/{suite}/c{concurrency}.json",
-        requests="results/cells/{server}/{suite}/c{concurrency}.requests.parquet",
+        cell=CELL_JSON,
+        requests=CELL_REQUESTS,
+        provenance=prov(CELL_JSON, CELL_REQUESTS),
     log:
-        "results/logs/cells/{server}/{suite}/c{concurrency}.log",
+        cell="results/logs/cells/{server}/{suite}/r{repeat}/c{concurrency}.log",
+        server="results/logs/cells/{server}/{suite}/r{repeat}/c{concurrency}.server.log",
     wildcard_constraints:
         concurrency=r"\d+",
+        repeat=r"\d+",
     priority: server_priority
     group:
         "server_{server}"
     conda:
         "../../envs/specmatch.yaml"
+    threads: workflow.cores
     resources:
         serving_slot=1,
+        gpu=server_gpus,
     params:
         server=server_json,
         requests=requests_json,
-        max_concurrency=launch_concurrency_param,
+        max_batch=launch_max_batch,
     shell:
         "python -m specmatch.cell --name {wildcards.server} --server {params.server:q} --suite {wildcards.suite}"
-        " --prompts {input.prompts} --concurrency {wildcards.concurrency}"
-        " --max-concurrency {params.max_concurrency} --requests {params.requests:q}"
+        " --prompts {input.prompts} --concurrency {wildcards.concurrency} --repeat {wildcards.repeat}"
+        " --max-batch {params.max_batch} --requests {params.requests:q}"
         " --launch {input.launch} --out {output.cell} --requests-out {output.requests}"
-        " --log results/servers/{wildcards.server}/server.log > {log} 2>&1"
+        " --server-log {log.server} > {log.cell} 2>&1"

@@ -12,7 +12,8 @@ if _PKG not in sys.path:
     sys.path.insert(0, _PKG)
 
 from specmatch.config import validate as _validate_config
-from specmatch.io import SpecmatchError
+from specmatch.files import SpecmatchError
+from specmatch.recommend import SUFFIX
 from specmatch.workflow_env import prepare as _prepare_env
 
 try:
@@ -30,12 +31,16 @@ def _uses_conda():
         return False
 
 
-# Jobs call `python -m specmatch.<step>` with this checkout's package; servers die with this process.
+# What the rules' commands need: this checkout's package on PYTHONPATH, the interpreter running
+# Snakemake first on PATH, and this process's pid (servers and cells die with it).
 _prepare_env(_PKG, conda=_uses_conda())
 SERVERS = list(CFG["servers"])
 SUITES = list(CFG["suites"])
 CONCURRENCY = sorted(CFG["concurrency"])
 MAX_CONCURRENCY = max(CONCURRENCY)
+REPEATS = list(range(1, CFG["repeats"] + 1))
+TRAINING_SUITES = [n for n, s in CFG["suites"].items() if s["kind"] == "training"]
+RECOMMEND_SUITES = CFG["summary"].get("recommend_suites") or TRAINING_SUITES[:1]
 
 
 def to_json(obj):
@@ -43,11 +48,30 @@ def to_json(obj):
     return json.dumps(obj, sort_keys=True, separators=(",", ":"))
 
 
-def launch_concurrency(server):
-    """The concurrency figure a launch depends on, coarse so small sweep edits keep servers."""
+def prov(*paths):
+    """The provenance sidecars (`<file>.prov.json`) a step writes beside its outputs."""
+    return [f"{p}.prov.json" for p in paths]
+
+
+# -- servers: the configured ones, and the recommended ones the recommend checkpoint derives -----
+def derived_servers():
+    """`<server>__recommended` configurations (after the recommend checkpoint has run)."""
+    out = checkpoints.recommend.get().output.servers
+    return json.loads(Path(out).read_text())["servers"]
+
+
+def server_config(name):
+    if name in CFG["servers"]:
+        return CFG["servers"][name]
+    return derived_servers()[name]["config"]
+
+
+def launch_max_batch(wildcards):
+    """The largest batch a server is launched for (vLLM max_num_seqs, SGLang's running-request cap),
+    coarse so small sweep edits keep servers."""
     from specmatch.engines.sglang import running_cap
 
-    engine = CFG["servers"][server]["engine"]
+    engine = server_config(wildcards.server)["engine"]
     if engine == "vllm":
         return MAX_CONCURRENCY if MAX_CONCURRENCY > 256 else 256
     if engine == "sglang":
@@ -55,29 +79,47 @@ def launch_concurrency(server):
     return 0
 
 
-def launch_concurrency_param(wildcards):
-    return launch_concurrency(wildcards.server)
-
-
 def server_json(wildcards):
-    return to_json(CFG["servers"][wildcards.server])
+    return to_json(server_config(wildcards.server))
+
+
+# Everything upstream of the benchmarks (models, data, suites, drafter training) runs before any
+# server starts: a server started early would sit idle, or be replaced before its cells run.
+UPSTREAM = 10**6
 
 
 def server_priority(wildcards):
-    """Cells of one server run back to back: earlier servers in config order go first."""
-    return 10 * (len(SERVERS) - SERVERS.index(wildcards.server))
+    """Run order: repeat by repeat, and within a repeat server by server, alternating the server order
+    (config order, then reversed, ...) so drift and machine state hit every server alike; a server's
+    cells of one repeat run back to back on one session. Recommended servers come last.
+    """
+    r = int(wildcards.repeat)
+    order = SERVERS if r % 2 else SERVERS[::-1]
+    pos = order.index(wildcards.server) if wildcards.server in order else len(order)
+    return 10 * ((len(REPEATS) - r + 1) * (len(SERVERS) + 1) - pos)
+
+
+def launch_env(wildcards):
+    """The conda environment a server's engine needs (with --software-deployment-method conda)."""
+    srv = server_config(wildcards.server)
+    name = {"sglang": "sglang", "external": "specmatch"}.get(srv["engine"])
+    if name is None:
+        name = "vllm-gpu" if srv.get("profile") == "gpu" else "vllm-cpu"
+    return str(Path(workflow.basedir) / "envs" / f"{name}.yaml")
 
 
 def server_gpus(wildcards):
-    return CFG["servers"][wildcards.server].get("gpus", 0)
+    return server_config(wildcards.server).get("gpus", 0)
 
 
+# -- models and data ------------------------------------------------------------------------
 def built_paths():
     """Model folders that rules of this workflow build."""
     out = []
     if CFG["models"].get("embedded", {}).get("enabled"):
         out.append(CFG["models"]["embedded"]["path"])
     out += [f"results/models/{n}" for n in CFG["models"].get("drafts", {})]
+    out += [f"results/models/{n}" for n in CFG["models"].get("eagle3", {})]
     return [os.path.normpath(p) for p in out]
 
 
@@ -90,7 +132,7 @@ def local_inputs(paths):
 
 
 def server_model_inputs(wildcards):
-    srv = CFG["servers"][wildcards.server]
+    srv = server_config(wildcards.server)
     return local_inputs([srv.get("model"), (srv.get("speculative") or {}).get("model")])
 
 
@@ -117,6 +159,23 @@ def draft_layers(wildcards):
     return CFG["models"]["drafts"][wildcards.draft]["layers"]
 
 
+def drafter_target(wildcards):
+    return CFG["models"]["eagle3"][wildcards.drafter]["target"]
+
+
+def drafter_budget(wildcards):
+    spec = CFG["models"]["eagle3"][wildcards.drafter]
+    return to_json(
+        {k: v for k, v in spec.items() if k not in ("target", "aux_layers")}
+        | {"threads": 0}
+    )
+
+
+def drafter_aux_layers(wildcards):
+    layers = CFG["models"]["eagle3"][wildcards.drafter].get("aux_layers")
+    return f"--aux-layers {','.join(map(str, layers))}" if layers else ""
+
+
 def dataset_root(wildcards):
     return CFG["dataset"]["root"]
 
@@ -125,11 +184,17 @@ def dataset_tokenizer(wildcards):
     return CFG["dataset"]["tokenizer"]
 
 
+def holdout_json(wildcards):
+    return to_json(CFG["dataset"].get("holdout", {}))
+
+
 def suite_inputs(wildcards):
     suite = CFG["suites"][wildcards.suite]
     ins = {"manifest": "results/inspect/manifest.json", "tokenizer": tokenizer_input()}
     if suite["kind"] == "file":
         ins["file"] = suite["path"]
+    else:
+        ins["cuts"] = "results/inspect/cuts.parquet"
     return ins
 
 
@@ -137,33 +202,68 @@ def suite_json(wildcards):
     return to_json(CFG["suites"][wildcards.suite])
 
 
-def holdout_json(wildcards):
-    suite = CFG["suites"][wildcards.suite]
-    return to_json(
-        CFG["dataset"].get("holdout", {}) if suite["kind"] == "training" else {}
-    )
+def suite_cuts_arg(wildcards, input):
+    return f"--cuts {input.cuts}" if "cuts" in input.keys() else ""
 
 
 def requests_json(wildcards):
-    return to_json(CFG["requests"])
+    """The requests settings of a cell: the suite's own passes when it sets them."""
+    passes = CFG["suites"][wildcards.suite].get("passes")
+    return to_json({**CFG["requests"], **({"passes": passes} if passes else {})})
 
 
-def cell_files(ext="json"):
+# -- cells ----------------------------------------------------------------------------------
+CELL_JSON = "results/cells/{server}/{suite}/r{repeat}/c{concurrency}.json"
+CELL_REQUESTS = (
+    "results/cells/{server}/{suite}/r{repeat}/c{concurrency}.requests.parquet"
+)
+
+
+def cell_paths(servers, suites, ext="json", repeats=None):
     return expand(
-        "results/cells/{server}/{suite}/c{concurrency}.{ext}",
-        server=SERVERS,
-        suite=SUITES,
+        "results/cells/{server}/{suite}/r{repeat}/c{concurrency}.{ext}",
+        server=servers,
+        suite=suites,
+        repeat=repeats or REPEATS,
         concurrency=CONCURRENCY,
         ext=ext,
     )
+
+
+def launch_paths(servers):
+    return expand(
+        "results/servers/{server}/r{repeat}/launch.json", server=servers, repeat=REPEATS
+    )
+
+
+def derived_cells(ext):
+    """Cells of the recommended servers: every concurrency and repeat of their suite."""
+    out = []
+    for name, d in derived_servers().items():
+        out += cell_paths([name], [d["suite"]], ext)
+    return out
+
+
+def summary_cells(wildcards):
+    return cell_paths(SERVERS, SUITES, "json") + derived_cells("json")
+
+
+def summary_requests(wildcards):
+    return cell_paths(SERVERS, SUITES, "requests.parquet") + derived_cells(
+        "requests.parquet"
+    )
+
+
+def summary_launches(wildcards):
+    return launch_paths(SERVERS) + launch_paths(list(derived_servers()))
 
 
 def all_targets():
     return [
         "results/inspect/manifest.json",
         *expand("results/prompts/{suite}.jsonl", suite=SUITES),
-        *expand("results/servers/{server}/launch.json", server=SERVERS),
-        *cell_files(),
+        *launch_paths(SERVERS),
+        *cell_paths(SERVERS, SUITES),
         "results/summary/summary.md",
     ]
 

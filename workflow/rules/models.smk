@@ -8,6 +8,7 @@ rule embedded_model:
         ),
     log:
         "results/logs/models/embedded.log",
+    priority: UPSTREAM
     conda:
         "../../envs/specmatch.yaml"
     shell:
@@ -23,9 +24,39 @@ rule draft_model:
         "results/logs/models/{draft}.log",
     wildcard_constraints:
         draft="|".join(CFG["models"].get("drafts", {})) or "__none__",
+    priority: UPSTREAM
     conda:
         "../../envs/specmatch.yaml"
     params:
         layers=draft_layers,
     shell:
         "python -m specmatch.model draft --target {input.target} --layers {params.layers} --out {output} > {log} 2>&1"
+
+
+rule train_drafter:
+    input:
+        target=drafter_target,
+        manifest="results/inspect/manifest.json",
+        cuts="results/inspect/cuts.parquet",
+        tokenizer=tokenizer_input(),
+    output:
+        model=directory("results/models/{drafter}"),
+        provenance=prov("results/models/{drafter}"),
+    log:
+        "results/logs/models/{drafter}.log",
+    benchmark:
+        "results/benchmarks/train_drafter/{drafter}.tsv"
+    wildcard_constraints:
+        drafter="|".join(CFG["models"].get("eagle3", {})) or "__none__",
+    priority: UPSTREAM
+    conda:
+        "../../envs/specmatch.yaml"
+    threads: workflow.cores
+    params:
+        budget=drafter_budget,
+        aux=drafter_aux_layers,
+        tokenizer=dataset_tokenizer,
+    shell:
+        "python -m specmatch.drafter --target {input.target} --manifest {input.manifest} --cuts {input.cuts}"
+        " --tokenizer {params.tokenizer:q} --budget {params.budget:q} {params.aux} --out {output.model}"
+        " > {log} 2>&1"

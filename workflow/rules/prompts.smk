@@ -1,4 +1,5 @@
-# Stage 2: prompt suites. Training suites follow the mix; control suites come from prompt files.
+# Stage 2: prompt suites. Training suites sample the cut table across the whole mix and read back only
+# the rows they chose; control suites come from prompt files.
 
 
 rule prompts:
@@ -13,15 +14,23 @@ rule prompts:
             category="2. Prompt suites",
             labels={"suite": "{suite}"},
         ),
+        provenance=prov(
+            "results/prompts/{suite}.jsonl",
+            "results/prompts/{suite}.match.json",
+            "results/prompts/{suite}.match.md",
+        ),
     log:
         "results/logs/prompts/{suite}.log",
+    priority: UPSTREAM
     conda:
         "../../envs/specmatch.yaml"
     params:
         spec=suite_json,
-        holdout=holdout_json,
         tokenizer=dataset_tokenizer,
+        endpoint=CFG["requests"]["endpoint"],
+        cuts=suite_cuts_arg,
     shell:
         "python -m specmatch.prompts --suite {wildcards.suite} --spec {params.spec:q}"
-        " --holdout {params.holdout:q} --manifest {input.manifest} --tokenizer {params.tokenizer:q}"
-        " --out {output.prompts} --match {output.match} --match-md {output.match_md} > {log} 2>&1"
+        " --manifest {input.manifest} {params.cuts} --tokenizer {params.tokenizer:q}"
+        " --endpoint {params.endpoint} --out {output.prompts} --match {output.match}"
+        " --match-md {output.match_md} > {log} 2>&1"

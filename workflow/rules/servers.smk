@@ -1,25 +1,32 @@
-# Stage 3: one launch record per server configuration. The server itself is kept running by the
-# server manager (workflow/specmatch/server.py) for the cells that follow; see DESIGN "Server lifecycle".
+# Stage 3: one launch record per server configuration and repeat: each repeat measures a fresh server
+# session. The server itself is kept running by the server manager (workflow/specmatch/server.py)
+# for the cells that follow; see DESIGN "Server lifecycle". It writes its log to this rule's log.
 
 
 rule launch:
     input:
         models=server_model_inputs,
     output:
-        "results/servers/{server}/launch.json",
+        launch="results/servers/{server}/r{repeat}/launch.json",
+        provenance=prov("results/servers/{server}/r{repeat}/launch.json"),
     log:
-        "results/servers/{server}/server.log",
+        "results/servers/{server}/r{repeat}/server.log",
+    wildcard_constraints:
+        repeat=r"\d+",
     priority: server_priority
     group:
         "server_{server}"
     conda:
-        "../../envs/vllm-cpu.yaml"
+        launch_env
+    # every core: a server starts only when nothing else runs, so everything upstream (which has
+    # priority) is done before the first server starts, and no job slows a start-up down
+    threads: workflow.cores
     resources:
         serving_slot=1,
         gpu=server_gpus,
     params:
         server=server_json,
-        max_concurrency=launch_concurrency_param,
+        max_batch=launch_max_batch,
     shell:
-        "python -m specmatch.launch --name {wildcards.server} --server {params.server:q}"
-        " --max-concurrency {params.max_concurrency} --out {output} --log {log}"
+        "python -m specmatch.launch --name {wildcards.server} --server {params.server:q} --repeat {wildcards.repeat}"
+        " --max-batch {params.max_batch} --out {output.launch} --log {log}"

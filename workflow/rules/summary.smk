@@ -1,12 +1,46 @@
-# Stage 5: one tidy table over all cells, speedups with intervals, the crossover, the verdict.
+# Stage 5: the decision. The recommend checkpoint decides from the configured servers' cells and
+# derives `<server>__recommended` servers, which are then measured on the same grid; the summary
+# renders verdicts, crossovers, recommendations and their verification.
+
+
+checkpoint recommend:
+    input:
+        cells=cell_paths(SERVERS, SUITES, "json"),
+        requests=cell_paths(SERVERS, SUITES, "requests.parquet"),
+        launches=launch_paths(SERVERS),
+    output:
+        servers="results/recommend/servers.json",
+        recommendations="results/recommend/recommendations.json",
+        adaptive=directory("results/recommend/adaptive"),
+        provenance=prov(
+            "results/recommend/servers.json", "results/recommend/recommendations.json"
+        ),
+    log:
+        "results/logs/recommend.log",
+    conda:
+        "../../envs/specmatch.yaml"
+    params:
+        baseline=CFG["baseline"],
+        settings=to_json(CFG["summary"]),
+        servers=to_json(CFG["servers"]),
+        suites=RECOMMEND_SUITES,
+        verify="" if CFG["summary"]["verify_recommendation"] else "--no-verify",
+    shell:
+        "python -m specmatch.recommend --baseline {params.baseline} --settings {params.settings:q}"
+        " --servers {params.servers:q} --cells {input.cells} --requests {input.requests}"
+        " --launches {input.launches} --suites {params.suites} {params.verify}"
+        " --out {output.servers} --recommendations {output.recommendations}"
+        " --adaptive-dir {output.adaptive} > {log} 2>&1"
 
 
 rule summary:
     input:
-        cells=cell_files("json"),
-        requests=cell_files("requests.parquet"),
+        cells=summary_cells,
+        requests=summary_requests,
+        launches=summary_launches,
         matches=expand("results/prompts/{suite}.match.json", suite=SUITES),
-        launches=expand("results/servers/{server}/launch.json", server=SERVERS),
+        derived="results/recommend/servers.json",
+        recommendations="results/recommend/recommendations.json",
     output:
         md=report(
             "results/summary/summary.md",
@@ -16,11 +50,21 @@ rule summary:
         table="results/summary/cells.csv",
         parquet="results/summary/cells.parquet",
         speedups="results/summary/speedups.csv",
+        verdicts="results/summary/verdicts.json",
+        recommendations="results/summary/recommendations.json",
         plots=report(
             directory("results/summary/plots"),
             patterns=["{name}.png"],
             caption="../report/plots.rst",
             category="3. Plots",
+        ),
+        provenance=prov(
+            "results/summary/summary.md",
+            "results/summary/cells.csv",
+            "results/summary/cells.parquet",
+            "results/summary/speedups.csv",
+            "results/summary/verdicts.json",
+            "results/summary/recommendations.json",
         ),
     log:
         "results/logs/summary.log",
@@ -29,6 +73,12 @@ rule summary:
     params:
         baseline=CFG["baseline"],
         settings=to_json(CFG["summary"]),
+        servers=to_json(CFG["servers"]),
+        suites=RECOMMEND_SUITES,
+        out_dir=lambda wildcards, output: os.path.dirname(output.md),
     shell:
         "python -m specmatch.summary --baseline {params.baseline} --settings {params.settings:q}"
-        " --cells {input.cells} --matches {input.matches} --out-dir results/summary > {log} 2>&1"
+        " --servers {params.servers:q} --cells {input.cells} --requests {input.requests}"
+        " --launches {input.launches} --matches {input.matches} --suites {params.suites}"
+        " --recommendations {input.recommendations} --derived {input.derived}"
+        " --out-dir {params.out_dir} > {log} 2>&1"

@@ -1,17 +1,21 @@
-"""One benchmark cell: one server, one suite, one concurrency.
+"""One benchmark cell: one server session, one suite, one concurrency, one repeat.
 
-Attaches to the server through the manager (holding the serving slot for the whole cell), resets
-the prefix cache so the previous cell's prompts do not warm this one, reads the engine's
-server-wide counters before and after (so acceptance is scoped to exactly this cell), runs the
-load, and writes `c{C}.json` (vLLM `bench serve` key names where they exist) plus every request in
-`c{C}.requests.parquet`. The same prompts go in the same seeded order to every server.
+The cell sends every prompt of the suite once per pass (`requests.passes`), in a seeded order that
+is the same for every server and every concurrency, so cells differ only by the server and the
+load, never by the work. Warm-up requests use prompts of their own (never a measured prompt), then
+the prefix cache is reset, so neither warm-up nor the previous cell warms this one. The engine's
+server-wide counters are read before and after, so acceptance is scoped to exactly this cell.
+Writes `c{C}.json` (a records.CellResult, vLLM `bench serve` key names) and every request in
+`c{C}.requests.parquet` (records.RequestRecord).
 
 A cell whose failure rate exceeds `requests.max_failure_fraction` fails its job; its partial
 records are kept as `c{C}.failed.json` / `c{C}.failed.requests.parquet`, names that never look
-complete to Snakemake.
+complete to Snakemake. If the server died meanwhile, the error says so, with its exit status and
+the tail of its log.
 
     python -m specmatch.cell --name SERVER --server JSON --suite S --prompts P.jsonl --concurrency C
-                             --requests JSON --launch launch.json --out cC.json --requests-out cC.requests.parquet
+                             --repeat R --requests JSON --launch launch.json --out cC.json
+                             --requests-out cC.requests.parquet [--server-log LOG]
 """
 from __future__ import annotations
 
@@ -22,28 +26,60 @@ import sys
 import time
 from pathlib import Path
 
-import polars as pl
 import requests as http
 
 from . import metrics
-from .client import Request, build_payload, run, run_load
-from .config import requests_per_cell
+from .client import DEFINITIONS, Request, build_payload, run, run_load
 from .engines import get_engine
-from .io import SpecmatchError, atomic_path, read_json, read_jsonl, write_json
+from .files import SpecmatchError, atomic_path, read_json, read_jsonl, write_json
 from .provenance import Recorder
+from .records import CellResult, Prompt, RequestRecord, frame
 from .server import LeaseKeeper, Manager
 
+WARMUP_TEXT = ("Warm-up request {i} (not measured): count from one to twenty in words, separated by commas, "
+               "then say which of those numbers are prime.")
 
-def order_prompts(prompts: list[dict], n: int, seed: int) -> list[dict]:
-    """A seeded order of n prompts (cycling through the suite when n is larger); server-independent."""
+
+def session_of(repeat: int) -> str:
+    """The server session a repeat's cells share: each repeat gets a fresh server."""
+    return f"r{repeat}"
+
+
+def plan_requests(prompts: list[Prompt], passes: int, seed: int) -> list[tuple[Prompt, int]]:
+    """(prompt, pass) for every prompt once per pass, each pass in its own seeded order. It depends
+    only on the suite, `passes` and the seed: the same for every server and every concurrency."""
     if not prompts:
         raise SpecmatchError("the prompt suite is empty")
-    out, rng = [], random.Random(seed)
-    while len(out) < n:
-        perm = list(range(len(prompts)))
-        rng.shuffle(perm)
-        out.extend(prompts[i] for i in perm)
-    return out[:n]
+    out = []
+    for k in range(passes):
+        order = list(range(len(prompts)))
+        random.Random(f"{seed}:{k}").shuffle(order)
+        out += [(prompts[i], k) for i in order]
+    return out
+
+
+def check_load(n_prompts: int, passes: int, concurrency: int, suite: str) -> list[str]:
+    """A suite too small for the concurrency is a configuration error; one that gives each worker
+    fewer than two requests measures a burst rather than a steady state, which the cell says."""
+    n = n_prompts * passes
+    if n < concurrency:
+        raise SpecmatchError(f"suite {suite}: {n_prompts} prompts x requests.passes {passes} = {n} requests cannot "
+                             f"keep concurrency {concurrency} busy; raise suites.{suite}.size (or requests.passes: "
+                             "whole passes of the suite) or drop that concurrency")
+    if n < 2 * concurrency:
+        return [f"{n} requests at concurrency {concurrency}: each worker sends fewer than two, so the cell measures "
+                f"one burst rather than a steady state (suites.{suite}.size or requests.passes would lengthen it)"]
+    return []
+
+
+def warmup_requests(n: int, protocol: str, model: str, req_cfg: dict, extras: dict) -> list[Request]:
+    out = []
+    for i in range(n):
+        text = WARMUP_TEXT.format(i=i + 1)
+        prompt = {"text": text, "messages": [{"role": "user", "content": text}]}
+        out.append(Request(-1 - i, f"warmup-{i}", "warmup", False,
+                           build_payload(protocol, prompt, model, req_cfg, extras)))
+    return out
 
 
 def scrape(base_url: str, engine) -> dict:
@@ -64,61 +100,56 @@ def reset_cache(base_url: str, engine) -> str:
         return f"failed: {exc}"
 
 
-def run_cell(name: str, cfg: dict, suite: str, prompts: list[dict], concurrency: int, req_cfg: dict,
-             max_concurrency: int, manager: Manager, log_path: Path | None = None) -> tuple[dict, list[dict]]:
+def run_cell(name: str, cfg: dict, suite: str, prompts: list[Prompt], concurrency: int, repeat: int, req_cfg: dict,
+             max_batch: int, manager: Manager, server_log: Path | None = None
+             ) -> tuple[CellResult, list[RequestRecord], str | None]:
+    """Measure the cell; returns its result, its request records, and a death notice if the server died."""
     engine = get_engine(cfg)
     protocol = engine.protocol(req_cfg["endpoint"])
-    n = max(req_cfg["min_per_cell"], req_cfg["per_worker"] * concurrency)
-    ordered = order_prompts(prompts, n + req_cfg["warmup"], req_cfg["seed"])
+    passes = req_cfg.get("passes", 1)
+    warnings = check_load(len(prompts), passes, concurrency, suite)
     model = engine.served_model()
-
-    def mk(i, p):
-        return Request(i, p["id"], p["source"], bool(p.get("holdout")),
-                       build_payload(protocol, p, model, req_cfg, engine.request_extras()))
-
-    warm = [mk(-1 - i, p) for i, p in enumerate(ordered[n:])]
-    reqs = [mk(i, p) for i, p in enumerate(ordered[:n])]
+    extras = engine.request_extras()
+    reqs = [Request(i, p.id, p.source, p.holdout, build_payload(protocol, p.to_json(), model, req_cfg, extras), k)
+            for i, (p, k) in enumerate(plan_requests(prompts, passes, req_cfg["seed"]))]
+    warm = warmup_requests(req_cfg["warmup"], protocol, model, req_cfg, extras)
     api_key = engine.api_key() if hasattr(engine, "api_key") else None
-    with manager.slot():
-        att = manager.attach(name, cfg, max_concurrency, log_path)
-        with LeaseKeeper(manager):
-            reset = reset_cache(att.base_url, engine)
-            if warm:
-                run(run_load(att.base_url, warm, min(concurrency, len(warm)), protocol,
-                                     engine.parse_request_acceptance, req_cfg["timeout_s"], api_key))
-            before = scrape(att.base_url, engine)
-            t0 = time.time()
-            records = run(run_load(att.base_url, reqs, concurrency, protocol, engine.parse_request_acceptance,
-                                           req_cfg["timeout_s"], api_key, request_rate=req_cfg.get("request_rate"),
-                                           burstiness=req_cfg.get("burstiness", 1.0), seed=req_cfg["seed"]))
-            after = scrape(att.base_url, engine)
-    result = {"server": name, "suite": suite, "concurrency": concurrency, "max_concurrency": concurrency,
-              "engine": cfg["engine"], "protocol": protocol, "num_prompts": n, "warmup_requests": len(warm),
-              "request_rate": req_cfg.get("request_rate") or "inf", "burstiness": req_cfg.get("burstiness", 1.0),
-              "started_at": t0, "server_reused": att.reused, "server_config_hash": att.config_hash,
-              "cache_reset": reset, "holdout_share": sum(r["holdout"] for r in records) / len(records) if records else None}
-    result.update(metrics.summarize(records))
-    result["warnings"] = metrics.measurement_warnings(result)
-    per_req = [{"num_spec_steps": r["num_spec_steps"], "num_accepted_tokens": r["num_accepted_tokens"],
-                "num_draft_tokens": r["num_draft_tokens"], "completion_tokens": r["output_tokens"]}
-               for r in records if r["ok"]]
-    acc = engine.cell_acceptance(before, after, per_req)
-    if acc.get("acceptance_source") is None and any(r.get("num_spec_steps") for r in per_req):
-        from .engines.sglang import acceptance_from_meta
-
-        acc = acceptance_from_meta(per_req)
-        acc["acceptance_source"] = "per-request metrics"
-    result.update(acc)
-    result["acceptance_by_source"] = metrics.acceptance_by_source(records)
-    result["acceptance_by_holdout"] = {
-        str(h): v for h, v in metrics.acceptance_by_source([{**r, "source": str(r["holdout"])} for r in records]).items()}
-    return result, records
+    session = session_of(repeat)
+    att = manager.attach(name, cfg, max_batch, server_log, session)
+    with LeaseKeeper(manager):
+        if warm:
+            run(run_load(att.base_url, warm, min(concurrency, len(warm)), protocol, engine.parse_request_acceptance,
+                         req_cfg["timeout_s"], api_key))
+        reset = reset_cache(att.base_url, engine)  # after the warm-up: nothing this cell sends is cached
+        before = scrape(att.base_url, engine)
+        t0 = time.time()
+        records = run(run_load(att.base_url, reqs, concurrency, protocol, engine.parse_request_acceptance,
+                               req_cfg["timeout_s"], api_key, request_rate=req_cfg.get("request_rate"),
+                               burstiness=req_cfg.get("burstiness", 1.0), seed=req_cfg["seed"]))
+        after = scrape(att.base_url, engine)
+    died = manager.death_notice(att) if any(not r.ok for r in records) else None
+    summary = metrics.summarize(records)
+    result = CellResult(
+        server=name, suite=suite, concurrency=concurrency, repeat=repeat, engine=cfg["engine"], protocol=protocol,
+        flavor=engine.flavor,
+        max_concurrency=concurrency, num_prompts=len(reqs), suite_prompts=len(prompts), passes=passes,
+        warmup_requests=len(warm), request_rate=req_cfg.get("request_rate") or "inf",
+        burstiness=req_cfg.get("burstiness", 1.0), started_at=t0, server_session=session,
+        server_reused=att.reused, server_config_hash=att.config_hash, cache_reset=reset,
+        holdout_share=sum(r.holdout for r in records) / len(records) if records else None,
+        definitions=DEFINITIONS, **summary)
+    result.warnings = warnings + metrics.measurement_warnings(result.to_json())
+    for k, v in engine.cell_acceptance(before, after, records).items():
+        setattr(result, k, v)
+    result.acceptance_by_source = metrics.acceptance_by_group(engine, records, lambda r: r.source)
+    result.acceptance_by_holdout = metrics.acceptance_by_group(engine, records,
+                                                               lambda r: "held_out" if r.holdout else "seen")
+    return result, records, died
 
 
-def write_requests(path: Path, records: list[dict]) -> None:
-    df = pl.DataFrame(records, schema_overrides={"arrivals_s": pl.List(pl.Float64)}, infer_schema_length=None)
+def write_requests(path: Path, records: list[RequestRecord]) -> None:
     with atomic_path(path, ".parquet") as tmp:
-        df.write_parquet(tmp)
+        frame(records, RequestRecord).write_parquet(tmp)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -128,52 +159,53 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--suite", required=True)
     p.add_argument("--prompts", required=True, type=Path)
     p.add_argument("--concurrency", required=True, type=int)
-    p.add_argument("--max-concurrency", required=True, type=int)
+    p.add_argument("--repeat", type=int, default=1, help="which repeat (each in a fresh server session)")
+    p.add_argument("--max-batch", required=True, type=int)
     p.add_argument("--requests", required=True, help="the requests config as JSON")
-    p.add_argument("--launch", type=Path, help="the server's launch record")
+    p.add_argument("--launch", type=Path, help="the server's launch record for this repeat")
     p.add_argument("--out", required=True, type=Path)
     p.add_argument("--requests-out", required=True, type=Path)
-    p.add_argument("--log", type=Path)
+    p.add_argument("--server-log", type=Path, help="where a server this cell has to (re)start writes its log")
     p.add_argument("--state-dir", type=Path)
     a = p.parse_args(argv)
     cfg, req_cfg = json.loads(a.server), json.loads(a.requests)
     mgr = Manager(a.state_dir)
     rec = Recorder("cell", [a.prompts, a.launch], {"server": cfg, "suite": a.suite, "concurrency": a.concurrency,
-                                                   "requests": req_cfg})
+                                                   "repeat": a.repeat, "requests": req_cfg})
     try:
-        prompts = read_jsonl(a.prompts)
-        result, records = run_cell(a.name, cfg, a.suite, prompts, a.concurrency, req_cfg, a.max_concurrency, mgr,
-                                   a.log)
+        prompts = [Prompt.from_json(r) for r in read_jsonl(a.prompts)]
+        result, records, died = run_cell(a.name, cfg, a.suite, prompts, a.concurrency, a.repeat, req_cfg,
+                                         a.max_batch, mgr, a.server_log)
     except SpecmatchError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 1
     launch = read_json(a.launch) if a.launch and a.launch.exists() else None
-    if launch and launch.get("config_hash") and launch["config_hash"] != result["server_config_hash"]:
-        print(f"warning: the running server's config hash {result['server_config_hash']} differs from its launch "
+    if launch and launch.get("config_hash") and launch["config_hash"] != result.server_config_hash:
+        print(f"warning: the running server's config hash {result.server_config_hash} differs from its launch "
               f"record's {launch['config_hash']}", file=sys.stderr)
-    total = result["completed"] + result["failed"]
-    frac = result["failed"] / total if total else 1.0
-    server_info = {"server": {"name": a.name, "argv": launch.get("argv") if launch else [],
-                              "config_hash": result["server_config_hash"]}}
-    if frac > req_cfg["max_failure_fraction"]:
+    total = result.completed + result.failed
+    frac = result.failed / total if total else 1.0
+    where = f"cell {a.name}/{a.suite}/r{a.repeat}/c{a.concurrency}"
+    if frac > req_cfg["max_failure_fraction"] or died:
         bad_json = a.out.with_name(a.out.name.replace(".json", ".failed.json"))
         bad_pq = a.requests_out.with_name(a.requests_out.name.replace(".requests.parquet", ".failed.requests.parquet"))
-        write_json(bad_json, result)
+        write_json(bad_json, result.to_json())
         write_requests(bad_pq, records)
-        first = next((r["error"] for r in records if not r["ok"]), "")
-        print(f"error: cell {a.name}/{a.suite}/c{a.concurrency}: {result['failed']} of {total} requests failed "
-              f"({frac:.1%} > requests.max_failure_fraction {req_cfg['max_failure_fraction']:.1%}); first: {first}. "
-              f"Partial records: {bad_json}, {bad_pq}", file=sys.stderr)
+        first = next((r.error for r in records if not r.ok), "")
+        print(f"error: {where}: {result.failed} of {total} requests failed ({frac:.1%}; "
+              f"requests.max_failure_fraction {req_cfg['max_failure_fraction']:.1%}); first: {first}. "
+              + (f"\n{died}\n" if died else "") + f"Partial records: {bad_json}, {bad_pq}", file=sys.stderr)
         return 2
-    for w in result["warnings"]:
-        print(f"warning: cell {a.name}/{a.suite}/c{a.concurrency}: {w}", file=sys.stderr)
+    for w in result.warnings:
+        print(f"warning: {where}: {w}", file=sys.stderr)
     write_requests(a.requests_out, records)
-    write_json(a.out, result)
-    rec.write([a.out, a.requests_out], server_info)
-    acc = result.get("spec_decode_acceptance_rate")
-    print(f"cell {a.name}/{a.suite}/c{a.concurrency}: {result['completed']} ok, {result['failed']} failed, "
-          f"{result['output_throughput'] or 0:.1f} tok/s, median TTFT {result['median_ttft_ms'] or 0:.0f} ms"
-          + (f", acceptance {acc:.3f}" if acc is not None else ""))
+    write_json(a.out, result.to_json())
+    rec.write([a.out, a.requests_out], {"server": {"name": a.name, "argv": launch.get("argv") if launch else [],
+                                                   "config_hash": result.server_config_hash,
+                                                   "session": result.server_session}})
+    acc = result.spec_decode_acceptance_rate
+    print(f"{where}: {result.completed} ok, {result.failed} failed, {result.output_throughput or 0:.1f} tok/s, "
+          f"median TTFT {result.median_ttft_ms or 0:.0f} ms" + (f", acceptance {acc:.3f}" if acc is not None else ""))
     return 0
 
 

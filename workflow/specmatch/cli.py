@@ -11,7 +11,7 @@ import argparse
 import importlib
 import sys
 
-STEPS = ("inspect", "prompts", "launch", "cell", "summary", "model", "demo", "server")
+STEPS = ("inspection", "prompts", "launch", "cell", "summary", "model", "demo", "server")
 
 
 def main(argv: list[str] | None = None) -> int:

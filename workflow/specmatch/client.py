@@ -30,6 +30,7 @@ from dataclasses import dataclass
 from typing import Callable
 from urllib.parse import urlsplit
 
+from .records import RequestRecord
 from .sse import ProtocolError, ResponseParser
 
 
@@ -41,6 +42,7 @@ class Request:
     source: str
     holdout: bool
     payload: dict
+    pass_index: int = 0
 
 
 def build_payload(protocol: str, prompt: dict, model: str, settings: dict, extras: dict | None = None) -> dict:
@@ -58,6 +60,9 @@ def build_payload(protocol: str, prompt: dict, model: str, settings: dict, extra
                 "stream": True, "stream_options": {"include_usage": True},
                 "ignore_eos": settings["ignore_eos"]}
         if protocol == "openai-chat":
+            if not prompt.get("messages"):
+                raise ValueError(f"prompt {prompt.get('id')}: no messages to send to the chat endpoint (the data's "
+                                 "chat template could not be split; use requests.endpoint: completions)")
             body["messages"] = prompt["messages"]
         else:
             body["prompt"] = prompt["text"]
@@ -307,13 +312,34 @@ class Connection:
             done.set_exception(exc)
 
 
-_CONTENT = re.compile(rb'"(?:text|content|reasoning_content|reasoning)"\s*:\s*"(?!")|"tool_calls"\s*:\s*\[\s*\{')
+# vLLM's `bench serve` counts a stream chunk as a token arrival when it carries `choices` (its text
+# may be empty, e.g. a special token); the usage chunk carries `"choices": []`. We do the same.
+_CHOICES = re.compile(rb'"choices"\s*:\s*\[\s*\{')
 _NEEDS_PARSE = re.compile(rb'"usage"\s*:\s*\{|"error"\s*:')
 
+# How the client's numbers are defined: written into every cell, so nobody has to guess.
+DEFINITIONS = {
+    "ttft": "arrival of the first stream chunk that carries choices (its text may be empty), as vLLM bench serve",
+    "itl": "gaps between consecutive chunks that carry choices, as vLLM bench serve",
+    "e2el": "arrival of the last chunk that carries choices (before the usage chunk and [DONE]), as vLLM bench "
+            "serve; SGLang /generate: the last event that adds output tokens",
+    "tpot": "(e2el - ttft) / (output tokens - 1), output tokens from the server's usage, as vLLM bench serve",
+    "output_tokens": "usage.completion_tokens (SGLang: meta_info.completion_tokens), never counted from events",
+    "arrival_clock": "kernel: the socket's receive timestamp of the bytes (SO_TIMESTAMPNS); read: when the client "
+                     "read them",
+    "duration": "from the first request's start to the last request's end (e2el)",
+}
 
-def has_content(payload: bytes) -> bool:
-    """Whether an OpenAI-style stream event carries generated text (or a tool-call delta)."""
-    return _CONTENT.search(payload) is not None
+
+def has_choices(payload: bytes) -> bool:
+    """Whether an OpenAI-style stream event carries choices (a token arrival, as vLLM counts them)."""
+    return _CHOICES.search(payload) is not None
+
+
+def _error_text(err) -> str:
+    if isinstance(err, dict):
+        return str(err.get("message") or err)[:300]
+    return str(err)[:300]
 
 
 class RequestRun:
@@ -326,79 +352,76 @@ class RequestRun:
         self.final: dict | None = None
         self.last_meta: dict | None = None
         self.error: str | None = None
-        self.seen_text = 0  # SGLang sends the cumulative text: its length so far
+        self.tokens_seen = 0  # SGLang: the completion tokens reported so far (cumulative in every mode)
 
     def on_event(self, payload: bytes, now: float) -> None:
         if self.protocol != "sglang-generate" and not _NEEDS_PARSE.search(payload):
-            # an ordinary token event: only whether it carries content matters (the counts come
-            # from the final usage event), so skip the JSON parse on the hot path
-            if has_content(payload):
+            # an ordinary token event: only whether it carries choices matters (the counts come from
+            # the final usage event), so skip the JSON parse on the hot path
+            if has_choices(payload):
                 self.arrivals.append(now)
             return
         obj = json.loads(payload)
-        if self.protocol == "sglang-generate":
-            # cumulative text each event; meta_info carries the counts
-            self.last_meta = obj
-            text = obj.get("text")
-            if text is not None and len(text) > self.seen_text:
-                self.seen_text = len(text)
-                self.arrivals.append(now)
-            return
         if "error" in obj and not obj.get("choices"):
-            self.error = f"server error: {str(obj['error'])[:300]}"
+            self.error = f"server error: {_error_text(obj['error'])}"
             return
-        choices = obj.get("choices") or []
-        if choices:
-            c = choices[0]
-            piece = c.get("text")
-            if piece is None:
-                delta = c.get("delta") or {}
-                piece = delta.get("content") or delta.get("reasoning_content") or delta.get("tool_calls")
-            if piece:
+        if self.protocol == "sglang-generate":
+            # meta_info.completion_tokens is cumulative whether the text is cumulative or (with
+            # --incremental-streaming-output) a delta: an event that raises it brought tokens
+            self.last_meta = obj
+            meta = obj.get("meta_info") or {}
+            done = meta.get("completion_tokens")
+            if done is not None:
+                if done > self.tokens_seen:
+                    self.tokens_seen = done
+                    self.arrivals.append(now)
+            elif obj.get("text") or obj.get("output_ids"):
                 self.arrivals.append(now)
+            return
+        if obj.get("choices"):
+            self.arrivals.append(now)
         if obj.get("usage"):
             self.usage = obj["usage"]
             self.final = obj
 
-    def record(self, start: float, end: float, t_origin: float) -> dict:
-        rec = {"index": self.req.index, "prompt_id": self.req.prompt_id, "source": self.req.source,
-               "holdout": self.req.holdout, "start_s": start - t_origin, "e2e_s": end - start,
-               "ttft_s": (self.arrivals[0] - start) if self.arrivals else None,
-               "arrivals_s": [a - start for a in self.arrivals],
-               # token events that arrived in the same read as their stream's previous one: the server
-               # wrote them separately, so the client (or the network) fell behind; their ITL reads as 0
-               "coalesced_events": sum(a == b for a, b in zip(self.arrivals, self.arrivals[1:])),
-               "prompt_tokens": None, "output_tokens": None, "ok": False, "error": self.error,
-               "num_draft_tokens": None, "num_accepted_tokens": None, "num_spec_steps": None,
-               "acceptance_length": None, "acceptance_rate": None}
+    def record(self, start: float, end: float, t_origin: float, pass_index: int = 0) -> RequestRecord:
+        rec = RequestRecord(
+            index=self.req.index, prompt_id=self.req.prompt_id, source=self.req.source, holdout=self.req.holdout,
+            pass_index=pass_index, start_s=start - t_origin,
+            # e2e ends at the last token arrival (vLLM's definition), or at the response's end without one
+            e2e_s=(self.arrivals[-1] if self.arrivals else end) - start,
+            ttft_s=(self.arrivals[0] - start) if self.arrivals else None,
+            arrivals_s=[a - start for a in self.arrivals],
+            # token events that arrived in the same read as their stream's previous one: the server
+            # wrote them separately, so the client (or the network) fell behind; their ITL reads as 0
+            coalesced_events=sum(a == b for a, b in zip(self.arrivals, self.arrivals[1:])),
+            error=self.error)
         acc = None
-        if self.protocol == "sglang-generate" and self.last_meta is not None:
+        if self.protocol == "sglang-generate" and self.last_meta is not None and not self.error:
             meta = self.last_meta.get("meta_info") or {}
-            rec["prompt_tokens"] = meta.get("prompt_tokens")
-            rec["output_tokens"] = meta.get("completion_tokens")
+            rec.prompt_tokens = meta.get("prompt_tokens")
+            rec.output_tokens = meta.get("completion_tokens")
             acc = self.parse_acceptance(self.last_meta)
         elif self.usage is not None:
-            rec["prompt_tokens"] = self.usage.get("prompt_tokens")
-            rec["output_tokens"] = self.usage.get("completion_tokens")
+            rec.prompt_tokens = self.usage.get("prompt_tokens")
+            rec.output_tokens = self.usage.get("completion_tokens")
             acc = self.parse_acceptance(self.final)
-        if self.final and "server_timing" in self.final:  # only test/bench servers send this
-            rec["server_timing"] = {**self.final["server_timing"], "client_start_abs": start,
-                                    "client_arrivals_abs": list(self.arrivals)}
         if acc:
             for k in ("num_draft_tokens", "num_accepted_tokens", "num_spec_steps", "acceptance_length",
                       "acceptance_rate"):
-                rec[k] = acc.get(k)
-        if rec["error"] is None:
-            if rec["output_tokens"] is None:
-                rec["error"] = "no usage: the stream carried no token counts (stream_options.include_usage?)"
-            elif rec["output_tokens"] > 0 and not self.arrivals:
-                rec["error"] = "no content events although usage reports output tokens"
+                setattr(rec, k, acc.get(k))
+        if rec.error is None:
+            if rec.output_tokens is None:
+                rec.error = "no usage: the stream carried no token counts (stream_options.include_usage?)"
+            elif rec.output_tokens > 0 and not self.arrivals:
+                rec.error = "no token events although usage reports output tokens"
             else:
-                rec["ok"] = True
+                rec.ok = True
         return rec
 
 
-async def _one(conn: Connection, req: Request, protocol: str, parse_acc, timeout: float, t_origin: float) -> dict:
+async def _one(conn: Connection, req: Request, protocol: str, parse_acc, timeout: float, t_origin: float,
+               pass_index: int = 0) -> RequestRecord:
     run = RequestRun(req, protocol, parse_acc)
     body = json.dumps(req.payload).encode()
     start = time.perf_counter()
@@ -411,7 +434,7 @@ async def _one(conn: Connection, req: Request, protocol: str, parse_acc, timeout
         run.error = f"timeout: no complete response within {timeout:g} s"
         await conn.close()
     except HTTPError as exc:
-        run.error = f"http: {exc}"
+        run.error = run.error or f"http: {exc}"
     except OSError as exc:
         run.error = f"connection: {type(exc).__name__}: {exc}"
         await conn.close()
@@ -421,13 +444,14 @@ async def _one(conn: Connection, req: Request, protocol: str, parse_acc, timeout
     # the end is when the response's last bytes arrived, not when this coroutine resumed: at high
     # concurrency many responses end in one engine step and are resumed one after another
     end = conn.completed_at if conn.completed_at is not None else time.perf_counter()
-    rec = run.record(start, end, t_origin)
+    rec = run.record(start, end, t_origin, pass_index)
     # which clock stamped the token arrivals, and the longest a read of this request waited for the client
-    rec["arrival_clock"] = "kernel" if conn.kernel_stamps else "read"
-    rec["read_lag_max_s"] = max(conn.read_lags) if conn.read_lags else None
-    if "server_timing" in rec:
-        rec["server_timing"]["client_sent_abs"] = conn.sent_at
-        rec["server_timing"]["client_read_lags"] = list(conn.read_lags)
+    rec.arrival_clock = "kernel" if conn.kernel_stamps else "read"
+    rec.read_lag_max_s = max(conn.read_lags) if conn.read_lags else None
+    if run.final and "server_timing" in run.final:  # only the bench's own servers send this
+        rec.server_timing = {**run.final["server_timing"], "client_start_abs": start,
+                             "client_arrivals_abs": list(run.arrivals), "client_sent_abs": conn.sent_at,
+                             "client_read_lags": list(conn.read_lags)}
     return rec
 
 
@@ -444,7 +468,7 @@ def run(coro):
 async def run_load(base_url: str, requests: list[Request], concurrency: int, protocol: str,
                    parse_acceptance: Callable[[dict], dict | None] = lambda f: None,
                    timeout: float = 600.0, api_key: str | None = None, warmup: list[Request] | None = None,
-                   request_rate: float | None = None, burstiness: float = 1.0, seed: int = 0) -> list[dict]:
+                   request_rate: float | None = None, burstiness: float = 1.0, seed: int = 0) -> list[RequestRecord]:
     """Send `requests` at `concurrency`; return one record per request, in request order."""
     u = urlsplit(base_url)
     if u.scheme not in ("http", "https") or not u.hostname:
@@ -480,7 +504,8 @@ async def run_load(base_url: str, requests: list[Request], concurrency: int, pro
                 while next_i < len(requests):
                     i = next_i
                     next_i += 1
-                    results[i] = await _one(conn, requests[i], protocol, parse_acceptance, timeout, t_origin)
+                    results[i] = await _one(conn, requests[i], protocol, parse_acceptance, timeout, t_origin,
+                                            requests[i].pass_index)
 
             await asyncio.gather(*(worker(c) for c in conns))
         else:
@@ -492,7 +517,8 @@ async def run_load(base_url: str, requests: list[Request], concurrency: int, pro
             async def fire(i):
                 conn = await free.get()
                 try:
-                    results[i] = await _one(conn, requests[i], protocol, parse_acceptance, timeout, t_origin)
+                    results[i] = await _one(conn, requests[i], protocol, parse_acceptance, timeout, t_origin,
+                                            requests[i].pass_index)
                 finally:
                     free.put_nowait(conn)
 

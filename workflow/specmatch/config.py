@@ -13,7 +13,7 @@ from typing import Any
 import jsonschema
 import yaml
 
-from .io import SpecmatchError
+from .files import SpecmatchError
 
 SCHEMA_PATH = Path(__file__).resolve().parent.parent / "schemas" / "config.schema.yaml"
 
@@ -119,9 +119,23 @@ def _cross_checks(cfg: dict, source: str) -> None:
         spec = srv.get("speculative") or {}
         if spec.get("method") in ("draft_model", "eagle", "eagle3") and not spec.get("model"):
             raise SpecmatchError(f"{source}: servers.{name}.speculative.model: required for method {spec['method']}")
+    highest = max(cfg["concurrency"])
     for name, suite in cfg["suites"].items():
         if suite["kind"] == "file" and not suite.get("path"):
             raise SpecmatchError(f"{source}: suites.{name}.path: required for kind file")
+        passes = suite.get("passes") or cfg["requests"]["passes"]
+        if suite["size"] * passes < highest:
+            raise SpecmatchError(f"{source}: suites.{name}.size: {suite['size']} prompts x {passes} pass(es) cannot "
+                                 f"keep concurrency {highest} busy (every cell sends the whole suite); raise the size "
+                                 f"or suites.{name}.passes (whole passes of the suite)")
+    if cfg["summary"]["recommend_metric"] == "goodput" and not cfg["summary"]["slo"]:
+        raise SpecmatchError(f"{source}: summary.recommend_metric: goodput needs summary.slo")
+    for name in cfg["summary"].get("recommend_suites") or []:
+        if name not in cfg["suites"]:
+            raise SpecmatchError(f"{source}: summary.recommend_suites: '{name}' is not a suite")
+    for name in servers:
+        if name.endswith("__recommended"):
+            raise SpecmatchError(f"{source}: servers.{name}: names ending in __recommended are the workflow's own")
 
 
 def load(path: str | Path, overrides: dict | None = None) -> dict:
@@ -148,7 +162,3 @@ def deep_merge(base: dict, over: dict) -> dict:
             out[k] = copy.deepcopy(v)
     return out
 
-
-def requests_per_cell(cfg: dict, concurrency: int) -> int:
-    r = cfg["requests"]
-    return max(r["min_per_cell"], r["per_worker"] * concurrency)

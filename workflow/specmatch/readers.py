@@ -13,12 +13,11 @@ from __future__ import annotations
 import gzip
 import io
 import json
-import os
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Iterator
 
-from .io import SpecmatchError
+from .files import SpecmatchError
 
 BATCH_LINES = 8192
 BATCH_BYTES = 16 << 20  # a batch also ends at 16 MB of text: rows of 20k token ids are ~120 KB each
@@ -48,14 +47,26 @@ class DataFile:
 
 @dataclass
 class Batch:
-    """Rows of one file; `rows[i]` is a dict, or None when it could not be parsed (see `errors`).
+    """Consecutive rows of one file.
 
-    A JSON Lines batch read with `raw=True` carries the undecoded lines in `raw` and `rows` is None
-    until `parse()` is called, so a vectorised reader (polars) can try the whole batch first."""
+    `rows[i]` is a dict, or None when it could not be parsed (see `errors`). A JSON Lines batch
+    carries the undecoded lines in `raw` and `rows` stays None until `parse()` is called, so a fast
+    reader can try the whole batch first. `lines` are 1-based line numbers (JSON Lines) and
+    `offsets` byte offsets of those lines (uncompressed JSON Lines only); other formats locate a row
+    by its index `first_row + i` in the file."""
+    path: str
     rows: list | None
-    locations: list[str]
+    first_row: int = 0
+    lines: list[int] | None = None
+    offsets: list[int] | None = None
     errors: dict[int, str] = field(default_factory=dict)
     raw: list[bytes] | None = None
+
+    def __len__(self) -> int:
+        return len(self.raw) if self.raw is not None else len(self.rows)
+
+    def location(self, i: int) -> str:
+        return f"{self.path}:{self.lines[i]}" if self.lines is not None else f"{self.path}:#{self.first_row + i}"
 
     def parse(self) -> "Batch":
         if self.rows is not None:
@@ -83,7 +94,7 @@ def _magic(path: Path, n: int = 8) -> bytes:
         return fh.read(n)
 
 
-def _open_decompressed(path: Path, compression: str):
+def open_decompressed(path: Path, compression: str):
     if compression == "gzip":
         return gzip.open(path, "rb")
     if compression == "zstd":
@@ -113,7 +124,7 @@ def sniff(path: Path) -> DataFile:
         if head[:4] == b"\xff\xff\xff\xff":
             return DataFile(path, "arrow-stream", "none", size, hf_dataset=(path.parent / "dataset_info.json").exists())
     try:
-        with _open_decompressed(path, compression) as fh:
+        with open_decompressed(path, compression) as fh:
             start = fh.read(4096)
     except (OSError, EOFError) as exc:
         raise SpecmatchError(f"{path}: unreadable or truncated ({compression}): {exc}") from None
@@ -156,40 +167,68 @@ def discover(source_path: Path) -> tuple[list[DataFile], list[Ignored]]:
     return files, ignored
 
 
-def iter_batches(df: DataFile, batch_lines: int = BATCH_LINES, raw: bool = False) -> Iterator[Batch]:
-    """Stream a file's rows in batches; JSON rows that do not parse are located, not dropped."""
+def jsonl_batches(df: DataFile, start: int = 0, end: int | None = None, tally: dict | None = None,
+                  batch_lines: int = BATCH_LINES) -> Iterator[Batch]:
+    """Raw lines of a JSON Lines file (or of the byte range [start, end) of an uncompressed one), in
+    batches bounded by lines and bytes. Blank lines are skipped but counted: line numbers count from
+    the start of the range (the file's own when start is 0), and `tally["lines"]` gets the range's
+    line count, so a reader of later ranges can offset theirs."""
+    name = str(df.path)
+    plain = df.compression == "none"
+    fh = None
+    try:
+        fh = open_decompressed(df.path, df.compression)
+        if start:
+            fh.seek(start)
+        left = None if end is None else end - start
+        pos, lineno, row, carry = start, 0, 0, b""
+        while True:
+            want = BATCH_BYTES if left is None else min(BATCH_BYTES, left)
+            block = fh.read(want) if want > 0 else b""
+            if left is not None:
+                left -= len(block)
+            if block:
+                lines = block.split(b"\n")  # one copy; the last piece is a partial line (or b"")
+                lines[0] = carry + lines[0]
+                carry = lines.pop()
+            else:
+                lines, carry = ([carry] if carry else []), b""
+            raw, nums, offs = [], [], []
+            for line in lines:
+                lineno += 1
+                if line and not line.isspace():
+                    raw.append(line)
+                    nums.append(lineno)
+                    offs.append(pos)
+                pos += len(line) + 1
+            for k in range(0, len(raw), batch_lines):
+                yield Batch(name, None, row, nums[k:k + batch_lines], offs[k:k + batch_lines] if plain else None,
+                            raw=raw[k:k + batch_lines])
+                row += len(raw[k:k + batch_lines])
+            if not block:
+                break
+        if tally is not None:
+            tally["lines"] = lineno
+    except (EOFError, OSError) as exc:
+        raise SpecmatchError(f"{name}: unreadable or truncated: {exc}") from None
+    except Exception as exc:  # zstd raises its own error type on truncation
+        if type(exc).__module__.startswith("zstandard"):
+            raise SpecmatchError(f"{name}: unreadable or truncated: {exc}") from None
+        raise
+    finally:
+        if fh is not None:
+            fh.close()
+
+
+def iter_batches(df: DataFile, batch_lines: int = BATCH_LINES) -> Iterator[Batch]:
+    """Stream a file's rows in parsed batches; rows that do not parse are located, not dropped."""
     name = str(df.path)
     if df.format == "jsonl":
-        try:
-            fh = _open_decompressed(df.path, df.compression)
-            raw_lines, locs, size = [], [], 0
-            for lineno, line in enumerate(fh, 1):
-                if not line.strip():
-                    continue
-                raw_lines.append(line)
-                locs.append(f"{name}:{lineno}")
-                size += len(line)
-                if len(raw_lines) >= batch_lines or size >= BATCH_BYTES:
-                    b = Batch(None, locs, raw=raw_lines)
-                    yield b if raw else b.parse()
-                    raw_lines, locs, size = [], [], 0
-            if raw_lines:
-                b = Batch(None, locs, raw=raw_lines)
-                yield b if raw else b.parse()
-        except (EOFError, OSError) as exc:
-            raise SpecmatchError(f"{name}: unreadable or truncated: {exc}") from None
-        except Exception as exc:  # zstd raises its own error type on truncation
-            if type(exc).__module__.startswith("zstandard"):
-                raise SpecmatchError(f"{name}: unreadable or truncated: {exc}") from None
-            raise
-        finally:
-            try:
-                fh.close()
-            except Exception:
-                pass
+        for b in jsonl_batches(df, batch_lines=batch_lines):
+            yield b.parse()
     elif df.format == "json":
         try:
-            with _open_decompressed(df.path, df.compression) as fh:
+            with open_decompressed(df.path, df.compression) as fh:
                 data = json.load(fh)
         except json.JSONDecodeError as exc:
             raise SpecmatchError(f"{name}:{exc.lineno}: not valid JSON ({exc.msg}); a .json file must hold "
@@ -202,8 +241,7 @@ def iter_batches(df: DataFile, batch_lines: int = BATCH_LINES, raw: bool = False
             chunk = data[start:start + batch_lines]
             errors = {i: f"expected a JSON object, got {type(r).__name__}" for i, r in enumerate(chunk)
                       if not isinstance(r, dict)}
-            yield Batch([r if isinstance(r, dict) else None for r in chunk],
-                        [f"{name}:#{start + i}" for i in range(len(chunk))], errors)
+            yield Batch(name, [r if isinstance(r, dict) else None for r in chunk], start, errors=errors)
     else:
         import pyarrow as pa
         import pyarrow.ipc as ipc
@@ -220,10 +258,34 @@ def iter_batches(df: DataFile, batch_lines: int = BATCH_LINES, raw: bool = False
             offset = 0
             for rb in batches:
                 rows = rb.to_pylist()
-                yield Batch(rows, [f"{name}:#{offset + i}" for i in range(len(rows))])
+                yield Batch(name, rows, offset)
                 offset += len(rows)
         except (pa.ArrowInvalid, OSError) as exc:
             raise SpecmatchError(f"{name}: unreadable or truncated {df.format}: {exc}") from None
+
+
+def read_rows(df: DataFile, wanted: dict[int, object]) -> dict[int, dict]:
+    """The rows at the given positions of a file, reading no more than needed: a position is a byte
+    offset for uncompressed JSON Lines (one seek each), else a 0-based row index (streamed up to the
+    last one wanted). Returns {position: row}."""
+    out: dict[int, dict] = {}
+    if not wanted:
+        return out
+    if df.format == "jsonl" and df.compression == "none":
+        with open(df.path, "rb") as fh:
+            for off in sorted(wanted):
+                fh.seek(off)
+                out[off] = json.loads(fh.readline())
+        return out
+    last = max(wanted)
+    for b in iter_batches(df):
+        for i, row in enumerate(b.rows):
+            k = b.first_row + i
+            if k in wanted:
+                out[k] = row
+        if b.first_row + len(b.rows) > last:
+            break
+    return out
 
 
 def list_sources(root: Path) -> tuple[list[Path], list[Ignored]]:
@@ -255,5 +317,3 @@ def source_name(path: Path) -> str:
             name = name[: -len(suf)]
     return name or path.name
 
-
-os.environ.setdefault("POLARS_SKIP_CPU_CHECK", "1")

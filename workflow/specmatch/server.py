@@ -1,25 +1,26 @@
-"""The server manager: each server configuration starts once, cells attach to it, nothing is orphaned.
+"""The server manager: each server session starts once, cells attach to it, nothing is orphaned.
 
 Why not Snakemake service() jobs (shared/notes/snakemake.md): a service job that runs on every
 invocation marks all consumers as updated, so one changed cell would rerun every cell. Instead a
-cell (or the launch step) calls `attach()`, which holds the serving slot (an exclusive file lock,
-so no two cells ever load the machine at once), reuses the running server when its configuration
-hash matches, and otherwise stops it (waiting until it has exited and released the accelerator)
-and starts the needed one.
+cell (or the launch step) calls `attach()`, which reuses the running server when its configuration
+hash and session (the repeat it belongs to) match, and otherwise stops it (waiting until it has
+exited and released the accelerator) and starts the needed one. That no two cells load the
+machine at once is the workflow's business: the `serving_slot` resource of the launch and cell
+rules (workflow/rules/cells.smk).
 
-A server outlives the job that started it so the next cell can reuse it; a watchdog process
-started beside it stops it when the owning Snakemake process dies (Ctrl-C, SIGKILL), when no cell
-has used it for `idle_timeout_s`, or when asked. Servers run in their own process group, so the
-whole tree (API server, engine core workers) is signalled together.
+A server outlives the job that started it so the next cell can reuse it. Its parent is a watchdog
+process (specmatch.watchdog), which stops it when the owning Snakemake process dies (Ctrl-C,
+SIGKILL), when no cell has used it for `idle_timeout_s`, or when asked, and which records the
+server's exit status if it dies, so a cell can say why its requests failed. Servers run in their
+own process group, so the whole tree (API server, engine core workers) is signalled together.
 
-State lives in one folder (default results/.servers): slot.lock, current.json, lease.
+State lives in one folder (default results/.servers/<host>): current.json, lease, exit.json.
     python -m specmatch.server status|stop [--state-dir DIR]
 """
 from __future__ import annotations
 
 import argparse
 import contextlib
-import fcntl
 import json
 import os
 import signal
@@ -34,7 +35,7 @@ from pathlib import Path
 import requests
 
 from .engines import LaunchPlan, get_engine, redact_argv, redact_env
-from .io import SpecmatchError, stable_hash, write_json
+from .files import SpecmatchError, stable_hash, write_json
 
 
 def default_state_dir() -> Path:
@@ -89,9 +90,9 @@ def free_port(host: str, low: int = 20000, high: int = 32767) -> int:
     raise SpecmatchError(f"no free port on {host} between {low} and {high}")
 
 
-def config_hash(server_cfg: dict, max_concurrency: int) -> str:
+def config_hash(server_cfg: dict, max_batch: int) -> str:
     """Identity of a running server: what would make it behave differently."""
-    plan = get_engine(server_cfg).launch_plan(port=0, max_concurrency=max_concurrency)
+    plan = get_engine(server_cfg).launch_plan(port=0, max_batch=max_batch)
     return stable_hash({"argv": plan.argv, "env": plan.env})
 
 
@@ -106,6 +107,7 @@ class Attached:
     plan_argv: list[str]
     plan_env: dict
     log: str | None
+    session: str = ""
 
 
 class Manager:
@@ -125,16 +127,32 @@ class Manager:
     def touch(self) -> None:
         self.lease.touch()
 
-    @contextlib.contextmanager
-    def slot(self):
-        """The serving slot: an exclusive lock held for the whole cell."""
-        fh = open(self.dir / "slot.lock", "a+")
+    def read_exit(self, pid: int | None) -> dict | None:
+        """How server `pid` ended (written by its watchdog), or None if it has not."""
         try:
-            fcntl.flock(fh, fcntl.LOCK_EX)
-            yield
-        finally:
-            fcntl.flock(fh, fcntl.LOCK_UN)
-            fh.close()
+            rec = json.loads((self.dir / "exit.json").read_text())
+        except (FileNotFoundError, json.JSONDecodeError):
+            return None
+        return rec if pid and rec.get("pid") == pid else None
+
+    def death_notice(self, att: Attached, wait_s: float = 2.0) -> str | None:
+        """If the attached server has died (or dies within `wait_s`: a server that is exiting has
+        already closed its sockets): its exit status and the tail of its log."""
+        if att.pid is None:
+            return None
+        deadline = time.time() + wait_s
+        while pid_alive(att.pid):
+            if time.time() > deadline:
+                return None
+            time.sleep(0.05)
+        rec = None
+        for _ in range(20):  # the watchdog writes the record a moment after the exit
+            rec = self.read_exit(att.pid)
+            if rec:
+                break
+            time.sleep(0.1)
+        how = describe_exit(rec) if rec else "exit status unknown (its watchdog recorded none)"
+        return f"server {att.name} (pid {att.pid}) died: {how}; last lines of {att.log}:\n{tail(att.log)}"
 
     # -- lifecycle --------------------------------------------------------------------------
     def stop_current(self, reason: str = "stop", grace_s: float = 30.0) -> dict | None:
@@ -146,6 +164,9 @@ class Manager:
         if wd and wd != os.getpid() and pid_alive(wd):
             with contextlib.suppress(ProcessLookupError):
                 os.kill(wd, signal.SIGTERM)
+            deadline = time.time() + 10  # it records the exit and leaves: nothing outlives a stop
+            while pid_alive(wd) and time.time() < deadline:
+                time.sleep(0.05)
         with contextlib.suppress(FileNotFoundError):
             self.current.unlink()
         cur["stopped"] = reason
@@ -157,67 +178,72 @@ class Manager:
         except requests.RequestException:
             return False
 
-    def attach(self, name: str, server_cfg: dict, max_concurrency: int, log_path: Path | None = None) -> Attached:
-        """Make `name` the running server (reuse or (re)start). Call inside `slot()`."""
+    def attach(self, name: str, server_cfg: dict, max_batch: int, log_path: Path | None = None,
+               session: str = "") -> Attached:
+        """Make `name` (in `session`, e.g. the repeat "r2") the running server: reuse or (re)start."""
         engine = get_engine(server_cfg)
         if not engine.launches:
             base = engine.base_url()
-            return Attached(name, base, None, stable_hash(server_cfg), True, None, [], {}, None)
-        chash = config_hash(server_cfg, max_concurrency)
+            return Attached(name, base, None, stable_hash(server_cfg), True, None, [], {}, None, session)
+        chash = config_hash(server_cfg, max_batch)
         cur = self.read_current()
-        if cur and cur.get("config_hash") == chash and pid_alive(cur.get("pid")) \
-                and self.healthy(cur["base_url"], engine):
+        if cur and cur.get("config_hash") == chash and cur.get("session", "") == session \
+                and pid_alive(cur.get("pid")) and self.healthy(cur["base_url"], engine):
             self.touch()
             return Attached(name, cur["base_url"], cur["pid"], chash, True, cur.get("startup_s"),
-                            cur["argv"], cur["env"], cur.get("log"))
+                            cur["argv"], cur["env"], cur.get("log"), session)
         if cur:
-            self.stop_current(reason=f"replaced by {name}")
-        return self._start(name, server_cfg, engine, chash, max_concurrency, log_path)
+            self.stop_current(reason=f"replaced by {name} {session}".strip())
+        return self._start(name, server_cfg, engine, chash, max_batch, log_path, session)
 
-    def _start(self, name, server_cfg, engine, chash, max_concurrency, log_path) -> Attached:
+    def _start(self, name, server_cfg, engine, chash, max_batch, log_path, session) -> Attached:
+        engine.validate()  # what needs the engine's own code: before anything is allocated
         host = server_cfg.get("host", "127.0.0.1")
         port = server_cfg.get("port") or free_port(host)
-        plan: LaunchPlan = engine.launch_plan(port=port, max_concurrency=max_concurrency)
+        plan: LaunchPlan = engine.launch_plan(port=port, max_batch=max_batch)
         log_path = Path(log_path or self.dir / f"{name}.log")
         log_path.parent.mkdir(parents=True, exist_ok=True)
         env = dict(os.environ)
         env.update(plan.env)
         t0 = time.time()
         with open(log_path, "ab") as log:
-            log.write(f"\n=== specmatch: starting {name} at {time.strftime('%Y-%m-%dT%H:%M:%S')}: "
+            log.write(f"\n=== specmatch: starting {name} {session} at {time.strftime('%Y-%m-%dT%H:%M:%S')}: "
                       f"{' '.join(redact_argv(plan.argv))}\n".encode())
-            log.flush()
-            proc = subprocess.Popen(plan.argv, env=env, stdout=log, stderr=subprocess.STDOUT,
-                                    stdin=subprocess.DEVNULL, start_new_session=True)
         self.touch()
         idle = float(server_cfg.get("idle_timeout_s", 900))
         owner = os.environ.get(OWNER_ENV)
-        wd_argv = [sys.executable, "-m", "specmatch.watchdog", "--state-dir", str(self.dir),
-                   "--pid", str(proc.pid), "--idle", str(idle)]
-        if owner:
-            wd_argv += ["--owner", owner]
-        wd = subprocess.Popen(wd_argv, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
-                              stderr=open(self.dir / "watchdog.log", "ab"), start_new_session=True,
-                              env={**os.environ, "PYTHONPATH": os.pathsep.join(
-                                  [str(Path(__file__).resolve().parent.parent)] +
-                                  [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p])})
-        state = {"name": name, "config_hash": chash, "pid": proc.pid, "pgid": proc.pid,
+        # The watchdog starts the server as its own child: it reaps it and records how it ended.
+        wd_argv = [sys.executable, "-m", "specmatch.watchdog", "--state-dir", str(self.dir), "--idle", str(idle),
+                   "--log", str(log_path)] + (["--owner", owner] if owner else []) + ["--", *plan.argv]
+        env["PYTHONPATH"] = os.pathsep.join([str(Path(__file__).resolve().parent.parent)] +
+                                            [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p])
+        wd = subprocess.Popen(wd_argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+                              stderr=open(self.dir / "watchdog.log", "ab"), start_new_session=True, env=env)
+        line = wd.stdout.readline()
+        wd.stdout.close()
+        try:
+            pid = int(json.loads(line)["pid"])
+        except (ValueError, KeyError, TypeError):
+            wd.wait(10)
+            raise SpecmatchError(f"server {name}: the watchdog could not start it (exit {wd.returncode}); see "
+                                 f"{self.dir / 'watchdog.log'}") from None
+        state = {"name": name, "session": session, "config_hash": chash, "pid": pid, "pgid": pid,
                  "base_url": plan.base_url, "argv": redact_argv(plan.argv), "env": redact_env(plan.env),
                  "log": str(log_path), "watchdog_pid": wd.pid, "started_at": t0, "startup_s": None,
                  "owner_pid": int(owner) if owner else None}
         write_json(self.current, state)
+        att = Attached(name, plan.base_url, pid, chash, False, None, state["argv"], state["env"], str(log_path),
+                       session)
         timeout = float(server_cfg.get("startup_timeout_s", 1200))
         try:
             while True:
-                if proc.poll() is not None:
-                    raise SpecmatchError(f"server {name} exited with code {proc.returncode} during start-up; "
-                                         f"last lines of {log_path}:\n{tail(log_path)}")
+                if not pid_alive(pid):
+                    raise SpecmatchError(f"server {name} exited during start-up: " + self.death_notice(att))
                 if self.healthy(plan.base_url, engine, timeout=2):
                     time.sleep(0.2)
-                    if proc.poll() is not None:
-                        raise SpecmatchError(f"server {name} exited with code {proc.returncode} although "
-                                             f"{plan.base_url} answered: is another process using that port? "
-                                             f"Last lines of {log_path}:\n{tail(log_path)}")
+                    if not pid_alive(pid):
+                        raise SpecmatchError(f"{self.death_notice(att)}\n(although {plan.base_url} answered: is "
+                                             "another process using that port?)")
                     break
                 if time.time() - t0 > timeout:
                     raise SpecmatchError(f"server {name} not healthy after {timeout:g} s "
@@ -227,11 +253,25 @@ class Manager:
         except BaseException:
             self.stop_current(reason="start-up failed")
             raise
-        state["startup_s"] = round(time.time() - t0, 2)
+        state["startup_s"] = att.startup_s = round(time.time() - t0, 2)
         write_json(self.current, state)
         self.touch()
-        return Attached(name, plan.base_url, proc.pid, chash, False, state["startup_s"],
-                        state["argv"], state["env"], str(log_path))
+        return att
+
+
+def describe_exit(rec: dict) -> str:
+    """"exit status 1", or "killed by signal 9 (SIGKILL)", and why the watchdog stopped it if it did."""
+    rc = rec.get("returncode")
+    if rc is None:
+        how = "exit status unknown"
+    elif rc < 0:
+        try:
+            how = f"killed by signal {-rc} ({signal.Signals(-rc).name})"
+        except ValueError:
+            how = f"killed by signal {-rc}"
+    else:
+        how = f"exit status {rc}"
+    return how + (f", stopped by its watchdog ({rec['stopped']})" if rec.get("stopped") else "")
 
 
 def stop_process_group(pgid: int | None, grace_s: float = 30.0) -> None:
@@ -270,10 +310,10 @@ def group_alive(pgid: int) -> bool:
     return False
 
 
-def tail(path: Path, lines: int = 40) -> str:
+def tail(path: Path | str | None, lines: int = 40) -> str:
     try:
         return "\n".join(Path(path).read_text(errors="replace").splitlines()[-lines:])
-    except FileNotFoundError:
+    except (FileNotFoundError, TypeError):
         return "(no log)"
 
 

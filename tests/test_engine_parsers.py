@@ -1,0 +1,253 @@
+"""Every launch argv the adapters build, checked by the engines' own code, without a GPU.
+
+SGLang: its pinned releases' server-side code (scripts/setup-parsers.sh): 0.5.23's own argument
+parser and validation (ServerArgs.from_cli_args) run on each argv; 0.5.10 is checked by its source
+(the flags the adapter emits for it, and the meta_info keys it emits). vLLM: the CPU build shares
+the GPU build's argument parser, EngineArgs and speculative-config validation, so every GPU argv
+goes through them, and batch-size schedules through vLLM's own schedule validation.
+"""
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+from conftest import REPO
+from specmatch.engines import get_engine
+from specmatch.engines.sglang import ACCEPTED_KEYS, HISTOGRAM_KEYS, PROPOSED_KEYS
+from specmatch.files import SpecmatchError
+
+PARSERS = REPO / ".parsers"
+SG_NEW, SG_OLD = PARSERS / "sglang-0.5.23", PARSERS / "sglang-0.5.10"
+
+
+def sglang_parse(argvs: list[list[str]]) -> list[dict]:
+    if not (SG_NEW / ".done").exists():
+        pytest.skip("the pinned SGLang release is not installed (scripts/test.sh runs scripts/setup-parsers.sh)")
+    env = {"PYTHONPATH": str(SG_NEW), "PATH": "/usr/bin:/bin", "HF_HUB_OFFLINE": "1"}
+    r = subprocess.run([sys.executable, str(REPO / "tests" / "engines" / "sglang_check.py")],
+                       input=json.dumps(argvs), capture_output=True, text=True, env=env, timeout=300)
+    assert r.returncode == 0, r.stderr[-3000:]
+    return json.loads(r.stdout.strip().splitlines()[-1])
+
+
+def sglang_plan(spec=None, version="0.5.23", **kw):
+    cfg = {"engine": "sglang", "model": "/models/target", "sglang_version": version, **kw}
+    if spec:
+        cfg["speculative"] = spec
+    return get_engine(cfg).launch_plan(port=30000, max_batch=256)
+
+
+EAGLE3 = {"method": "eagle3", "model": "/models/drafter", "num_steps": 3, "eagle_topk": 1, "num_draft_tokens": 4}
+SGLANG_CASES = {
+    "baseline": (None, {}),
+    "eagle3 topk 1": (EAGLE3, {}),
+    "eagle3 topk 4": ({**EAGLE3, "eagle_topk": 4, "num_draft_tokens": 8}, {}),
+    "eagle3 spec v2": ({**EAGLE3, "spec_v2": True}, {}),
+    "eagle": ({**EAGLE3, "method": "eagle"}, {}),
+    "standalone": ({"method": "standalone", "model": "/models/small", "num_steps": 3, "eagle_topk": 1,
+                    "num_draft_tokens": 4}, {}),
+    "ngram": ({"method": "ngram"}, {}),
+    "tensor parallel": (EAGLE3, {"tensor_parallel_size": 8}),
+    "max running requests": (EAGLE3, {"max_running_requests": 512}),
+    "adaptive": ({**EAGLE3, "adaptive": True}, {}),
+    "adaptive with its config": ({**EAGLE3, "adaptive": "/configs/adaptive.json"}, {}),
+}
+
+
+def test_every_sglang_argv_parses_and_validates_with_sglang_itself():
+    plans = {name: sglang_plan(spec, **kw) for name, (spec, kw) in SGLANG_CASES.items()}
+    results = dict(zip(plans, sglang_parse([p.argv[3:] for p in plans.values()])))
+    for name, res in results.items():
+        assert "error" not in res, (name, res)
+        assert res["validation"] == "ok", (name, res["validation"])
+        parsed = res["parsed"]
+        assert parsed["model_path"] == "/models/target" and parsed["cuda_graph_max_bs_decode"] >= 256
+        assert parsed["max_running_requests"] >= 256
+    assert results["eagle3 topk 1"]["parsed"]["speculative_algorithm"] == "EAGLE3"
+    assert results["eagle3 topk 4"]["parsed"]["speculative_eagle_topk"] == 4
+    assert results["standalone"]["parsed"]["speculative_algorithm"] == "STANDALONE"
+    assert results["ngram"]["parsed"]["speculative_algorithm"] == "NGRAM"
+    assert results["tensor parallel"]["parsed"]["tp_size"] == 8
+    assert results["max running requests"]["parsed"]["max_running_requests"] == 512
+    assert results["adaptive"]["parsed"]["speculative_adaptive"] is True
+    assert results["adaptive with its config"]["parsed"]["speculative_adaptive_config"] == "/configs/adaptive.json"
+    assert plans["eagle3 spec v2"].env["SGLANG_ENABLE_SPEC_V2"] == "True"
+
+
+def test_the_old_flag_is_ambiguous_to_current_sglang():
+    """What the adapter used to emit for every release: SGLang 0.5.23 refuses it, so a speculative
+    server launched by specmatch would not have started."""
+    old = sglang_plan(EAGLE3, version="0.5.10").argv[3:]
+    assert "--cuda-graph-max-bs" in old
+    res = sglang_parse([old])[0]
+    assert "ambiguous option: --cuda-graph-max-bs could match --cuda-graph-max-bs-decode" in res["error"]
+
+
+def test_older_release_gets_the_flags_its_source_defines():
+    if not (SG_OLD / ".done").exists():
+        pytest.skip("the older pinned SGLang release is not installed (scripts/setup-parsers.sh)")
+    source = (SG_OLD / "sglang" / "srt" / "server_args.py").read_text()
+    for spec, kw in SGLANG_CASES.values():
+        if spec and spec.get("adaptive"):
+            with pytest.raises(SpecmatchError, match="has no --speculative-adaptive"):
+                sglang_plan(spec, version="0.5.10", **kw)
+            continue
+        for arg in sglang_plan(spec, version="0.5.10", **kw).argv[3:]:
+            if arg.startswith("--"):
+                assert f'"{arg}"' in source, arg
+
+
+def test_the_original_deployment_config_launches_on_sglang():
+    cfg = yaml.safe_load((REPO / "resources" / "configs" / "sglang_eagle3_8gpu.yaml").read_text())
+    from specmatch.config import validate
+
+    cfg = validate(cfg)
+    plans = [get_engine({**srv, "sglang_version": "0.5.23"}).launch_plan(30000, 256)
+             for srv in cfg["servers"].values()]
+    for res in sglang_parse([p.argv[3:] for p in plans]):
+        assert "error" not in res and res["validation"] == "ok", res
+        assert res["parsed"]["tp_size"] == 8
+
+
+def test_unsupported_or_missing_sglang_is_a_clear_error_before_anything_starts(tmp_path):
+    with pytest.raises(SpecmatchError, match="older than specmatch supports"):
+        sglang_plan(EAGLE3, version="0.4.9")
+    with pytest.raises(SpecmatchError, match="adapts only with eagle_topk 1"):
+        sglang_plan({**EAGLE3, "eagle_topk": 4, "num_draft_tokens": 8, "adaptive": True})
+    with pytest.raises(SpecmatchError, match="sglang is not installed in"):
+        get_engine({"engine": "sglang", "model": "m", "python": sys.executable}).launch_plan(1, 8)
+
+
+def _meta_keys(source: str) -> set[str]:
+    import re
+
+    return set(re.findall(r'meta_info\["(spec_[a-z_]+)"\]', source))
+
+
+@pytest.mark.parametrize("release", ["0.5.23", "0.5.10"])
+def test_meta_info_keys_we_read_are_the_ones_sglang_emits(release):
+    """A renamed acceptance key must fail here rather than silently give acceptance 1.0."""
+    d = PARSERS / f"sglang-{release}"
+    if not (d / ".done").exists():
+        pytest.skip("pinned SGLang release not installed (scripts/setup-parsers.sh)")
+    emitted = _meta_keys((d / "sglang" / "srt" / "managers" / "tokenizer_manager.py").read_text())
+    assert "spec_verify_ct" in emitted
+    counts = {"spec_verify_ct", *ACCEPTED_KEYS, *PROPOSED_KEYS, *HISTOGRAM_KEYS, "spec_accept_length",
+              "spec_accept_rate"}
+    import re
+
+    family = re.compile(r"spec_(verify_ct|accept|num_correct|num_proposed|accepted|draft_token|correct_drafts)")
+    unknown = {k for k in emitted if family.match(k) and k not in counts}
+    assert not unknown, f"SGLang {release} emits acceptance counts specmatch does not read: {unknown}"
+    if release == "0.5.23":
+        assert {"spec_num_correct_drafts", "spec_num_proposed_drafts"} <= emitted
+
+
+# -- vLLM: the GPU profile through vLLM's own parser and validation ------------------------------
+@pytest.fixture(scope="module")
+def tiny_target(tmp_path_factory, tok):
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    cfg = LlamaConfig(vocab_size=len(tok), hidden_size=64, intermediate_size=128, num_hidden_layers=4,
+                      num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=512)
+    d = tmp_path_factory.mktemp("vllm_target")
+    LlamaForCausalLM(cfg).save_pretrained(d)
+    tok.save_pretrained(d)
+    return d
+
+
+def vllm_check(argv: list[str]):
+    """vLLM's own: the API server's argument parser, EngineArgs, the model config, the speculative
+    config (method, drafter, k) and the batch-size schedule validation."""
+    from vllm.engine.arg_utils import AsyncEngineArgs
+    from vllm.entrypoints.launchers.cli_args import make_arg_parser
+
+    try:
+        from vllm.utils.argparse_utils import FlexibleArgumentParser
+    except ImportError:  # older layout
+        from vllm.utils import FlexibleArgumentParser
+    args = make_arg_parser(FlexibleArgumentParser()).parse_args(argv)
+    ea = AsyncEngineArgs.from_cli_args(args)
+    model_config = ea.create_model_config()
+    from vllm.config import ParallelConfig
+
+    spec = ea.create_speculative_config(model_config, ParallelConfig(tensor_parallel_size=1))
+    if spec is not None and spec.num_speculative_tokens_per_batch_size:
+        from vllm.v1.spec_decode.dynamic.utils import build_dynamic_sd_schedule_lookup
+
+        build_dynamic_sd_schedule_lookup(spec.num_speculative_tokens_per_batch_size,
+                                         vllm_max_batch_size=ea.max_num_seqs or 256,
+                                         vllm_num_speculative_tokens=spec.num_speculative_tokens)
+    return args, spec
+
+
+def vllm_plan(cfg, max_batch=256):
+    return get_engine({"engine": "vllm", "profile": "gpu", **cfg}).launch_plan(30000, max_batch)
+
+
+pytest.importorskip("vllm")
+
+
+def test_every_vllm_gpu_argv_passes_vllms_own_checks(tiny_target, tmp_path, tok):
+    from specmatch.drafter import Budget, checkpoint_config
+
+    head = tmp_path / "eagle3"
+    head.mkdir()
+    cfg = json.loads((tiny_target / "config.json").read_text())
+    (head / "config.json").write_text(json.dumps(checkpoint_config(cfg, Budget(draft_vocab=64), [1, 2, 3])))
+    t = str(tiny_target)
+    cases = {
+        "tensor parallel": ({"model": t, "tensor_parallel_size": 8}, None),
+        "eagle3 with a drafter": ({"model": t, "speculative": {"method": "eagle3", "model": str(head),
+                                                               "num_speculative_tokens": 3}}, "eagle3"),
+        "draft model": ({"model": t, "speculative": {"method": "draft_model", "model": t,
+                                                     "num_speculative_tokens": 3}}, "draft_model"),
+        "ngram schedule": ({"model": t, "speculative": {"method": "ngram", "num_speculative_tokens": 4,
+                                                        "prompt_lookup_max": 4, "num_speculative_tokens_per_batch_size":
+                                                        [[1, 4, 4], [5, 256, 0]]}}, "ngram"),
+    }
+    for name, (cfg_, method) in cases.items():
+        plan = vllm_plan(cfg_, 512)
+        args, spec = vllm_check(plan.argv[3:])
+        assert args.max_num_seqs == 512 and "-O0" not in plan.argv, name
+        if name == "tensor parallel":
+            assert args.tensor_parallel_size == 8
+        if method:
+            assert spec.method == method and spec.num_speculative_tokens in (3, 4), name
+    bad = vllm_plan({"model": t, "speculative": {"method": "ngram", "num_speculative_tokens": 4, "prompt_lookup_max": 4,
+                                                 "num_speculative_tokens_per_batch_size": [[2, 4, 4]]}})
+    with pytest.raises(ValueError, match="must start at 1"):
+        vllm_check(bad.argv[3:])
+
+
+def test_the_vllm_gpu_example_config_passes_vllms_own_checks(tiny_target):
+    from specmatch.config import validate
+
+    cfg = validate(yaml.safe_load((REPO / "resources" / "configs" / "vllm_gpu_eagle3.yaml").read_text()))
+    for name, srv in cfg["servers"].items():
+        plan = get_engine(srv).launch_plan(30000, max(cfg["concurrency"]))
+        argv = plan.argv[3:]
+        argv[argv.index("--model") + 1] = str(tiny_target)  # the example's paths are on the user's cluster
+        spec = srv.get("speculative")
+        if spec and spec["method"] == "eagle3":
+            sc = json.loads(argv[argv.index("--speculative-config") + 1])
+            sc["method"], sc["model"] = "ngram", None  # the drafter is the user's; its schedule and k are ours
+            sc = {k: v for k, v in sc.items() if v is not None} | {"prompt_lookup_max": 4}
+            argv[argv.index("--speculative-config") + 1] = json.dumps(sc)
+        args, got = vllm_check(argv)
+        assert args.tensor_parallel_size == 8, name
+
+
+def test_a_renamed_schedule_key_is_refused_clearly():
+    """An open vLLM proposal renames the schedule key (speculative_token_schedule): the adapter says
+    which key this vLLM reads instead of launching a server that ignores it."""
+    eng = get_engine({"engine": "vllm", "model": "m", "speculative": {
+        "method": "ngram", "num_speculative_tokens": 4, "speculative_token_schedule": [[1, 4, 4]]}})
+    with pytest.raises(SpecmatchError, match="speculative.speculative_token_schedule: vLLM .* its batch-size schedule "
+                                             "is num_speculative_tokens_per_batch_size"):
+        eng.validate()
+    get_engine({"engine": "vllm", "model": "m", "speculative": {
+        "method": "ngram", "num_speculative_tokens": 4, "num_speculative_tokens_per_batch_size": [[1, 4, 4]]}}).validate()

@@ -1,0 +1,130 @@
+"""The recommendation, as an experiment: decide it from the measured grid, then measure it.
+
+A Snakemake checkpoint. From the cells of the configured servers it builds the recommendation for
+each speculative server (analysis.recommend: built from verdicts) and, where the recommended
+deployment is a configuration nobody measured (a vLLM batch-size schedule, SGLang's adaptive
+speculation), derives a server `<server>__recommended` that the workflow then measures on the same
+grid (every concurrency and repeat of the suite the recommendation was made on). The summary says
+whether it matches the best of the baseline and always-on at every concurrency, within noise.
+
+    python -m specmatch.recommend --baseline B --settings JSON --servers JSON --cells c*.json
+        --requests c*.requests.parquet --launches launch.json... --suites train_mix --out servers.json
+        --recommendations recommendations.json [--no-verify]
+"""
+from __future__ import annotations
+
+import argparse
+import copy
+import json
+import sys
+from pathlib import Path
+
+import polars as pl
+
+from .analysis import Analysis, ServerInfo, Settings, analyse
+from .files import SpecmatchError, read_json, write_json
+from .provenance import Recorder
+from .records import CellResult, Recommendation
+
+SUFFIX = "__recommended"
+
+
+def load(cell_paths: list[Path], request_paths: list[Path]) -> list[tuple[CellResult, pl.DataFrame]]:
+    """Cells and their request records, paired in the order Snakemake passed them (never guessed)."""
+    if len(cell_paths) != len(request_paths):
+        raise SpecmatchError(f"{len(cell_paths)} cell files but {len(request_paths)} request files")
+    out = []
+    for c, r in zip(cell_paths, request_paths):
+        cell = CellResult.from_json(read_json(c))
+        out.append((cell, pl.read_parquet(r)))
+    if not out:
+        raise SpecmatchError("no cells to analyse")
+    return out
+
+
+def server_infos(launches: list[Path], configs: dict) -> dict[str, ServerInfo]:
+    """What the recommendation needs of each server, from its (first repeat's) launch record."""
+    from .engines.sglang import adaptive_support
+
+    infos: dict[str, ServerInfo] = {}
+    for p in sorted(launches):
+        rec = read_json(p)
+        name = rec["server"]
+        if name in infos:
+            continue
+        cfg = configs.get(name) or rec.get("config") or {}
+        version = (rec.get("engine_versions") or {}).get("sglang")
+        infos[name] = ServerInfo(name, rec.get("engine", cfg.get("engine")), rec.get("flavor", "openai"),
+                                 cfg.get("speculative"), int(rec.get("max_batch") or 256),
+                                 adaptive_support(version) if rec.get("flavor") == "sglang" else None, version)
+    return infos
+
+
+def derived_servers(recs: list[Recommendation], configs: dict, infos: dict[str, ServerInfo],
+                    adaptive_dir: Path | None = None) -> dict:
+    """`<server>__recommended` configurations for recommendations that are new deployments (an SGLang
+    adaptive config is written into `adaptive_dir`, which the server then reads)."""
+    out = {}
+    for r in recs:
+        cfg = configs.get(r.server)
+        if cfg is None or infos[r.server].engine == "external" or r.action != "schedule":
+            continue
+        spec = copy.deepcopy(cfg.get("speculative") or {})
+        if r.vllm_schedule:
+            spec["num_speculative_tokens_per_batch_size"] = r.vllm_schedule
+        elif r.sglang and r.sglang.get("mechanism") == "speculative-adaptive" and adaptive_dir is not None:
+            path = Path(adaptive_dir) / f"{r.server}{SUFFIX}.json"
+            write_json(path, r.sglang["config"])
+            spec["adaptive"] = str(path)
+        else:
+            continue
+        name = r.server + SUFFIX
+        out[name] = {"parent": r.server, "suite": r.suite, "config": {**copy.deepcopy(cfg), "speculative": spec}}
+        r.derived_server = name
+    return out
+
+
+def primary_analysis(cells, baseline: str, settings: Settings, configs: dict, infos: dict,
+                     suites: list[str]) -> Analysis:
+    primary = [s for s in configs if not s.endswith(SUFFIX)]
+    return analyse([c for c in cells if c[0].server in primary], baseline, settings, infos, suites, primary)
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m specmatch.recommend", description=__doc__.split("\n\n")[0])
+    p.add_argument("--baseline", required=True)
+    p.add_argument("--settings", default="{}")
+    p.add_argument("--servers", required=True, help="the configured servers as JSON (name -> config)")
+    p.add_argument("--cells", nargs="+", type=Path, required=True)
+    p.add_argument("--requests", nargs="+", type=Path, required=True)
+    p.add_argument("--launches", nargs="*", type=Path, default=[])
+    p.add_argument("--suites", nargs="*", default=[], help="the suites recommendations are made on")
+    p.add_argument("--no-verify", action="store_true", help="derive no recommended server")
+    p.add_argument("--out", required=True, type=Path)
+    p.add_argument("--recommendations", required=True, type=Path)
+    p.add_argument("--adaptive-dir", type=Path, help="where SGLang adaptive configs of recommended servers go")
+    a = p.parse_args(argv)
+    settings, configs = Settings.of(json.loads(a.settings)), json.loads(a.servers)
+    rec = Recorder("recommend", a.cells + a.requests + a.launches, {"baseline": a.baseline, "summary": settings.__dict__,
+                                                                   "suites": a.suites, "verify": not a.no_verify})
+    try:
+        infos = server_infos(a.launches, configs)
+        an = primary_analysis(load(a.cells, a.requests), a.baseline, settings, configs, infos, a.suites)
+    except SpecmatchError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 1
+    if a.adaptive_dir:
+        a.adaptive_dir.mkdir(parents=True, exist_ok=True)
+    derived = {} if a.no_verify else derived_servers(an.recommendations, configs, infos, a.adaptive_dir)
+    write_json(a.recommendations, [r.to_json() for r in an.recommendations])
+    write_json(a.out, {"servers": derived,
+                       "not_derived": {r.server: f"{r.action}: {r.text}" for r in an.recommendations
+                                       if r.derived_server is None}})
+    rec.write([a.out, a.recommendations])
+    for r in an.recommendations:
+        print(f"{r.server} ({r.suite}): {r.text}" + (f" -> measuring {r.derived_server}" if r.derived_server else ""))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,354 @@
+"""The typed records that cross a stage boundary, defined once.
+
+One prompt travels a one-way path: a **Cut** (one candidate assistant turn of one training row,
+a row of `results/inspect/cuts.parquet`, written by inspection) becomes a **Prompt** (a line of
+`results/prompts/{suite}.jsonl`), each time it is sent a **RequestRecord** (a row of
+`c{C}.requests.parquet`), the records of one cell a **CellResult** (`c{C}.json`, vLLM `bench serve`
+key names where the quantity exists), and the analysis over all cells **Verdict**s and
+**Recommendation**s (`results/summary/verdicts.json`, `recommendations.json`).
+
+The JSON and Parquet files are serialisations of these classes: `to_json`/`from_json` and
+`polars_schema` derive from the dataclass fields, so a field added here reaches every file, and
+tests check every written file against the class.
+"""
+from __future__ import annotations
+
+import dataclasses
+import enum
+import types
+import typing
+from dataclasses import dataclass, field
+from typing import Any, Optional, Union
+
+import polars as pl
+
+
+def location(file: str, line: int | None = None, row: int | None = None) -> str:
+    """`file:line` for JSON Lines, `file:#row` for other formats: how every message names a row."""
+    if line is not None:
+        return f"{file}:{line}"
+    return f"{file}:#{row}" if row is not None else file
+
+
+class Record:
+    """Shared (de)serialisation for the records below."""
+
+    def to_json(self) -> dict:
+        return {f.name: _plain(getattr(self, f.name)) for f in _written(self)}
+
+    @classmethod
+    def from_json(cls, obj: dict):
+        names = {f.name for f in dataclasses.fields(cls)}
+        return cls(**{k: v for k, v in obj.items() if k in names})
+
+
+def _plain(v: Any) -> Any:
+    if isinstance(v, enum.Enum):
+        return v.value
+    if isinstance(v, Record):
+        return v.to_json()
+    if isinstance(v, dict):
+        return {k: _plain(x) for k, x in v.items()}
+    if isinstance(v, (list, tuple)):
+        return [_plain(x) for x in v]
+    return v
+
+
+def _written(cls) -> list:
+    return [f for f in dataclasses.fields(cls) if f.metadata.get("written", True)]
+
+
+_POLARS = {int: pl.Int64, float: pl.Float64, str: pl.String, bool: pl.Boolean}
+
+
+def polars_schema(cls) -> dict[str, pl.DataType]:
+    """Parquet/polars column types of a flat record class, from its type hints."""
+    hints = typing.get_type_hints(cls)
+    out = {}
+    for f in _written(cls):
+        t = hints[f.name]
+        args = [a for a in typing.get_args(t) if a is not type(None)]
+        if typing.get_origin(t) in (Union, types.UnionType) and len(args) == 1:
+            t = args[0]
+        if typing.get_origin(t) is list:
+            out[f.name] = pl.List(_POLARS[typing.get_args(t)[0]])
+        elif t in _POLARS:
+            out[f.name] = _POLARS[t]
+        else:
+            raise TypeError(f"{cls.__name__}.{f.name}: {t} has no Parquet column type")
+    return out
+
+
+def frame(records: list, cls) -> pl.DataFrame:
+    """A polars frame of records with the class's exact column types (also when empty)."""
+    schema = polars_schema(cls)
+    cols = {name: [getattr(r, name) for r in records] for name in schema}
+    return pl.DataFrame(cols, schema=schema)
+
+
+# -- training data -> prompts -----------------------------------------------------------------
+@dataclass(frozen=True)
+class Cut(Record):
+    """One candidate assistant turn of one training row: the prompt is everything before the turn.
+
+    Written by inspection for every assistant turn of every row (the suite's `turn` setting picks
+    among them later), so prompt extraction never parses the training data again: it filters and
+    samples this table and reads only the rows it chose (`offset` lets it seek in plain JSON Lines)."""
+    source: str
+    file: str
+    row: int                      # 0-based index of the row in its file
+    line: Optional[int]           # 1-based line in a JSON Lines file (None for Parquet/Arrow/JSON arrays)
+    offset: Optional[int]         # byte offset of that line in an uncompressed JSON Lines file
+    row_id: str                   # the row's `id`, else "<file relative to root>:<line or #row>"
+    schema: str                   # tokenized | conversations | text
+    turn: int                     # which assistant turn (0-based) the cut is before
+    turns: int
+    prompt_tokens: int
+    completion_tokens: int
+    holdout: bool
+    key: str                      # hash of the prompt's token ids (or messages): duplicates share it
+
+    @property
+    def origin(self) -> str:
+        return location(self.file, self.line, self.row)
+
+
+@dataclass
+class Prompt(Record):
+    """One benchmark prompt: exactly the text training saw before an assistant turn (or a control
+    prompt), where it came from, and how long its reference completion was."""
+    id: str
+    suite: str
+    source: str
+    file: str
+    line: Optional[int]
+    row: Optional[int]
+    row_id: str
+    turn: int
+    turns: int
+    text: str
+    messages: Optional[list]
+    prompt_tokens: int
+    reference_completion_tokens: Optional[int]
+    holdout: bool
+
+    @property
+    def origin(self) -> str:
+        return location(self.file, self.line, self.row)
+
+    def to_json(self) -> dict:
+        out = super().to_json()
+        if out["messages"] is None:
+            del out["messages"]  # a template that cannot be split gives no messages, never `null`
+        out["origin"] = self.origin  # for people reading the file; derived, never read back
+        return out
+
+    @classmethod
+    def from_json(cls, obj: dict) -> "Prompt":
+        return super().from_json({"messages": None, "line": None, "row": None, **obj})
+
+
+# -- one request ------------------------------------------------------------------------------
+@dataclass
+class RequestRecord(Record):
+    """What one request measured. Times are seconds on the client's monotonic clock, relative to the
+    cell's start (`start_s`) or to the request's own start (the rest). Token counts come from the
+    server's usage (or SGLang's meta_info), never from counting stream events."""
+    index: int
+    prompt_id: str
+    source: str
+    holdout: bool
+    pass_index: int = 0                     # which pass over the suite (0-based)
+    start_s: float = 0.0
+    e2e_s: Optional[float] = None
+    ttft_s: Optional[float] = None
+    arrivals_s: list[float] = field(default_factory=list)
+    coalesced_events: int = 0
+    prompt_tokens: Optional[int] = None
+    output_tokens: Optional[int] = None
+    ok: bool = False
+    error: Optional[str] = None
+    num_draft_tokens: Optional[int] = None
+    num_accepted_tokens: Optional[int] = None
+    num_spec_steps: Optional[int] = None
+    acceptance_length: Optional[float] = None
+    acceptance_rate: Optional[float] = None
+    arrival_clock: str = "read"
+    read_lag_max_s: Optional[float] = None
+    # the server's own clock for this request: only the bench's load targets send it; never written
+    server_timing: Optional[dict] = field(default=None, metadata={"written": False})
+
+
+# -- acceptance ---------------------------------------------------------------------------------
+@dataclass
+class Acceptance(Record):
+    """Acceptance over a set of requests (a cell, a prompt source, the held-out rows), by one engine's
+    definition (see the engine adapters: vLLM 1 + accepted/drafts, SGLang tokens/verify steps)."""
+    requests: int
+    num_spec_steps: Optional[int]
+    num_draft_tokens: Optional[int]
+    num_accepted_tokens: Optional[int]
+    output_tokens: Optional[int]
+    acceptance_rate: Optional[float]
+    acceptance_length: Optional[float]
+
+
+# -- one cell -----------------------------------------------------------------------------------
+@dataclass
+class CellResult(Record):
+    """One (server, suite, concurrency, repeat) measurement. Names follow vLLM's `bench serve`
+    result files where the quantity exists, so existing tools read cells."""
+    server: str
+    suite: str
+    concurrency: int
+    repeat: int
+    engine: str
+    protocol: str
+    flavor: str                      # whose definitions acceptance follows: vllm | sglang | openai
+    # the load
+    max_concurrency: int
+    num_prompts: int                 # measured requests (suite prompts x passes)
+    suite_prompts: int
+    passes: int
+    warmup_requests: int
+    request_rate: Any                # "inf" (closed loop) or requests/s
+    burstiness: float
+    started_at: float
+    server_session: str
+    server_reused: bool
+    server_config_hash: str
+    cache_reset: str
+    # what it measured
+    completed: int
+    failed: int
+    failure_reasons: dict
+    duration: float
+    total_input_tokens: int
+    total_output_tokens: int
+    request_throughput: Optional[float]
+    output_throughput: Optional[float]
+    total_token_throughput: Optional[float]
+    mean_ttft_ms: Optional[float] = None
+    median_ttft_ms: Optional[float] = None
+    std_ttft_ms: Optional[float] = None
+    p90_ttft_ms: Optional[float] = None
+    p99_ttft_ms: Optional[float] = None
+    mean_tpot_ms: Optional[float] = None
+    median_tpot_ms: Optional[float] = None
+    std_tpot_ms: Optional[float] = None
+    p90_tpot_ms: Optional[float] = None
+    p99_tpot_ms: Optional[float] = None
+    mean_itl_ms: Optional[float] = None
+    median_itl_ms: Optional[float] = None
+    std_itl_ms: Optional[float] = None
+    p90_itl_ms: Optional[float] = None
+    p99_itl_ms: Optional[float] = None
+    mean_e2el_ms: Optional[float] = None
+    median_e2el_ms: Optional[float] = None
+    std_e2el_ms: Optional[float] = None
+    p90_e2el_ms: Optional[float] = None
+    p99_e2el_ms: Optional[float] = None
+    holdout_share: Optional[float] = None
+    # how it was measured (the load generator's own honesty)
+    arrival_clock: Optional[str] = None
+    p99_client_read_lag_ms: Optional[float] = None
+    max_client_read_lag_ms: Optional[float] = None
+    coalesced_token_events: int = 0
+    coalesced_token_share: Optional[float] = None
+    definitions: dict = field(default_factory=dict)
+    warnings: list = field(default_factory=list)
+    # acceptance, scoped to exactly this cell
+    acceptance_source: Optional[str] = None
+    spec_decode_num_drafts: Optional[int] = None
+    spec_decode_num_draft_tokens: Optional[int] = None
+    spec_decode_num_accepted_tokens: Optional[int] = None
+    spec_decode_acceptance_rate: Optional[float] = None
+    spec_decode_acceptance_length: Optional[float] = None
+    spec_decode_per_position_acceptance_rates: Optional[list] = None
+    acceptance_by_source: dict = field(default_factory=dict)
+    acceptance_by_holdout: dict = field(default_factory=dict)
+
+
+# -- decisions ----------------------------------------------------------------------------------
+class Decision(str, enum.Enum):
+    """A verdict is one of four values, never prose that code branches on."""
+    PAYS = "pays"
+    LOSES = "loses"
+    EQUIVALENT = "equivalent"        # the interval lies inside ±min_effect: decisively no difference
+    INCONCLUSIVE = "inconclusive"    # neither: the record says what would decide it
+
+
+METRICS = ("output_throughput", "goodput", "tpot", "e2el")
+
+
+@dataclass
+class Verdict(Record):
+    """A speculative server against the baseline at one (suite, concurrency), on one metric.
+
+    `speedup` > 1 is always better for the speculative server (throughput ratio, or the baseline's
+    latency over the server's). The interval combines request-level (paired by prompt) and
+    run-to-run variation (across repeats) at `confidence`."""
+    server: str
+    suite: str
+    concurrency: int
+    metric: str
+    verdict: Decision
+    speedup: Optional[float]
+    lo: Optional[float]
+    hi: Optional[float]
+    confidence: float
+    repeats: int
+    against: str = ""                     # the server compared with (the baseline unless stated)
+    run_to_run: bool = True               # whether the interval includes run-to-run variation
+    decide: Optional[str] = None          # for inconclusive: what would decide it
+
+    @classmethod
+    def from_json(cls, obj: dict) -> "Verdict":
+        v = super().from_json(obj)
+        v.verdict = Decision(v.verdict)
+        return v
+
+
+@dataclass
+class Region(Record):
+    """Consecutive measured concurrencies with the same verdict."""
+    verdict: Decision
+    first: int
+    last: int
+
+
+@dataclass
+class Crossover(Record):
+    """Where the throughput speedup crosses 1, interpolated on log concurrency; `lo`/`hi` bound it
+    at the confidence level (None = beyond the measured range on that side)."""
+    point: float
+    lo: Optional[float]
+    hi: Optional[float]
+    direction: str                        # "stops paying" (above 1, then below) or "starts paying"
+
+
+@dataclass
+class Recommendation(Record):
+    """What to deploy for one speculative server on one suite, built from its verdicts."""
+    server: str
+    suite: str
+    regions: list
+    crossover: Optional[Crossover]
+    action: str                           # keep | off | schedule | undecided | none
+    vllm_schedule: Optional[list]         # [[start, end, k], ...] (inclusive) or None
+    sglang: Optional[dict]                # the SGLang mechanism, or {"mechanism": None, "why": ...}
+    verified: Optional[dict]              # the measured check of the recommended deployment
+    text: str = ""
+    evidence: str = ""
+    derived_server: Optional[str] = None  # "<server>__recommended" when it is measured on the grid
+
+    @classmethod
+    def from_json(cls, obj: dict) -> "Recommendation":
+        r = super().from_json(obj)
+        r.regions = [Region(Decision(x["verdict"]), x["first"], x["last"]) for x in r.regions or []]
+        r.crossover = Crossover(**r.crossover) if r.crossover else None
+        return r
+
+
+REQUEST_SCHEMA = polars_schema(RequestRecord)
+CUT_SCHEMA = polars_schema(Cut)
