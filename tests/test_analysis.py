@@ -95,6 +95,35 @@ def test_schedule_has_valid_inclusive_ranges_and_keeps_the_servers_own_k():
     assert {k for _, _, k in rec.vllm_schedule} <= {0, 1, 2} and rec.vllm_schedule[0] == [1, 8, 2]
 
 
+def test_keep_on_for_a_server_whose_schedule_switches_off_is_a_new_deployment():
+    """A server configured off above batch 4 that pays wherever it speculates and is never beaten:
+    'keep on' is not the server as configured; the recommendation is a schedule on at every batch
+    size with the server's k, to be measured, never 'already measured'."""
+    sched = ServerInfo("spec", "vllm", "vllm", {"method": "ngram", "num_speculative_tokens": 4,
+                                                "num_speculative_tokens_per_batch_size": [[1, 4, 4], [5, 256, 0]]}, 256)
+    rec = recommend(sched, "s", *verdicts({1: (1.5, Decision.PAYS), 4: (1.4, Decision.PAYS),
+                                           16: (1.1, Decision.INCONCLUSIVE)}), S)
+    assert rec.action == "keep"
+    assert rec.vllm_schedule == [[1, 256, 4]]
+    assert "configured schedule switches speculation off" in rec.text
+    # the same verdicts for a server without a schedule: the deployment is the server as configured
+    rec = recommend(VLLM, "s", *verdicts({1: (1.5, Decision.PAYS), 4: (1.4, Decision.PAYS),
+                                          16: (1.1, Decision.INCONCLUSIVE)}), S)
+    assert rec.action == "keep" and rec.vllm_schedule is None
+    # verdicts that put the switch elsewhere: a new schedule, to be measured
+    rec = recommend(sched, "s", *verdicts({1: (1.5, Decision.PAYS), 4: (1.4, Decision.PAYS),
+                                           16: (0.7, Decision.LOSES)}), S)
+    assert rec.action == "schedule" and not rec.as_configured
+    assert rec.vllm_schedule[0][2] == 4 and rec.vllm_schedule[-1][2] == 0 and rec.vllm_schedule[0][1] > 4
+    # verdicts that put it where the server already has it: nothing new to measure
+    rec = recommend(sched, "s", *verdicts({1: (1.5, Decision.PAYS), 4: (1.4, Decision.PAYS),
+                                           5: (0.7, Decision.LOSES)}), S)
+    assert rec.action == "schedule" and rec.as_configured and rec.vllm_schedule == [[1, 4, 4], [5, 256, 0]]
+    from specmatch.recommend import derived_servers
+    assert derived_servers([rec], {"spec": {"engine": "vllm", "speculative": sched.speculative}},
+                           {"spec": sched}) == {}
+
+
 def test_non_monotone_shapes_are_regions():
     """Loses at low concurrency and pays higher up (as with MoE targets): regions, and a schedule
     that drafts nothing at small batches."""

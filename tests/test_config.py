@@ -39,6 +39,9 @@ def test_shipped_config_is_valid_and_gets_defaults():
     (lambda c: c["summary"].update(recommend_suites=["nope"]), "summary.recommend_suites: 'nope' is not a suite"),
     (lambda c: c["servers"].update(x__recommended={"engine": "vllm", "model": "m"}), "the workflow's own"),
     (lambda c: c.update(repeats=0), "repeats"),
+    (lambda c: c["servers"]["ngram"].update(suites=["nope"]), "servers.ngram.suites: 'nope' is not a suite"),
+    (lambda c: c["servers"]["baseline"].update(suites=["generic"]), "servers.baseline.suites: the baseline is compared"),
+    (lambda c: c["servers"]["ngram"].update(suites=[]), "servers.ngram.suites"),
 ])
 def test_bad_config_names_the_key(mutate, message):
     cfg = copy.deepcopy(base())

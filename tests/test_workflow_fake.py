@@ -99,6 +99,15 @@ def test_full_run_then_nothing_then_exact_reruns(workdir):
     counts = job_counts(sm(workdir, "-n", "--config", "suites={'generic': {'kind': 'file', 'size': 6, "
                                                     "'path': 'resources/prompts/generic.jsonl'}}").stdout)
     assert counts == {"all": 1, "prompts": 1, "cell": 8, "recommend": 1, "summary": 1}
+    # a server restricted to one suite: no launch or cell reruns, its other suite's cells just leave
+    eagle_url = json.loads((res / "servers/eagle/r1/launch.json").read_text())["config"]["base_url"]
+    out = sm(workdir, "-n", "--config", "servers={'eagle': {'engine': 'external', 'base_url': "
+                                        f"'{eagle_url}', 'flavor': 'vllm', 'suites': ['train_mix']}}}}").stdout
+    assert job_counts(out) == {"all": 1, "recommend": 1, "summary": 1}
+    out = sm(workdir, "-n", "--config", "servers={'eagle': {'engine': 'external', 'base_url': "
+                                        f"'{eagle_url}', 'flavor': 'vllm', 'suites': ['train_mix']}}}}",
+             "concurrency=[1, 3]").stdout
+    assert job_counts(out)["cell"] == 6  # baseline on both suites, eagle on train_mix only
 
 
 def test_every_file_is_a_serialisation_of_its_record(workdir):

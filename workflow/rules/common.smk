@@ -80,7 +80,16 @@ def launch_max_batch(wildcards):
 
 
 def server_json(wildcards):
-    return to_json(server_config(wildcards.server))
+    """The server's configuration as its launch and cells see it: `suites` only chooses which cells
+    exist, so editing it never restarts a server or reruns a cell."""
+    return to_json(
+        {k: v for k, v in server_config(wildcards.server).items() if k != "suites"}
+    )
+
+
+def server_suites(name):
+    """The suites a configured server is measured on (all unless `servers.<name>.suites` says)."""
+    return CFG["servers"][name].get("suites") or SUITES
 
 
 # Everything upstream of the benchmarks (models, data, suites, drafter training) runs before any
@@ -244,14 +253,17 @@ def derived_cells(ext):
     return out
 
 
+def configured_cells(ext="json"):
+    """Cells of the configured servers, each on its own suites."""
+    return [p for name in SERVERS for p in cell_paths([name], server_suites(name), ext)]
+
+
 def summary_cells(wildcards):
-    return cell_paths(SERVERS, SUITES, "json") + derived_cells("json")
+    return configured_cells("json") + derived_cells("json")
 
 
 def summary_requests(wildcards):
-    return cell_paths(SERVERS, SUITES, "requests.parquet") + derived_cells(
-        "requests.parquet"
-    )
+    return configured_cells("requests.parquet") + derived_cells("requests.parquet")
 
 
 def summary_launches(wildcards):
@@ -263,7 +275,7 @@ def all_targets():
         "results/inspect/manifest.json",
         *expand("results/prompts/{suite}.jsonl", suite=SUITES),
         *launch_paths(SERVERS),
-        *cell_paths(SERVERS, SUITES),
+        *configured_cells(),
         "results/summary/summary.md",
     ]
 

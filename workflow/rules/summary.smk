@@ -5,8 +5,8 @@
 
 checkpoint recommend:
     input:
-        cells=cell_paths(SERVERS, SUITES, "json"),
-        requests=cell_paths(SERVERS, SUITES, "requests.parquet"),
+        cells=configured_cells("json"),
+        requests=configured_cells("requests.parquet"),
         launches=launch_paths(SERVERS),
     output:
         servers="results/recommend/servers.json",

@@ -6,8 +6,9 @@ servers. So a comparison has two levels of noise, and its interval includes both
 
 - within a repeat, request to request: a **paired bootstrap by prompt** (the speculative server
   and the baseline served the same prompts; each resample draws prompts, both servers' requests
-  for them together). Closed loop, throughput is C x sum(output tokens) / sum(latency) over the
-  drawn requests (Little's law); open loop (a request rate), sum(output tokens) / cell duration.
+  for them together). Closed loop, throughput is sum(output tokens) over the time C workers take
+  to serve the drawn requests (the cell's own definition, tail included); open loop (a request
+  rate), sum(output tokens) / cell duration.
 - across repeats, session to session: the **run-to-run variance** tau^2 of one configuration's
   log figure, estimated from every configuration's repeats at once (a robust, median-based fit:
   one outlying configuration cannot set it), and added to each repeat's within-repeat variance.
@@ -39,6 +40,8 @@ LABEL = {"output_throughput": "throughput", "goodput": "goodput", "tpot": "TPOT"
 
 @dataclass
 class Settings:
+    """The decision rules' knobs (config `summary`). min_effect is the smallest speedup a team would act on:
+    it defines "equivalent" and, with one repeat, the margin a verdict must clear."""
     confidence: float = 0.9
     bootstrap: int = 1000
     min_effect: float = 0.05
@@ -57,6 +60,26 @@ class Settings:
 
 
 # -- one cell's requests, as arrays -----------------------------------------------------------
+def closed_loop_makespan(e2e: np.ndarray, c: int) -> np.ndarray:
+    """How long C workers take to serve requests of these latencies in this order, each worker taking
+    the next request when it is free (the cell's closed loop), for every row of resamples at once.
+
+    A cell's throughput is its tokens over its duration (vLLM's definition). With few requests per
+    worker that duration carries the tail: which requests happen to finish last. Little's law
+    (C * tokens / sum of latencies) has no tail, so a bootstrap of it misses that variance, and with
+    one repeat (nothing else measures it) identical servers were called different 3x too often."""
+    e2e = np.atleast_2d(e2e)
+    rows, n = e2e.shape
+    if c >= n:
+        return e2e.max(-1)
+    free = np.zeros((rows, c))
+    r = np.arange(rows)
+    for i in range(n):
+        j = free.argmin(-1)
+        free[r, j] += e2e[:, i]
+    return free.max(-1)
+
+
 @dataclass
 class Arrays:
     """A cell's successful requests as numpy arrays, keyed by (prompt, pass) for pairing."""
@@ -99,8 +122,8 @@ class Arrays:
         """The metric over the requests `idx` (rows of resamples): the bootstrap's estimator."""
         if metric in ("output_throughput", "goodput"):
             num = (self.out if metric == "output_throughput" else self.good.astype(float))[idx].sum(-1)
-            if self.closed:  # Little's law: C requests always in flight
-                return self.concurrency * num / self.e2e[idx].sum(-1)
+            if self.closed:  # over the closed loop's own duration, as the cell's figure is
+                return num / closed_loop_makespan(self.e2e[idx], self.concurrency)
             return num / self.duration * (len(self.out) / idx.shape[-1])
         vals = (self.tpot if metric == "tpot" else self.e2e)[idx]
         with np.errstate(invalid="ignore"):
@@ -372,6 +395,8 @@ def what_would_decide(cmp: Comparison, s: Settings, t: float) -> str:
 
 # -- shapes over concurrency ----------------------------------------------------------------
 def regions(verdicts: list[Verdict]) -> list[Region]:
+    """Consecutive concurrencies with the same verdict, so a non-monotone shape (loses low, pays
+    higher up, as with MoE targets) is described as it is instead of by a single crossover."""
     out: list[Region] = []
     for v in sorted(verdicts, key=lambda v: v.concurrency):
         if out and out[-1].verdict == v.verdict:
@@ -474,8 +499,11 @@ def on_per_batch(dec: dict[int, bool | None], cross_points: dict[tuple[int, int]
 
 def vllm_schedule(spec: dict, on: list[bool]) -> list[list[int]]:
     """Inclusive [start, end, k] ranges, the first starting at 1, that keep the server's own k where
-    speculation stays on and 0 where it goes off (vLLM carries the last range's k to max_num_seqs)."""
-    ks = [server_k(spec, b) if on[b - 1] else 0 for b in range(1, len(on) + 1)]
+    speculation stays on and 0 where it goes off (vLLM carries the last range's k to max_num_seqs).
+    Where the server's own schedule had switched speculation off and the verdicts say on, its
+    num_speculative_tokens is used: the k it speculates with."""
+    own = int(spec.get("num_speculative_tokens") or 0)
+    ks = [(server_k(spec, b) or own) if on[b - 1] else 0 for b in range(1, len(on) + 1)]
     ranges: list[list[int]] = []
     for b, k in enumerate(ks, 1):
         if ranges and ranges[-1][2] == k:
@@ -560,9 +588,20 @@ def recommend(info: ServerInfo, suite: str, verdicts: list[Verdict], cmps: list[
         rec.sglang = None
         rec.text += " (an external endpoint: nothing here restarts it, so no recommended server is measured)"
         return rec
-    if rec.action == "schedule" and info.flavor == "vllm":
-        rec.vllm_schedule = vllm_schedule(info.speculative or {}, on)
-        validate_schedule(rec.vllm_schedule)
+    if info.flavor == "vllm" and rec.action in ("schedule", "keep"):
+        spec = info.speculative or {}
+        sched = vllm_schedule(spec, on)
+        configured = [server_k(spec, b) for b in range(1, info.max_batch + 1)]
+        rec.as_configured = [k for a, z, k in sched for _ in range(a, z + 1)] == configured
+        if rec.action == "schedule" or not rec.as_configured:
+            # a schedule, or "always on" for a server whose own schedule switches speculation off
+            # somewhere: unless it is the server's own, a deployment nobody has measured yet
+            validate_schedule(sched)
+            rec.vllm_schedule = sched
+            if rec.action == "keep":
+                rec.text += "; its configured schedule switches speculation off where the verdicts say on"
+    elif rec.action in ("keep", "off"):
+        rec.as_configured = rec.action == "keep"
     if info.flavor == "sglang":
         rec.sglang = sglang_mechanism(info, rec.action, on)
     return rec

@@ -73,6 +73,8 @@ def check_load(n_prompts: int, passes: int, concurrency: int, suite: str) -> lis
 
 
 def warmup_requests(n: int, protocol: str, model: str, req_cfg: dict, extras: dict) -> list[Request]:
+    """Synthetic warm-up prompts, never suite prompts: a measured prompt must not have been seen
+    (and prefix-cached) by the server before its measurement."""
     out = []
     for i in range(n):
         text = WARMUP_TEXT.format(i=i + 1)
@@ -91,6 +93,8 @@ def scrape(base_url: str, engine) -> dict:
 
 
 def reset_cache(base_url: str, engine) -> str:
+    """Clear the prefix cache after warm-up, so every server starts the measurement equally cold;
+    the outcome is recorded in the cell, since an engine without the endpoint cannot guarantee it."""
     if not engine.reset_path:
         return "not supported by this engine"
     try:

@@ -3,7 +3,9 @@
     specmatch provenance PATH        where a result came from, back to training files and server argv
     specmatch verify [--root DIR]    check every recorded input hash; name what changed and what it invalidates
     specmatch server status|stop     the managed server
-    specmatch inspect|prompts|launch|cell|summary|model|demo ...   the workflow's steps, standalone
+    specmatch inspect|prompts|drafter|launch|cell|recommend|summary|model|demo ...
+                                     the workflow's steps, standalone
+    specmatch simulate               the decision rules' error rates on synthetic experiments
 """
 from __future__ import annotations
 
@@ -11,13 +13,16 @@ import argparse
 import importlib
 import sys
 
-STEPS = ("inspection", "prompts", "launch", "cell", "summary", "model", "demo", "server")
+# command -> module (the command keeps the step's short name; the module is named for what it does)
+STEPS = {"inspect": "inspection", "inspection": "inspection", "prompts": "prompts", "drafter": "drafter",
+         "launch": "launch", "cell": "cell", "recommend": "recommend", "summary": "summary", "model": "model",
+         "demo": "demo", "server": "server", "simulate": "simulate"}
 
 
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     if argv and argv[0] in STEPS:
-        return importlib.import_module(f"specmatch.{argv[0]}").main(argv[1:])
+        return importlib.import_module(f"specmatch.{STEPS[argv[0]]}").main(argv[1:])
     p = argparse.ArgumentParser(prog="specmatch", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = p.add_subparsers(dest="cmd", required=True)

@@ -116,6 +116,13 @@ def _cross_checks(cfg: dict, source: str) -> None:
             raise SpecmatchError(f"{source}: servers.{name}.base_url: required for engine external")
         if srv["engine"] != "external" and srv.get("base_url"):
             raise SpecmatchError(f"{source}: servers.{name}.base_url: only for engine external")
+        for suite in srv.get("suites") or []:
+            if suite not in cfg["suites"]:
+                raise SpecmatchError(f"{source}: servers.{name}.suites: '{suite}' is not a suite "
+                                     f"(suites: {', '.join(cfg['suites'])})")
+        if name == cfg["baseline"] and srv.get("suites") and set(srv["suites"]) != set(cfg["suites"]):
+            raise SpecmatchError(f"{source}: servers.{name}.suites: the baseline is compared on every suite, "
+                                 "so it is measured on every suite (drop the key)")
         spec = srv.get("speculative") or {}
         if spec.get("method") in ("draft_model", "eagle", "eagle3") and not spec.get("model"):
             raise SpecmatchError(f"{source}: servers.{name}.speculative.model: required for method {spec['method']}")

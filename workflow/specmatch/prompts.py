@@ -166,6 +166,8 @@ def load_prompts(name: str, chosen: pl.DataFrame, template: ChatTemplate, need_m
 
 def training_suite(name: str, spec: dict, manifest: dict, cuts: pl.DataFrame, template: ChatTemplate,
                    need_messages: bool = False) -> tuple[list[Prompt], dict]:
+    """A suite sampled from the cut table to follow the target mix; an empty weighted pool is an error
+    that names the sources and why their rows gave no cut, never a division by zero or a short suite."""
     skipped: Counter = Counter()
     for s in manifest["sources"]:
         for reason, n in (s.get("rows_without_cut") or {}).items():
@@ -186,6 +188,8 @@ def training_suite(name: str, spec: dict, manifest: dict, cuts: pl.DataFrame, te
 
 
 def file_suite(name: str, spec: dict, template: ChatTemplate, manifest: dict | None) -> tuple[list[Prompt], dict]:
+    """A suite from a user's JSONL file (a control set such as generic prompts); every unusable line
+    is counted by reason and named by file:line, none is dropped silently."""
     path = Path(spec["path"])
     if not path.is_file():
         raise SpecmatchError(f"suites.{name}.path: {path}: file not found")

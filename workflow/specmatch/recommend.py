@@ -67,7 +67,8 @@ def derived_servers(recs: list[Recommendation], configs: dict, infos: dict[str, 
     out = {}
     for r in recs:
         cfg = configs.get(r.server)
-        if cfg is None or infos[r.server].engine == "external" or r.action != "schedule":
+        if (cfg is None or infos[r.server].engine == "external" or r.action not in ("schedule", "keep")
+                or r.as_configured):
             continue
         spec = copy.deepcopy(cfg.get("speculative") or {})
         if r.vllm_schedule:
@@ -79,13 +80,15 @@ def derived_servers(recs: list[Recommendation], configs: dict, infos: dict[str, 
         else:
             continue
         name = r.server + SUFFIX
-        out[name] = {"parent": r.server, "suite": r.suite, "config": {**copy.deepcopy(cfg), "speculative": spec}}
+        out[name] = {"parent": r.server, "suite": r.suite, "config": {**{k: v for k, v in copy.deepcopy(cfg).items() if k != "suites"}, "speculative": spec}}
         r.derived_server = name
     return out
 
 
 def primary_analysis(cells, baseline: str, settings: Settings, configs: dict, infos: dict,
                      suites: list[str]) -> Analysis:
+    """The analysis of the configured servers only: a recommendation must not depend on the
+    derived servers that exist to verify it."""
     primary = [s for s in configs if not s.endswith(SUFFIX)]
     return analyse([c for c in cells if c[0].server in primary], baseline, settings, infos, suites, primary)
 

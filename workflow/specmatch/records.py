@@ -341,6 +341,7 @@ class Recommendation(Record):
     text: str = ""
     evidence: str = ""
     derived_server: Optional[str] = None  # "<server>__recommended" when it is measured on the grid
+    as_configured: bool = False           # the recommended deployment is the server as configured
 
     @classmethod
     def from_json(cls, obj: dict) -> "Recommendation":

@@ -37,6 +37,7 @@ def flat(x):
 
 
 def role_of(turn: dict) -> str:
+    """A turn's role in OpenAI terms; ShareGPT's `from: human/gpt` is mapped so both formats cut alike."""
     r = turn.get("role", turn.get("from"))
     return ROLES.get(r, r)
 
@@ -310,6 +311,8 @@ class RowCut:
 
 
 def tokenized_cuts(ids: list[int], spans: list[tuple[int, int]]) -> list[RowCut]:
+    """One cut per assistant span: the prompt is every token before it (the training context the
+    drafter saw), keyed by a hash of those ids so two rows with the same prompt are one prompt."""
     return [RowCut(t, len(spans), s, e - s, ids_key(ids[:s])) for t, (s, e) in enumerate(spans)]
 
 

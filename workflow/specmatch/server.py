@@ -53,6 +53,7 @@ OWNER_ENV = "SPECMATCH_OWNER_PID"
 
 
 def pid_alive(pid: int | None) -> bool:
+    """Whether a process runs; a zombie counts as dead, so a crashed server is never taken for live."""
     if not pid:
         return False
     try:

@@ -153,4 +153,5 @@ def gammainc(a: float, x: float) -> float:
 
 
 def chi2_cdf(x: float, dof: float) -> float:
+    """Chi-square distribution function (for the robust run-to-run estimate), without scipy."""
     return gammainc(dof / 2.0, x / 2.0)

@@ -118,6 +118,8 @@ def headline(an: Analysis, training: list[str], control: list[str]) -> list[str]
 
 
 def shape(an: Analysis, server: str, suite: str, metric: str = "output_throughput") -> str:
+    """The headline for one server and suite, read off the typed verdicts (never off prose), so it
+    can never claim "pays" where the verdict table says inconclusive."""
     vs = sorted((v for v in an.verdicts if (v.server, v.suite, v.metric) == (server, suite, metric)),
                 key=lambda v: v.concurrency)
     if not vs:
@@ -207,7 +209,7 @@ def recommendation_lines(an: Analysis, recs: list[Recommendation], verified: dic
         if v and v.get("measured"):
             rows = v["per_concurrency"]
             if v["matches_best"] is True:
-                text += (f" **Verified:** `{v['server']}` matched the best of the baseline and always-on at "
+                text += (f" **Verified:** `{v['server']}` matched the best of `{an.baseline}` and `{r.server}` at "
                          f"c={_cs(x['concurrency'] for x in rows)} within noise.")
             elif v["matches_best"] is False:
                 text += (f" **Verification failed:** `{v['server']}` " + "; ".join(
@@ -216,9 +218,10 @@ def recommendation_lines(an: Analysis, recs: list[Recommendation], verified: dic
             else:
                 text += (f" **Verification undecided:** `{v['server']}` vs the best at each concurrency: " + ", ".join(
                     f"c={x['concurrency']} {x['verdict']} ({_fmt(x['speedup'])}x)" for x in rows) + ".")
-        elif r.action in ("keep", "off"):
-            text += (" The recommended deployment is one already measured (" +
-                     (f"`{r.server}` as configured" if r.action == "keep" else f"the baseline `{an.baseline}`") + ").")
+        elif r.as_configured:
+            text += f" The recommended deployment is one already measured (`{r.server}` as configured)."
+        elif r.action == "off":
+            text += f" The recommended deployment is one already measured (the baseline `{an.baseline}`)."
         lines.append(text)
     return lines
 

@@ -14,6 +14,7 @@ ENGINES = {"vllm": VLLMEngine, "sglang": SGLangEngine, "external": ExternalEngin
 
 
 def get_engine(server_cfg: dict) -> Engine:
+    """The adapter for a server config's `engine` (the schema has already checked the name)."""
     return ENGINES[server_cfg["engine"]](server_cfg)
 
 

@@ -26,10 +26,13 @@ class LaunchPlan:
 
 
 def redact_env(env: dict[str, str]) -> dict[str, str]:
+    """Environment as written to launch records and logs: values of secret-looking names are hidden."""
     return {k: ("<redacted>" if SECRET_KEY.search(k) else v) for k, v in env.items()}
 
 
 def redact_argv(argv: list[str]) -> list[str]:
+    """argv as written to launch records and logs: the value of every secret flag (`--api-key X` or
+    `--api-key=X`) is hidden, so provenance can be shared."""
     out, hide = [], False
     for a in argv:
         if hide:
@@ -138,6 +141,7 @@ class Engine:
 
 
 def acceptance_fields(acc: Acceptance) -> dict:
+    """An Acceptance as the cell JSON's flat `spec_decode_*` fields (named as vLLM's metrics are)."""
     return {"spec_decode_num_drafts": acc.num_spec_steps, "spec_decode_num_draft_tokens": acc.num_draft_tokens,
             "spec_decode_num_accepted_tokens": acc.num_accepted_tokens,
             "spec_decode_acceptance_rate": acc.acceptance_rate,

@@ -41,6 +41,7 @@ def speculative_fields(python: str) -> tuple[str | None, frozenset | None, str]:
 
 
 def cuda_visible() -> bool:
+    """Whether a GPU is there, to pick the vLLM profile (cpu or gpu) when the config does not say."""
     return bool(os.environ.get("CUDA_VISIBLE_DEVICES", "").strip()) or Path("/dev/nvidia0").exists()
 
 
