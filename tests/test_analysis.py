@@ -246,3 +246,27 @@ def test_verification_catches_a_switch_that_costs_throughput():
     v = verify(an2, an2.recommendations[0], "spec__recommended")
     assert v["matches_best"] is False and [x["concurrency"] for x in v["costs"]] == [16]
     assert v["costs"][0]["against"] == "baseline"
+
+
+def test_a_recommendation_another_server_already_deploys_is_not_measured_twice():
+    """`ngram_off_above_4` should be on everywhere: that is `ngram` as configured, whose cells on the
+    same suite verify it; an SGLang-free, vLLM-only check of the config equivalence."""
+    from specmatch.recommend import derived_servers, same_deployment
+
+    ngram = {"engine": "vllm", "model": "m", "speculative": {"method": "ngram", "num_speculative_tokens": 4}}
+    off4 = {"engine": "vllm", "model": "m", "suites": ["s"],
+            "speculative": {"method": "ngram", "num_speculative_tokens": 4,
+                            "num_speculative_tokens_per_batch_size": [[1, 4, 4], [5, 256, 0]]}}
+    info = ServerInfo("off4", "vllm", "vllm", off4["speculative"], 256)
+    rec = recommend(info, "s", *verdicts({1: (1.5, Decision.PAYS), 4: (1.4, Decision.PAYS),
+                                          16: (1.1, Decision.INCONCLUSIVE)}), S)
+    assert rec.vllm_schedule == [[1, 256, 4]]
+    assert derived_servers([rec], {"ngram": ngram, "off4": off4}, {"off4": info}) == {}
+    assert rec.measured_by == "ngram" and rec.derived_server is None
+    # not the same deployment: another k, another model, or not measured on that suite
+    assert not same_deployment({**ngram, "speculative": {**ngram["speculative"], "num_speculative_tokens": 3}},
+                               ngram, 256)
+    assert not same_deployment({**ngram, "model": "other"}, ngram, 256)
+    rec.measured_by = None
+    got = derived_servers([rec], {"ngram": {**ngram, "suites": ["other"]}, "off4": off4}, {"off4": info})
+    assert list(got) == ["off4__recommended"] and "suites" not in got["off4__recommended"]["config"]

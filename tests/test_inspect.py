@@ -228,3 +228,35 @@ def test_mask_only_on_later_rows_is_seen_by_the_fast_path(tmp_path, tok_dir, mon
     fast.pop("seconds"), slow.pop("seconds")
     assert fast == slow and fast_cuts.equals(slow_cuts)
     assert fast["sources"][0]["by_schema"]["tokenized"]["mask"] == {"none": 1, "loss_mask": 3}
+
+
+@pytest.mark.parametrize("text", [
+    "[1, 2, 3]", "[0]", "[-100, 5, -1]", "[[7, 8, 9]]", " [ 1 ,\n2 ]".strip(), "[123456789012345678]",
+    "[49151, 0, 10, 100, 1000, 10000]", "[-0, 1]",
+])
+def test_integer_arrays_are_read_exactly(text):
+    from specmatch.inspection import _ints
+
+    want = json.loads(text)
+    want = want[0] if want and isinstance(want[0], list) else want
+    assert _ints(text.encode()).tolist() == want
+
+
+@pytest.mark.parametrize("text", ["[1.5, 2]", "[1e3]", '["1"]', "[true]", "[null]", "[]", "[[1], [2]]",
+                                  "[[[1]]]", "[1234567890123456789012]", "{}"])
+def test_anything_but_an_integer_array_goes_to_the_exact_path(text):
+    from specmatch.inspection import _ints
+
+    assert _ints(text.encode()) is None
+
+
+def test_random_integer_arrays_match_json(tmp_path):
+    import random
+
+    from specmatch.inspection import _ints
+
+    rng = random.Random(1)
+    for _ in range(300):
+        ids = [rng.choice([rng.randrange(0, 10), rng.randrange(0, 200_000), -100]) for _ in range(rng.randrange(1, 60))]
+        sep = rng.choice([",", ", ", " , ", ",\t"])
+        assert _ints(("[" + sep.join(map(str, ids)) + "]").encode()).tolist() == ids

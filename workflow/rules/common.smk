@@ -100,12 +100,15 @@ UPSTREAM = 10**6
 def server_priority(wildcards):
     """Run order: repeat by repeat, and within a repeat server by server, alternating the server order
     (config order, then reversed, ...) so drift and machine state hit every server alike; a server's
-    cells of one repeat run back to back on one session. Recommended servers come last.
+    cells of one repeat run back to back on one session. Recommended servers come after the decision
+    (they exist only then) and are ordered the same way among themselves: two of them with one
+    priority would interleave their cells and restart a server for every cell.
     """
     r = int(wildcards.repeat)
-    order = SERVERS if r % 2 else SERVERS[::-1]
-    pos = order.index(wildcards.server) if wildcards.server in order else len(order)
-    return 10 * ((len(REPEATS) - r + 1) * (len(SERVERS) + 1) - pos)
+    names = SERVERS if wildcards.server in SERVERS else sorted(derived_servers())
+    order = names if r % 2 else names[::-1]
+    pos = order.index(wildcards.server)
+    return 10 * ((len(REPEATS) - r + 1) * (len(names) + 1) - pos)
 
 
 def launch_env(wildcards):

@@ -134,8 +134,9 @@ _TO_BITS = bytes.maketrans(b"01", b"\x00\x01")
 def _ints(raw) -> np.ndarray | None:
     """The integers of a JSON array (or of a [1, L] nested one) without a Python object per item;
     None for anything else (the exact path then says what is wrong). msgspec has checked the JSON
-    syntax already; numpy refuses (under the caller's warnings-as-errors) any element that is not
-    an integer: a float, a string, a nested list, true/false/null."""
+    syntax already; numpy's text reader refuses (warnings as errors) any element that is not an
+    integer: a float, a string, a nested list, true/false/null. It reads ~12 KB rows in ~40 us, 4x
+    a pure-numpy digit decoder and 6x json.loads (bench/inspect_rate.py)."""
     mv = memoryview(raw)
     if mv[:1] != b"[" or mv[-1:] != b"]":
         return None
@@ -145,11 +146,18 @@ def _ints(raw) -> np.ndarray | None:
         inner = bytes(mv[2:-2])
     else:
         inner = bytes(mv[1:-1])
-    try:
-        arr = np.fromstring(inner, dtype=np.int64, sep=",")
-    except (ValueError, DeprecationWarning):
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # "string or file could not be read to its end": not integers
+        try:
+            arr = np.fromstring(inner, dtype=np.int64, sep=",")
+        except (ValueError, DeprecationWarning):
+            return None
+    if not arr.size or arr.max() == _I64.max or arr.min() == _I64.min:  # strtoll saturates: beyond int64
         return None
-    return arr if arr.size else None
+    return arr
+
+
+_I64 = np.iinfo(np.int64)
 
 
 class UnitReader:
@@ -198,10 +206,7 @@ class UnitReader:
             rows = [_DECODE.decode(line) for line in b.raw]
         except (msgspec.DecodeError, msgspec.ValidationError):
             return False
-        parsed = []
-        with warnings.catch_warnings():
-            warnings.simplefilter("error")  # numpy's "could not be read to its end": not integers
-            return self._fast(b, rows, parsed)
+        return self._fast(b, rows, [])
 
     def _fast(self, b: readers.Batch, rows: list, parsed: list) -> bool:
         for r in rows:

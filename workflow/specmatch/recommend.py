@@ -60,6 +60,23 @@ def server_infos(launches: list[Path], configs: dict) -> dict[str, ServerInfo]:
     return infos
 
 
+def same_deployment(a: dict, b: dict, max_batch: int) -> bool:
+    """Whether two server configs deploy the same thing: equal but for `suites`, and speculating
+    with the same k at every batch size (a schedule of one constant k is no schedule)."""
+    from .analysis import server_k
+
+    def rest(c: dict) -> dict:
+        return {k: v for k, v in c.items() if k not in ("suites", "speculative")}
+
+    def spec_rest(c: dict) -> dict:
+        return {k: v for k, v in (c.get("speculative") or {}).items() if k != "num_speculative_tokens_per_batch_size"}
+
+    if rest(a) != rest(b) or spec_rest(a) != spec_rest(b):
+        return False
+    sa, sb = a.get("speculative") or {}, b.get("speculative") or {}
+    return all(server_k(sa, n) == server_k(sb, n) for n in range(1, max_batch + 1))
+
+
 def derived_servers(recs: list[Recommendation], configs: dict, infos: dict[str, ServerInfo],
                     adaptive_dir: Path | None = None) -> dict:
     """`<server>__recommended` configurations for recommendations that are new deployments (an SGLang
@@ -79,8 +96,14 @@ def derived_servers(recs: list[Recommendation], configs: dict, infos: dict[str, 
             spec["adaptive"] = str(path)
         else:
             continue
+        config = {**{k: v for k, v in copy.deepcopy(cfg).items() if k != "suites"}, "speculative": spec}
+        twin = next((n for n, c in configs.items() if n != r.server and r.suite in (c.get("suites") or [r.suite])
+                     and same_deployment(config, c, infos[r.server].max_batch)), None)
+        if twin:  # measured already, on the same grid: verify against its cells instead of measuring it twice
+            r.measured_by = twin
+            continue
         name = r.server + SUFFIX
-        out[name] = {"parent": r.server, "suite": r.suite, "config": {**{k: v for k, v in copy.deepcopy(cfg).items() if k != "suites"}, "speculative": spec}}
+        out[name] = {"parent": r.server, "suite": r.suite, "config": config}
         r.derived_server = name
     return out
 
@@ -125,7 +148,8 @@ def main(argv: list[str] | None = None) -> int:
                                        if r.derived_server is None}})
     rec.write([a.out, a.recommendations])
     for r in an.recommendations:
-        print(f"{r.server} ({r.suite}): {r.text}" + (f" -> measuring {r.derived_server}" if r.derived_server else ""))
+        print(f"{r.server} ({r.suite}): {r.text}" + (f" -> measuring {r.derived_server}" if r.derived_server else "")
+              + (f" -> already measured as {r.measured_by}" if r.measured_by else ""))
     return 0
 
 

@@ -342,6 +342,7 @@ class Recommendation(Record):
     evidence: str = ""
     derived_server: Optional[str] = None  # "<server>__recommended" when it is measured on the grid
     as_configured: bool = False           # the recommended deployment is the server as configured
+    measured_by: Optional[str] = None     # another configured server that already deploys it
 
     @classmethod
     def from_json(cls, obj: dict) -> "Recommendation":

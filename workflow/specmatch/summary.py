@@ -208,6 +208,8 @@ def recommendation_lines(an: Analysis, recs: list[Recommendation], verified: dic
         v = verified.get((r.server, r.suite))
         if v and v.get("measured"):
             rows = v["per_concurrency"]
+            if r.measured_by:
+                text += f" The recommended deployment is `{r.measured_by}`'s configuration, measured on the same grid."
             if v["matches_best"] is True:
                 text += (f" **Verified:** `{v['server']}` matched the best of `{an.baseline}` and `{r.server}` at "
                          f"c={_cs(x['concurrency'] for x in rows)} within noise.")
@@ -495,7 +497,7 @@ def main(argv: list[str] | None = None) -> int:
         recs = recs or an.recommendations
         verified = {}
         for r in recs:
-            name = r.derived_server or next((n for n, d in derived.items() if d["parent"] == r.server
+            name = r.derived_server or r.measured_by or next((n for n, d in derived.items() if d["parent"] == r.server
                                              and d["suite"] == r.suite), None)
             if name and name in an.servers:
                 r.verified = verify(an, r, name)
@@ -531,7 +533,8 @@ def _recommendation_record(r: Recommendation) -> dict:
     j = r.to_json()
     return {"server": j["server"], "suite": j["suite"], "regions": j["regions"], "crossover": j["crossover"],
             "vllm_schedule": j["vllm_schedule"], "sglang": j["sglang"], "verified": j["verified"],
-            "action": j["action"], "text": j["text"], "evidence": j["evidence"], "derived_server": j["derived_server"]}
+            "action": j["action"], "text": j["text"], "evidence": j["evidence"], "derived_server": j["derived_server"],
+            "measured_by": j["measured_by"], "as_configured": j["as_configured"]}
 
 
 if __name__ == "__main__":
