@@ -213,7 +213,44 @@ def test_configured_but_off_is_a_finding_not_noise():
     from specmatch.summary import markdown
 
     md = markdown(an, [], {}, [], [], [])
-    assert "drafted nothing at c=16" in md and "a finding, not noise" in md
+    assert "drafted nothing at c=16" in md and "a finding, not noise" in md and "costs 1" in md
+
+
+def test_configured_but_off_faster_names_what_the_engine_changed():
+    """Measured on vLLM 0.32 CPU: an n-gram server whose schedule is off at c=16 ran 1.36x the
+    baseline, because configuring n-gram speculation disables async scheduling. The finding must say
+    'faster' (not 'pays for being configured') and quote the engine's own warnings the baseline lacks."""
+    rng = np.random.default_rng(3)
+    cells = experiment(rng, {1: 1.3, 4: 1.2, 16: 1.35}, repeats=2, session_sd=0.01, cell_sd=0.01, request_cv=0.02)
+    for res, req in cells:
+        if res.server == "spec" and res.concurrency == 16:
+            res.spec_decode_num_drafts = 0
+    shared = "Chunked prefill is enabled with max_num_batched_tokens=2048."
+    infos = {"baseline": ServerInfo("baseline", "vllm", "vllm", None, 256, engine_warnings=(shared,)),
+             "spec": ServerInfo("spec", "vllm", "vllm", {"method": "ngram", "num_speculative_tokens": 4}, 256,
+                                engine_warnings=(shared, "Async scheduling not supported with ngram-based "
+                                                 "speculative decoding and will be disabled."))}
+    an = analyse(cells, "baseline", S, infos=infos)
+    assert an.off_cost[0].verdict == Decision.PAYS
+    from specmatch.summary import markdown
+
+    md = markdown(an, [], {}, [], [], [])
+    assert "runs 3" in md and "faster than the baseline" in md and "pays for being" not in md
+    assert '"Async scheduling not supported with ngram-based' in md and shared not in md
+
+
+def test_configured_but_off_within_noise_claims_nothing():
+    rng = np.random.default_rng(5)
+    cells = experiment(rng, {1: 1.3, 4: 1.0, 16: 1.0}, repeats=2, session_sd=0.01, cell_sd=0.01, request_cv=0.02)
+    for res, req in cells:
+        if res.server == "spec" and res.concurrency == 16:
+            res.spec_decode_num_drafts = 0
+    an = analyse(cells, "baseline", S)
+    assert an.off_cost[0].verdict in (Decision.EQUIVALENT, Decision.INCONCLUSIVE)
+    from specmatch.summary import markdown
+
+    md = markdown(an, [], {}, [], [], [])
+    assert "no cost of being configured is established" in md and "a finding, not noise" not in md
 
 
 def test_goodput_follows_vllm():

@@ -105,5 +105,10 @@ def test_load_generator_section_names_the_clock_and_every_warning():
     text = "\n".join(load_generator_lines(cells))
     assert "SO_TIMESTAMPNS" in text and "within 2.5 ms" in text and "40 token event(s)" in text
     assert "- warning, eagle / train / r1 / c=256: 40 token events (2.0%)" in text
+    burst = "16 requests at concurrency 16: each worker sends fewer than two"
+    many = [cell(s, 16, "kernel", 1.0, 0, [burst]) for s in ("baseline", "eagle", "ngram")]
+    text = "\n".join(load_generator_lines(many))
+    assert text.count(burst) == 1  # one line per distinct warning, naming every cell
+    assert f"- warning, 3 cells (baseline / train / r1 / c=16; eagle / train / r1 / c=16; ngram / train / r1 / c=16): {burst}" in text
     old = "\n".join(load_generator_lines([cell("b", 1, None, None, 0, [])]))
     assert "older specmatch" in old

@@ -177,3 +177,12 @@ def test_snakemake_report_has_the_verdict_and_plots(workdir):
     for needle in ("summary.md", "throughput.png", "speedup.png", "manifest", "4. Verdict", "3. Plots",
                    "1. Training data", "2. Prompt suites"):
         assert needle in html, needle
+
+
+def test_commands_without_cores_work(workdir):
+    """`--unlock`, `--summary` and a dry run take no `--cores`: no rule may need the core count
+    while the rules are parsed (a `threads: workflow.cores` did, and `--unlock` failed)."""
+    base = snakemake_cmd() + ["--configfile", "test.yaml"]
+    assert "Unlocked" in run(base + ["--unlock"], workdir).stdout + run(base + ["--unlock"], workdir).stderr
+    run(base + ["--summary"], workdir)
+    run(base + ["-n"], workdir)

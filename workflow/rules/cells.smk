@@ -26,7 +26,7 @@ rule cell:
         "server_{server}"
     conda:
         "../../envs/specmatch.yaml"
-    threads: workflow.cores
+    threads: whole_machine
     resources:
         serving_slot=1,
         gpu=server_gpus,

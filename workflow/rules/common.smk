@@ -92,6 +92,19 @@ def server_suites(name):
     return CFG["servers"][name].get("suites") or SUITES
 
 
+def whole_machine(wildcards):
+    """Every core Snakemake was given (`--cores`): a benchmark cell, a server launch, inspection and
+    drafter training each have the machine to themselves. Read when a job is built, not when the
+    rules are parsed, so `--unlock`, `--list-changes` and other commands without `--cores` work.
+    A cluster run without `--cores` asks for one: there the allocation is the machine (profiles/slurm
+    asks for `--exclusive`).
+    """
+    try:
+        return workflow.cores
+    except WorkflowError:
+        return 1
+
+
 # Everything upstream of the benchmarks (models, data, suites, drafter training) runs before any
 # server starts: a server started early would sit idle, or be replaced before its cells run.
 UPSTREAM = 10**6

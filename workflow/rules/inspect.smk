@@ -51,7 +51,7 @@ rule inspect:
     priority: UPSTREAM
     conda:
         "../../envs/specmatch.yaml"
-    threads: workflow.cores
+    threads: whole_machine
     params:
         root=dataset_root,
         tokenizer=dataset_tokenizer,

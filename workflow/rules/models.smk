@@ -51,7 +51,7 @@ rule train_drafter:
     priority: UPSTREAM
     conda:
         "../../envs/specmatch.yaml"
-    threads: workflow.cores
+    threads: whole_machine
     params:
         budget=drafter_budget,
         aux=drafter_aux_layers,

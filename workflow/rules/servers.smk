@@ -20,7 +20,7 @@ rule launch:
         launch_env
     # every core: a server starts only when nothing else runs, so everything upstream (which has
     # priority) is done before the first server starts, and no job slows a start-up down
-    threads: workflow.cores
+    threads: whole_machine
     resources:
         serving_slot=1,
         gpu=server_gpus,

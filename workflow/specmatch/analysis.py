@@ -545,6 +545,7 @@ class ServerInfo:
     max_batch: int               # the server's max_num_seqs / running-request cap
     sglang_adaptive: dict | None = None  # the installed SGLang's adaptive mechanism, if it has one
     version: str | None = None
+    engine_warnings: tuple = ()  # what the engine warned of at start-up (see launch.engine_warnings)
 
 
 def recommend(info: ServerInfo, suite: str, verdicts: list[Verdict], cmps: list[Comparison],

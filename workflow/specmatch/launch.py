@@ -13,6 +13,8 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -20,12 +22,19 @@ from pathlib import Path
 import requests
 
 from .engines import get_engine
+from .engines.base import SECRET_KEY
 from .files import SpecmatchError, sha256_tree, write_json
 from .provenance import Recorder, host
 from .cell import session_of
-from .server import Manager, config_hash
+from .server import START_MARKER, Manager, config_hash
 
 MAX_FULL_HASH_BYTES = 2 << 30
+# vLLM: "(APIServer pid=7374) WARNING 11-30 22:04:46 [vllm.py:1605] Async scheduling ..."; also
+# "WARNING: ..." and "WARNING [file.py:12] ..." forms. The message is what follows the level, a
+# timestamp and a [source] tag, so the same warning reads the same in every session.
+_WARNING = re.compile(r"\bWARNING\b:?\s*(?:\d\d-\d\d \d\d:\d\d:\d\d(?:\.\d+)?\s*)?(?:\[[^\]]*\]\s*)?(?P<msg>.+)")
+MAX_WARNINGS = 40
+STARTED = "Application startup complete"  # uvicorn's line, in vLLM's and SGLang's logs
 
 
 def model_identity(path: str | None) -> dict | None:
@@ -48,6 +57,34 @@ def model_identity(path: str | None) -> dict | None:
             h.update(f.read_bytes())
     return {"path": str(p), "local": True, "bytes": size, "sha256_shallow": "sha256:" + h.hexdigest(),
             "note": "weights larger than 2 GiB: hashed by names, sizes and config files"}
+
+
+def engine_warnings(log: str | Path | None, env: dict | None = None) -> list[str]:
+    """The engine's own start-up warnings in this session (the log after its last start marker, up
+    to uvicorn's "Application startup complete"), each once.
+
+    They say what a configuration changes besides drafting: vLLM 0.32 on CPU disables async
+    scheduling and caps the scheduled tokens when n-gram speculation is configured, which is what a
+    cell with speculation configured but switched off measures. Engines that log without a level
+    name (SGLang 0.5.18 logs `[time] message`, utils/common.py configure_logger) contribute nothing here.
+    """
+    if not log or not Path(log).is_file():
+        return []
+    text = Path(log).read_text(errors="replace")
+    for k, v in {**os.environ, **(env or {})}.items():  # an engine may echo a token: never into records
+        if SECRET_KEY.search(k) and len(v) >= 6:
+            text = text.replace(v, "<redacted>")
+    text = text[text.rfind(START_MARKER) + 1:] if START_MARKER in text else text
+    out: list[str] = []
+    for line in text.splitlines():
+        if STARTED in line:  # what follows is serving (or shutting down), not start-up
+            break
+        m = _WARNING.search(line)
+        if m and (msg := m.group("msg").strip()) and msg not in out:
+            out.append(msg)
+            if len(out) == MAX_WARNINGS:
+                break
+    return out
 
 
 def engine_versions(python: str) -> dict:
@@ -79,6 +116,7 @@ def build_record(name: str, cfg: dict, att, max_batch: int, repeat: int = 1) -> 
         "drafter": model_identity(spec.get("model")) if spec.get("model") else None,
         "speculative": spec or None,
         "accelerator": host(), "v1_models": models, "log": att.log,
+        "engine_warnings": engine_warnings(att.log, cfg.get("env")) if engine.launches else [],
         "base_url_at_launch": att.base_url if not engine.launches else None,
     }
 

@@ -56,7 +56,8 @@ def server_infos(launches: list[Path], configs: dict) -> dict[str, ServerInfo]:
         version = (rec.get("engine_versions") or {}).get("sglang")
         infos[name] = ServerInfo(name, rec.get("engine", cfg.get("engine")), rec.get("flavor", "openai"),
                                  cfg.get("speculative"), int(rec.get("max_batch") or 256),
-                                 adaptive_support(version) if rec.get("flavor") == "sglang" else None, version)
+                                 adaptive_support(version) if rec.get("flavor") == "sglang" else None, version,
+                                 tuple(rec.get("engine_warnings") or ()))
     return infos
 
 

@@ -50,6 +50,7 @@ def default_state_dir() -> Path:
 
 
 OWNER_ENV = "SPECMATCH_OWNER_PID"
+START_MARKER = "=== specmatch: starting "  # each session's first line in the server log
 
 
 def pid_alive(pid: int | None) -> bool:
@@ -208,7 +209,7 @@ class Manager:
         env.update(plan.env)
         t0 = time.time()
         with open(log_path, "ab") as log:
-            log.write(f"\n=== specmatch: starting {name} {session} at {time.strftime('%Y-%m-%dT%H:%M:%S')}: "
+            log.write(f"\n{START_MARKER}{name} {session} at {time.strftime('%Y-%m-%dT%H:%M:%S')}: "
                       f"{' '.join(redact_argv(plan.argv))}\n".encode())
         self.touch()
         idle = float(server_cfg.get("idle_timeout_s", 900))

@@ -185,10 +185,28 @@ def off_lines(an: Analysis) -> list[str]:
             what = "costs nothing measurable"
         else:
             what = "has an undecided cost"
+        if v.verdict in (Decision.LOSES, Decision.PAYS):
+            why = ("being configured changes more than drafting (a schedule's switch, the drafter's memory, other "
+                   "CUDA-graph sizes, scheduler settings the engine changes for speculation): a finding, not noise")
+        else:
+            why = "no cost of being configured is established"
         lines.append(f"- **{v.server}** drafted nothing at c={v.concurrency} on `{v.suite}` and {what}: "
-                     f"{_ci(v)} ({v.verdict.value}). A configuration that drafts nothing still pays for being "
-                     "configured (a schedule's switch, the drafter's memory, other CUDA-graph sizes): a finding, not noise.")
+                     f"{_ci(v)} ({v.verdict.value}); {why}.")
+    for server in sorted({v.server for v in an.off_cost}):
+        extra = warnings_beside(an, server)
+        if extra:
+            lines.append(f"- What the engine warned of for **{server}** at start-up and not for `{an.baseline}`: "
+                         + "; ".join(f"\"{w}\"" for w in extra))
     return lines
+
+
+def warnings_beside(an: Analysis, server: str) -> list[str]:
+    """The engine's start-up warnings for `server` that the baseline's session did not log: what the
+    engine itself changed because speculation is configured."""
+    own, base = an.infos.get(server), an.infos.get(an.baseline)
+    if own is None or base is None:
+        return []
+    return [w for w in own.engine_warnings if w not in set(base.engine_warnings)]
 
 
 def recommendation_lines(an: Analysis, recs: list[Recommendation], verified: dict) -> list[str]:
@@ -344,8 +362,13 @@ def load_generator_lines(cells: list) -> list[str]:
              + (f" The client read each response within {max(lags):.1f} ms of its arrival (worst cell's p99)"
                 if lags else "")
              + f"; {coalesced} token event(s) reached it in one read with their stream's previous token."]
+    by_text: dict[str, list[str]] = {}  # one line per distinct warning, naming every cell that gave it
     for c in cells:
-        lines += [f"- warning, {c.server} / {c.suite} / r{c.repeat} / c={c.concurrency}: {w}" for w in c.warnings or []]
+        for w in c.warnings or []:
+            by_text.setdefault(w, []).append(f"{c.server} / {c.suite} / r{c.repeat} / c={c.concurrency}")
+    for w, where in by_text.items():
+        lines.append(f"- warning, {where[0]}: {w}" if len(where) == 1 else
+                     f"- warning, {len(where)} cells ({'; '.join(where)}): {w}")
     return lines
 
 

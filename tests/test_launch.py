@@ -1,0 +1,29 @@
+"""Launch records: the engine's own start-up warnings, read from real vLLM 0.32 CPU logs (recorded by
+a default run: the baseline, and an n-gram server with a batch-size schedule)."""
+from pathlib import Path
+
+from specmatch.launch import engine_warnings
+from specmatch.server import START_MARKER
+
+FIX = Path(__file__).parent / "fixtures" / "vllm"
+
+
+def test_warnings_of_a_real_vllm_start_up():
+    base = engine_warnings(FIX / "startup_cpu_0.32_baseline.log")
+    spec = engine_warnings(FIX / "startup_cpu_0.32_ngram_off_above_4.log")
+    assert "Triton is not installed. triton-cpu is expected on x86 CPUs." in base  # prefix, time, [source] gone
+    assert len(base) == len(set(base))  # one entry per warning, though three processes log it
+    only_spec = [w for w in spec if w not in base]
+    assert only_spec[0] == "Async scheduling not supported with ngram-based speculative decoding and will be disabled."
+    assert any(w.startswith("max_num_scheduled_tokens is set to 2048 based on the speculative") for w in only_spec)
+    assert "min_p and logit_bias parameters won't work with speculative decoding." in only_spec
+    assert not any("pid=" in w or "[vllm.py" in w for w in base + spec)
+
+
+def test_only_the_last_session_and_no_secrets(tmp_path):
+    log = tmp_path / "server.log"
+    log.write_text(f"{START_MARKER}s r1 at T: argv\n(APIServer pid=1) WARNING 11-30 22:00:45 [x.py:1] old session\n"
+                   f"{START_MARKER}s r2 at T: argv\n(APIServer pid=2) WARNING 11-30 22:10:45 [x.py:1] token hf_abcdef123 rejected\n"
+                   "INFO 11-30 22:10:46 [x.py:2] not a warning\nWARNING: plain form\n")
+    assert engine_warnings(log, {"HF_TOKEN": "hf_abcdef123"}) == ["token <redacted> rejected", "plain form"]
+    assert engine_warnings(tmp_path / "absent.log") == [] and engine_warnings(None) == []
