@@ -201,12 +201,18 @@ def test_run_to_run_variance_is_robust_to_one_outlier():
     assert 0.01 < base < 0.06 and hit < base * 1.5
 
 
-def test_configured_but_off_is_a_finding_not_noise():
-    rng = np.random.default_rng(2)
-    cells = experiment(rng, {1: 1.3, 4: 1.0, 16: 0.87}, repeats=2, session_sd=0.01, cell_sd=0.01, request_cv=0.02)
+def off_at_16(seed: int, speedups: dict) -> list:
+    """A synthetic experiment whose speculative server drafted nothing at c=16 (a schedule's switch)."""
+    cells = experiment(np.random.default_rng(seed), speedups, repeats=2, session_sd=0.01, cell_sd=0.01,
+                       request_cv=0.02)
     for res, req in cells:
         if res.server == "spec" and res.concurrency == 16:
             res.spec_decode_num_drafts = 0
+    return cells
+
+
+def test_configured_but_off_is_a_finding_not_noise():
+    cells = off_at_16(2, {1: 1.3, 4: 1.0, 16: 0.87})
     an = analyse(cells, "baseline", S)
     assert [(v.server, v.concurrency) for v in an.off_cost] == [("spec", 16)]
     assert an.off_cost[0].speedup == pytest.approx(0.87, abs=0.06)
@@ -220,11 +226,7 @@ def test_configured_but_off_faster_names_what_the_engine_changed():
     """Measured on vLLM 0.32 CPU: an n-gram server whose schedule is off at c=16 ran 1.36x the
     baseline, because configuring n-gram speculation disables async scheduling. The finding must say
     'faster' (not 'pays for being configured') and quote the engine's own warnings the baseline lacks."""
-    rng = np.random.default_rng(3)
-    cells = experiment(rng, {1: 1.3, 4: 1.2, 16: 1.35}, repeats=2, session_sd=0.01, cell_sd=0.01, request_cv=0.02)
-    for res, req in cells:
-        if res.server == "spec" and res.concurrency == 16:
-            res.spec_decode_num_drafts = 0
+    cells = off_at_16(3, {1: 1.3, 4: 1.2, 16: 1.35})
     shared = "Chunked prefill is enabled with max_num_batched_tokens=2048."
     infos = {"baseline": ServerInfo("baseline", "vllm", "vllm", None, 256, engine_warnings=(shared,)),
              "spec": ServerInfo("spec", "vllm", "vllm", {"method": "ngram", "num_speculative_tokens": 4}, 256,
@@ -240,11 +242,7 @@ def test_configured_but_off_faster_names_what_the_engine_changed():
 
 
 def test_configured_but_off_within_noise_claims_nothing():
-    rng = np.random.default_rng(5)
-    cells = experiment(rng, {1: 1.3, 4: 1.0, 16: 1.0}, repeats=2, session_sd=0.01, cell_sd=0.01, request_cv=0.02)
-    for res, req in cells:
-        if res.server == "spec" and res.concurrency == 16:
-            res.spec_decode_num_drafts = 0
+    cells = off_at_16(5, {1: 1.3, 4: 1.0, 16: 1.0})
     an = analyse(cells, "baseline", S)
     assert an.off_cost[0].verdict in (Decision.EQUIVALENT, Decision.INCONCLUSIVE)
     from specmatch.summary import markdown

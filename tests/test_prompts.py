@@ -174,13 +174,19 @@ def test_vectorised_cutting_equals_row_by_row(tmp_path, tok, tok_dir, monkeypatc
     assert smatch_x["skipped"]["holdout=True excluded by suite setting"] > 0
 
 
+def numbered(n: int) -> list[list[dict]]:
+    """n copies of CONV whose first user turns differ (so no two rows deduplicate)."""
+    convs = [[dict(m) for m in CONV] for _ in range(n)]
+    for i, conv in enumerate(convs):
+        conv[1]["content"] = f"[{i}] " + conv[1]["content"]
+    return convs
+
+
 def test_rows_without_mask_are_cut_at_the_template_markers(tmp_path, tok, tok_dir):
     root = tmp_path / "prepared"
     (root / "raw").mkdir(parents=True)
     with open(root / "raw" / "d.jsonl", "w") as fh:
-        for i in range(3):
-            conv = [dict(m) for m in CONV]
-            conv[1]["content"] = f"[{i}] " + conv[1]["content"]
+        for conv in numbered(3):
             row = tokenize_conversation(tok, conv)
             fh.write(json.dumps({"input_ids": row["input_ids"]}) + "\n")  # no loss_mask, no labels
     for turn, n_prev in (("last", 1), ("first", 0)):
@@ -252,9 +258,7 @@ def test_pre_templated_text_rows_are_cut_at_the_assistant_header(tmp_path, tok, 
     root = tmp_path / "prepared"
     (root / "txt").mkdir(parents=True)
     with open(root / "txt" / "rows.jsonl", "w") as fh:
-        for i in range(4):
-            conv = [dict(x) for x in CONV]
-            conv[1]["content"] = f"[{i}] " + conv[1]["content"]
+        for conv in numbered(4):
             fh.write(json.dumps({"text": tok.apply_chat_template(conv, tokenize=False)}) + "\n")
         fh.write(json.dumps({"text": "plain prose without any chat template"}) + "\n")
     rows, match = suite(root, tok, tok_dir, {"size": 4, "seed": 0, "turn": "last"})

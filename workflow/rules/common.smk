@@ -14,6 +14,7 @@ if _PKG not in sys.path:
 from specmatch.config import validate as _validate_config
 from specmatch.files import SpecmatchError
 from specmatch.recommend import SUFFIX
+from specmatch.run_order import UPSTREAM, priority as _run_priority
 from specmatch.workflow_env import prepare as _prepare_env
 
 try:
@@ -105,23 +106,11 @@ def whole_machine(wildcards):
         return 1
 
 
-# Everything upstream of the benchmarks (models, data, suites, drafter training) runs before any
-# server starts: a server started early would sit idle, or be replaced before its cells run.
-UPSTREAM = 10**6
-
-
 def server_priority(wildcards):
-    """Run order: repeat by repeat, and within a repeat server by server, alternating the server order
-    (config order, then reversed, ...) so drift and machine state hit every server alike; a server's
-    cells of one repeat run back to back on one session. Recommended servers come after the decision
-    (they exist only then) and are ordered the same way among themselves: two of them with one
-    priority would interleave their cells and restart a server for every cell.
-    """
-    r = int(wildcards.repeat)
+    """Run order (specmatch.run_order): repeat by repeat, server by server, alternating; recommended
+    servers come after the decision (they exist only then) and are ordered among themselves."""
     names = SERVERS if wildcards.server in SERVERS else sorted(derived_servers())
-    order = names if r % 2 else names[::-1]
-    pos = order.index(wildcards.server)
-    return 10 * ((len(REPEATS) - r + 1) * (len(names) + 1) - pos)
+    return _run_priority(wildcards.server, int(wildcards.repeat), names, len(REPEATS))
 
 
 def launch_env(wildcards):

@@ -117,8 +117,9 @@ def primary_analysis(cells, baseline: str, settings: Settings, configs: dict, in
     return analyse([c for c in cells if c[0].server in primary], baseline, settings, infos, suites, primary)
 
 
-def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m specmatch.recommend", description=__doc__.split("\n\n")[0])
+def analysis_arguments(p: argparse.ArgumentParser) -> None:
+    """What every step that analyses the cells reads (recommend, summary): one definition, so the
+    two steps cannot come to read the same measurements differently."""
     p.add_argument("--baseline", required=True)
     p.add_argument("--settings", default="{}")
     p.add_argument("--servers", required=True, help="the configured servers as JSON (name -> config)")
@@ -126,6 +127,11 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--requests", nargs="+", type=Path, required=True)
     p.add_argument("--launches", nargs="*", type=Path, default=[])
     p.add_argument("--suites", nargs="*", default=[], help="the suites recommendations are made on")
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m specmatch.recommend", description=__doc__.split("\n\n")[0])
+    analysis_arguments(p)
     p.add_argument("--no-verify", action="store_true", help="derive no recommended server")
     p.add_argument("--out", required=True, type=Path)
     p.add_argument("--recommendations", required=True, type=Path)

@@ -29,7 +29,7 @@ from .engines import definitions
 from .files import SpecmatchError, atomic_path, read_json, write_json, write_text
 from .provenance import Recorder
 from .records import Decision, Recommendation
-from .recommend import SUFFIX, load, primary_analysis, server_infos
+from .recommend import SUFFIX, analysis_arguments, load, primary_analysis, server_infos
 
 CELL_COLUMNS = ["server", "suite", "concurrency", "repeat", "engine", "completed", "failed", "duration",
                 "output_throughput", "request_throughput", "total_token_throughput", "mean_ttft_ms", "median_ttft_ms",
@@ -479,14 +479,8 @@ def plots(an: Analysis, out: Path) -> list[Path]:
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m specmatch.summary", description=__doc__.split("\n\n")[0])
-    p.add_argument("--baseline", required=True)
-    p.add_argument("--settings", default="{}")
-    p.add_argument("--servers", required=True, help="the configured servers as JSON (name -> config)")
-    p.add_argument("--cells", nargs="+", type=Path, required=True)
-    p.add_argument("--requests", nargs="+", type=Path, required=True)
-    p.add_argument("--launches", nargs="*", type=Path, default=[])
+    analysis_arguments(p)
     p.add_argument("--matches", nargs="*", type=Path, default=[])
-    p.add_argument("--suites", nargs="*", default=[], help="the suites recommendations are made on")
     p.add_argument("--recommendations", type=Path, help="the recommend step's recommendations.json")
     p.add_argument("--derived", type=Path, help="the recommend step's servers.json")
     p.add_argument("--out-dir", type=Path, required=True)
