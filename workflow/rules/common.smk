@@ -108,7 +108,8 @@ def whole_machine(wildcards):
 
 def server_priority(wildcards):
     """Run order (specmatch.run_order): repeat by repeat, server by server, alternating; recommended
-    servers come after the decision (they exist only then) and are ordered among themselves."""
+    servers come after the decision (they exist only then) and are ordered among themselves.
+    """
     names = SERVERS if wildcards.server in SERVERS else sorted(derived_servers())
     return _run_priority(wildcards.server, int(wildcards.repeat), names, len(REPEATS))
 
