@@ -17,12 +17,11 @@ import importlib
 import inspect as pyinspect
 import json
 import random
-import shutil
 import sys
 import textwrap
 from pathlib import Path
 
-from .files import SpecmatchError
+from .files import SpecmatchError, atomic_dir
 from .tokenizer import load_tokenizer
 
 CODE_MODULES = ["textwrap", "string", "posixpath", "shutil", "difflib", "heapq", "bisect", "functools",
@@ -151,38 +150,30 @@ def tokenize_conversation(tok, messages: list[dict]) -> dict:
 def build(out: Path, tokenizer: str, rows_per_source: dict[str, int], seed: int = 0) -> dict:
     tok = load_tokenizer(tokenizer)
     convs = conversations(rows_per_source, seed)
-    out = Path(out)
-    tmp = out.with_name(f".{out.name}.partial")
-    if tmp.exists():
-        shutil.rmtree(tmp)
-    tmp.mkdir(parents=True)
-    (tmp / "README.md").write_text("Demo EAGLE-3 training root built by specmatch from Python's own "
-                                   "sources and help topics. Not a benchmark of anything.\n")
     counts = {}
-    for source, rows in convs.items():
-        tokenized = [{"id": r["id"], **tokenize_conversation(tok, r["messages"])} for r in rows]
-        counts[source] = len(tokenized)
-        d = tmp / source
-        if source == "code_explain":  # a Parquet source, like HF datasets exports
-            import polars as pl
+    with atomic_dir(out) as tmp:
+        (tmp / "README.md").write_text("Demo EAGLE-3 training root built by specmatch from Python's own "
+                                       "sources and help topics. Not a benchmark of anything.\n")
+        for source, rows in convs.items():
+            tokenized = [{"id": r["id"], **tokenize_conversation(tok, r["messages"])} for r in rows]
+            counts[source] = len(tokenized)
+            d = tmp / source
+            if source == "code_explain":  # a Parquet source, like HF datasets exports
+                import polars as pl
 
-            d.mkdir(parents=True)
-            pl.DataFrame(tokenized).write_parquet(d / "train-00000-of-00001.parquet")
-        elif source == "agent_traces":  # nested, gzip-compressed shards
-            d = d / "2026-11"
-            d.mkdir(parents=True)
-            half = len(tokenized) // 2
-            for k, part in enumerate((tokenized[:half], tokenized[half:])):
-                with gzip.open(d / f"shard_{k:02d}.jsonl.gz", "wt", encoding="utf-8") as fh:
-                    fh.writelines(json.dumps(r) + "\n" for r in part)
-        else:
-            d.mkdir(parents=True)
-            with open(d / "tokenized_data.jsonl", "w", encoding="utf-8") as fh:
-                fh.writelines(json.dumps(r) + "\n" for r in tokenized)
-        # the conversations themselves, as a checksum-free sidecar a person can read
-    if out.exists():
-        shutil.rmtree(out)
-    tmp.rename(out)
+                d.mkdir(parents=True)
+                pl.DataFrame(tokenized).write_parquet(d / "train-00000-of-00001.parquet")
+            elif source == "agent_traces":  # nested, gzip-compressed shards
+                d = d / "2026-11"
+                d.mkdir(parents=True)
+                half = len(tokenized) // 2
+                for k, part in enumerate((tokenized[:half], tokenized[half:])):
+                    with gzip.open(d / f"shard_{k:02d}.jsonl.gz", "wt", encoding="utf-8") as fh:
+                        fh.writelines(json.dumps(r) + "\n" for r in part)
+            else:
+                d.mkdir(parents=True)
+                with open(d / "tokenized_data.jsonl", "w", encoding="utf-8") as fh:
+                    fh.writelines(json.dumps(r) + "\n" for r in tokenized)
     return {"root": str(out), "rows": counts}
 
 

@@ -30,7 +30,6 @@ from __future__ import annotations
 import argparse
 import json
 import math
-import shutil
 import sys
 import time
 from collections import Counter
@@ -39,7 +38,7 @@ from pathlib import Path
 
 import numpy as np
 
-from .files import SpecmatchError, read_json
+from .files import SpecmatchError, atomic_dir, read_json
 
 CONFIG_KEYS = ("hidden_size", "intermediate_size", "num_attention_heads", "num_key_value_heads", "rms_norm_eps",
                "max_position_embeddings", "hidden_act", "vocab_size", "bos_token_id", "eos_token_id", "head_dim",
@@ -398,23 +397,16 @@ def save(state: dict, out: Path, budget: Budget, provenance: dict) -> None:
     import torch
     from safetensors.torch import save_file
 
-    out = Path(out)
-    tmp = out.with_name(f".{out.name}.partial")
-    if tmp.exists():
-        shutil.rmtree(tmp)
-    tmp.mkdir(parents=True)
     sd = {k: v.detach().to(torch.bfloat16).contiguous() for k, v in state["head"].state_dict().items()}
     used = torch.from_numpy(state["used"])
     sd["d2t"] = (used - torch.arange(len(used))).to(torch.int64)
     sd["t2d"] = state["t2d"].contiguous()
-    save_file(sd, str(tmp / "model.safetensors"), metadata={"format": "pt"})
-    (tmp / "config.json").write_text(json.dumps(checkpoint_config(state["cfg"], budget, state["aux_layers"]),
-                                                indent=2) + "\n")
-    (tmp / "specmatch_drafter.json").write_text(json.dumps(
-        {"budget": asdict(budget), "metrics": state["metrics"], **provenance}, indent=2) + "\n")
-    if out.exists():
-        shutil.rmtree(out)
-    tmp.rename(out)
+    with atomic_dir(out) as tmp:
+        save_file(sd, str(tmp / "model.safetensors"), metadata={"format": "pt"})
+        (tmp / "config.json").write_text(json.dumps(checkpoint_config(state["cfg"], budget, state["aux_layers"]),
+                                                    indent=2) + "\n")
+        (tmp / "specmatch_drafter.json").write_text(json.dumps(
+            {"budget": asdict(budget), "metrics": state["metrics"], **provenance}, indent=2) + "\n")
 
 
 def main(argv: list[str] | None = None) -> int:

