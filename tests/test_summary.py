@@ -112,3 +112,36 @@ def test_load_generator_section_names_the_clock_and_every_warning():
     assert f"- warning, 3 cells (baseline / train / r1 / c=16; eagle / train / r1 / c=16; ngram / train / r1 / c=16): {burst}" in text
     old = "\n".join(load_generator_lines([cell("b", 1, None, None, 0, [])]))
     assert "older specmatch" in old
+
+
+def test_recommended_server_cells_join_the_tables_but_not_the_decision(tmp_path):
+    """The recommend step derived `spec__recommended` and the workflow measured it: its cells get
+    verdicts and verify the recommendation, while the recommendation stays the primary grid's."""
+    primary = experiment(np.random.default_rng(0), {1: 1.5, 4: 1.2, 16: 0.6}, repeats=3, session_sd=0.01, cell_sd=0.01)
+    alone, _ = run_summary(tmp_path / "alone", primary, {"baseline": None, "spec": SPEC})
+    # the schedule's switch costs 20% at c=16, where the baseline is the best
+    measured = [(r, q) for r, q in experiment(np.random.default_rng(5), {1: 1.5, 4: 1.2, 16: 0.8}, repeats=3,
+                                              session_sd=0.01, cell_sd=0.01) if r.server == "spec"]
+    for res, _ in measured:
+        res.server = "spec__recommended"
+    root = tmp_path / "with"
+    cp, rp = write_cells(root, primary + measured)
+    lp = launches(root, {"baseline": None, "spec": SPEC})
+    derived = root / "servers.json"
+    write_json(derived, {"servers": {"spec__recommended": {"parent": "spec", "suite": "s", "config": {}}}})
+    cfgs = {"baseline": {"engine": "vllm", "model": "m"}, "spec": {"engine": "vllm", "model": "m", "speculative": SPEC}}
+    out = root / "summary"
+    assert main(["--baseline", "baseline", "--settings", json.dumps({"bootstrap": 300}), "--servers", json.dumps(cfgs),
+                 "--cells", *cp, "--requests", *rp, "--launches", *lp, "--suites", "s", "--derived", str(derived),
+                 "--out-dir", str(out)]) == 0
+    verdicts = json.loads((out / "verdicts.json").read_text())
+    mine = {(v["concurrency"], v["metric"]): v["verdict"] for v in verdicts if v["server"] == "spec__recommended"}
+    assert {c for c, _ in mine} == {1, 4, 16} and mine[(1, "output_throughput")] == "pays"
+    assert mine[(16, "output_throughput")] == "loses"
+    spec_alone = [v for v in json.loads((alone / "verdicts.json").read_text()) if v["server"] == "spec"]
+    assert [v for v in verdicts if v["server"] == "spec"] == spec_alone  # the primary grid's verdicts, unchanged
+    rec = json.loads((out / "recommendations.json").read_text())[0]
+    assert rec["vllm_schedule"] == json.loads((alone / "recommendations.json").read_text())[0]["vllm_schedule"]
+    assert rec["verified"]["server"] == "spec__recommended" and rec["verified"]["matches_best"] is False
+    assert "**Verification failed:** `spec__recommended` ran at 0.7" in (out / "summary.md").read_text()
+    assert "of `baseline` at c=16: the schedule's switch costs throughput" in (out / "summary.md").read_text()

@@ -734,6 +734,29 @@ def drafted_nothing(m: Measurements, server: str, suite: str, c: int) -> bool:
     return bool(cells) and all(x.spec_decode_num_drafts == 0 for x in cells)
 
 
+def server_verdicts(m: Measurements, rr: RunToRun, server: str, baseline: str, suites: list, concurrencies: list
+                    ) -> tuple[list, dict, list]:
+    """One server against the baseline wherever both were measured: its verdicts (every suite, metric
+    and concurrency), the comparisons they rest on by (server, suite, metric) in concurrency order,
+    and the throughput verdicts of cells where it drafted nothing (configured but off)."""
+    verdicts, comparisons, off = [], {}, []
+    for suite in suites:
+        for metric in m.settings.metrics:
+            row = []
+            for c in concurrencies:
+                if not m.repeats(server, suite, c) or not m.repeats(baseline, suite, c):
+                    continue
+                cmp = compare(m, rr, server, baseline, suite, c, metric)
+                row.append(cmp)
+                v = decide(cmp, m.settings)
+                verdicts.append(v)
+                if metric == "output_throughput" and drafted_nothing(m, server, suite, c):
+                    off.append(v)
+            if row:
+                comparisons[(server, suite, metric)] = row
+    return verdicts, comparisons, off
+
+
 def analyse(cells: list[tuple[CellResult, pl.DataFrame]], baseline: str, settings: Settings,
             infos: dict[str, ServerInfo] | None = None, recommend_suites: list[str] | None = None,
             primary: list[str] | None = None) -> Analysis:
@@ -752,22 +775,11 @@ def analyse(cells: list[tuple[CellResult, pl.DataFrame]], baseline: str, setting
     rr = run_to_run(m, primary)
     verdicts, comparisons, off = [], {}, []
     for server in servers:
-        if server == baseline:
-            continue
-        for suite in suites:
-            for metric in settings.metrics:
-                row = []
-                for c in concurrencies:
-                    if not m.repeats(server, suite, c) or not m.repeats(baseline, suite, c):
-                        continue
-                    cmp = compare(m, rr, server, baseline, suite, c, metric)
-                    row.append(cmp)
-                    v = decide(cmp, settings)
-                    verdicts.append(v)
-                    if metric == "output_throughput" and drafted_nothing(m, server, suite, c):
-                        off.append(v)
-                if row:
-                    comparisons[(server, suite, metric)] = row
+        if server != baseline:
+            vs, cmps, offs = server_verdicts(m, rr, server, baseline, suites, concurrencies)
+            verdicts += vs
+            comparisons.update(cmps)
+            off += offs
     acc = [acceptance_summary(m, s_, u) for s_ in servers if s_ != baseline for u in suites]
     acc = [a for a in acc if a.length is not None]
     recs = []

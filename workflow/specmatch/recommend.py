@@ -21,7 +21,7 @@ from pathlib import Path
 
 import polars as pl
 
-from .analysis import Analysis, ServerInfo, Settings, analyse
+from .analysis import Analysis, ServerInfo, Settings, analyse, server_k
 from .files import SpecmatchError, read_json, write_json
 from .provenance import Recorder
 from .records import CellResult, Recommendation
@@ -64,8 +64,6 @@ def server_infos(launches: list[Path], configs: dict) -> dict[str, ServerInfo]:
 def same_deployment(a: dict, b: dict, max_batch: int) -> bool:
     """Whether two server configs deploy the same thing: equal but for `suites`, and speculating
     with the same k at every batch size (a schedule of one constant k is no schedule)."""
-    from .analysis import server_k
-
     def rest(c: dict) -> dict:
         return {k: v for k, v in c.items() if k not in ("suites", "speculative")}
 

@@ -495,22 +495,16 @@ def main(argv: list[str] | None = None) -> int:
         derived = read_json(a.derived)["servers"] if a.derived else {}
         an = primary_analysis(cells, a.baseline, settings, configs, infos, a.suites)
         if derived:  # the recommended servers' cells join the tables; the decisions stay the primary grid's
-            from .analysis import Measurements, compare, decide, drafted_nothing
+            from .analysis import Measurements, server_verdicts
 
             full = Measurements.of(cells, settings)
             an.measurements = full
             an.servers = full.servers()
             for name in derived:
-                for suite in an.suites:
-                    for c in an.concurrencies:
-                        if full.repeats(name, suite, c) and full.repeats(a.baseline, suite, c):
-                            for metric in settings.metrics:
-                                v = decide(compare(full, an.run_to_run, name, a.baseline, suite, c, metric), settings)
-                                an.verdicts.append(v)
-                                if metric == "output_throughput" and drafted_nothing(full, name, suite, c):
-                                    an.off_cost.append(v)
-        recs = [Recommendation.from_json(r) for r in read_json(a.recommendations)] if a.recommendations else \
-            an.recommendations
+                vs, _, offs = server_verdicts(full, an.run_to_run, name, a.baseline, an.suites, an.concurrencies)
+                an.verdicts += vs
+                an.off_cost += offs
+        recs = [Recommendation.from_json(r) for r in read_json(a.recommendations)] if a.recommendations else []
         recs = recs or an.recommendations
         verified = {}
         for r in recs:
