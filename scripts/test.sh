@@ -1,8 +1,20 @@
 #!/usr/bin/env bash
-# Set up (idempotent) and run the whole test suite, including the end-to-end test that runs the
-# real workflow against a real vLLM CPU server. Extra arguments go to pytest (e.g. -m "not vllm").
+# Set up (idempotent) and run the tests. Extra arguments go to pytest (e.g. -k cell, -x).
+#   scripts/test.sh           everything, including the end-to-end test that runs the real workflow
+#                             against a real vLLM CPU server (what CI runs, via .ci/run)
+#   scripts/test.sh --quick   everything except the real-engine tests (marker vllm) and the long ones
+#                             (marker slow: calibration, whole-workflow runs, the engines' own
+#                             parsers): under 3 minutes on 2 cores; run it while working
 set -euo pipefail
 cd "$(dirname "$0")/.."
+quick=0
+args=()
+for a in "$@"; do
+  if [[ $a == --quick ]]; then quick=1; else args+=("$a"); fi
+done
 bash scripts/setup.sh
 bash scripts/setup-parsers.sh
-exec .venv/bin/python -m pytest -ra "$@"
+if ((quick)); then
+  exec .venv/bin/python -m pytest -ra -m "not vllm and not slow" "${args[@]}"
+fi
+exec .venv/bin/python -m pytest -ra "${args[@]}"

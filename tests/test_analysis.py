@@ -5,9 +5,10 @@ import numpy as np
 import pytest
 
 from specmatch.analysis import (Comparison, ServerInfo, Settings, analyse, crossover, decide, recommend, server_k,
-                                validate_schedule, verify)
-from specmatch.records import Decision, Verdict
+                                validate_schedule, verify_recommendations)
+from specmatch.records import Decision, Direction, Outcome, Verdict
 from specmatch.simulate import cell, experiment
+from specmatch.stats import t_ppf
 
 S = Settings(bootstrap=400)
 
@@ -130,15 +131,16 @@ def test_non_monotone_shapes_are_regions():
     shape = {1: (0.7, Decision.LOSES), 4: (0.9, Decision.LOSES), 16: (1.3, Decision.PAYS), 64: (1.4, Decision.PAYS)}
     rec = recommend(VLLM, "s", *verdicts(shape), S)
     assert [(r.verdict, r.first, r.last) for r in rec.regions] == [(Decision.LOSES, 1, 4), (Decision.PAYS, 16, 64)]
-    assert rec.crossover.direction == "starts paying" and 4 < rec.crossover.point < 16
+    assert rec.crossover.direction is Direction.STARTS_PAYING and 4 < rec.crossover.point < 16
     assert rec.vllm_schedule[0][2] == 0 and rec.vllm_schedule[-1][2] == 3
 
 
 def test_crossover_has_an_interval():
     vs, cmps = verdicts({1: (1.3, Decision.PAYS), 4: (1.0, Decision.INCONCLUSIVE), 16: (0.7, Decision.LOSES)})
-    x = crossover(cmps, S)
-    assert x.direction == "stops paying" and 3 < x.point < 5.5 and x.lo < x.point < x.hi
-    assert crossover(verdicts({1: (1.3, Decision.PAYS), 4: (1.2, Decision.PAYS)})[1], S) is None
+    x = crossover(vs, cmps, S)
+    assert x.direction is Direction.STOPS_PAYING and 3 < x.point < 5.5 and x.lo < x.point < x.hi
+    assert (x.below, x.above) == (1, 16) and 1 <= x.lo and x.hi <= 16
+    assert crossover(*verdicts({1: (1.3, Decision.PAYS), 4: (1.2, Decision.PAYS)}), S) is None
 
 
 def test_sglang_gets_its_nearest_mechanism_or_an_honest_none():
@@ -278,9 +280,13 @@ def test_verification_catches_a_switch_that_costs_throughput():
     an = analyse(cells, "baseline", S, {"spec": VLLM}, ["s"], primary=["baseline", "spec"])
     an2 = analyse(cells + rec_cells, "baseline", S, {"spec": VLLM}, ["s"], primary=["baseline", "spec"])
     assert an.run_to_run.tau2 == an2.run_to_run.tau2  # the recommendation's grid decides, not the check
-    v = verify(an2, an2.recommendations[0], "spec__recommended")
-    assert v["matches_best"] is False and [x["concurrency"] for x in v["costs"]] == [16]
-    assert v["costs"][0]["against"] == "baseline"
+    rec = an2.recommendations[0]
+    rec.derived_server = "spec__recommended"
+    v = verify_recommendations(an2, [rec], {})[0].verified
+    assert v.outcome is Outcome.FAILED and v.metric == S.recommend_metric
+    costs = [x for x in v.per_concurrency if x["verdict"] == "loses"]
+    assert [x["concurrency"] for x in costs] == [16] and costs[0]["against"] == "baseline"
+    assert v.error_rates == {"verified_if_costly": pytest.approx(0.1), "failed_if_correct": pytest.approx(0.1)}
 
 
 def test_a_recommendation_another_server_already_deploys_is_not_measured_twice():
@@ -305,3 +311,239 @@ def test_a_recommendation_another_server_already_deploys_is_not_measured_twice()
     rec.measured_by = None
     got = derived_servers([rec], {"ngram": {**ngram, "suites": ["other"]}, "off4": off4}, {"off4": info})
     assert list(got) == ["off4__recommended"] and "suites" not in got["off4__recommended"]["config"]
+
+
+# -- issue 18 ------------------------------------------------------------------------------------
+def grid(rng, speed: dict, sd_c, repeats=3, suites=("a", "b", "c"), prompts=24, session_sd=0.0, request_cv=0.05,
+         cs=(1, 4, 16)) -> list:
+    """Cells of servers whose speed at c is speed[server][c] (x the baseline's), with run-to-run noise of
+    sd_c[c] per cell (and session_sd per server session): noise that differs by concurrency."""
+    out = np.full(prompts, 64.0)
+    same = np.random.default_rng(99)  # the prompts' own difficulty: the same in every call
+    diff = {u: same.lognormal(0.0, 0.3, prompts) for u in suites}
+    cells = []
+    for r in range(1, repeats + 1):
+        for server, by_c in speed.items():
+            session = rng.normal(0.0, session_sd)
+            for u in suites:
+                ids = [f"{u}-{i:03d}" for i in range(prompts)]
+                for c in cs:
+                    noise = rng.lognormal(0.0, request_cv, prompts)
+                    tpot = 0.02 * (1 + 0.15 * (c - 1)) * np.exp(session + rng.normal(0, sd_c[c])) * diff[u] / by_c[c]
+                    ttft = 0.05 * noise
+                    cells.append(cell(server, u, c, r, ttft + tpot * 63 * noise, ttft, out, ids))
+    return cells
+
+
+def test_median_fit_dof_is_its_efficiency_not_two_over_pi():
+    """Finding 5: the median fit's dof used 2/pi, the efficiency of a median of normals; for the median
+    of chi2_1 it is 0.37. Simulated: Var(log tau2_hat) matches 2/dof."""
+    from specmatch.analysis import _tau2_dof, fit_tau2
+
+    rng = np.random.default_rng(0)
+    n = 15
+    logs = [math.log(fit_tau2([(float(q), 1) for q in rng.chisquare(1, n)])) for _ in range(300)]
+    dof = _tau2_dof(1.0, [(1.0, 1)] * n, [])
+    assert 0.75 < np.var(logs) / (2 / dof) < 1.33, (np.var(logs), 2 / dof)
+
+
+def test_noise_that_differs_by_concurrency_widens_only_there():
+    """Findings 1: one pooled run-to-run variance gave c=16 (noise 8%) the intervals of c=1 (2%);
+    identical servers were called different in 23% of c=16 verdicts. Each concurrency now has its own."""
+    rng = np.random.default_rng(1)
+    same = {1: 1.0, 4: 1.0, 16: 1.0}
+    cells = grid(rng, {"baseline": same, "spec": same, "other": same}, {1: 0.02, 4: 0.02, 16: 0.08}, repeats=4)
+    an = analyse(cells, "baseline", S)
+    for u in ("a", "b", "c"):
+        w1, w16 = (math.log(v.hi / v.lo) for v in (an.verdict("spec", u, 1), an.verdict("spec", u, 16)))
+        assert w16 > 2.2 * w1, (u, w1, w16)
+    sd = an.run_to_run.sd_at
+    assert sd("output_throughput", "spec", 16) > 2 * sd("output_throughput", "spec", 1)
+
+
+def test_request_noise_is_counted_once():
+    """Finding 5: request-to-request noise moved both tau^2 (the repeats' spread) and the bootstrap's w,
+    so intervals carried it twice. With no run-to-run noise but the requests', se^2 now matches the
+    estimate's actual spread over experiments (it was about twice it)."""
+    rng = np.random.default_rng(2)
+    est, var = [], []
+    for _ in range(40):
+        an = analyse(experiment(rng, 1.0, concurrencies=(1,), repeats=3, session_sd=0.0, cell_sd=0.0,
+                                request_cv=0.15), "baseline", Settings(bootstrap=200))
+        c = an.comparisons[("spec", "s", "output_throughput")][0]
+        est.append(c.estimate)
+        var.append(c.se ** 2)
+    ratio = float(np.mean(var) / np.var(est, ddof=1))
+    assert 0.6 < ratio < 1.45, ratio
+
+
+def test_the_prompt_samples_variance_has_finite_dof():
+    """Finding 5: w was treated as exact (dof = inf) though 16-32 prompts set it."""
+    an = analyse(experiment(np.random.default_rng(3), 1.3, repeats=1, prompts=16), "baseline", S)
+    v = an.verdict("spec", "s", 1)
+    assert v.dof == pytest.approx(15)
+
+
+def test_a_server_that_pays_nowhere_gets_no_crossover():
+    """Finding 4: estimates 1.02/1.10/0.80 (inconclusive, inconclusive, loses) were told 'stops paying at
+    c≈1.0'. A crossover needs verdicts of opposite sign."""
+    rec = recommend(VLLM, "s", *verdicts({1: (1.02, Decision.INCONCLUSIVE), 4: (1.10, Decision.INCONCLUSIVE),
+                                          16: (0.80, Decision.LOSES)}), S)
+    assert rec.crossover is None and not rec.crossovers
+
+
+def test_a_crossover_stays_between_the_concurrencies_that_decide_it():
+    """Finding 4: draws that did not cross were set to +-inf, so an interval ran 'beyond the range'."""
+    vs, cmps = verdicts({1: (1.3, Decision.PAYS), 16: (0.95, Decision.LOSES)})
+    for c in cmps:
+        c.se = 0.2  # a wide interval: most draws cross near an end
+    rec = recommend(VLLM, "s", vs, cmps, S)
+    x = rec.crossover
+    assert x is not None and x.lo is not None and x.hi is not None
+    assert 1 <= x.lo <= x.point <= x.hi <= 16 and (x.below, x.above) == (1, 16)
+    assert x.direction is Direction.STOPS_PAYING
+    from specmatch.records import Crossover
+
+    assert Crossover.from_json(x.to_json()).direction is Direction.STOPS_PAYING  # typed, also read back
+
+
+def test_crossover_draws_share_the_server_sessions():
+    """Finding 4: concurrencies of one session share its run-to-run effect, which shifts the whole curve:
+    the crossing moves by shift / slope (a session-only variance sigma^2: half-width z sigma / |slope| in
+    log c); drawn independently it would be narrower. Two points: no curvature to add."""
+    from specmatch.analysis import crossovers
+
+    sigma = 0.02
+
+    def cmps(shared: bool):
+        out = []
+        for c, y in ((1, 0.1), (4, -0.1)):
+            x = Comparison("spec", "baseline", "s", c, "output_throughput", [y] * 2, [0.0] * 2, y, sigma, float("inf"),
+                           True)
+            x.session = {"spec": sigma ** 2 / 2, "baseline": sigma ** 2 / 2} if shared else {}
+            out.append(x)
+        return out
+
+    vs = verdicts({1: (1.1, Decision.PAYS), 4: (0.9, Decision.LOSES)})[0]
+    slope = 0.2 / math.log(4)
+    joint = crossovers(vs, cmps(True), Settings(bootstrap=4000))[0]
+    alone = crossovers(vs, cmps(False), Settings(bootstrap=4000))[0]
+    half = math.log(joint.hi / joint.lo) / 2
+    assert half == pytest.approx(1.645 * sigma / slope, rel=0.12)
+    assert math.log(alone.hi / alone.lo) / 2 < 0.85 * half
+
+
+def test_crossover_includes_the_interpolations_error():
+    """Finding 4: between two measured concurrencies the curve is unknown; with estimates known almost
+    exactly, a bent curve still leaves the crossing uncertain, a straight one does not."""
+    from specmatch.analysis import crossovers
+
+    def at(ys):
+        vs, cs = verdicts({c: (math.exp(y), Decision.PAYS if y > 0 else Decision.LOSES) for c, y in ys.items()})
+        for c in cs:
+            c.se = 1e-4
+        return crossovers(vs, cs, S)[0]
+
+    bent, straight = at({1: 0.2, 4: 0.15, 16: -0.3}), at({1: 0.2, 4: 0.0001, 16: -0.2})
+    assert math.log(bent.hi / bent.lo) > 0.2 and math.log(straight.hi / straight.lo) < 0.01
+
+
+def test_what_would_decide_the_issues_example():
+    """Finding 3: eagle3 at 1.00x [0.81, 1.23], run-to-run 7.6%, R=2, min_effect 0.05 was told 'a suite
+    about 15x larger', which would still leave a half-width of 0.13 against a 0.05 band. The answer is
+    solved for (repeats, suite size) jointly, with the probability that the data decide, the effect
+    drawn from its interval; it never recommends what cannot work."""
+    tau2 = math.log(1.076) ** 2
+    dof = 8.0
+    se = math.log(1.23 / 0.81) / 2 / t_ppf(0.95, dof)
+    between = 2 * tau2 / 2
+    w = se ** 2 - between
+    cmp = Comparison("eagle3", "baseline", "train_holdout", 1, "output_throughput", [0.0, 0.0], [w, w], 0.0, se, dof,
+                     True)
+    cmp.prompts = 16
+    v = decide(cmp, S)
+    assert v.verdict == Decision.INCONCLUSIVE
+    assert "suite about 15x" not in v.decide and "x larger (the prompt sample" not in v.decide
+    from specmatch.analysis import deciding_design
+
+    d = v.design
+    assert d is not None and d["repeats"] > 2 and d == deciding_design(cmp, S)
+    # it can work: at the design the interval is narrower than the band, so 'equivalent' is reachable
+    # (a suite alone, of any size, leaves run to run at 2 tau^2 / 2 and a half-width above 0.12)
+    Vn = w / d["suite_scale"] + between * 2 / d["repeats"]
+    assert t_ppf(0.95, 30) * math.sqrt(Vn) < math.log(1.05)
+    assert d["repeats"] >= 20 and d["reachable"] and d["probability"] >= 0.8
+    assert f"{d['repeats']} repeats" in v.decide and f"{d['probability']:.0%}" in v.decide
+
+
+def test_what_would_decide_a_near_miss_is_a_few_repeats():
+    """An effect of 1.06x whose interval just reaches below 1, run to run dominating: a few more repeats."""
+    tau2 = 0.035 ** 2
+    se = math.sqrt(2 * tau2 / 2 + 0.0001)
+    cmp = Comparison("s", "b", "u", 4, "output_throughput", [math.log(1.06)] * 2, [0.0001] * 2, math.log(1.06), se,
+                     12.0, True)
+    cmp.prompts = 32
+    v = decide(cmp, S)
+    assert v.verdict == Decision.INCONCLUSIVE and v.design["reachable"] and v.design["repeats"] <= 8
+    assert v.design["probability"] >= 0.8 and "repeats" in v.decide
+
+
+def test_the_schedule_above_the_largest_measured_concurrency_is_an_extrapolation():
+    """Finding 7: c=16's verdict was extended to batch 256 unmeasured and nothing said so."""
+    rec = recommend(VLLM, "s", *verdicts({1: (1.4, Decision.PAYS), 4: (1.02, Decision.INCONCLUSIVE),
+                                          16: (0.7, Decision.LOSES)}), S)
+    assert rec.extrapolated_above == 16 and rec.max_batch == 256
+    assert "17-256 were not measured" in rec.text and "an extrapolation" in rec.text
+    measured = ServerInfo("spec", "vllm", "vllm", VLLM.speculative, 16)
+    rec = recommend(measured, "s", *verdicts({1: (1.4, Decision.PAYS), 16: (0.7, Decision.LOSES)}), S)
+    assert rec.extrapolated_above is None and "extrapolation" not in rec.text
+
+
+def test_a_server_without_num_speculative_tokens_keeps_its_k_where_the_verdicts_say_on():
+    """Finding 7: `server_k(...) or own` gave k=0 (speculation off) where the server's own schedule was
+    off and it had no num_speculative_tokens, though the verdicts said on."""
+    own = ServerInfo("spec", "vllm", "vllm", {"method": "ngram", "num_speculative_tokens_per_batch_size":
+                                              [[1, 4, 2], [5, 256, 0]]}, 256)
+    rec = recommend(own, "s", *verdicts({1: (1.4, Decision.PAYS), 4: (1.3, Decision.PAYS),
+                                         16: (1.2, Decision.PAYS)}), S)
+    assert rec.action == "keep" and rec.vllm_schedule == [[1, 256, 2]] and not rec.as_configured
+
+
+def test_an_external_endpoint_still_gets_its_deployment_marked_not_verified():
+    """Finding 2: an external vLLM endpoint was told 'speculate only at batch sizes 1-8' with no schedule."""
+    ext = ServerInfo("spec", "external", "vllm", {"method": "ngram", "num_speculative_tokens": 4}, 256)
+    rec = recommend(ext, "s", *verdicts({1: (1.4, Decision.PAYS), 16: (0.7, Decision.LOSES)}), S)
+    assert rec.action == "schedule" and rec.vllm_schedule and rec.vllm_schedule[0] == [1, rec.vllm_schedule[0][1], 4]
+    validate_schedule(rec.vllm_schedule)
+    assert rec.verified.outcome is Outcome.NOT_VERIFIABLE and "external endpoint" in rec.verified.reason
+    assert "not measured" in rec.text
+    from specmatch.recommend import derived_servers
+
+    assert derived_servers([rec], {"spec": {"engine": "external", "speculative": ext.speculative}},
+                           {"spec": ext}) == {}
+
+
+@pytest.mark.parametrize("cost, outcome", [(1.0, Outcome.VERIFIED), (0.85, Outcome.FAILED)])
+def test_verification_against_the_reference_the_schedule_fixes(cost, outcome):
+    """Finding 2: the recommended deployment is compared, at each concurrency, with the server its
+    schedule runs there (fixed before its data are seen), as an equivalence test within ±min_effect
+    corrected for the number of concurrencies: a correct schedule is verified, one whose switch costs
+    15% where it is off fails, and the record states the error rates."""
+    from specmatch.analysis import deployed_on, join_derived
+
+    rng = np.random.default_rng(6)
+    truth = {"baseline": {1: 1.0, 4: 1.0, 16: 1.0}, "spec": {1: 1.4, 4: 1.0, 16: 0.6}}
+    quiet = {1: 0.005, 4: 0.005, 16: 0.005}  # verified in 30 of 30 seeds, failed in 30 of 30 (15% cost)
+    primary = grid(rng, truth, quiet, suites=("s",), request_cv=0.02)
+    an = analyse(primary, "baseline", S, {"spec": VLLM}, ["s"], primary=["baseline", "spec"])
+    rec = an.recommendations[0]
+    assert rec.action == "schedule"
+    plan = {c: (truth["spec"][c] if deployed_on(rec, c) else cost) for c in (1, 4, 16)}
+    measured = grid(np.random.default_rng(1006), {"spec__recommended": plan}, quiet, suites=("s",), request_cv=0.02)
+    an = join_derived(an, primary + measured, ["spec__recommended"])
+    rec.derived_server = "spec__recommended"
+    v = verify_recommendations(an, [rec], {})[0].verified
+    assert v.outcome is outcome, v
+    assert v.per_test_confidence == pytest.approx(1 - 2 * 0.1 / 3) and v.equivalence_confidence == pytest.approx(0.8)
+    assert {x["against"] for x in v.per_concurrency if not deployed_on(rec, x["concurrency"])} == {"baseline"}
+    assert {x["against"] for x in v.per_concurrency if deployed_on(rec, x["concurrency"])} == {"spec"}

@@ -1,86 +1,369 @@
-"""Calibration of the decision rules by simulation (issue 11).
+"""Calibration of the verdicts against a simulated server, not against the analysis's own model
+(issue 18, item 6; specmatch.des, specmatch.calibration).
 
-Hundreds of synthetic experiments shaped like the embedded default (three suites, three
-concurrencies, a baseline and a speculative server, the same prompts everywhere) with known noise:
-request-to-request (cv 10%), per prompt (cv 30%), and run to run, part per server session (sd 3%,
-moving every cell of the session) and part per cell (sd 4%). The analysis sees only cell results
-and request records, as in a real run.
+Experiments shaped like the embedded default (3 suites of 16 prompts, 16 output tokens, c = 1, 4,
+16, a baseline and a second server on the same prompts) whose cells come from a discrete-event model
+of a continuously batching server under a closed loop (specmatch.des), in R repeats of fresh
+sessions (servers alternating), with run-to-run noise the analysis does not assume: heteroscedastic
+by concurrency, Student-t(3), a linear drift over the run, one outlying session (calibration.SCENARIOS).
+Every metric: output throughput, TPOT, end-to-end latency and goodput (SLO e2el 450 ms).
 
-Nominal error: a verdict's interval has confidence 90%, so identical servers may be called pays or
-loses in at most 10% of verdicts. The Monte-Carlo error of a rate over N experiments is bounded by
-sqrt(p(1-p)/N) even when an experiment's verdicts move together; the tests allow two of those.
+Nominal: 90% confidence, so identical servers may be called pays or loses in at most 10% of verdicts.
+
+**The pooled gate: Monte-Carlo error small enough that 1.3x nominal fails.** Per scenario, the rate
+over every metric, concurrency and suite at R = 2 and 3 must be at most T = 11.5%, midway between
+10% and 13%. Verdicts of one experiment move together (shared sessions, shared noise estimates): the
+measured design effect is D = 4-8 over an experiment's ~35 verdicts (take D = 7), so an experiment
+is worth ~5 independent verdicts, and N = 120 experiments at each R (240 per scenario, ~8,300
+verdicts) give n_eff = 8300 / 7 ~ 1,190. Then
+    true 10%: sd = sqrt(0.10 * 0.90 / 1190) = 0.87%, P(rate > 11.5%) = P(z > 1.72) ~ 4%: passes w.p. ~96%;
+    true 13%: sd = sqrt(0.13 * 0.87 / 1190) = 0.97%, P(rate <= 11.5%) = P(z < -1.54) ~ 6%: fails w.p. ~94%.
+The Monte-Carlo error is measured (a ratio estimator's over experiments, whatever the correlation),
+and the test checks it stayed within the plan (<= 1.2%), so a change that correlates verdicts more
+cannot quietly weaken the gate.
+
+**The per-cell gate.** No (metric, concurrency) may exceed 15% (R = 2 and 3 pooled: ~720 verdicts,
+n_eff ~ 360, sd ~ 1.6% at 10%): a true 10% passes (z ~ 3), a true 20% fails (z ~ 2.4). It exists
+because a pooled rate hides a failure at one concurrency (issue 18, item 1: 22.8% at c=16, 9.3%
+overall).
+
+Power: the second server uniformly faster (every step's cost / (1 + e): the truth is 1 + e for
+throughput, TPOT and e2el at every concurrency), e = 5%, 15%, 30%. Verification: a speculative
+server that pays 1.4x at c=1, breaks even at c=4 and loses 0.6x at c=16; its recommended schedule
+measured as the workflow measures it, with a free switch and with one whose switched-off steps cost
+15% more. A/A crossovers, and repeats added while verdicts are inconclusive (optional stopping).
+
+Runtime: ~1,600 analyses, ~250 CPU-seconds: about 2 minutes on 2 idle cores
+(SPECMATCH_CALIBRATION_WORKERS processes, default 2). `python -m specmatch.simulate --table` prints
+the full table (R = 1..4, hints, sequential). Findings are xfail(strict=True) with the measured
+rate, so they flip when the analysis is fixed.
 """
 from __future__ import annotations
 
 import math
+from dataclasses import replace
 
+import numpy as np
 import pytest
 
-from specmatch import analysis
-from specmatch.analysis import RunToRun, Settings
-from specmatch.simulate import rates
+from specmatch import calibration as cal
+from specmatch.analysis import Settings, analyse
+from specmatch.des import Engine, serve
 
-N = 200                       # experiments per rate (each gives 9 throughput verdicts)
-SUITES = ("a", "b", "c")
-SETTINGS = Settings(confidence=0.9, min_effect=0.05, bootstrap=300)
-NOMINAL = 1 - SETTINGS.confidence
-SLACK = 2 * math.sqrt(NOMINAL * (1 - NOMINAL) / N)
-
-
-def false_rate(r: dict) -> float:
-    return r["pays"] + r["loses"]
-
-
-@pytest.mark.parametrize("repeats", [2, 3])
-def test_identical_servers_are_not_called_different_more_often_than_nominal(repeats):
-    null = rates(N, repeats, 1.0, seed=10 + repeats, settings=SETTINGS, suites=SUITES)
-    print(f"\nR={repeats}, identical servers: pays+loses {false_rate(null):.1%} (nominal {NOMINAL:.0%}), "
-          f"equivalent {null['equivalent']:.1%}, {null['verdicts']} verdicts")
-    assert null["verdicts"] == N * 9
-    assert false_rate(null) <= NOMINAL + SLACK
+NOMINAL = 0.10
+T_POOLED = 0.115            # midway between nominal and 1.3x nominal
+T_CELL = 0.15
+SE_PLAN = 0.012             # the pooled rate's Monte-Carlo error the design promises (near 13%)
+N_NULL = 120                # experiments per scenario and R
+N_QUIET = 50                # quiet machine, analysed at R=1 and R=3
+N_POWER = 16                # per effect (analysed at R=2 and 3)
+N_VERIFY = 40               # per machine (plain, quiet)
+LONG = (pytest.mark.calibration, pytest.mark.slow)   # scripts/test.sh --quick leaves them out
+CALIBRATED = ("plain", "hetero", "t3", "drift", "outlier")
+TIMING = ("output_throughput", "tpot", "e2el")   # metrics whose truth is exactly 1 + effect
 
 
-def test_a_true_15_percent_speedup_is_called_pays_at_r3():
-    power = rates(N, 3, 1.15, seed=12, settings=SETTINGS, suites=SUITES)
-    print(f"\nR=3, true 1.15x: pays {power['pays']:.1%}, loses {power['loses']:.1%}")
-    assert power["pays"] >= 0.80
-    assert power["loses"] == 0
+# -- the simulator itself (fast) ------------------------------------------------------------------
+def test_des_is_a_closed_loop_of_c_workers():
+    rng = np.random.default_rng(0)
+    pt = rng.integers(16, 700, (5, 12)).astype(float)
+    out = rng.integers(2, 30, (5, 12))
+    for c in (1, 3, 12):
+        s = serve(Engine(), c, pt, out, rng)
+        end = s.start + s.e2e
+        assert (s.ttft > 0).all() and (s.ttft < s.e2e).all()
+        assert np.allclose(s.duration, end.max(1)) and (s.start[:, :c] == 0).all()
+        for i in range(5):  # every send after the first c is some earlier request's completion
+            assert all(np.isclose(end[i, :j], s.start[i, j]).any() for j in range(c, 12))
+            t = np.sort(np.concatenate([s.start[i], end[i]]))[:-1] + 1e-12
+            assert max(((s.start[i] <= x) & (end[i] > x)).sum() for x in t) <= c  # never more than c in flight
 
 
-def test_no_difference_is_said_when_the_noise_allows_it():
-    """'equivalent' needs the whole interval inside ±min_effect: with run-to-run noise of 5% per cell
-    that never happens at R=3 (the interval is wider than the band), with quiet machines it must."""
-    quiet = rates(N // 2, 3, 1.0, seed=14, settings=SETTINGS, suites=SUITES, session_sd=0.005, cell_sd=0.005,
-                  request_cv=0.05)
-    print(f"\nR=3, quiet machine, identical servers: equivalent {quiet['equivalent']:.1%}, "
-          f"pays+loses {false_rate(quiet):.1%}")
-    assert quiet["equivalent"] > 0.5
-    assert false_rate(quiet) <= NOMINAL + SLACK
+def test_a_uniformly_faster_server_is_exactly_faster_and_speculation_is_geometric():
+    rng = np.random.default_rng(1)
+    pt, out = np.full((40, 8), 200.0), np.full((40, 8), 64)
+    quiet = Engine(jitter=0.0, hiccup_p=0.0)
+    a, b = serve(quiet, 4, pt, out, rng), serve(quiet.faster(1.3), 4, pt, out, rng)
+    assert np.allclose(a.e2e / b.e2e, 1.3) and np.allclose(a.duration / b.duration, 1.3)
+    spec = replace(quiet, k=3, rho=1.0)
+    s = serve(spec, 1, np.full((200, 4), 100.0), np.full((200, 4), 4000), rng, alpha=0.6)
+    length = 1 + s.accepted.sum() / s.steps.sum()
+    assert length == pytest.approx(1 + 0.6 + 0.36 + 0.216, rel=0.02)   # 1 + E[min(k, Geometric)]
+    assert (s.drafted == 3 * s.steps).all()
+    # greedy decoding: which drafts are right is the prompt's, so every cell of a prompt accepts the same
+    match = rng.random((1, 4, 40)) < 0.6
+    jittery = replace(Engine(), k=3)
+    one, two = (serve(jittery, 1, np.full((1, 4), 100.0), np.full((1, 4), 32), rng, match=match) for _ in range(2))
+    assert (one.accepted == two.accepted).all() and (one.steps == two.steps).all() and (one.e2e != two.e2e).any()
+    # a per-batch-size schedule decides per step, by the running batch: drafting only at batch <= 2
+    small = replace(spec, on=lambda n: n <= 2)
+    assert (serve(small, 2, np.full((5, 8), 100.0), np.full((5, 8), 50), rng, 0.6).steps > 0).all()
+    assert (serve(small, 4, np.full((5, 8), 100.0), np.full((5, 8), 50), rng, 0.6).steps == 0).all()
 
 
-def test_one_repeat_needs_an_effect_beyond_min_effect():
-    """With R=1 nothing measures run-to-run variation, so a verdict needs an effect beyond min_effect.
-    That rule is calibrated only where run to run moves a cell by little (1.5%: the low end of what
-    vLLM measured on GPUs); above that it calls identical servers different more often than nominal,
-    which is why the summary says its intervals exclude that variation and the default measures two
-    repeats. The figures are printed for the record."""
-    out = {}
-    for sd in (0.015, 0.025, 0.05):  # a cell's total run-to-run sd, 60% of it shared by its session
-        out[sd] = rates(N // 2, 1, 1.0, seed=13, settings=SETTINGS, suites=SUITES, session_sd=sd * 0.775,
-                        cell_sd=sd * 0.632)
-    print("\nR=1, identical servers called different: " + ", ".join(
-        f"{false_rate(r):.1%} at {sd:.1%} run-to-run" for sd, r in out.items()))
-    assert false_rate(out[0.015]) <= NOMINAL + SLACK
-    assert false_rate(out[0.015]) <= false_rate(out[0.025]) <= false_rate(out[0.05])
-    assert all(r["equivalent"] == 0 for r in out.values())  # equivalence needs measured variation
+def test_simulated_cells_are_cells_the_analysis_reads():
+    rng = np.random.default_rng(2)
+    work = [cal.Workload.draw(rng)]
+    eff = [cal.run_to_run(rng, cal.SCENARIOS["plain"], ["baseline", "spec"], cal.SUITES, cal.CONCURRENCIES, 2)]
+    cells = cal.simulate_cells(rng, work, {"baseline": cal.BASE, "spec": cal.SPEC}, eff, 2)[0]
+    assert len(cells) == 2 * 3 * 3 * 2
+    res, req = next((r, q) for r, q in cells if r.server == "spec" and r.concurrency == 4)
+    assert res.output_throughput == pytest.approx(req["output_tokens"].sum() / res.duration)
+    assert res.duration == pytest.approx((req["start_s"] + req["e2e_s"]).max())
+    assert res.spec_decode_num_drafts == req["num_spec_steps"].sum() > 0
+    assert res.server_session == "spec-r1" and res.mean_tpot_ms > 0 and res.total_input_tokens > 0
+    an = analyse(cells, "baseline", Settings(bootstrap=50, slo=dict(cal.SLO)))
+    assert len(an.verdicts) == 3 * 3 * 4
+    acc = next(a for a in an.acceptance if a.suite == "a")
+    assert 1.5 < acc.length < 2.5   # k=3 at acceptance 0.6 a token, truncated by 16-token outputs
 
 
-def test_ignoring_run_to_run_variation_is_caught(monkeypatch):
-    """The calibration has teeth: intervals from requests alone (the defect this design replaced)
-    call identical servers different far more often than nominal in the same simulation."""
-    monkeypatch.setattr(analysis, "run_to_run",
-                        lambda m, servers=None: RunToRun({k: 0.0 for k in m.settings.metrics},
-                                                         {k: 1e9 for k in m.settings.metrics}, 0, 3))
-    broken = rates(N // 2, 3, 1.0, seed=11, settings=SETTINGS, suites=SUITES)
-    print(f"\nR=3 without run-to-run variation: identical servers called different {false_rate(broken):.1%}")
-    assert false_rate(broken) > 2 * NOMINAL
+def test_run_to_run_scenarios_are_what_they_say():
+    rng = np.random.default_rng(3)
+    servers, suites = ["baseline", "spec"], ("a",)
+    assert cal.run_order(servers, 3) == [("baseline", 1), ("spec", 1), ("spec", 2), ("baseline", 2),
+                                         ("baseline", 3), ("spec", 3)]
+    drift = replace(cal.SCENARIOS["drift"], session_sd=0.0, cell_sd=0.0)
+    x = cal.run_to_run(rng, drift, servers, suites, (1,), 2)
+    assert [round(x[(s, "a", 1, r)], 4) for s, r in cal.run_order(servers, 2)] == [-0.0375, -0.0125, 0.0125, 0.0375]
+    out = replace(cal.SCENARIOS["outlier"], session_sd=0.0, cell_sd=0.0)
+    x = cal.run_to_run(rng, out, servers, ("a", "b"), (1, 16), 3)
+    hit = {(s, r) for (s, u, c, r), v in x.items() if v > 0}
+    assert len(hit) == 1 and sum(v > 0 for v in x.values()) == 4
+    het = [cal.run_to_run(rng, cal.SCENARIOS["hetero"], servers, suites, (1, 16), 2) for _ in range(400)]
+    sd = {c: np.std([h[("spec", "a", c, 1)] for h in het]) for c in (1, 16)}
+    assert sd[1] == pytest.approx(0.02, rel=0.2) and sd[16] == pytest.approx(0.08, rel=0.2)
+    t3 = [cal.run_to_run(rng, cal.SCENARIOS["t3"], servers, suites, (1,), 1) for _ in range(5000)]
+    v = np.array([h[("spec", "a", 1, 1)] for h in t3])
+    assert np.std(v) == pytest.approx(0.05, rel=0.3) and np.mean(np.abs(v) > 4 * 0.05) > 0.001  # normal: 6e-5
+
+
+# -- the calibration (minutes) --------------------------------------------------------------------
+def long(fn):
+    for m in LONG:
+        fn = m(fn)
+    return fn
+
+
+def experiments(name, repeats, n, **kw) -> dict:
+    return dict(kind="experiment", name=name, effect=kw.pop("effect", 0.0), repeats=repeats, experiments=n, **kw)
+
+
+@pytest.fixture(scope="module")
+def runs():
+    """Every simulated experiment of the module, in one pool. Scenarios whose noise does not depend
+    on the run's length are simulated once at the largest R and analysed at each R on its first
+    repeats (nested, as when a repeat is added to a run); drift and outlier get one run per R."""
+    specs = {("plain", 0): experiments("plain", (2, 3, 4), N_NULL, teeth=True, claims=True, sequential=True),
+             ("hetero", 0): experiments("hetero", (2, 3), N_NULL),
+             ("t3", 0): experiments("t3", (2, 3), N_NULL),
+             ("quiet", 0): experiments("quiet", (1, 3), N_QUIET)}
+    for name in ("drift", "outlier"):
+        for R in (2, 3):
+            specs[(name, R)] = experiments(name, (R,), N_NULL)
+    for e in cal.EFFECTS:
+        specs[("power", e)] = experiments("plain", (2, 3), N_POWER, effect=e)
+    for name in ("plain", "quiet"):
+        specs[("verify", name)] = dict(kind="verify", name=name, experiments=N_VERIFY, repeats=2)
+    return cal.compute(specs, seed=18)
+
+
+def tally(runs, name, R) -> cal.Tally:
+    return (runs[(name, R)] if (name, R) in runs else runs[(name, 0)])["tally"][R]
+
+
+def pooled(runs, name) -> cal.Tally:
+    return tally(runs, name, 2) + tally(runs, name, 3)
+
+
+def report(runs, name) -> str:
+    lines = [f"\n{name}: {cal.SCENARIOS[name].about}; false calls, rate ± MC se [c=1/4/16]"]
+    for R in (2, 3):
+        t = tally(runs, name, R)
+        lines.append(f"  R={R}: " + "; ".join(
+            f"{m} {cal.fmt(t.rate(metric=m))} [" + "/".join(cal.pct(t.rate(metric=m, c=c)) for c in cal.CONCURRENCIES)
+            + "]" for m in cal.METRICS))
+    p, se, n = pooled(runs, name).rate()
+    lines.append(f"  pooled: {p:.1%} ± {se:.1%} over {n} verdicts "
+                 f"(design effect {pooled(runs, name).design_effect():.1f})")
+    return "\n".join(lines)
+
+
+XFAIL_POOLED: dict = {}
+GOODPUT_C16 = ("goodput at c=16 is called different in {} of identical-server verdicts: the SLO (e2el 450 ms) cuts "
+               "through c=16's latencies, so goodput's run-to-run variance there is far above every other "
+               "configuration's, and the per-(server, concurrency) variance shrunk toward the pooled level from "
+               "a few degrees of freedom understates it (issue 18 item 1)")
+XFAIL_CELL = {"plain": GOODPUT_C16.format("23% (R=2) and 14% (R=3)"),
+              "hetero": GOODPUT_C16.format("39% (R=2) and 30% (R=3)"),
+              "drift": GOODPUT_C16.format("24% (R=2) and 19% (R=3)"),
+              "outlier": GOODPUT_C16.format("41% (R=2) and 25% (R=3)")}
+
+
+def _mark(table: dict):
+    return [pytest.param(n, marks=pytest.mark.xfail(strict=True, reason=table[n])) if n in table else n
+            for n in CALIBRATED]
+
+
+@long
+@pytest.mark.parametrize("name", _mark(XFAIL_POOLED))
+def test_identical_servers_are_called_different_at_most_nominally(runs, name):
+    """Pooled over metrics, concurrencies, suites and R = 2, 3: at most T = 11.5% (see the module's
+    docstring: a true 10% passes and a true 13% fails, each with probability above 90%)."""
+    print(report(runs, name))
+    p, se, n = pooled(runs, name).rate()
+    assert n >= 2 * N_NULL * 30
+    assert se <= SE_PLAN, f"Monte-Carlo error {se:.2%} above the plan's {SE_PLAN:.1%}: more experiments needed"
+    assert p <= T_POOLED, f"{name}: identical servers called different in {p:.1%} ± {se:.1%} of verdicts"
+
+
+@long
+@pytest.mark.parametrize("name", _mark(XFAIL_CELL))
+def test_no_metric_or_concurrency_is_called_different_too_often(runs, name):
+    t = pooled(runs, name)
+    rates = {(m, c): t.rate(metric=m, c=c) for m in cal.METRICS for c in cal.CONCURRENCIES}
+    print(report(runs, name))
+    over = {k: f"{v[0]:.1%} ± {v[1]:.1%}" for k, v in rates.items() if v[2] and v[0] > T_CELL}
+    assert not over, f"{name}: false-call rate above {T_CELL:.0%} at {over}"
+
+
+@long
+@pytest.mark.xfail(strict=True, reason=GOODPUT_C16.format("~22% over all scenarios (R=2 and 3; table: 15-37% per "
+                                                          "scenario)"))
+def test_goodput_at_the_highest_concurrency_keeps_the_per_cell_gate(runs):
+    """The one cell every scenario fails (goodput at c=16), pooled over the scenarios so the finding
+    is decided robustly (~3,600 verdicts) whatever one scenario's seed gives."""
+    t = sum((pooled(runs, n) for n in CALIBRATED[1:]), pooled(runs, CALIBRATED[0]))
+    p, se, n = t.rate(metric="goodput", c=16)
+    print(f"\ngoodput at c=16, every scenario: {p:.1%} ± {se:.1%} over {n} verdicts")
+    assert p <= T_CELL
+
+
+@long
+def test_one_repeat_is_calibrated_on_a_quiet_machine_and_equivalence_needs_repeats(runs):
+    """With R=1 a verdict needs an effect beyond min_effect: calibrated where run to run is small
+    (1.5%, vLLM's GPU figure); equivalence is never called without measured run-to-run variation,
+    and with three repeats on that machine identical servers are mostly called equivalent."""
+    one, three = tally(runs, "quiet", 1), tally(runs, "quiet", 3)
+    p, se, n = one.rate()
+    eq = three.rate(("equivalent",), metric="output_throughput")[0]
+    print(f"\nquiet, R=1: false calls {p:.1%} ± {se:.1%} ({n} verdicts); R=3: false calls "
+          f"{cal.fmt(three.rate())}, equivalent (throughput) {eq:.0%}")
+    assert p <= T_CELL
+    assert one.rate(("equivalent",))[0] == 0
+    assert eq > 0.5 and three.rate()[0] <= T_CELL
+
+
+@long
+def test_ignoring_run_to_run_variation_is_caught(runs):
+    """The calibration has teeth, without monkeypatching: the same experiments' first repeats, analysed
+    with intervals from requests alone and no margin (one repeat, min_effect 0: what the analysis
+    did before repeats), call identical servers different far more often than nominal."""
+    teeth = runs[("plain", 0)]["teeth"]
+    p, se, n = teeth.rate(metric="output_throughput")
+    print(f"\nrun-to-run variation ignored: identical servers called different in {p:.1%} ± {se:.1%} "
+          f"(throughput), {teeth.rate()[0]:.1%} (every metric)")
+    assert teeth.experiments == N_NULL
+    assert p > 3 * NOMINAL and p - 3 * se > T_POOLED
+
+
+@long
+def test_power_at_5_15_and_30_percent(runs):
+    rows = {}
+    for e in cal.EFFECTS:
+        for R in (2, 3):
+            t = runs[("power", e)]["tally"][R]
+            rows[(e, R)] = {m: (t.rate(("pays",), metric=m), t.rate(("loses",), metric=m)) for m in cal.METRICS}
+            print(f"\ntrue {1 + e:.2f}x, R={R}: " + "; ".join(
+                f"{m} pays {cal.fmt(v[0])} loses {v[1][0]:.1%}" for m, v in rows[(e, R)].items()), end="")
+    for (e, R), r in rows.items():  # the wrong way: at most the interval's one-sided error, 5%
+        assert all(r[m][1][0] <= NOMINAL / 2 for m in cal.METRICS), f"called the wrong way at {e:.0%}, R={R}"
+        for m in TIMING:
+            assert r[m][0][0] >= {0.05: 0.0, 0.15: 0.5, 0.30: 0.95}[e], (e, R, m)
+    for R in (2, 3):
+        for m in cal.METRICS:
+            pays = [rows[(e, R)][m][0][0] for e in cal.EFFECTS]
+            assert pays == sorted(pays) and pays[0] < 0.6
+    for m in TIMING:
+        assert rows[(0.15, 3)][m][0][0] >= 0.8 and rows[(0.15, 3)][m][0][0] >= rows[(0.15, 2)][m][0][0]
+
+
+@long
+def test_identical_servers_get_no_crossover(runs):
+    """A/A (issue 18, item 4): a server identical to the baseline, configured as speculative, is given a
+    crossover in at most nominal of its recommendations (a crossover needs a verdict that pays and one
+    that loses); how often it is told to speculate somewhere is printed (three verdicts each)."""
+    for R in (2, 3):
+        c = cal.claim_rates(runs[("plain", 0)]["claims"][R])
+        print(f"\nA/A, R={R}: crossover claimed in {c['crossover']:.1%}, speculate somewhere in "
+              f"{c['speculate']:.1%} of {c['recommendations']} recommendations", end="")
+        assert c["recommendations"] == 3 * N_NULL
+        assert c["crossover"] <= NOMINAL
+
+
+def _sequential_text(runs) -> str:
+    r = runs[("plain", 0)]
+    used = r["used"][:, 0].sum() / r["used"][:, 1].sum()
+    return (f"sequential R=2..4 (stop when the throughput verdict is decided): false calls "
+            f"{cal.fmt(r['sequential'].rate())}"
+            f" vs fixed R=4 {cal.fmt(r['tally'][4].rate())}; repeats used {used:.0%} of R=4's")
+
+
+@long
+@pytest.mark.xfail(strict=True, reason="issue 18 item 5 PENDING: the analysis has no sequential design yet (the "
+                                       "repeats {min, max} passed through Settings.of are dropped), so optional "
+                                       "stopping inflates false calls")
+def test_repeats_added_until_decided_keep_the_error_rate(runs):
+    """Optional stopping (item 5): each (suite, concurrency) gets another repeat while its throughput
+    verdict is inconclusive, from 2 up to 4; the verdicts it ends with must keep the pooled gate."""
+    print("\n" + _sequential_text(runs))
+    p, se, n = runs[("plain", 0)]["sequential"].rate()
+    assert p <= T_POOLED, f"{p:.1%} ± {se:.1%}"
+
+
+@long
+@pytest.mark.xfail(strict=True, reason="issue 18 item 3: for identical servers, 'what would decide it' at R=2 names "
+                                       "3 or 4 repeats with a stated probability of ~85%, and those repeats decide "
+                                       "~25% (table: 85% vs 25% of 59; at a true 5%: 85% vs 53%, at 15%: 84% vs 100%)")
+def test_what_would_decide_it_states_an_honest_probability(runs):
+    """An inconclusive verdict's design (Verdict.design: the repeats that decide it with probability p)
+    checked against the same experiment analysed with those repeats: among identical servers, the
+    share decided must be within 15 points of the stated probability."""
+    stated, decided, n = cal.hint_calibration(runs[("plain", 0)]["hints"])
+    print(f"\nA/A 'what would decide it' (throughput, R=2 -> 3 or 4 repeats): stated {stated:.0%}, decided "
+          f"{decided:.0%} of {n}")
+    assert n >= 20
+    assert abs(stated - decided) <= 0.15
+
+
+def _verification_text(v: dict) -> str:
+    return "; ".join(f"{k} switch: " + ", ".join(f"{o} {x:.0%}" if o != "derived" else f"of {x}"
+                                                  for o, x in cal.verified_shares(v[k]).items())
+                     for k in ("correct", "costly"))
+
+
+@long
+@pytest.mark.parametrize("machine", ["plain", "quiet"])
+def test_verification_keeps_its_stated_error_rates(runs, machine):
+    """records.Verification states P(failed | correct) <= alpha and P(verified | costs > min_effect)
+    <= alpha (alpha = 10%): measured on a schedule that is right (free switch) and one whose
+    switched-off steps cost 15%. N_VERIFY experiments: the bound allows two binomial sd."""
+    v = runs[("verify", machine)]
+    print(f"\n{machine}: " + _verification_text(v) + f"; schedules e.g. {v['schedules'][:2]}")
+    correct, costly = cal.verified_shares(v["correct"]), cal.verified_shares(v["costly"])
+    assert correct["derived"] >= N_VERIFY * 0.75 and costly["derived"] >= N_VERIFY * 0.75
+    bound = NOMINAL + 2 * math.sqrt(NOMINAL * (1 - NOMINAL) / correct["derived"])
+    assert correct["failed"] <= bound and costly["verified"] <= bound
+
+
+@long
+@pytest.mark.xfail(strict=True, reason="issue 18 item 2: on a quiet machine (1.5% run to run, R=2) a right schedule "
+                                       "is verified in only 35% (undecided 60%, failed 5%; a 15% switch cost fails "
+                                       "in 95%): 'verified' needs TOST equivalence at every concurrency at once")
+def test_verification_decides_on_a_quiet_machine(runs):
+    """Power of the verification where run to run is small (1.5%): a right schedule is verified and a
+    switch costing 15% fails, mostly. (With 5% run to run and R=2 both are mostly undecided.)"""
+    v = runs[("verify", "quiet")]
+    print("\nquiet: " + _verification_text(v))
+    assert cal.verified_shares(v["costly"])["failed"] >= 0.8
+    assert cal.verified_shares(v["correct"])["verified"] >= 0.5

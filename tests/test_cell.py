@@ -3,35 +3,14 @@ import json
 
 import polars as pl
 
+from builders import REPO, REQ, cell_args, prompt, prompts_file
 from specmatch.cell import main, plan_requests
-from specmatch.records import Prompt
-
-REQ = {"endpoint": "completions", "passes": 2, "warmup": 0, "max_tokens": 8,
-       "use_reference_length": False, "temperature": 0.0, "ignore_eos": True, "seed": 0, "timeout_s": 5,
-       "max_failure_fraction": 0.0, "request_rate": None, "burstiness": 1.0}
-
-
-def prompt(i, text, source="src"):
-    return Prompt(f"s-{i}", "s", source, "s.jsonl", i + 1, None, str(i), 0, 1, text, None, 3, 8, False)
-
-
-def prompts_file(tmp_path, texts):
-    p = tmp_path / "s.jsonl"
-    p.write_text("".join(json.dumps(prompt(i, t).to_json()) + "\n" for i, t in enumerate(texts)))
-    return p
-
-
-def args(tmp_path, url, prompts, req):
-    return ["--name", "ext", "--server", json.dumps({"engine": "external", "base_url": url, "flavor": "vllm"}),
-            "--suite", "s", "--prompts", str(prompts), "--concurrency", "2", "--max-batch", "0",
-            "--requests", json.dumps(req), "--out", str(tmp_path / "c2.json"),
-            "--requests-out", str(tmp_path / "c2.requests.parquet"), "--state-dir", str(tmp_path / "state")]
 
 
 def test_failures_over_the_bound_fail_the_cell(tmp_path, fake_server):
     srv = fake_server(tokens=8, ttft=0.005, itl=0.001)
     p = prompts_file(tmp_path, ["ok one", "ok two", "FAIL500 three"])
-    assert main(args(tmp_path, srv.base_url, p, REQ)) == 2
+    assert main(cell_args(tmp_path, srv.base_url, p, REQ)) == 2
     assert not (tmp_path / "c2.json").exists() and not (tmp_path / "c2.requests.parquet").exists()
     partial = json.loads((tmp_path / "c2.failed.json").read_text())
     assert partial["failed"] == 2 and partial["completed"] == 4 and partial["failure_reasons"] == {"http": 2}
@@ -42,7 +21,7 @@ def test_failures_over_the_bound_fail_the_cell(tmp_path, fake_server):
 def test_tolerated_failures_are_counted(tmp_path, fake_server):
     srv = fake_server(tokens=8, ttft=0.005, itl=0.001, spec={"k": 2, "accept": 1})
     p = prompts_file(tmp_path, ["ok one", "ok two", "FAIL500 three"])
-    assert main(args(tmp_path, srv.base_url, p, {**REQ, "max_failure_fraction": 0.5})) == 0
+    assert main(cell_args(tmp_path, srv.base_url, p, {**REQ, "max_failure_fraction": 0.5})) == 0
     cell = json.loads((tmp_path / "c2.json").read_text())
     assert cell["failed"] == 2 and cell["completed"] == 4 and cell["total_output_tokens"] == 32
     assert cell["cache_reset"] == "ok" and srv.resets == 1
@@ -66,7 +45,7 @@ def test_every_concurrency_measures_the_whole_suite_and_never_the_warmup(tmp_pat
     p = prompts_file(tmp_path, [f"prompt {i}" for i in range(5)])
     req = {**REQ, "passes": 1, "warmup": 3}
     for c in ("1", "4"):
-        a = args(tmp_path, srv.base_url, p, req)
+        a = cell_args(tmp_path, srv.base_url, p, req)
         a[a.index("--concurrency") + 1] = c
         a[a.index("--out") + 1] = str(tmp_path / f"c{c}.json")
         a[a.index("--requests-out") + 1] = str(tmp_path / f"c{c}.requests.parquet")
@@ -81,7 +60,7 @@ def test_every_concurrency_measures_the_whole_suite_and_never_the_warmup(tmp_pat
 
 def test_a_suite_too_small_for_the_concurrency_is_an_error(tmp_path, fake_server):
     srv = fake_server(tokens=4)
-    a = args(tmp_path, srv.base_url, prompts_file(tmp_path, ["a"]), {**REQ, "passes": 1})
+    a = cell_args(tmp_path, srv.base_url, prompts_file(tmp_path, ["a"]), {**REQ, "passes": 1})
     assert main(a) == 1 and not (tmp_path / "c2.json").exists()
 
 
@@ -89,14 +68,12 @@ def test_a_server_that_dies_mid_cell_is_named_with_its_exit_status(tmp_path, cap
     """Defect 12: the only message was "32 of 32 requests failed ... stream cut short"."""
     import sys
 
-    from conftest import REPO
-
     exe = tmp_path / "fakepython"
     exe.write_text(f'#!/bin/sh\nexec {sys.executable} {REPO}/tests/fakeserver.py --tokens 8 --ttft 0.01 --itl 0.01 "$@"\n')
     exe.chmod(0o755)
     server = {"engine": "vllm", "model": "m", "python": str(exe), "profile": "gpu", "startup_timeout_s": 30}
     p = prompts_file(tmp_path, ["fine", "DIE now", "fine too"])
-    a = args(tmp_path, "http://unused", p, {**REQ, "passes": 1, "timeout_s": 5})
+    a = cell_args(tmp_path, "http://unused", p, {**REQ, "passes": 1, "timeout_s": 5})
     a[a.index("--server") + 1] = json.dumps(server)
     a += ["--server-log", str(tmp_path / "server.log")]
     assert main(a) == 2

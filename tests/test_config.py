@@ -3,8 +3,8 @@ import copy
 import pytest
 import yaml
 
-from conftest import REPO
-from specmatch.config import load, validate
+from builders import REPO
+from specmatch.config import deep_merge, load, validate
 from specmatch.files import SpecmatchError
 
 
@@ -64,3 +64,82 @@ def test_shipped_example_configs_validate_and_build():
             assert plan.argv and plan.host == "127.0.0.1", (f.name, name)
             if srv["engine"] == "sglang":
                 assert plan.argv[plan.argv.index("--max-running-requests") + 1] == "256"
+
+
+# -- argv items and environment values reach the process exactly as written ----------------------
+VERBATIM = """
+args: [--max-num-batched-tokens, 2048, --max-num-seqs, "2048", --x, "1e3", --gpu-memory-utilization, 0.9,
+       --y, 2048.0, --z, "007"]
+env: {CUDA_VISIBLE_DEVICES: 0, QUOTED: "0", SCI: "1e3", FRACTION: 0.9, LIST: "0,1", ZERO_PADDED: "007"}
+"""
+ARGV_AS_WRITTEN = ["--max-num-batched-tokens", "2048", "--max-num-seqs", "2048", "--x", "1e3",
+                   "--gpu-memory-utilization", "0.9", "--y", "2048.0", "--z", "007"]
+ENV_AS_WRITTEN = {"CUDA_VISIBLE_DEVICES": "0", "QUOTED": "0", "SCI": "1e3", "FRACTION": "0.9", "LIST": "0,1",
+                  "ZERO_PADDED": "007"}
+
+
+def launched(cfg: dict, server: str):
+    from specmatch.engines import get_engine
+
+    srv = {**cfg["servers"][server], "python": "/venv/bin/python"}
+    if srv["engine"] == "sglang":
+        srv["sglang_version"] = "0.5.23"
+    return get_engine(srv).launch_plan(port=30000, max_batch=16)
+
+
+@pytest.mark.parametrize("engine", ["vllm", "sglang"])
+def test_args_and_env_from_a_config_file_launch_as_written(tmp_path, engine):
+    """`"2048"` launched vLLM with 2048.0 (refused), `"0"` set CUDA_VISIBLE_DEVICES=0.0 (no GPU)."""
+    cfg = base()
+    cfg["servers"]["ngram"].update(yaml.safe_load(VERBATIM), engine=engine)
+    if engine == "sglang":
+        cfg["servers"]["ngram"]["speculative"] = {"method": "ngram"}
+    path = tmp_path / "my.yaml"
+    path.write_text(yaml.safe_dump(cfg))
+    loaded = load(path)
+    srv = loaded["servers"]["ngram"]
+    assert srv["args"][1] == 2048 and srv["args"][3] == "2048" and srv["args"][5] == "1e3"  # types kept
+    assert srv["env"]["QUOTED"] == "0" and srv["env"]["CUDA_VISIBLE_DEVICES"] == 0
+    plan = launched(loaded, "ngram")
+    assert plan.argv[-len(ARGV_AS_WRITTEN):] == ARGV_AS_WRITTEN
+    assert {k: plan.env[k] for k in ENV_AS_WRITTEN} == ENV_AS_WRITTEN
+
+
+def test_args_and_env_from_snakemake_config_overrides_launch_as_written():
+    """`snakemake --config` hands nested values over as text (YAML BaseLoader): text stays text."""
+    from snakemake.cli import parse_config
+
+    over = parse_config(["servers={ngram: {args: [--max-num-batched-tokens, 2048, --x, 1e3, --y, '0.9'], "
+                         "env: {CUDA_VISIBLE_DEVICES: 0, SCI: 1e3}, port: 8000, startup_timeout_s: '60'}}"])
+    assert over["servers"]["ngram"]["args"][1] == "2048"  # what Snakemake gives us
+    cfg = validate(deep_merge(base(), over))
+    srv = cfg["servers"]["ngram"]
+    assert srv["port"] == 8000 and srv["startup_timeout_s"] == 60.0  # typed keys are still coerced
+    plan = launched(cfg, "ngram")
+    assert plan.argv[-6:] == ["--max-num-batched-tokens", "2048", "--x", "1e3", "--y", "0.9"]
+    assert plan.env["CUDA_VISIBLE_DEVICES"] == "0" and plan.env["SCI"] == "1e3"
+
+
+def test_every_string_or_number_field_keeps_text_as_written():
+    """The audit: every schema field that accepts text or a number (today argv items and env values)
+    keeps text as it is, whatever it looks like."""
+    from specmatch.config import _coerce, load_schema
+
+    schema = load_schema()
+    found = []
+
+    def walk(node, where):
+        if isinstance(node, dict):
+            types = node.get("type")
+            if isinstance(types, list) and "string" in types and len(types) > 1:
+                found.append(where)
+                for text in ("2048", "0", "1e3", "0.9", "true", "null", " 7 "):
+                    assert _coerce(node, text, schema) == text, (where, text)
+            for k, v in node.items():
+                walk(v, f"{where}.{k}")
+        elif isinstance(node, list):
+            for i, v in enumerate(node):
+                walk(v, f"{where}[{i}]")
+
+    walk(schema, "schema")
+    assert any(".args." in w for w in found) and any(".env." in w for w in found), found

@@ -9,7 +9,7 @@ import torch
 from specmatch.drafter import Budget, draft_vocabulary, save, train
 from specmatch.inspection import inspect_root
 from specmatch.rows import ChatTemplate
-from test_prompts import make_root
+from builders import make_root
 
 TINY = Budget(steps=4, train_tokens=600, seq_len=64, batch_size=2, draft_vocab=64, ttt_length=2, lr=1e-3, seed=0,
               threads=1)

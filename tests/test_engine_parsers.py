@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from conftest import REPO
+from builders import REPO
 from specmatch.engines import get_engine
 from specmatch.engines.sglang import ACCEPTED_KEYS, HISTOGRAM_KEYS, PROPOSED_KEYS
 from specmatch.files import SpecmatchError
@@ -57,6 +57,7 @@ SGLANG_CASES = {
 }
 
 
+@pytest.mark.slow  # the engine's own code in a subprocess: several seconds
 def test_every_sglang_argv_parses_and_validates_with_sglang_itself():
     plans = {name: sglang_plan(spec, **kw) for name, (spec, kw) in SGLANG_CASES.items()}
     results = dict(zip(plans, sglang_parse([p.argv[3:] for p in plans.values()])))
@@ -77,6 +78,7 @@ def test_every_sglang_argv_parses_and_validates_with_sglang_itself():
     assert plans["eagle3 spec v2"].env["SGLANG_ENABLE_SPEC_V2"] == "True"
 
 
+@pytest.mark.slow  # the engine's own code in a subprocess: several seconds
 def test_the_old_flag_is_ambiguous_to_current_sglang():
     """What the adapter used to emit for every release: SGLang 0.5.23 refuses it, so a speculative
     server launched by specmatch would not have started."""
@@ -100,6 +102,7 @@ def test_older_release_gets_the_flags_its_source_defines():
                 assert f'"{arg}"' in source, arg
 
 
+@pytest.mark.slow  # the engine's own code in a subprocess: several seconds
 def test_the_original_deployment_config_launches_on_sglang():
     cfg = yaml.safe_load((REPO / "resources" / "configs" / "sglang_eagle3_8gpu.yaml").read_text())
     from specmatch.config import validate
@@ -107,7 +110,10 @@ def test_the_original_deployment_config_launches_on_sglang():
     cfg = validate(cfg)
     plans = [get_engine({**srv, "sglang_version": "0.5.23"}).launch_plan(30000, 256)
              for srv in cfg["servers"].values()]
-    for res in sglang_parse([p.argv[3:] for p in plans]):
+    assert len(plans) >= 2  # the baseline and at least one speculative server
+    results = sglang_parse([p.argv[3:] for p in plans])
+    assert len(results) == len(plans)  # one parse per launch, none dropped
+    for res in results:
         assert "error" not in res and res["validation"] == "ok", res
         assert res["parsed"]["tp_size"] == 8
 
@@ -191,6 +197,7 @@ def vllm_plan(cfg, max_batch=256):
 pytest.importorskip("vllm")
 
 
+@pytest.mark.slow  # vLLM's engine-config validation of every argv: half a minute
 def test_every_vllm_gpu_argv_passes_vllms_own_checks(tiny_target, tmp_path, tok):
     from specmatch.drafter import Budget, checkpoint_config
 
@@ -223,6 +230,7 @@ def test_every_vllm_gpu_argv_passes_vllms_own_checks(tiny_target, tmp_path, tok)
         vllm_check(bad.argv[3:])
 
 
+@pytest.mark.slow  # vLLM's own parser and validation, on a tiny target built first
 def test_the_vllm_gpu_example_config_passes_vllms_own_checks(tiny_target):
     from specmatch.config import validate
 
@@ -241,6 +249,7 @@ def test_the_vllm_gpu_example_config_passes_vllms_own_checks(tiny_target):
         assert args.tensor_parallel_size == 8, name
 
 
+@pytest.mark.slow  # the engine's own code in a subprocess: several seconds
 def test_a_renamed_schedule_key_is_refused_clearly():
     """An open vLLM proposal renames the schedule key (speculative_token_schedule): the adapter says
     which key this vLLM reads instead of launching a server that ignores it."""

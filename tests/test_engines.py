@@ -155,3 +155,25 @@ def test_vllm_without_metrics_endpoint_keeps_vllms_definition():
     assert cell["spec_decode_acceptance_length"] == pytest.approx(1.5)
     assert cell["spec_decode_acceptance_rate"] == pytest.approx(5 / 40)
     assert "per-request" in cell["acceptance_source"] and "1 + accepted / drafts" in cell["acceptance_source"]
+
+
+def test_argv_items_and_env_values_are_rendered_as_written():
+    from specmatch.engines.base import as_text
+
+    assert [as_text(v) for v in ("2048", "0", "1e3", "0.10", 2048, 0, 0.9, 2048.0, 1e-05, 10**20)] == \
+        ["2048", "0", "1e3", "0.10", "2048", "0", "0.9", "2048.0", "1e-05", "100000000000000000000"]
+    for engine, extra in (("vllm", {}), ("sglang", {"sglang_version": "0.5.23"})):
+        plan = get_engine({"engine": engine, "model": "m", "python": "/venv/bin/python", **extra,
+                           "args": ["--max-num-batched-tokens", 2048, "--mem-fraction", 0.85, "--n", "2048"],
+                           "env": {"CUDA_VISIBLE_DEVICES": 0, "SCI": "1e3"}}).launch_plan(port=1, max_batch=16)
+        assert plan.argv[-6:] == ["--max-num-batched-tokens", "2048", "--mem-fraction", "0.85", "--n", "2048"]
+        assert plan.env["CUDA_VISIBLE_DEVICES"] == "0" and plan.env["SCI"] == "1e3"
+
+
+@pytest.mark.parametrize("value", [True, None, [1, 2], {"a": 1}])
+def test_an_argv_item_without_one_spelling_is_refused(value):
+    """`str()` made True "True" and None "None"; a process must never get a spelling nobody wrote."""
+    with pytest.raises(SpecmatchError, match=r"args\[1\]"):
+        get_engine({"engine": "vllm", "model": "m", "args": ["--flag", value]}).launch_plan(port=1, max_batch=16)
+    with pytest.raises(SpecmatchError, match="env.X"):
+        get_engine({"engine": "vllm", "model": "m", "env": {"X": value}}).launch_plan(port=1, max_batch=16)

@@ -1,7 +1,6 @@
 """Inspection: every format and schema counted exactly; every bad input fails with a clear message."""
 import gzip
 import json
-import shutil
 from pathlib import Path
 
 import pyarrow as pa
@@ -10,7 +9,7 @@ import pyarrow.parquet as pq
 import pytest
 import zstandard
 
-from conftest import SHARED
+from builders import REPO, SHARED
 from specmatch.inspection import inspect_root
 from specmatch.files import SpecmatchError
 
@@ -112,8 +111,6 @@ def test_every_format_and_schema_counted_exactly(tmp_path, tok_dir):
 def validate_manifest(m):
     import jsonschema
     import yaml
-
-    from conftest import REPO
 
     schema = yaml.safe_load((REPO / "workflow" / "schemas" / "manifest.schema.yaml").read_text())
     jsonschema.Draft202012Validator(schema).validate(json.loads(json.dumps(m)))

@@ -27,3 +27,29 @@ def test_only_the_last_session_and_no_secrets(tmp_path):
                    "INFO 11-30 22:10:46 [x.py:2] not a warning\nWARNING: plain form\n")
     assert engine_warnings(log, {"HF_TOKEN": "hf_abcdef123"}) == ["token <redacted> rejected", "plain form"]
     assert engine_warnings(tmp_path / "absent.log") == [] and engine_warnings(None) == []
+
+
+def test_the_launch_record_hides_a_secret_written_as_a_number(tmp_path, monkeypatch):
+    """The config's env reaches engine_warnings as the process saw it (text), so a numeric secret is
+    redacted too rather than failing the launch record."""
+    import types
+
+    import requests
+
+    import specmatch.launch as launch
+
+    def no_server(*a, **k):
+        raise requests.ConnectionError("no server")
+
+    monkeypatch.setattr(launch.requests, "get", no_server)
+    monkeypatch.setattr(launch, "engine_versions", lambda python: {})
+    log = tmp_path / "server.log"
+    log.write_text(f"{START_MARKER}s r1 at T: argv\nWARNING 11-30 22:10:45 [x.py:1] token 12345678 rejected\n")
+    cfg = {"engine": "vllm", "model": "m", "args": ["--max-num-batched-tokens", 2048],
+           "env": {"HF_TOKEN": 12345678, "CUDA_VISIBLE_DEVICES": 0}}
+    att = types.SimpleNamespace(session="r1", config_hash="h", plan_argv=["python", "--max-num-batched-tokens", "2048"],
+                                plan_env={"HF_TOKEN": "<redacted>", "CUDA_VISIBLE_DEVICES": "0"}, reused=False,
+                                startup_s=1.0, log=str(log), base_url="http://127.0.0.1:1")
+    record = launch.build_record("s", cfg, att, 16)
+    assert record["engine_warnings"] == ["token <redacted> rejected"]
+    assert record["env"]["CUDA_VISIBLE_DEVICES"] == "0" and record["argv"][-1] == "2048"

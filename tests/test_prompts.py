@@ -1,37 +1,16 @@
 """Prompt suites: exact decoding, clean cuts, proportional seeded sampling, control files."""
 import json
 from collections import Counter
-from pathlib import Path
 
 import numpy as np
 import pytest
 
-from conftest import SHARED
+from builders import CONV, SHARED, make_root
 from specmatch.demo import tokenize_conversation
 from specmatch.inspection import inspect_root
 from specmatch.files import SpecmatchError
 from specmatch.prompts import allocate, file_suite, training_suite
 from specmatch.rows import ChatTemplate, spans_from_mask
-
-CONV = [{"role": "system", "content": "You are terse."},
-        {"role": "user", "content": "Write add(a, b)."},
-        {"role": "assistant", "content": "def add(a, b):\n    return a + b"},
-        {"role": "user", "content": "Now sub."},
-        {"role": "assistant", "content": "def sub(a, b):\n    return a - b"}]
-
-
-def make_root(tmp_path, tok, sizes):
-    root = tmp_path / "prepared"
-    for src, n in sizes.items():
-        d = root / src
-        d.mkdir(parents=True)
-        with open(d / "tokenized_data.jsonl", "w") as fh:
-            for i in range(n):
-                conv = [dict(m) for m in CONV]
-                conv[1]["content"] = f"[{src} {i}] " + conv[1]["content"]
-                conv[3]["content"] = f"[{src} {i}] " + conv[3]["content"]
-                fh.write(json.dumps({"id": f"{src}-{i}", **tokenize_conversation(tok, conv)}) + "\n")
-    return root
 
 
 def suite(root, tok, tok_dir, spec, holdout=None, **kw):
@@ -54,6 +33,7 @@ def test_cut_prompt_holds_no_completion_token(tmp_path, tok, tok_dir):
     root = make_root(tmp_path, tok, {"a": 5})
     for turn, expect_prev in (("last", True), ("first", False)):
         rows, match = suite(root, tok, tok_dir, {"size": 5, "seed": 0, "turn": turn, "weighting": "mix"})
+        assert len(rows) == 5  # every row of the root was cut and checked below
         for r in rows:
             full = next(json.loads(l) for l in open(root / "a" / "tokenized_data.jsonl") if r["row_id"] in l)
             spans = spans_from_mask(full["loss_mask"])

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 import requests
 
-from conftest import REPO
+from builders import REPO
 from specmatch.files import SpecmatchError
 from specmatch.server import Manager, group_alive, pid_alive
 

@@ -53,11 +53,11 @@ def test_sglang_error_event_is_reported_as_its_error(fake_server):
 def test_definitions_are_written_into_every_cell(tmp_path, fake_server):
     import json
 
-    from test_cell import REQ, args, prompts_file
+    from builders import REQ, cell_args, prompts_file
 
     srv = fake_server(tokens=4, ttft=0.001, itl=0.001)
     from specmatch.cell import main
 
-    assert main(args(tmp_path, srv.base_url, prompts_file(tmp_path, ["a", "b"]), REQ)) == 0
+    assert main(cell_args(tmp_path, srv.base_url, prompts_file(tmp_path, ["a", "b"]), REQ)) == 0
     cell = json.loads((tmp_path / "c2.json").read_text())
     assert "vLLM bench serve" in cell["definitions"]["ttft"] and "last chunk" in cell["definitions"]["e2el"]

@@ -6,9 +6,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from builders import cell_result
 from specmatch.cell import write_requests
 from specmatch.files import write_json
-from specmatch.records import CellResult, RequestRecord
+from specmatch.records import RequestRecord
 from specmatch.simulate import experiment
 from specmatch.summary import load_generator_lines, main
 
@@ -96,9 +97,8 @@ def test_no_schedule_is_recommended_from_noise(tmp_path):
 
 def test_load_generator_section_names_the_clock_and_every_warning():
     def cell(server, c, clock, lag, coalesced, warnings):
-        return CellResult(server, "train", c, 1, "vllm", "openai-completions", "vllm", c, 8, 8, 1, 0, "inf", 1.0, 0.0,
-                          "r1", False, "h", "ok", 8, 0, {}, 1.0, 0, 8, 8.0, 8.0, None, arrival_clock=clock,
-                          p99_client_read_lag_ms=lag, coalesced_token_events=coalesced, warnings=warnings)
+        return cell_result(server, c, arrival_clock=clock, p99_client_read_lag_ms=lag,
+                           coalesced_token_events=coalesced, warnings=warnings)
 
     cells = [cell("baseline", 1, "kernel", 0.3, 0, []),
              cell("eagle", 256, "kernel", 2.5, 40, ["40 token events (2.0%) reached the client in one read"])]
@@ -142,6 +142,88 @@ def test_recommended_server_cells_join_the_tables_but_not_the_decision(tmp_path)
     assert [v for v in verdicts if v["server"] == "spec"] == spec_alone  # the primary grid's verdicts, unchanged
     rec = json.loads((out / "recommendations.json").read_text())[0]
     assert rec["vllm_schedule"] == json.loads((alone / "recommendations.json").read_text())[0]["vllm_schedule"]
-    assert rec["verified"]["server"] == "spec__recommended" and rec["verified"]["matches_best"] is False
+    assert rec["verified"]["server"] == "spec__recommended" and rec["verified"]["outcome"] == "failed"
     assert "**Verification failed:** `spec__recommended` ran at 0.7" in (out / "summary.md").read_text()
     assert "of `baseline` at c=16: the schedule's switch costs throughput" in (out / "summary.md").read_text()
+
+
+def test_why_it_pays_names_what_drafting_cannot_explain(tmp_path):
+    """A server whose steps cost about half a plain decode step (tau 1.25, rho 0.55: the embedded
+    default's eagle3 at c=1) 'pays', but never as the drafter's doing: the verdict line says so, the
+    'Why it pays' section gives tau and rho with intervals and splits the speedup with the
+    configured-off control, and attribution.json carries the contract."""
+    from specmatch.records import Attribution
+    from specmatch.simulate import decomposed_experiment
+
+    cells = decomposed_experiment(np.random.default_rng(11), {"baseline": (None, 1.0), "x": (1.25, 0.55),
+                                                               "x__off": (None, 1.15)}, {"s": (200, 700)})
+    off = {**SPEC, "num_speculative_tokens_per_batch_size": [[1, 256, 0]]}
+    out, md = run_summary(tmp_path, cells, {"baseline": None, "x": SPEC, "x__off": off},
+                          settings={"bootstrap": 300, "controls": {"configured_off": True}})
+    assert "## Why it pays: tokens per step × step cost" in md
+    line = next(x for x in md.splitlines() if x.startswith("- **x** on `s`"))
+    assert "pays at c=1,4" in line and "not the drafter's doing" in line
+    assert "- **x: drafting cannot explain its gain**" in md
+    assert "configuration × drafting" in md and "(loses) × 2." in md
+    attrs = [Attribution.from_json(a) for a in json.loads((out / "attribution.json").read_text())]
+    contract = {"server", "suite", "concurrency", "tokens_per_step", "step_cost_ratio", "tpot_speedup",
+                "explained_by_drafting", "configured_off", "length_adjusted_speedup"}
+    assert all(contract <= set(a) for a in json.loads((out / "attribution.json").read_text()))
+    x1 = next(a for a in attrs if (a.server, a.concurrency) == ("x", 1))
+    assert x1.explained_by_drafting is False and x1.step_cost_ratio.hi < 1
+    assert x1.configured_off["verdict"] == "loses" and x1.drafting_effect["verdict"] == "pays"
+    recs = json.loads((out / "recommendations.json").read_text())
+    assert [r["server"] for r in recs] == ["x"]  # a control is never a deployment to recommend
+    assert (out / "plots" / "attribution.png").stat().st_size > 10_000
+
+
+def test_controls_not_expressible_are_said():
+    from specmatch.summary import uncontrolled
+
+    configs = {"baseline": {"engine": "sglang", "model": "m"},
+               "e": {"engine": "sglang", "model": "m", "speculative": {"method": "eagle3", "model": "d"}},
+               "x": {"engine": "external", "base_url": "http://127.0.0.1:1", "speculative": {"method": "ngram"}}}
+    why = uncontrolled({"controls": {"configured_off": True}}, configs, "baseline")
+    assert set(why) == {"e", "x"} and "SGLang" in why["e"] and "external" in why["x"]
+    assert uncontrolled({}, configs, "baseline") == {}
+
+
+def test_a_gain_of_the_configuration_alone_is_never_the_drafters(tmp_path):
+    from specmatch.simulate import decomposed_experiment
+
+    cells = decomposed_experiment(np.random.default_rng(12), {"baseline": (None, 1.0), "x": (1.5, 0.75),
+                                                               "x__off": (None, 0.5)}, {"s": (200, 700)})
+    off = {**SPEC, "num_speculative_tokens_per_batch_size": [[1, 256, 0]]}
+    out, md = run_summary(tmp_path, cells, {"baseline": None, "x": SPEC, "x__off": off},
+                          settings={"bootstrap": 300, "controls": {"configured_off": True}})
+    line = next(x for x in md.splitlines() if x.startswith("- **x** on `s`"))
+    assert "not the drafter's doing" in line and "configured but drafting nothing (`x__off`) pays as much" in line
+    assert "of the control's plain steps for τ 1.5" in md
+    rec = next(x for x in md.splitlines() if x.startswith("- **x** (`s`)"))
+    assert "its configured-off control `x__off` pays as much" in rec
+
+
+def test_the_summary_renders_typed_crossovers_and_verification():
+    """Issue 18: the summary renders the analysis's records (a typed crossover direction, the
+    verification's outcome and error rates); it never decides or calls verify itself."""
+    import inspect
+
+    from specmatch import summary
+    from specmatch.analysis import ServerInfo, Settings, analyse, recommend
+    from specmatch.records import Direction, Outcome
+
+    cells = experiment(np.random.default_rng(0), {1: 1.5, 4: 1.2, 16: 0.6}, repeats=3, session_sd=0.01, cell_sd=0.01)
+    an = analyse(cells, "baseline", Settings(bootstrap=300))
+    (x,) = an.crossovers[("spec", "s", "output_throughput")]
+    assert x.direction is Direction.STOPS_PAYING and (x.below, x.above) == (4, 16)
+    line = next(t for t in summary.verdict_lines(an, []) if t.startswith("- **spec**"))
+    assert "it stops paying at c≈" in line and "between c=4 and c=16" in line
+    ext = ServerInfo("spec", "external", "vllm", SPEC, 256)
+    key = ("spec", "s", "output_throughput")
+    rec = recommend(ext, "s", [v for v in an.verdicts if (v.server, v.suite, v.metric) == key], an.comparisons[key],
+                    an.settings)
+    assert rec.verified.outcome is Outcome.NOT_VERIFIABLE
+    text = summary.recommendation_lines(an, [rec])[0]
+    assert "--speculative-config" in text and "**Not verified:** an external endpoint" in text
+    assert "verify(" not in inspect.getsource(summary) and "Direction.STOPS_PAYING" not in inspect.getsource(
+        summary).replace("{Direction.STOPS_PAYING:", "")

@@ -3,13 +3,11 @@ OpenAI-compatible endpoints (`external` engine): fast, no vLLM needed. Also chec
 import json
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
 import yaml
 
-from conftest import REPO, copy_workflow, run, snakemake_cmd
-from test_prompts import make_root
+from builders import REPO, copy_workflow, job_counts, make_root, run, snakemake_cmd
 
 
 @pytest.fixture(scope="module")
@@ -50,22 +48,7 @@ def sm(wd, *args, check=True):
     return run(snakemake_cmd() + ["--cores", "2", "--configfile", "test.yaml", *args], wd, check=check)
 
 
-def job_counts(stdout: str) -> dict:
-    counts, on = {}, False
-    for line in stdout.splitlines():
-        if line.startswith("job ") and "count" in line:
-            on = True
-            continue
-        if on:
-            parts = line.split()
-            if not parts or parts[0] == "total":
-                break
-            if parts[0].startswith("---"):
-                continue
-            counts[parts[0]] = int(parts[1])
-    return counts
-
-
+@pytest.mark.slow  # the whole workflow, then a minute of reruns and dry runs
 def test_full_run_then_nothing_then_exact_reruns(workdir):
     sm(workdir)
     res = workdir / "results"
@@ -110,13 +93,15 @@ def test_full_run_then_nothing_then_exact_reruns(workdir):
     assert job_counts(out)["cell"] == 6  # baseline on both suites, eagle on train_mix only
 
 
+@pytest.mark.slow  # runs the whole workflow (a minute) unless a test before it did
 def test_every_file_is_a_serialisation_of_its_record(workdir):
     """The files between stages are the records of specmatch.records, nothing else."""
     import dataclasses
 
     import polars as pl
 
-    from specmatch.records import CUT_SCHEMA, REQUEST_SCHEMA, CellResult, Prompt, Recommendation, Verdict
+    from specmatch.records import (CUT_SCHEMA, REQUEST_SCHEMA, CellResult, Crossover, Decision, Prompt,
+                                   Recommendation, Region, Verdict)
 
     res = workdir / "results"
     if not (res / "summary" / "summary.md").exists():
@@ -139,9 +124,18 @@ def test_every_file_is_a_serialisation_of_its_record(workdir):
     recs = json.loads((res / "summary" / "recommendations.json").read_text())
     assert recs and all({"server", "suite", "regions", "crossover", "vllm_schedule", "sglang", "verified"} <= set(r)
                         for r in recs)
-    Recommendation.from_json(recs[0])
+    fields = {f.name for f in dataclasses.fields(Recommendation)}
+    for r in recs:  # each is a Recommendation's serialisation: typed when read, and unchanged when written again
+        assert set(r) <= fields, set(r) - fields
+        rec = Recommendation.from_json(r)
+        assert rec.server == "eagle" and rec.suite == "train_mix"  # the first training suite
+        assert all(isinstance(x, Region) and isinstance(x.verdict, Decision) for x in rec.regions)
+        assert rec.crossover is None or isinstance(rec.crossover, Crossover)
+        back = rec.to_json()
+        assert {k: back[k] for k in r} == r
 
 
+@pytest.mark.slow  # runs the whole workflow (a minute) unless a test before it did
 def test_provenance_and_verify(workdir):
     res = workdir / "results"
     if not (res / "summary" / "summary.md").exists():
@@ -168,6 +162,7 @@ def test_provenance_and_verify(workdir):
     assert "results/summary/summary.md" in invalid
 
 
+@pytest.mark.slow  # runs the whole workflow (a minute) unless a test before it did
 def test_snakemake_report_has_the_verdict_and_plots(workdir):
     if not (workdir / "results" / "summary" / "summary.md").exists():
         sm(workdir)

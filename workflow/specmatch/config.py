@@ -28,7 +28,10 @@ def _key_path(error: jsonschema.ValidationError) -> str:
 
 
 def _scalar(types, value):
-    if not isinstance(value, str):
+    """Text that stands for a value of a non-string type becomes that type. Where the schema allows a
+    string (argv items and environment values: `[string, number]`), text is already valid and stays
+    exactly as written: "2048" must not become 2048.0, nor "0" become "0.0", nor "1e3" become 1000.0."""
+    if not isinstance(value, str) or "string" in types:
         return value
     text = value.strip()
     if "integer" in types and text.lstrip("-").isdigit():
@@ -46,7 +49,8 @@ def _scalar(types, value):
 
 
 def _coerce(schema: dict, value: Any, root: dict) -> Any:
-    """Turn numbers/booleans written as strings into their types where the schema expects them."""
+    """Turn numbers/booleans written as strings into their types where the schema expects them and
+    no string is allowed (text stays text wherever a string is valid)."""
     if "$ref" in schema:
         schema = root["$defs"][schema["$ref"].split("/")[-1]]
     types = schema.get("type", [])

@@ -116,7 +116,7 @@ def build_record(name: str, cfg: dict, att, max_batch: int, repeat: int = 1) -> 
         "drafter": model_identity(spec.get("model")) if spec.get("model") else None,
         "speculative": spec or None,
         "accelerator": host(), "v1_models": models, "log": att.log,
-        "engine_warnings": engine_warnings(att.log, cfg.get("env")) if engine.launches else [],
+        "engine_warnings": engine_warnings(att.log, engine.user_env()) if engine.launches else [],
         "base_url_at_launch": att.base_url if not engine.launches else None,
     }
 

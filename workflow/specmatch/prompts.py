@@ -25,7 +25,7 @@ from pathlib import Path
 import polars as pl
 
 from . import readers
-from .files import SpecmatchError, read_json, write_json, write_jsonl, write_text
+from .files import SpecmatchError, read_json, read_jsonl, write_json, write_jsonl, write_text
 from .records import Prompt, location
 from .rows import ChatTemplate, normalise_messages, prompt_of
 from .stats import describe, ks_critical, ks_statistic
@@ -187,7 +187,8 @@ def training_suite(name: str, spec: dict, manifest: dict, cuts: pl.DataFrame, te
     return prompts, match
 
 
-def file_suite(name: str, spec: dict, template: ChatTemplate, manifest: dict | None) -> tuple[list[Prompt], dict]:
+def file_suite(name: str, spec: dict, template: ChatTemplate, manifest: dict | None,
+               like: list[Prompt] | None = None) -> tuple[list[Prompt], dict]:
     """A suite from a user's JSONL file (a control set such as generic prompts); every unusable line
     is counted by reason and named by file:line, none is dropped silently."""
     path = Path(spec["path"])
@@ -226,6 +227,11 @@ def file_suite(name: str, spec: dict, template: ChatTemplate, manifest: dict | N
         raise SpecmatchError(f"{path}: no prompts")
     rng = random.Random(spec.get("seed", 0))
     size = spec.get("size", 64)
+    if like is not None:
+        prompts, extra = length_matched(name, spec, raw, like, template, path, rng)
+        match = match_report(name, prompts, manifest, None, None) if manifest else {"suite": name}
+        match.update({"candidates": len(raw), "skipped": dict(skipped), **extra})
+        return prompts, match
     picked = rng.sample(raw, min(size, len(raw)))
     prompts = []
     for i, (lineno, rid, source, messages) in enumerate(picked):
@@ -236,6 +242,46 @@ def file_suite(name: str, spec: dict, template: ChatTemplate, manifest: dict | N
     match.update({"candidates": len(raw), "skipped": dict(skipped),
                   "shortfall": {"file": {"wanted": size, "available": len(raw)}} if size > len(raw) else {}})
     return prompts, match
+
+
+LIST_HEAD = "Answer each of the following questions in turn, one paragraph each.\n"
+
+
+def length_matched(name: str, spec: dict, raw: list, like: list[Prompt], template: ChatTemplate, path: Path,
+                   rng: random.Random) -> tuple[list[Prompt], dict]:
+    """Prompts as long as the training suite's (`length_like`), each a numbered list of the file's
+    single-turn prompts: the content of a control, the context length of the training mix. Prompt i
+    copies the length of the training suite's prompt i (cycling); questions are drawn without
+    replacement within a prompt, and a prompt that runs out of questions stays shorter (counted)."""
+    if not like:
+        raise SpecmatchError(f"suites.{name}.length_like: the training suite '{spec['length_like']}' has no prompts")
+    singles = [r for r in raw if len(r[3]) == 1 and r[3][0]["role"] == "user"]
+    if not singles:
+        raise SpecmatchError(f"{path}: length_like needs single-turn prompts to compose from")
+    size = spec.get("size", 64)
+    prompts, short, gaps = [], 0, []
+    for i in range(size):
+        target = like[i % len(like)].prompt_tokens
+        order = rng.sample(singles, len(singles))
+        items, text, n = [], "", 0
+        for row in order:
+            items.append(row)
+            content = LIST_HEAD + "".join(f"\n{k}. {r[3][0]['content']}" for k, r in enumerate(items, 1))
+            text = template.render([{"role": "user", "content": content}])
+            n = len(template.tok(text, add_special_tokens=False)["input_ids"])
+            if n >= target:
+                break
+        else:
+            short += 1
+        gaps.append(n - target)
+        messages = [{"role": "user", "content": content}]
+        prompts.append(Prompt(f"{name}-{i:05d}", name, items[0][2], str(path), items[0][0], None,
+                              "+".join(r[1] for r in items), 0, 0, text, messages, n, None, True))
+    extra = {"length_like": spec["length_like"],
+             "length_match": {"target_prompt_tokens": describe([p.prompt_tokens for p in like]),
+                              "overshoot_tokens": describe(gaps), "shorter_than_target": short},
+             "shortfall": {"length_like": {"prompts_shorter_than_target": short}} if short else {}}
+    return prompts, extra
 
 
 def match_report(name: str, prompts: list[Prompt], manifest: dict | None, weights: dict | None,
@@ -313,6 +359,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--spec", required=True, help="the suite's config as JSON")
     p.add_argument("--manifest", type=Path, help="results/inspect/manifest.json")
     p.add_argument("--cuts", type=Path, help="results/inspect/cuts.parquet (training suites)")
+    p.add_argument("--like", type=Path, help="the prompts of the training suite a length_like suite copies")
     p.add_argument("--tokenizer", required=True)
     p.add_argument("--endpoint", default="completions", choices=["completions", "chat"],
                    help="chat: every prompt must carry messages (a template that cannot be split is an error)")
@@ -325,7 +372,7 @@ def main(argv: list[str] | None = None) -> int:
     from .tokenizer import load_tokenizer
 
     spec = json.loads(a.spec)
-    rec = Recorder("prompts", [a.manifest, a.cuts, spec.get("path")],
+    rec = Recorder("prompts", [a.manifest, a.cuts, spec.get("path"), a.like],
                    {"suite": a.suite, "spec": spec, "tokenizer": a.tokenizer, "endpoint": a.endpoint})
     try:
         template = ChatTemplate.of(load_tokenizer(a.tokenizer))
@@ -336,7 +383,10 @@ def main(argv: list[str] | None = None) -> int:
             prompts, match = training_suite(a.suite, spec, manifest, read_cuts(a.cuts), template,
                                             need_messages=a.endpoint == "chat")
         else:
-            prompts, match = file_suite(a.suite, spec, template, manifest)
+            if spec.get("length_like") and a.like is None:
+                raise SpecmatchError(f"suite {a.suite}: length_like needs --like (the training suite's prompts)")
+            like = [Prompt.from_json(x) for x in read_jsonl(a.like)] if a.like else None
+            prompts, match = file_suite(a.suite, spec, template, manifest, like)
     except SpecmatchError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 1

@@ -4,8 +4,9 @@ A Snakemake checkpoint. From the cells of the configured servers it builds the r
 each speculative server (analysis.recommend: built from verdicts) and, where the recommended
 deployment is a configuration nobody measured (a vLLM batch-size schedule, SGLang's adaptive
 speculation), derives a server `<server>__recommended` that the workflow then measures on the same
-grid (every concurrency and repeat of the suite the recommendation was made on). The summary says
-whether it matches the best of the baseline and always-on at every concurrency, within noise.
+grid (every concurrency and repeat of the suite the recommendation was made on). The summary step
+verifies it (verified_analysis, deployment.verification): at each concurrency against the server the
+schedule says should run there, an equivalence test within +/-min_effect.
 
     python -m specmatch.recommend --baseline B --settings JSON --servers JSON --cells c*.json
         --requests c*.requests.parquet --launches launch.json... --suites train_mix --out servers.json
@@ -21,12 +22,13 @@ from pathlib import Path
 
 import polars as pl
 
-from .analysis import Analysis, ServerInfo, Settings, analyse, server_k
+from .analysis import (RECOMMENDED, Analysis, ServerInfo, Settings, analyse, join_derived, server_k,
+                       verify_recommendations)
 from .files import SpecmatchError, read_json, write_json
 from .provenance import Recorder
 from .records import CellResult, Recommendation
 
-SUFFIX = "__recommended"
+SUFFIX = RECOMMENDED
 
 
 def load(cell_paths: list[Path], request_paths: list[Path]) -> list[tuple[CellResult, pl.DataFrame]]:
@@ -57,7 +59,7 @@ def server_infos(launches: list[Path], configs: dict) -> dict[str, ServerInfo]:
         infos[name] = ServerInfo(name, rec.get("engine", cfg.get("engine")), rec.get("flavor", "openai"),
                                  cfg.get("speculative"), int(rec.get("max_batch") or 256),
                                  adaptive_support(version) if rec.get("flavor") == "sglang" else None, version,
-                                 tuple(rec.get("engine_warnings") or ()))
+                                 tuple(rec.get("engine_warnings") or ()), tuple(rec.get("argv") or ()))
     return infos
 
 
@@ -113,6 +115,18 @@ def primary_analysis(cells, baseline: str, settings: Settings, configs: dict, in
     derived servers that exist to verify it."""
     primary = [s for s in configs if not s.endswith(SUFFIX)]
     return analyse([c for c in cells if c[0].server in primary], baseline, settings, infos, suites, primary)
+
+
+def verified_analysis(cells, baseline: str, settings: Settings, configs: dict, infos: dict, suites: list[str],
+                      derived: dict, recs: list[Recommendation] | None = None) -> Analysis:
+    """Everything the summary renders, decided here: the primary grid's analysis, the recommended
+    servers' cells joined (their verdicts; no decision of the primary grid changes), and each
+    recommendation (the recommend step's, which name the servers that deploy them; else the
+    analysis's own) with its measured verification against the reference its schedule fixes."""
+    an = primary_analysis(cells, baseline, settings, configs, infos, suites)
+    an = join_derived(an, cells, list(derived))
+    an.recommendations = verify_recommendations(an, recs or an.recommendations, derived)
+    return an
 
 
 def analysis_arguments(p: argparse.ArgumentParser) -> None:

@@ -301,6 +301,11 @@ class Verdict(Record):
     against: str = ""                     # the server compared with (the baseline unless stated)
     run_to_run: bool = True               # whether the interval includes run-to-run variation
     decide: Optional[str] = None          # for inconclusive: what would decide it
+    dof: Optional[float] = None           # the Student t interval's degrees of freedom
+    # for inconclusive: the cheapest (repeats, suite size) whose data decide it with probability
+    # >= `probability` over the effect's current interval, or the best reachable: {repeats,
+    # suite_scale, prompts, probability, reachable} (analysis.comparison.deciding_design)
+    design: Optional[dict] = None
 
     @classmethod
     def from_json(cls, obj: dict) -> "Verdict":
@@ -317,14 +322,72 @@ class Region(Record):
     last: int
 
 
+class Direction(str, enum.Enum):
+    """Which way a crossover goes as concurrency grows: typed, never prose that code branches on."""
+    STOPS_PAYING = "stops paying"         # pays below it, loses above
+    STARTS_PAYING = "starts paying"       # loses below it, pays above
+
+
 @dataclass
 class Crossover(Record):
-    """Where the throughput speedup crosses 1, interpolated on log concurrency; `lo`/`hi` bound it
-    at the confidence level (None = beyond the measured range on that side)."""
+    """Where the speedup crosses 1 between two measured concurrencies whose verdicts have opposite
+    signs (`below` pays and `above` loses, or the reverse): interpolated on log concurrency, with
+    an interval at the confidence level drawn jointly over the shared server sessions and including
+    the interpolation's own error; it never leaves [below, above]."""
     point: float
     lo: Optional[float]
     hi: Optional[float]
-    direction: str                        # "stops paying" (above 1, then below) or "starts paying"
+    direction: Direction
+    below: Optional[int] = None           # the measured concurrency with a decided verdict below it
+    above: Optional[int] = None           # ... and above it
+    metric: str = "output_throughput"
+
+    @classmethod
+    def from_json(cls, obj: dict) -> "Crossover":
+        x = super().from_json(obj)
+        x.direction = Direction(x.direction)
+        return x
+
+
+class Outcome(str, enum.Enum):
+    """The measured check of a recommended deployment (records.Verification)."""
+    VERIFIED = "verified"                 # equivalent to (or better than) its reference at every concurrency
+    FAILED = "failed"                     # decisively worse than its reference somewhere
+    UNDECIDED = "undecided"               # neither, at the stated error rates
+    NOT_MEASURED = "not measured"         # the deployment has not been measured (yet)
+    NOT_VERIFIABLE = "not verifiable"     # nothing here can measure it (e.g. an external endpoint)
+
+
+@dataclass
+class Verification(Record):
+    """The recommended deployment, measured on the grid, against a reference fixed by the schedule
+    before the data are seen: at each concurrency, the server the schedule says should run there
+    (the speculative server where it speculates, the baseline where it does not), on one metric.
+
+    With alpha = 1 - confidence and K concurrencies with a reference: a concurrency is equivalent when
+    its 1 - 2 alpha interval (`equivalence_confidence`) lies inside +/-min_effect (TOST at alpha), loses
+    when its 1 - 2 alpha / K interval (`per_test_confidence`, Bonferroni) lies below 1 (the deployment
+    costs throughput), pays when that one lies above 1. `verified`: every concurrency equivalent or
+    better (an intersection-union test: P(verified | some concurrency differs by more than min_effect)
+    <= alpha); `failed`: some concurrency loses (P(failed | the deployment equals its references) <=
+    alpha). `error_rates` states both bounds (deployment.verification)."""
+    server: Optional[str]                 # the measured deployment
+    outcome: Outcome
+    metric: str
+    confidence: float
+    per_test_confidence: Optional[float] = None
+    min_effect: float = 0.05
+    # [{concurrency, against, speedup, lo, hi, equivalence_lo, equivalence_hi, verdict}]
+    per_concurrency: list = field(default_factory=list)
+    error_rates: dict = field(default_factory=dict)      # {verified_if_costly, failed_if_correct}
+    reason: Optional[str] = None
+    equivalence_confidence: Optional[float] = None
+
+    @classmethod
+    def from_json(cls, obj: dict) -> "Verification":
+        v = super().from_json(obj)
+        v.outcome = Outcome(v.outcome)
+        return v
 
 
 @dataclass
@@ -333,23 +396,83 @@ class Recommendation(Record):
     server: str
     suite: str
     regions: list
-    crossover: Optional[Crossover]
+    crossover: Optional[Crossover]        # the first of `crossovers` (None where verdicts never change sign)
     action: str                           # keep | off | schedule | undecided | none
     vllm_schedule: Optional[list]         # [[start, end, k], ...] (inclusive) or None
     sglang: Optional[dict]                # the SGLang mechanism, or {"mechanism": None, "why": ...}
-    verified: Optional[dict]              # the measured check of the recommended deployment
+    verified: Optional[Verification]      # the measured check of the recommended deployment
     text: str = ""
     evidence: str = ""
     derived_server: Optional[str] = None  # "<server>__recommended" when it is measured on the grid
     as_configured: bool = False           # the recommended deployment is the server as configured
     measured_by: Optional[str] = None     # another configured server that already deploys it
+    crossovers: list = field(default_factory=list)  # every Crossover, in concurrency order
+    # the largest measured concurrency, where the recommendation's batch sizes above it (up to
+    # max_batch) only extend its verdict, unmeasured: an extrapolation (None: measured up to max_batch)
+    extrapolated_above: Optional[int] = None
+    max_batch: Optional[int] = None
 
     @classmethod
     def from_json(cls, obj: dict) -> "Recommendation":
         r = super().from_json(obj)
         r.regions = [Region(Decision(x["verdict"]), x["first"], x["last"]) for x in r.regions or []]
-        r.crossover = Crossover(**r.crossover) if r.crossover else None
+        r.crossover = Crossover.from_json(r.crossover) if r.crossover else None
+        r.crossovers = [Crossover.from_json(x) if isinstance(x, dict) else x for x in r.crossovers or []]
+        if isinstance(r.verified, dict):  # a file from before verification was typed has no outcome: not read
+            r.verified = Verification.from_json(r.verified) if "outcome" in r.verified else None
         return r
+
+
+@dataclass
+class Interval(Record):
+    """A figure with its interval at the analysis's confidence."""
+    value: Optional[float]
+    lo: Optional[float]
+    hi: Optional[float]
+
+
+@dataclass
+class Attribution(Record):
+    """Why a speculative server's TPOT differs from the baseline's at one (suite, concurrency)
+    (`results/summary/attribution.json`, specmatch.attribution).
+
+    A speculative step yields tau tokens (`tokens_per_step`, the engine's acceptance length) and costs
+    rho plain decode steps of the baseline (`step_cost_ratio`), so `tpot_speedup` = tau / rho.
+    rho < 1 decisively means the speculative server's step was cheaper than a plain decode step:
+    the gain is the engine's path, not the drafter's (`explained_by_drafting` false; also when the
+    step is decisively cheaper than a plain step of the configured-off control). `configured_off`
+    is the throughput verdict of the configured-off control against the baseline (the configuration
+    effect) and `drafting_effect` the server against that control, `step_cost_vs_configured_off` rho
+    with the control's plain decode step as the unit (what drafting costs on the engine's own path);
+    `length_adjusted_speedup` the
+    TPOT speedup at the reference suite's prompt length (a per-prompt regression on log prompt
+    length and log tau, suite by suite); `contrast` this suite's TPOT speedup over the reference
+    suite's, raw and length-adjusted."""
+    server: str
+    suite: str
+    concurrency: int
+    tokens_per_step: Optional[Interval]
+    step_cost_ratio: Optional[Interval]
+    tpot_speedup: Optional[Interval]
+    explained_by_drafting: Optional[bool]
+    configured_off: Optional[dict] = None      # {server, metric, speedup, lo, hi, verdict}
+    drafting_effect: Optional[dict] = None     # {against, metric, speedup, lo, hi, verdict}
+    step_cost_vs_configured_off: Optional[Interval] = None  # rho against the control's plain step
+    length_adjusted_speedup: Optional[dict] = None  # {value, lo, hi, unadjusted, reference_suite, reference_prompt_tokens, slope}
+    contrast: Optional[dict] = None            # {reference_suite, raw: {value, lo, hi}, length_adjusted: {...}}
+    confidence: float = 0.9
+    repeats: int = 0
+    run_to_run: bool = False
+    acceptance_source: Optional[str] = None    # per-request metrics | cell counters
+    note: Optional[str] = None
+
+    @classmethod
+    def from_json(cls, obj: dict) -> "Attribution":
+        a = super().from_json(obj)
+        for name in ("tokens_per_step", "step_cost_ratio", "tpot_speedup", "step_cost_vs_configured_off"):
+            x = getattr(a, name)
+            setattr(a, name, Interval(**x) if isinstance(x, dict) else x)
+        return a
 
 
 REQUEST_SCHEMA = polars_schema(RequestRecord)

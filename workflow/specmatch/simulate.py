@@ -10,6 +10,13 @@ then sees only what a real run would produce: cell results and request records.
     python -m specmatch.simulate [--experiments 300] [--repeats 3]
 prints how often identical servers are called pays/loses (false decisions) and how often a true
 15% speedup is called pays (power), for one and several repeats.
+
+This model is the analysis's own (a cell's duration is the closed-loop makespan the bootstrap
+uses), so it checks the method against itself. The calibration that can fail simulates the server
+instead (specmatch.des, specmatch.calibration: continuous batching, speculative steps, run-to-run
+noise the analysis does not assume):
+
+    python -m specmatch.simulate --table [--experiments 300] [--workers 2]
 """
 from __future__ import annotations
 
@@ -36,20 +43,51 @@ def closed_loop(durations: np.ndarray, c: int) -> np.ndarray:
 
 
 def cell(server: str, suite: str, c: int, repeat: int, e2e: np.ndarray, ttft: np.ndarray, out: np.ndarray,
-         prompts: list[str], steps: np.ndarray | None = None, accepted: np.ndarray | None = None
+         prompts: list[str], steps: np.ndarray | None = None, accepted: np.ndarray | None = None,
+         prompt_tokens: np.ndarray | None = None, drafts: int | None = None, *, starts: np.ndarray | None = None,
+         duration: float | None = None, drafted: np.ndarray | None = None, session: str | None = None
          ) -> tuple[CellResult, pl.DataFrame]:
-    starts = closed_loop(e2e, c)
-    duration = float((starts + e2e).max())
+    """A cell result and its request frame. By default the requests' start times come from a closed loop
+    of c workers over the latencies (the makespan model); a simulation of its own (specmatch.des) passes
+    `starts` and `duration` as it measured them, and `drafted` (per request, vLLM's num_draft_tokens)."""
+    measured = starts is not None  # a simulation of its own: the cell carries the summaries the client writes
+    if starts is None:
+        starts = closed_loop(e2e, c)
+    if duration is None:
+        duration = float((starts + e2e).max())
     n = len(e2e)
-    req = pl.DataFrame({"prompt_id": prompts, "pass_index": [0] * n, "ok": [True] * n,
-                        "output_tokens": out.astype(np.int64), "e2e_s": e2e, "ttft_s": ttft, "start_s": starts,
-                        "num_spec_steps": steps if steps is not None else [None] * n,
-                        "num_accepted_tokens": accepted if accepted is not None else [None] * n},
-                       schema_overrides={"num_spec_steps": pl.Float64, "num_accepted_tokens": pl.Float64})
+    cols = {"prompt_id": prompts, "pass_index": [0] * n, "ok": [True] * n,
+            "output_tokens": out.astype(np.int64), "e2e_s": e2e, "ttft_s": ttft, "start_s": starts,
+            "num_spec_steps": steps if steps is not None else [None] * n,
+            "num_accepted_tokens": accepted if accepted is not None else [None] * n,
+            "prompt_tokens": prompt_tokens if prompt_tokens is not None else [None] * n}
+    over = {"num_spec_steps": pl.Float64, "num_accepted_tokens": pl.Float64, "prompt_tokens": pl.Float64}
+    if drafted is not None:
+        cols["num_draft_tokens"], over["num_draft_tokens"] = drafted, pl.Float64
+    req = pl.DataFrame(cols, schema_overrides=over)
     res = CellResult(server, suite, c, repeat, "vllm", "openai-completions", "vllm", c, n, n, 1, 0, "inf", 1.0, 0.0,
-                     f"r{repeat}", False, "sim", "ok", n, 0, {}, duration, 0, int(out.sum()), n / duration,
+                     session or f"r{repeat}", False, "sim", "ok", n, 0, {}, duration, 0, int(out.sum()), n / duration,
                      float(out.sum()) / duration, None,
-                     spec_decode_num_drafts=int(steps.sum()) if steps is not None else None)
+                     spec_decode_num_drafts=drafts if drafts is not None else
+                     int(steps.sum()) if steps is not None else None)
+    if drafted is not None:
+        res.spec_decode_num_draft_tokens = int(np.sum(drafted))
+        res.spec_decode_num_accepted_tokens = int(np.sum(accepted))
+    if not measured:
+        return res, req
+    if prompt_tokens is not None:
+        res.total_input_tokens = int(np.nansum(prompt_tokens))
+        res.total_token_throughput = (res.total_input_tokens + float(out.sum())) / duration
+    ms = {"ttft": ttft * 1000, "e2el": e2e * 1000}
+    with np.errstate(invalid="ignore", divide="ignore"):
+        ms["tpot"] = np.where(out > 1, (e2e - ttft) / np.maximum(out - 1, 1), np.nan) * 1000
+    for k, v in ms.items():
+        v = v[np.isfinite(v)]
+        if v.size:
+            for stat, f in (("mean", np.mean), ("median", np.median), ("std", np.std)):
+                setattr(res, f"{stat}_{k}_ms", float(f(v)))
+            for q in (90, 99):
+                setattr(res, f"p{q}_{k}_ms", float(np.percentile(v, q)))
     return res, req
 
 
@@ -83,6 +121,47 @@ def experiment(rng: np.random.Generator, speedup: float | dict, concurrencies=(1
     return cells
 
 
+def decomposed_experiment(rng: np.random.Generator, servers: dict, suites: dict, concurrencies=(1, 4),
+                          repeats: int = 2, prompts: int = 24, out_tokens: int = 64, session_sd: float = 0.02,
+                          cell_sd: float = 0.02, request_cv: float = 0.05, tau_cv: float = 0.05
+                          ) -> list[tuple[CellResult, pl.DataFrame]]:
+    """Cells whose speedup has a known cause (specmatch.attribution): `servers` maps a name to (tau,
+    rho): tau tokens per speculative step (None: a server that drafts nothing, the baseline or a
+    configured-off control `x__off`) and rho, the time of one of its steps in plain decode steps of the
+    baseline (a number, or a function of prompt length). `suites` maps a name to the (shortest,
+    longest) prompt length; a plain decode step costs more over a longer prompt (sqrt of its length).
+    Per prompt, tau varies by `tau_cv`; per request, vLLM's counts (1 + accepted / steps = tau)."""
+    cells = []
+    lengths = {u: rng.uniform(lo, hi, prompts) for u, (lo, hi) in suites.items()}
+    difficulty = {u: rng.lognormal(0.0, 0.2, prompts) for u in suites}
+    tau_p = {u: rng.lognormal(0.0, tau_cv, prompts) for u in suites}
+    out = np.full(prompts, float(out_tokens))
+    for r in range(1, repeats + 1):
+        for name, (tau, rho) in servers.items():
+            session = rng.normal(0.0, session_sd)
+            for u in suites:
+                ids = [f"{u}-{i:03d}" for i in range(prompts)]
+                L = lengths[u]
+                for c in concurrencies:
+                    plain = 0.02 * (1 + 0.1 * (c - 1)) * (L / 100.0) ** 0.5 * difficulty[u]
+                    speed = np.exp(session + rng.normal(0.0, cell_sd))
+                    noise = rng.lognormal(0.0, request_cv, prompts)
+                    steps_cost = rho(L) if callable(rho) else np.full(prompts, float(rho))
+                    if tau is None:
+                        tpot = plain * steps_cost * speed * noise
+                        steps = accepted = None
+                    else:
+                        t = tau * tau_p[u]
+                        steps = np.round((out - 1) / t)
+                        accepted = np.round(steps * (t - 1))
+                        tpot = plain * steps_cost / ((steps + accepted) / steps) * speed * noise
+                    ttft = 0.05 * noise
+                    e2e = ttft + tpot * (out - 1)
+                    drafts = 0 if (tau is None and name.endswith("__off")) else None
+                    cells.append(cell(name, u, c, r, e2e, ttft, out, ids, steps, accepted, L.round(), drafts))
+    return cells
+
+
 def rates(n: int, repeats: int, speedup: float, seed: int = 0, settings: Settings | None = None,
           **kw) -> dict:
     """Share of throughput verdicts of each kind over n experiments."""
@@ -108,7 +187,19 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--cell-sd", type=float, default=0.04, help="a cell's own sd of log speed")
     p.add_argument("--request-cv", type=float, default=0.10)
     p.add_argument("--suites", type=int, default=1)
+    p.add_argument("--table", action="store_true",
+                   help="the full calibration table against a discrete-event server (specmatch.calibration): "
+                        "scenario x metric x R, power at 5/15/30%%, verification; 10-20 minutes on 2 cores "
+                        "(--experiments per scenario and R, default 300 here)")
+    p.add_argument("--workers", type=int, help="processes for --table (default SPECMATCH_CALIBRATION_WORKERS or 2)")
     a = p.parse_args(argv)
+    if a.table:
+        from .calibration import table
+
+        n = a.experiments if "--experiments" in (argv if argv is not None else sys.argv) else 300
+        table(experiments=n, power_experiments=max(20, n // 3), verify_experiments=max(20, 2 * n // 3),
+              n_workers=a.workers)
+        return 0
     s = Settings(confidence=a.confidence, min_effect=a.min_effect, bootstrap=400)
     kw = {"session_sd": a.session_sd, "cell_sd": a.cell_sd, "request_cv": a.request_cv,
           "suites": tuple(f"s{i}" for i in range(a.suites))}

@@ -155,3 +155,78 @@ def gammainc(a: float, x: float) -> float:
 def chi2_cdf(x: float, dof: float) -> float:
     """Chi-square distribution function (for the robust run-to-run estimate), without scipy."""
     return gammainc(dof / 2.0, x / 2.0)
+
+
+def chi2_pdf(x: float, dof: float) -> float:
+    """Chi-square density."""
+    import math
+
+    if x <= 0:
+        return 0.0
+    k = dof / 2.0
+    return math.exp((k - 1) * math.log(x) - x / 2 - k * math.log(2) - math.lgamma(k))
+
+
+def chi2_ppf(p: float, dof: float) -> float:
+    """Quantile of the chi-square distribution (bisection on chi2_cdf)."""
+    lo, hi = 0.0, max(1.0, dof)
+    while chi2_cdf(hi, dof) < p:
+        hi *= 2
+    for _ in range(200):
+        mid = (lo + hi) / 2
+        lo, hi = (mid, hi) if chi2_cdf(mid, dof) < p else (lo, mid)
+        if hi - lo < 1e-12 * max(1.0, hi):
+            break
+    return (lo + hi) / 2
+
+
+def digamma(x: float) -> float:
+    """psi(x) = d log Gamma(x) / dx for x > 0 (recurrence up to 6, then the asymptotic series)."""
+    import math
+
+    r = 0.0
+    while x < 6:
+        r -= 1 / x
+        x += 1
+    f = 1 / (x * x)
+    return r + math.log(x) - 0.5 / x - f * (1 / 12 - f * (1 / 120 - f / 252))
+
+
+def trigamma(x: float) -> float:
+    """psi'(x) for x > 0."""
+    r = 0.0
+    while x < 6:
+        r += 1 / (x * x)
+        x += 1
+    f = 1 / (x * x)
+    return r + 1 / x + f / 2 + f / x * (1 / 6 - f * (1 / 30 - f / 42))
+
+
+def trigamma_inverse(y: float) -> float:
+    """The x > 0 with psi'(x) = y (psi' is decreasing: bisection on a log scale)."""
+    import math
+
+    lo, hi = 1e-8, 1e8
+    for _ in range(200):
+        mid = math.sqrt(lo * hi)
+        lo, hi = (mid, hi) if trigamma(mid) > y else (lo, mid)
+        if hi / lo < 1 + 1e-12:
+            break
+    return math.sqrt(lo * hi)
+
+
+def median_fit_dof(dofs: list[float]) -> float:
+    """Effective degrees of freedom of tau^2 fitted as the value at which the median over n
+    configurations of P(chi2_{d_k} <= Q_k / tau^2) is one half (analysis.fit_tau2).
+
+    It is an M-estimator with estimating function 1{F_d(Q/tau^2) <= 1/2} - 1/2, so (the asymptotics
+    of a sample median: Serfling 1980, "Approximation Theorems of Mathematical Statistics", 2.3.3;
+    van der Vaart 1998, "Asymptotic Statistics", 21.2) Var(log tau^2_hat) = 1 / (4 n g^2) with
+    g = mean_k f_{d_k}(m_k) m_k, m_k the median of chi2_{d_k} and f its density. A variance estimate
+    with nu degrees of freedom has Var(log s^2) = 2 / nu, so nu = 8 n g^2. For d = 1 (two repeats)
+    that is 0.368 n: the efficiency of a median of chi2_1 against the mean is 0.37 (not the 2/pi of a
+    median of normals); for d = 2, 0.48. tests/test_analysis.py checks it by simulation."""
+    if not dofs:
+        return 0.0
+    g = [chi2_pdf(m, d) * m for d in dofs for m in (chi2_ppf(0.5, d),)]
+    return 8 * len(dofs) * (sum(g) / len(g)) ** 2

@@ -5,6 +5,8 @@
 - `recommendations.json`: records.Recommendation per speculative server and recommendation suite:
   regions, the crossover with its interval, the vLLM schedule or SGLang mechanism, and the measured
   verification of the recommended deployment.
+- `attribution.json`: records.Attribution per speculative server, suite and concurrency: why its TPOT
+  differs (tokens per step x step cost, configured-off control, prompt length; specmatch.attribution).
 - `cells.csv` / `cells.parquet`: one tidy row per cell (every repeat); `speedups.csv`: every verdict.
 - `plots/*.png` and `summary.md`: the verdict first, then the evidence.
 
@@ -24,12 +26,14 @@ from pathlib import Path
 import numpy as np
 import polars as pl
 
-from .analysis import LABEL, Analysis, Settings, verify
+from .analysis import LABEL, Analysis, Settings
+from .attribution import attribute, launch_differences
+from .controls import OFF, is_control, off_config
 from .engines import definitions
 from .files import SpecmatchError, atomic_path, read_json, write_json, write_text
 from .provenance import Recorder
-from .records import Decision, Recommendation
-from .recommend import SUFFIX, analysis_arguments, load, primary_analysis, server_infos
+from .records import Attribution, Decision, Direction, Outcome, Recommendation
+from .recommend import SUFFIX, analysis_arguments, load, server_infos, verified_analysis
 
 CELL_COLUMNS = ["server", "suite", "concurrency", "repeat", "engine", "completed", "failed", "duration",
                 "output_throughput", "request_throughput", "total_token_throughput", "mean_ttft_ms", "median_ttft_ms",
@@ -66,7 +70,13 @@ def cells_frame(an: Analysis) -> pl.DataFrame:
 def verdicts_frame(an: Analysis) -> pl.DataFrame:
     if not an.verdicts:
         return pl.DataFrame({"server": []})
-    return pl.DataFrame([{**v.to_json(), "speedup": v.speedup} for v in an.verdicts], infer_schema_length=None)
+    rows = []
+    for v in an.verdicts:
+        j = {k: x for k, x in v.to_json().items() if k != "design"}
+        d = v.design or {}
+        rows.append({**j, "speedup": v.speedup, **{f"design_{k}": d.get(k) for k in ("repeats", "suite_scale",
+                                                                                       "probability")}})
+    return pl.DataFrame(rows, infer_schema_length=None)
 
 
 # -- acceptance -------------------------------------------------------------------------------
@@ -90,11 +100,13 @@ def pooled_acceptance(an: Analysis, key: str) -> list[dict]:
 
 
 # -- markdown ---------------------------------------------------------------------------------
-def headline(an: Analysis, training: list[str], control: list[str]) -> list[str]:
+def headline(an: Analysis, training: list[str], control: list[str], attrs: list[Attribution] | None = None
+             ) -> list[str]:
     """The distribution effect, first: acceptance per suite and what a benchmark on the control
     prompts would have concluded against what the training mix says."""
     lines = []
-    for server in [s for s in an.servers if s != an.baseline and not s.endswith(SUFFIX)]:
+    attrs = attrs or []
+    for server in [s for s in an.servers if s != an.baseline and not s.endswith(SUFFIX) and not is_control(s)]:
         acc = {a.suite: a for a in an.acceptance if a.server == server}
         if not acc:
             continue
@@ -110,7 +122,8 @@ def headline(an: Analysis, training: list[str], control: list[str]) -> list[str]
                 text += f" (lower on the training mix than on `{ct}`)"
             else:
                 text += f" (the intervals of `{tr}` and `{ct}` overlap)"
-            on_ct, on_tr = shape(an, server, ct), shape(an, server, tr)
+            on_ct = shape(an, server, ct) + cause_note(attrs, an, server, ct)
+            on_tr = shape(an, server, tr) + cause_note(attrs, an, server, tr)
             text += (f"; a benchmark on `{ct}` prompts would conclude: {on_ct}" +
                      ("" if on_ct == on_tr else f", where `{tr}` says: {on_tr}"))
         lines.append(text + ".")
@@ -131,9 +144,49 @@ def shape(an: Analysis, server: str, suite: str, metric: str = "output_throughpu
     return "; ".join(f"{d.value} at c={_cs(groups[d])}" for d in order if d in groups)
 
 
-def verdict_lines(an: Analysis, recs: list[Recommendation]) -> list[str]:
+def not_drafting(attrs: list[Attribution], an: Analysis, server: str, suite: str) -> dict[str, list[int]]:
+    """Concurrencies where the server's throughput verdict is 'pays' but the gain is not the drafter's:
+    `cheaper` where its speculative step was decisively cheaper than a plain decode step (rho < 1),
+    `configured` where the configured-off control alone pays and drafting on top of it does not."""
+    out: dict[str, list[int]] = {"cheaper": [], "configured": []}
+    for a in sorted((a for a in attrs if (a.server, a.suite) == (server, suite)), key=lambda a: a.concurrency):
+        v = an.verdict(server, suite, a.concurrency)
+        if v is None or v.verdict != Decision.PAYS:
+            continue
+        if a.explained_by_drafting is False:
+            out["cheaper"].append(a.concurrency)
+        if (a.configured_off and a.configured_off["verdict"] == Decision.PAYS.value and a.drafting_effect
+                and a.drafting_effect["verdict"] != Decision.PAYS.value):
+            out["configured"].append(a.concurrency)
+    return out
+
+
+def cause_note(attrs: list[Attribution], an: Analysis, server: str, suite: str) -> str:
+    cs = not_drafting(attrs, an, server, suite)
+    parts = []
+    if cs["cheaper"]:
+        parts.append(f"at c={_cs(cs['cheaper'])} its speculative steps cost less than a plain decode step "
+                     "(of the baseline, or of its configured-off control)")
+    if cs["configured"]:
+        parts.append(f"at c={_cs(cs['configured'])} configured but drafting nothing (`{server}{OFF}`) pays as much")
+    if not parts:
+        return ""
+    return " — not the drafter's doing: " + "; ".join(parts) + " (see \"Why it pays\")"
+
+
+DIRECTION = {Direction.STOPS_PAYING: "stops paying", Direction.STARTS_PAYING: "starts paying"}
+
+
+def crossover_text(x) -> str:
+    """One crossover, as the records.Crossover says it: where, its interval and the bracket of
+    measured concurrencies whose verdicts decide it."""
+    return (f"it {DIRECTION[x.direction]} at c≈{x.point:.1f} [{_fmt(x.lo, '.1f')}, {_fmt(x.hi, '.1f')}] "
+            f"(between c={x.below} and c={x.above}, whose verdicts decide it)")
+
+
+def verdict_lines(an: Analysis, recs: list[Recommendation], attrs: list[Attribution] | None = None) -> list[str]:
     lines = []
-    cross = {(r.server, r.suite): r.crossover for r in recs}
+    attrs = attrs or []
     for server in an.servers:
         if server == an.baseline:
             continue
@@ -141,19 +194,15 @@ def verdict_lines(an: Analysis, recs: list[Recommendation]) -> list[str]:
             if not any((v.server, v.suite) == (server, suite) for v in an.verdicts):
                 continue
             text = f"- **{server}** on `{suite}`: {shape(an, server, suite)}"
-            x = cross.get((server, suite))
-            if x is None:
-                from .analysis import crossover
-
-                x = crossover(an.comparisons.get((server, suite, "output_throughput"), []), an.settings)
-            if x is not None:
-                text += (f"; it {x.direction} at c≈{x.point:.1f} [{_fmt(x.lo, '.1f') if x.lo else 'below the range'}, "
-                         f"{_fmt(x.hi, '.1f') if x.hi else 'beyond the range'}]")
+            if is_control(server):
+                text += f" (the configured-off control of `{server[:-len(OFF)]}`: configured, drafting nothing)"
+            for x in an.crossovers.get((server, suite, "output_throughput"), []):
+                text += "; " + crossover_text(x)
             best = max((v for v in an.verdicts if (v.server, v.suite, v.metric) == (server, suite, "output_throughput")
                         and v.speedup is not None), key=lambda v: v.speedup, default=None)
             if best:
                 text += f" (best {best.speedup:.2f}x at c={best.concurrency})"
-            lines.append(text + ".")
+            lines.append(text + cause_note(attrs, an, server, suite) + ".")
     return lines
 
 
@@ -165,18 +214,28 @@ def noise_lines(an: Analysis) -> list[str]:
                 "server sessions, which is usually larger (vLLM reports 1.5-3.7% on GPUs). A verdict therefore needs "
                 f"an effect beyond ±{s.min_effect:.0%}, and 'equivalent' is never called. Set `repeats: 2` or more to "
                 "measure it."]
-    parts = [f"{LABEL[m]} ±{math.exp(math.sqrt(t)) - 1:.1%}" for m, t in rr.tau2.items()]
+    parts = []
+    for m, t in rr.tau2.items():
+        levels = rr.levels.get(m, {})
+        by_c = ", ".join(f"c={c} ±{math.exp(math.sqrt(v.total)) - 1:.1%}" for c, v in sorted(levels.items()))
+        parts.append(f"{LABEL[m]} ±{math.exp(math.sqrt(t)) - 1:.1%}" + (f" ({by_c})" if len(levels) > 1 else ""))
     return [f"**Run-to-run variation, measured:** between fresh server sessions a configuration's figures move by "
-            + ", ".join(parts) + f" (one standard deviation), estimated from {rr.configurations} configurations "
-            f"measured in {rr.repeats} repeats (a median fit: one outlying cell cannot set it). Every interval below "
-            "includes it, beside the request-to-request variation of a paired bootstrap by prompt."]
+            + "; ".join(parts) + f" (one standard deviation; pooled by a median fit over {rr.configurations} "
+            f"configurations measured in {rr.repeats} repeats, so one outlying cell cannot set it; by concurrency in "
+            "brackets). Each interval below uses its own server's and concurrency's, shrunk toward the pooled level "
+            "where their data are thin (empirical Bayes), beside the prompt sample's variation from a paired "
+            "bootstrap by prompt; request-to-request noise is counted once, in the run-to-run part."]
 
 
 def off_lines(an: Analysis) -> list[str]:
-    if not an.off_cost:
-        return ["No measured cell had speculation configured but switched off."]
+    """Cells of configured servers whose own schedule drafted nothing (the configured-off controls
+    are rendered in "Why it pays", beside the server they control)."""
+    offs = [v for v in an.off_cost if not is_control(v.server)]
+    if not offs:
+        return ["No measured cell had speculation configured but switched off"
+                + (" besides the configured-off controls (see \"Why it pays\")." if an.off_cost else ".")]
     lines = []
-    for v in sorted(an.off_cost, key=lambda v: (v.server, v.suite, v.concurrency)):
+    for v in sorted(offs, key=lambda v: (v.server, v.suite, v.concurrency)):
         if v.verdict == Decision.LOSES:
             what = f"costs {1 - v.speedup:.0%} of the baseline's throughput"
         elif v.verdict == Decision.PAYS:
@@ -192,7 +251,7 @@ def off_lines(an: Analysis) -> list[str]:
             why = "no cost of being configured is established"
         lines.append(f"- **{v.server}** drafted nothing at c={v.concurrency} on `{v.suite}` and {what}: "
                      f"{_ci(v)} ({v.verdict.value}); {why}.")
-    for server in sorted({v.server for v in an.off_cost}):
+    for server in sorted({v.server for v in offs}):
         extra = warnings_beside(an, server)
         if extra:
             lines.append(f"- What the engine warned of for **{server}** at start-up and not for `{an.baseline}`: "
@@ -209,7 +268,152 @@ def warnings_beside(an: Analysis, server: str) -> list[str]:
     return [w for w in own.engine_warnings if w not in set(base.engine_warnings)]
 
 
-def recommendation_lines(an: Analysis, recs: list[Recommendation], verified: dict) -> list[str]:
+def _iv(x, spec=".2f") -> str:
+    """`v [lo, hi]` of an Interval or a {value|speedup, lo, hi} dict."""
+    if x is None:
+        return "—"
+    if isinstance(x, dict):
+        v = x.get("value", x.get("speedup"))
+        return f"{_fmt(v, spec)} [{_fmt(x.get('lo'), spec)}, {_fmt(x.get('hi'), spec)}]"
+    return f"{_fmt(x.value, spec)} [{_fmt(x.lo, spec)}, {_fmt(x.hi, spec)}]"
+
+
+def why_lines(an: Analysis, attrs: list[Attribution], no_control: dict[str, str] | None = None) -> list[str]:
+    """Why each speedup happens: tokens per step x step cost, the configured-off split and prompt
+    length (specmatch.attribution). Renders the records; decides nothing."""
+    if not attrs:
+        return []
+    s = an.settings
+    ref = next((a.length_adjusted_speedup["reference_suite"] for a in attrs if a.length_adjusted_speedup), None)
+    ref_tokens = next((a.length_adjusted_speedup["reference_prompt_tokens"] for a in attrs
+                       if a.length_adjusted_speedup), None)
+    lines = ["## Why it pays: tokens per step × step cost", "",
+             f"A speculative step yields τ tokens (the engine's acceptance length) and costs ρ plain decode steps of "
+             f"`{an.baseline}` at the same suite and concurrency, so the TPOT speedup is τ / ρ. Drafting predicts "
+             "ρ ≥ 1 (a draft plus a verify of k+1 tokens costs at least one plain step) and a ρ that grows with the "
+             "batch, which is usually why speculation stops paying at high load. **ρ < 1 means the speculative "
+             "server's step was cheaper than a plain decode step: that gain is the engine's path (kernels, scheduler "
+             "settings it changes when speculation is configured), not the drafter's.** "
+             f"{s.confidence:.0%} intervals, paired by prompt, with run-to-run variation where repeats measured it.",
+             ""]
+    if ref:
+        lines += [f"The last column is each TPOT speedup at `{ref}`'s median prompt length ({ref_tokens:.0f} tokens): "
+                  "per-prompt log speedups regressed on log prompt length and log τ, one intercept per suite (a plain "
+                  "decode step costs more over a longer context, so suites of different lengths differ for reasons "
+                  "that have nothing to do with acceptance); * marks an extrapolation beyond the suite's own "
+                  "prompt lengths.", ""]
+    lines += ["| server | suite | c | TPOT speedup | τ tokens/step | ρ step cost | drafting explains it | "
+              "configured off vs baseline | drafting vs configured off | TPOT speedup at matched length |",
+              "|---|---|---|---|---|---|---|---|---|---|"]
+    word = {True: "yes", False: "**no** (ρ < 1)", None: "undecided"}
+    for a in attrs:
+        if a.tokens_per_step is None and not is_control(a.server):
+            expl = a.note or "—"
+        elif a.tokens_per_step is None:
+            expl = "drafts nothing"
+        else:
+            expl = word[a.explained_by_drafting]
+        off = (f"{_iv(a.configured_off)} {a.configured_off['verdict']}" if a.configured_off else "—")
+        dr = (f"{_iv(a.drafting_effect)} {a.drafting_effect['verdict']}" if a.drafting_effect else "—")
+        la = a.length_adjusted_speedup
+        lat = (_iv(la) + ("*" if la.get("extrapolated") else "")) if la else "—"
+        lines.append(f"| {a.server} | {a.suite} | {a.concurrency} | {_iv(a.tpot_speedup)} | {_iv(a.tokens_per_step)} | "
+                     f"{_iv(a.step_cost_ratio)} | {expl} | {off} | {dr} | {lat} |")
+    lines += ["", "Configured off and drafting are throughput ratios (the verdicts' metric); their product is the "
+                  "server's throughput speedup over the baseline.", ""]
+    findings = []
+    for server in dict.fromkeys(a.server for a in attrs):
+        bad = [a for a in attrs if a.server == server and a.explained_by_drafting is False]
+        if not bad:
+            continue
+        where = "; ".join(f"`{a.suite}` c={a.concurrency}: TPOT {_fmt(a.tpot_speedup.value)}x with τ "
+                          f"{_fmt(a.tokens_per_step.value)}, ρ {_iv(a.step_cost_ratio)}"
+                          + (f" (against its configured-off control's plain step: {_iv(a.step_cost_vs_configured_off)})"
+                             if a.step_cost_vs_configured_off else "") for a in bad)
+        text = (f"- **{server}: drafting cannot explain its gain** ({where}). A speculative step that yields τ tokens "
+                "and costs at least one plain step improves TPOT by at most τ; these steps cost less than the "
+                f"baseline's plain decode step, so the engine took another path.")
+        own, base = an.infos.get(server), an.infos.get(an.baseline)
+        if own is not None and base is not None:
+            diff = launch_differences(own.argv, base.argv)
+            if diff:
+                text += " Its launch differs from the baseline's in: " + "; ".join(f"`{d}`" for d in diff) + "."
+            warn = warnings_beside(an, server)
+            if warn:
+                text += " The engine warned at start-up (not for the baseline): " + "; ".join(f"\"{w}\"" for w in warn) + "."
+        findings.append(text)
+    split: dict = {}
+    for a in attrs:
+        if a.configured_off and a.drafting_effect:
+            split.setdefault((a.server, a.suite, a.configured_off["server"]), []).append(a)
+    for (server, suite, off), rows in split.items():
+        findings.append(
+            f"- **{server}** on `{suite}`, configuration × drafting (throughput; `{off}` is configured but drafts "
+            "nothing): " + "; ".join(
+                f"c={a.concurrency}: {_fmt(a.configured_off['speedup'])}x ({a.configured_off['verdict']}) × "
+                f"{_fmt(a.drafting_effect['speedup'])}x ({a.drafting_effect['verdict']})"
+                + (f", a speculative step costing {_iv(a.step_cost_vs_configured_off)} of the control's plain steps "
+                   f"for τ {_fmt(a.tokens_per_step.value)}" if a.step_cost_vs_configured_off and a.tokens_per_step
+                   else "") for a in rows) + ".")
+    for server, why in (no_control or {}).items():
+        findings.append(f"- **{server}**: no configured-off control ({why}).")
+    contrasts = [a for a in attrs if a.contrast and a.contrast.get("raw") and a.contrast.get("length_adjusted")
+                 and not is_control(a.server)]
+    if contrasts:
+        findings.append("")
+        findings.append(f"Same server, different prompts, at matched prompt length (each suite's TPOT speedup over "
+                        f"its speedup on `{ref}`; per-prompt geometric means):")
+        findings.append("")
+        for a in contrasts:
+            raw, adj = a.contrast["raw"], a.contrast["length_adjusted"]
+            raw_dec = raw["lo"] > 1 or raw["hi"] < 1
+            adj_dec = adj["lo"] > 1 or adj["hi"] < 1
+            if raw_dec and not adj_dec:
+                why = "the contrast is prompt length, not acceptance: it does not survive at matched length"
+            elif adj_dec:
+                why = "the contrast survives at matched length"
+            else:
+                why = "no contrast is established either way"
+            base_tau = next((b.tokens_per_step for b in attrs if (b.server, b.suite, b.concurrency) ==
+                             (a.server, ref, a.concurrency)), None)
+            taus = (f" (τ {_iv(a.tokens_per_step)} against {_iv(base_tau)})" if a.tokens_per_step and base_tau else "")
+            findings.append(f"- **{a.server}** on `{a.suite}` at c={a.concurrency}: {_iv(raw)}x raw, {_iv(adj)}x at "
+                            f"{a.length_adjusted_speedup['reference_prompt_tokens']:.0f}-token prompts"
+                            + ("*" if a.length_adjusted_speedup.get("extrapolated") else "") + f"{taus}: {why}.")
+    return lines + findings
+
+
+def verification_text(an: Analysis, r: Recommendation) -> str:
+    """The records.Verification of a recommendation, rendered; decides nothing."""
+    v = r.verified
+    if v is None:
+        return ""
+    rows = v.per_concurrency
+    level = (f" (each concurrency at {_fmt(v.per_test_confidence, '.1%')}: equivalence within ±{v.min_effect:.0%}, "
+             f"{LABEL.get(v.metric, v.metric)}; P(verified if a concurrency costs more) ≤ "
+             f"{v.error_rates.get('verified_if_costly', 1 - v.confidence):.0%}, P(failed if it matches) ≤ "
+             f"{v.error_rates.get('failed_if_correct', 1 - v.confidence):.0%})") if rows else ""
+    why = f" ({v.reason})" if v.reason else ""
+    if v.outcome == Outcome.VERIFIED:
+        return (f" **Verified:** `{v.server}` matched the server its schedule runs at " + ", ".join(
+            f"c={x['concurrency']} (`{x['against']}`: {_fmt(x['speedup'])}x [{_fmt(x['lo'])}, {_fmt(x['hi'])}])"
+            for x in rows) + level + why + ".")
+    if v.outcome == Outcome.FAILED:
+        costs = [x for x in rows if x["verdict"] == Decision.LOSES.value]
+        return (f" **Verification failed:** `{v.server}` " + "; ".join(
+            f"ran at {_fmt(x['speedup'])}x [{_fmt(x['lo'])}, {_fmt(x['hi'])}] of `{x['against']}` at "
+            f"c={x['concurrency']}" for x in costs) + ": the schedule's switch costs throughput" + level + why + ".")
+    if v.outcome == Outcome.UNDECIDED:
+        return (f" **Verification undecided:** `{v.server}` against the server its schedule runs at each concurrency: "
+                + ", ".join(f"c={x['concurrency']} {x['verdict']} vs `{x['against']}` ({_fmt(x['speedup'])}x)"
+                            for x in rows) + level + why + ".")
+    if v.outcome == Outcome.NOT_VERIFIABLE:
+        return f" **Not verified:** {v.reason}."
+    return f" **Not verified yet:** {v.reason or 'not measured'}."
+
+
+def recommendation_lines(an: Analysis, recs: list[Recommendation], verified: dict | None = None,
+                         attrs: list[Attribution] | None = None) -> list[str]:
     lines = []
     for r in recs:
         text = f"- **{r.server}** (`{r.suite}`): {r.text}"
@@ -223,46 +427,43 @@ def recommendation_lines(an: Analysis, recs: list[Recommendation], verified: dic
         elif r.sglang:
             text += f". SGLang: {r.sglang.get('why')}"
         text += f" — evidence: {r.evidence}."
-        v = verified.get((r.server, r.suite))
-        if v and v.get("measured"):
-            rows = v["per_concurrency"]
-            if r.measured_by:
-                text += f" The recommended deployment is `{r.measured_by}`'s configuration, measured on the same grid."
-            if v["matches_best"] is True:
-                text += (f" **Verified:** `{v['server']}` matched the best of `{an.baseline}` and `{r.server}` at "
-                         f"c={_cs(x['concurrency'] for x in rows)} within noise.")
-            elif v["matches_best"] is False:
-                text += (f" **Verification failed:** `{v['server']}` " + "; ".join(
-                    f"ran at {_fmt(x['speedup'])}x [{_fmt(x['lo'])}, {_fmt(x['hi'])}] of `{x['against']}` at "
-                    f"c={x['concurrency']}" for x in v["costs"]) + ": the schedule's switch costs throughput.")
-            else:
-                text += (f" **Verification undecided:** `{v['server']}` vs the best at each concurrency: " + ", ".join(
-                    f"c={x['concurrency']} {x['verdict']} ({_fmt(x['speedup'])}x)" for x in rows) + ".")
+        if r.measured_by and r.verified is not None and r.verified.per_concurrency:
+            text += f" The recommended deployment is `{r.measured_by}`'s configuration, measured on the same grid."
+        if r.verified is not None:
+            text += verification_text(an, r)
         elif r.as_configured:
             text += f" The recommended deployment is one already measured (`{r.server}` as configured)."
         elif r.action == "off":
             text += f" The recommended deployment is one already measured (the baseline `{an.baseline}`)."
+        cause = not_drafting(attrs or [], an, r.server, r.suite)
+        if cause["configured"]:
+            text += (f" At c={_cs(cause['configured'])} its configured-off control `{r.server}{OFF}` pays as much: the "
+                     "gain comes with the configuration, not from drafting (see \"Why it pays\").")
         lines.append(text)
     return lines
 
 
 def markdown(an: Analysis, recs: list[Recommendation], verified: dict, matches: list[dict], training: list[str],
-             control: list[str]) -> str:
+             control: list[str], attrs: list[Attribution] | None = None, no_control: dict | None = None) -> str:
     s = an.settings
+    attrs = attrs or []
     reps = max((v.repeats for v in an.verdicts), default=1)
     lines = ["# specmatch: does speculation pay off here?", ""]
-    head = headline(an, training, control)
+    head = headline(an, training, control, attrs)
     if head:
         lines += ["## The distribution effect", ""] + head + [""]
     lines += [f"## Verdicts (throughput; {s.confidence:.0%} confidence, ±{s.min_effect:.0%} counts as no difference, "
               f"{reps} repeat{'s' if reps != 1 else ''})", ""]
-    lines += verdict_lines(an, recs) or [f"Only the baseline `{an.baseline}` was measured: nothing to compare."]
+    lines += verdict_lines(an, recs, attrs) or [f"Only the baseline `{an.baseline}` was measured: nothing to compare."]
     lines += ["", "pays / loses: the interval lies above / below 1 (and not within the ±min_effect band); equivalent: "
                   "the whole interval lies within it, a decisive 'no difference'; inconclusive: neither (the table "
                   "says what would decide it).", ""]
     lines += noise_lines(an)
+    why = why_lines(an, attrs, no_control)
+    if why:
+        lines += [""] + why
     if recs:
-        lines += ["", "## Recommendation", ""] + recommendation_lines(an, recs, verified)
+        lines += ["", "## Recommendation", ""] + recommendation_lines(an, recs, verified, attrs)
     lines += ["", "## Speculation configured but off", ""] + off_lines(an)
     if an.verdicts:
         lines += ["", f"## Speedup over `{an.baseline}` ({s.confidence:.0%} intervals)", "",
@@ -305,12 +506,16 @@ def markdown(an: Analysis, recs: list[Recommendation], verified: dict, matches: 
                     lines.append(f"| {server} | {c} | " + " | ".join(
                         f"{_ci(v)} {v.verdict.value}" if v else "—" for v in vals) + " |")
     if matches:
-        lines += ["", "## Prompt suites", "", "| suite | prompts | held-out share | source TVD vs training | "
-                                             "prompt-length KS (critical) | verdict |", "|---|---|---|---|---|---|"]
+        lines += ["", "## Prompt suites", "", "| suite | prompts | median prompt tokens | held-out share | source TVD vs "
+                                             "training | prompt-length KS (critical) | verdict |",
+                  "|---|---|---|---|---|---|---|"]
+        flags = length_flags(matches, training)
         for m in matches:
-            lines.append(f"| {m['suite']} | {m['prompts']} | {_fmt(m.get('holdout_share'), '.0%')} | "
+            med = (m.get("prompt_tokens") or {}).get("p50")
+            lines.append(f"| {m['suite']} | {m['prompts']} | {_fmt(med, '.0f')} | {_fmt(m.get('holdout_share'), '.0%')} | "
                          f"{_fmt(m.get('source_tvd_vs_training_mix'), '.3f')} | {_fmt(m.get('prompt_length_ks'), '.3f')} "
-                         f"({_fmt(m.get('prompt_length_ks_critical_5pct'), '.3f')}) | {m['verdict']} |")
+                         f"({_fmt(m.get('prompt_length_ks_critical_5pct'), '.3f')}) | {m['verdict']}"
+                         + (f"; **{flags[m['suite']]}**" if m["suite"] in flags else "") + " |")
     by_src = pooled_acceptance(an, "acceptance_by_source")
     if by_src:
         lines += ["", "## Acceptance by training source (pooled over concurrencies and repeats)", "",
@@ -341,9 +546,30 @@ def markdown(an: Analysis, recs: list[Recommendation], verified: dict, matches: 
                   "end-to-end latency the last one, TPOT (e2e - TTFT) / (output tokens - 1) with output tokens from the "
                   "server's usage: vLLM bench serve's definitions. Acceptance follows each engine's own definition.",
               "", "Plots: `plots/throughput.png`, `plots/speedup.png`, `plots/latency_throughput.png`, "
-                  "`plots/acceptance_by_source.png`. Machine-readable: `verdicts.json`, `recommendations.json`. "
+                  "`plots/acceptance_by_source.png`, `plots/attribution.png`. Machine-readable: `verdicts.json`, "
+                  "`recommendations.json`, `attribution.json`. "
                   "Every file has a `.prov.json` beside it: `specmatch provenance results/summary/summary.md`."]
     return "\n".join(lines) + "\n"
+
+
+def length_flags(matches: list[dict], training: list[str]) -> dict[str, str]:
+    """Suites whose prompts are much shorter (or longer) than the training mix's: per-token costs
+    differ there for reasons that have nothing to do with acceptance."""
+    med = {m["suite"]: (m.get("prompt_tokens") or {}).get("p50") for m in matches}
+    ref = next((u for u in training if med.get(u)), None)
+    if ref is None:
+        return {}
+    out = {}
+    for u, v in med.items():
+        if u in training or not v:
+            continue
+        ratio = v / med[ref]
+        if ratio < 0.5 or ratio > 2:
+            out[u] = (f"{'much shorter' if ratio < 0.5 else 'much longer'} than the training mix (median {v:.0f} vs "
+                      f"{med[ref]:.0f} tokens on `{ref}`): a plain decode step costs "
+                      f"{'less' if ratio < 0.5 else 'more'} over its contexts, so its speedups differ for reasons "
+                      "that are not acceptance (see \"Why it pays\")")
+    return out
 
 
 def load_generator_lines(cells: list) -> list[str]:
@@ -373,7 +599,27 @@ def load_generator_lines(cells: list) -> list[str]:
 
 
 # -- plots ------------------------------------------------------------------------------------
-def plots(an: Analysis, out: Path) -> list[Path]:
+def server_styles(servers: list[str]) -> dict[str, dict]:
+    """One colour per server in every plot, from the order servers appear (the config's order, the
+    baseline first): a control (`x__off`) and a recommended server (`x__recommended`) take their
+    parent's colour with a dashed or dotted line, so a reader links them at a glance."""
+    palette = ["#4d4d4d", "#1f77b4", "#d62728", "#2ca02c", "#9467bd", "#ff7f0e", "#8c564b", "#e377c2", "#17becf",
+               "#bcbd22"]
+    parents = list(dict.fromkeys(x[:-len(OFF)] if is_control(x) else x[:-len(SUFFIX)] if x.endswith(SUFFIX) else x
+                                 for x in servers))
+    colour = {p: palette[i % len(palette)] for i, p in enumerate(parents)}
+    out = {}
+    for x in servers:
+        if is_control(x):
+            out[x] = {"color": colour[x[:-len(OFF)]], "linestyle": "--"}
+        elif x.endswith(SUFFIX):
+            out[x] = {"color": colour[x[:-len(SUFFIX)]], "linestyle": ":"}
+        else:
+            out[x] = {"color": colour[x], "linestyle": "-"}
+    return out
+
+
+def plots(an: Analysis, out: Path, attrs: list[Attribution] | None = None) -> list[Path]:
     import matplotlib
 
     matplotlib.use("Agg")
@@ -382,6 +628,25 @@ def plots(an: Analysis, out: Path) -> list[Path]:
     out.mkdir(parents=True, exist_ok=True)
     made = []
     cs = an.concurrencies
+    style = server_styles([an.baseline] + [x for x in an.servers if x != an.baseline])
+
+    def legend(fig, axes):
+        """Every drawn line in the legend, once, whichever panel drew it."""
+        seen = {}
+        for ax in axes:
+            for h, label in zip(*ax.get_legend_handles_labels()):
+                seen.setdefault(label, h)
+        if seen:
+            fig.legend(list(seen.values()), list(seen), loc="lower center", ncol=min(len(seen), 4), fontsize=8,
+                       bbox_to_anchor=(0.5, 0.0))
+        return len(seen)
+
+    def save(fig, name, rows=1):
+        path = out / f"{name}.png"
+        with atomic_path(path, ".png") as tmp:
+            fig.savefig(tmp, format="png", dpi=110, bbox_inches="tight")
+        plt.close(fig)
+        made.append(path)
 
     def figure(name, title, draw, panels, xlabel="concurrency", ylabel="", log_c=True, width=5.5):
         fig, axes = plt.subplots(1, len(panels), figsize=(width * len(panels), 4), squeeze=False)
@@ -395,17 +660,10 @@ def plots(an: Analysis, out: Path) -> list[Path]:
             ax.set_xlabel(xlabel)
             ax.set_ylabel(ylabel)
             ax.grid(alpha=0.3)
-        handles, labels = axes[0][0].get_legend_handles_labels()
-        if handles:
-            fig.legend(handles, labels, loc="lower center", ncol=min(len(labels), 4), fontsize=8,
-                       bbox_to_anchor=(0.5, -0.02))
+        n = legend(fig, axes[0])
         fig.suptitle(title)
-        fig.tight_layout(rect=(0, 0.08, 1, 1))
-        path = out / f"{name}.png"
-        with atomic_path(path, ".png") as tmp:
-            fig.savefig(tmp, format="png", dpi=110)
-        plt.close(fig)
-        made.append(path)
+        fig.tight_layout(rect=(0, 0.08 + 0.04 * ((n - 1) // 4), 1, 1))
+        save(fig, name)
 
     cells = an.measurements.cells
 
@@ -416,10 +674,11 @@ def plots(an: Analysis, out: Path) -> list[Path]:
                 vals = [cells[(server, suite, c, r)].output_throughput for r in an.measurements.repeats(server, suite, c)]
                 vals = [v for v in vals if v]
                 if vals:
-                    ax.scatter([c] * len(vals), vals, s=10, alpha=0.5)
+                    ax.scatter([c] * len(vals), vals, s=10, alpha=0.5, color=style[server]["color"])
                     xs.append(c)
                     ys.append(float(np.mean(vals)))
-            ax.plot(xs, ys, marker="o", label=server)
+            if xs:
+                ax.plot(xs, ys, marker="o", label=server, **style[server])
 
     figure("throughput", "Output throughput vs concurrency (line: mean of repeats; dots: each repeat)", throughput,
            an.suites, ylabel="output tokens/s")
@@ -429,14 +688,13 @@ def plots(an: Analysis, out: Path) -> list[Path]:
             vs = sorted((v for v in an.verdicts if (v.server, v.suite, v.metric) == (server, suite, "output_throughput")
                          and v.speedup is not None), key=lambda v: v.concurrency)
             if not vs:
-                ax.plot([], [])  # keep each server's colour the same across plots
                 continue
             x = [v.concurrency for v in vs]
-            line = ax.plot(x, [v.speedup for v in vs], marker="o", label=server)[0]
-            ax.fill_between(x, [v.lo for v in vs], [v.hi for v in vs], alpha=0.2, color=line.get_color())
-        ax.axhline(1.0, color="black", lw=1)
+            ax.plot(x, [v.speedup for v in vs], marker="o", label=server, **style[server])
+            ax.fill_between(x, [v.lo for v in vs], [v.hi for v in vs], alpha=0.15, color=style[server]["color"])
+        ax.axhline(1.0, color="black", lw=1, label="no difference (1x)")
         band = an.settings.min_effect
-        ax.axhspan(1 / (1 + band), 1 + band, color="grey", alpha=0.1)
+        ax.axhspan(1 / (1 + band), 1 + band, color="grey", alpha=0.1, label=f"±{band:.0%} (equivalent)")
 
     figure("speedup", f"Throughput speedup over the baseline (band: {an.settings.confidence:.0%} interval; grey: "
                       f"±{an.settings.min_effect:.0%})", speedup, an.suites, ylabel="speedup vs baseline")
@@ -450,7 +708,9 @@ def plots(an: Analysis, out: Path) -> list[Path]:
                     xs.append(float(np.mean([x.output_throughput or 0 for x in rows])))
                     ys.append(float(np.mean([x.median_tpot_ms or 0 for x in rows])))
                     cc.append(c)
-            ax.plot(xs, ys, marker="o", label=server)
+            if not xs:
+                continue
+            ax.plot(xs, ys, marker="o", label=server, **style[server])
             for c, x, y in zip(cc, xs, ys):
                 ax.annotate(f"c{c}", (x, y), fontsize=7, alpha=0.7)
 
@@ -469,11 +729,55 @@ def plots(an: Analysis, out: Path) -> list[Path]:
             for k, server in enumerate(spec_servers):
                 vals = [next((a["acceptance_length"] or 0 for a in rows if a["server"] == server and a["group"] == g),
                              0) for g in sources]
-                ax.bar(np.arange(len(sources)) + k * width, vals, width, label=server)
+                ax.bar(np.arange(len(sources)) + k * width, vals, width, label=server, color=style[server]["color"],
+                       hatch="//" if style[server]["linestyle"] != "-" else None)
             ax.set_xticks(np.arange(len(sources)) + 0.4 - width / 2, sources, rotation=30, ha="right", fontsize=8)
 
         figure("acceptance_by_source", "Acceptance length by prompt source (tokens per speculative step)", acceptance,
                acc_suites, xlabel="", ylabel="acceptance length", log_c=False, width=6.5)
+
+    decomposed = [a for a in attrs or [] if a.tokens_per_step is not None and a.step_cost_ratio is not None]
+    if decomposed:
+        suites = [u for u in an.suites if any(a.suite == u for a in decomposed)]
+        fig, axes = plt.subplots(2, len(suites), figsize=(5.5 * len(suites), 7.5), squeeze=False, sharex=True)
+        for j, suite in enumerate(suites):
+            top, bottom = axes[0][j], axes[1][j]
+            for server in an.servers:
+                rows = sorted((a for a in decomposed if (a.server, a.suite) == (server, suite)),
+                              key=lambda a: a.concurrency)
+                if not rows:
+                    continue
+                x = [a.concurrency for a in rows]
+                col = style[server]["color"]
+                for key, mark, ls in (("tokens_per_step", "o", "-"), ("step_cost_ratio", "s", "--")):
+                    iv = [getattr(a, key) for a in rows]
+                    top.errorbar(x, [v.value for v in iv], yerr=[[v.value - v.lo for v in iv], [v.hi - v.value for v in iv]],
+                                 marker=mark, linestyle=ls, color=col, capsize=3,
+                                 alpha=0.6 if style[server]["linestyle"] != "-" else 1.0)
+                sp = [a.tpot_speedup for a in rows]
+                bottom.plot(x, [v.value for v in sp], marker="o", label=server, **style[server])
+                bottom.fill_between(x, [v.lo for v in sp], [v.hi for v in sp], alpha=0.15, color=col)
+                for a in rows:
+                    if a.explained_by_drafting is False:
+                        bottom.scatter([a.concurrency], [a.tpot_speedup.value], s=120, facecolors="none",
+                                       edgecolors="red", zorder=5, label="ρ < 1: not the drafter's doing")
+            top.axhline(1.0, color="black", lw=1, label="one plain decode step (ρ = 1)")
+            bottom.axhline(1.0, color="black", lw=1, label="no speedup (ρ = τ)")
+            top.set_title(f"suite {suite}")
+            top.set_ylabel("τ (tokens/step) and ρ (plain steps/step)")
+            bottom.set_ylabel("TPOT speedup = τ / ρ")
+            bottom.set_xlabel("concurrency")
+            for ax in (top, bottom):
+                ax.set_xscale("log", base=2)
+                ax.set_xticks(cs, [str(c) for c in cs])
+                ax.minorticks_off()
+                ax.grid(alpha=0.3)
+        axes[0][0].plot([], [], color="grey", marker="o", linestyle="-", label="top: τ tokens per step (solid)")
+        axes[0][0].plot([], [], color="grey", marker="s", linestyle="--", label="top: ρ step cost, in plain steps (dashed)")
+        n = legend(fig, [ax for row in axes for ax in row])
+        fig.suptitle("Why it pays: tokens per step τ against step cost ρ (speculation stops paying where ρ crosses τ)")
+        fig.tight_layout(rect=(0, 0.01 + 0.03 * ((n + 3) // 4), 1, 1))
+        save(fig, "attribution")
     return made
 
 
@@ -493,29 +797,16 @@ def main(argv: list[str] | None = None) -> int:
         cells = load(a.cells, a.requests)
         infos = server_infos(a.launches, configs)
         derived = read_json(a.derived)["servers"] if a.derived else {}
-        an = primary_analysis(cells, a.baseline, settings, configs, infos, a.suites)
-        if derived:  # the recommended servers' cells join the tables; the decisions stay the primary grid's
-            from .analysis import Measurements, server_verdicts
-
-            full = Measurements.of(cells, settings)
-            an.measurements = full
-            an.servers = full.servers()
-            for name in derived:
-                vs, _, offs = server_verdicts(full, an.run_to_run, name, a.baseline, an.suites, an.concurrencies)
-                an.verdicts += vs
-                an.off_cost += offs
         recs = [Recommendation.from_json(r) for r in read_json(a.recommendations)] if a.recommendations else []
-        recs = recs or an.recommendations
-        verified = {}
-        for r in recs:
-            name = r.derived_server or r.measured_by or next((n for n, d in derived.items() if d["parent"] == r.server
-                                             and d["suite"] == r.suite), None)
-            if name and name in an.servers:
-                r.verified = verify(an, r, name)
-                verified[(r.server, r.suite)] = r.verified
+        an = verified_analysis(cells, a.baseline, settings, configs, infos, a.suites, derived, recs)
+        recs = an.recommendations
+        verified = {(r.server, r.suite): r.verified for r in recs if r.verified is not None}
         matches = [read_json(m) for m in a.matches]
         training = [m["suite"] for m in matches if "candidates" in m and m.get("prompt_length_ks") is not None]
         control = [m["suite"] for m in matches if m["suite"] not in training]
+        reference = next((u for u in [*a.suites, *training] if u in an.suites), None)
+        attrs = attribute(an, reference)
+        no_control = uncontrolled(json.loads(a.settings), configs, a.baseline)
     except SpecmatchError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 1
@@ -529,13 +820,31 @@ def main(argv: list[str] | None = None) -> int:
         verdicts_frame(an).write_csv(tmp)
     write_json(out / "verdicts.json", [v.to_json() for v in an.verdicts])
     write_json(out / "recommendations.json", [_recommendation_record(r) for r in recs])
-    made = plots(an, out / "plots")
-    md = markdown(an, recs, verified, matches, training, control)
+    write_json(out / "attribution.json", [x.to_json() for x in attrs])
+    made = plots(an, out / "plots", attrs)
+    md = markdown(an, recs, verified, matches, training, control, attrs, no_control)
     write_text(out / "summary.md", md)
     rec.write([out / "summary.md", out / "cells.csv", out / "cells.parquet", out / "speedups.csv",
-               out / "verdicts.json", out / "recommendations.json", *made])
+               out / "verdicts.json", out / "recommendations.json", out / "attribution.json", *made])
     print(md.split("\n## Speedup")[0])
     return 0
+
+
+def uncontrolled(settings: dict, configs: dict, baseline: str) -> dict[str, str]:
+    """Speculative servers whose configured-off control was asked for (summary.controls) but cannot be
+    expressed for their engine, and why."""
+    ctl = settings.get("controls") or {}
+    if not ctl.get("configured_off"):
+        return {}
+    names = ctl.get("servers") or [n for n, c in configs.items() if c.get("speculative") and not is_control(n)
+                                   and not n.endswith(SUFFIX) and n != baseline]
+    out = {}
+    for n in names:
+        if n in configs and n + OFF not in configs:
+            why = off_config(n, configs[n], 256)[1]
+            if why:
+                out[n] = why
+    return out
 
 
 def _recommendation_record(r: Recommendation) -> dict:
@@ -543,9 +852,10 @@ def _recommendation_record(r: Recommendation) -> dict:
     and the prose that explains it."""
     j = r.to_json()
     return {"server": j["server"], "suite": j["suite"], "regions": j["regions"], "crossover": j["crossover"],
-            "vllm_schedule": j["vllm_schedule"], "sglang": j["sglang"], "verified": j["verified"],
-            "action": j["action"], "text": j["text"], "evidence": j["evidence"], "derived_server": j["derived_server"],
-            "measured_by": j["measured_by"], "as_configured": j["as_configured"]}
+            "crossovers": j["crossovers"], "vllm_schedule": j["vllm_schedule"], "sglang": j["sglang"],
+            "verified": j["verified"], "action": j["action"], "text": j["text"], "evidence": j["evidence"],
+            "derived_server": j["derived_server"], "measured_by": j["measured_by"], "as_configured": j["as_configured"],
+            "extrapolated_above": j["extrapolated_above"], "max_batch": j["max_batch"]}
 
 
 if __name__ == "__main__":

@@ -5,6 +5,7 @@ import re
 import sys
 from dataclasses import dataclass, field
 
+from ..files import SpecmatchError
 from ..records import Acceptance
 
 SECRET_KEY = re.compile(r"(key|token|secret|password|passwd|auth)", re.I)
@@ -23,6 +24,19 @@ class LaunchPlan:
     def base_url(self) -> str:
         host = f"[{self.host}]" if ":" in self.host else self.host
         return f"http://{host}:{self.port}"
+
+
+def as_text(value, where: str = "value") -> str:
+    """An argv item or environment value as the process receives it, the way a person wrote it in
+    the config: text exactly as is ("2048", "0", "1e3"), a YAML integer in decimal (2048 -> "2048",
+    never "2048.0"), a YAML float by its shortest round-trip form (0.9 -> "0.9"). Anything else
+    (true, null, a list) has no one spelling on a command line and is refused."""
+    if isinstance(value, str):
+        return value
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise SpecmatchError(f"servers: {where}: {value!r} is not text or a number; quote it as the "
+                             "process should receive it")
+    return str(int(value)) if isinstance(value, int) else repr(float(value))
 
 
 def redact_env(env: dict[str, str]) -> dict[str, str]:
@@ -76,10 +90,12 @@ class Engine:
         return self.cfg.get("served_model_name") or self.cfg.get("model") or ""
 
     def extra_args(self) -> list[str]:
-        return [str(a) for a in self.cfg.get("args", [])]
+        """The config's `args`, appended verbatim (see `as_text`)."""
+        return [as_text(a, f"args[{i}]") for i, a in enumerate(self.cfg.get("args") or [])]
 
     def user_env(self) -> dict[str, str]:
-        return {k: str(v) for k, v in (self.cfg.get("env") or {}).items()}
+        """The config's `env` overrides, each value as written (see `as_text`)."""
+        return {str(k): as_text(v, f"env.{k}") for k, v in (self.cfg.get("env") or {}).items()}
 
     # -- benchmarking ------------------------------------------------------------------------
     def protocol(self, endpoint: str) -> str:

@@ -1,0 +1,137 @@
+"""A/A on the real engine: the embedded baseline against an identical copy of itself, K times.
+
+Every verdict is a claim that two servers differ; when the two servers are the same configuration
+(a distinct name, the same vLLM CPU build, model and flags), every "pays", "loses" or crossover is a
+false claim, so the share of such verdicts over K independent runs of the whole workflow measures
+the decision rules' false-call rate on this machine's real noise (run-to-run drift, neighbours,
+memory layout), not on a model of it. The nominal rate at the default 90% confidence is 10% of
+verdicts (pays + loses); "equivalent" is the right answer.
+
+Each run is the real workflow (`snakemake --cores all`) in one work folder: the first run builds the
+embedded model, the demo training data, inspection and prompts; every later run forces the server
+launches, cells and the summary (`--forcerun launch cell recommend summary`), so each run measures
+both servers in fresh sessions, repeats interleaved as in a normal run. Results of each run are kept
+under `<workdir>/aa/run<k>/`.
+
+    .venv/bin/python bench/aa.py [--runs 8] [--workdir /tmp/specmatch-aa] [--model results/models/smollm2-135m]
+
+`--model` reuses an already built embedded model folder (a symlink), saving its ~90 s build.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import yaml
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+def config(suite_size: int, concurrency: list[int], repeats: int) -> dict:
+    """The default config's data and requests; two identical servers; no drafter, no controls."""
+    cfg = yaml.safe_load((REPO / "config.yaml").read_text())
+    srv = {"engine": "vllm", "model": "results/models/smollm2-135m"}
+    cfg["servers"] = {"baseline": dict(srv), "baseline_copy": dict(srv)}
+    cfg["models"]["eagle3"] = {}
+    cfg["suites"] = {"train_holdout": {**cfg["suites"]["train_holdout"], "size": suite_size}}
+    cfg["concurrency"] = concurrency
+    cfg["repeats"] = repeats
+    cfg["summary"] = {**cfg["summary"], "recommend_suites": ["train_holdout"], "controls": {"configured_off": False}}
+    return cfg
+
+
+def prepare(workdir: Path, model: Path | None, cfg: dict) -> None:
+    workdir.mkdir(parents=True, exist_ok=True)
+    for name in ("Snakefile", "workflow", "resources", "profiles", "envs", "config.yaml"):
+        dst = workdir / name
+        if dst.exists():
+            continue
+        src = REPO / name
+        if src.is_dir():
+            shutil.copytree(src, dst, ignore=shutil.ignore_patterns("__pycache__", "demo"))
+        else:
+            shutil.copy2(src, dst)
+    if model is not None and not (workdir / "results/models/smollm2-135m").exists():
+        (workdir / "results/models").mkdir(parents=True, exist_ok=True)
+        os.symlink(model.resolve(), workdir / "results/models/smollm2-135m")
+    (workdir / "aa.yaml").write_text(yaml.safe_dump(cfg, sort_keys=False))
+
+
+def claims(workdir: Path) -> dict:
+    """What one run's summary claims about baseline_copy against baseline."""
+    verdicts = json.loads((workdir / "results/summary/verdicts.json").read_text())
+    mine = [v for v in verdicts if v["server"] == "baseline_copy"]
+    recs = json.loads((workdir / "results/summary/recommendations.json").read_text())
+    md = (workdir / "results/summary/summary.md").read_text()
+    crossings = [line for line in md.splitlines() if line.startswith("- **baseline_copy**")
+                 and ("stops paying at" in line or "starts paying at" in line)]
+    return {"verdicts": mine, "recommendations": recs, "crossovers": crossings}
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--runs", type=int, default=8)
+    p.add_argument("--workdir", type=Path, default=Path("/tmp/specmatch-aa"))
+    p.add_argument("--model", type=Path, default=REPO / "results/models/smollm2-135m")
+    p.add_argument("--suite-size", type=int, default=16)
+    p.add_argument("--concurrency", type=int, nargs="+", default=[1, 4, 16])
+    p.add_argument("--repeats", type=int, default=2)
+    a = p.parse_args()
+    model = a.model if a.model and a.model.exists() else None
+    prepare(a.workdir, model, config(a.suite_size, a.concurrency, a.repeats))
+    exe = Path(sys.executable).parent / "snakemake"
+    base = [str(exe), "--cores", "all", "--configfile", "aa.yaml"]
+    runs = []
+    for k in range(1, a.runs + 1):
+        t0 = time.time()
+        cmd = base + (["--forcerun", "launch", "cell", "recommend", "summary"] if k > 1 else [])
+        r = subprocess.run(cmd, cwd=a.workdir, capture_output=True, text=True)
+        if r.returncode != 0:
+            print(r.stdout[-3000:], r.stderr[-3000:], file=sys.stderr)
+            print(f"run {k} failed", file=sys.stderr)
+            return 1
+        keep = a.workdir / "aa" / f"run{k}"
+        if keep.exists():
+            shutil.rmtree(keep)
+        shutil.copytree(a.workdir / "results/summary", keep)
+        got = claims(a.workdir)
+        runs.append(got)
+        wrong = [v for v in got["verdicts"] if v["verdict"] in ("pays", "loses")]
+        print(f"run {k}: {time.time() - t0:.0f} s; {len(got['verdicts'])} verdicts, {len(wrong)} claim a difference "
+              + ("(" + ", ".join(f"{v['metric']} c={v['concurrency']} {v['verdict']} {v['speedup']:.3f}x "
+                                 f"[{v['lo']:.3f}, {v['hi']:.3f}]" for v in wrong) + ")" if wrong else "")
+              + f"; {len(got['crossovers'])} crossover(s)", flush=True)
+    n = sum(len(g["verdicts"]) for g in runs)
+    bad = sum(1 for g in runs for v in g["verdicts"] if v["verdict"] in ("pays", "loses"))
+    eq = sum(1 for g in runs for v in g["verdicts"] if v["verdict"] == "equivalent")
+    any_run = sum(1 for g in runs if any(v["verdict"] in ("pays", "loses") for v in g["verdicts"]) or g["crossovers"])
+    rate = bad / n if n else float("nan")
+    se = math.sqrt(rate * (1 - rate) / n) if n else float("nan")
+    by_metric: dict = {}
+    for g in runs:
+        for v in g["verdicts"]:
+            m = by_metric.setdefault(v["metric"], [0, 0])
+            m[0] += 1
+            m[1] += v["verdict"] in ("pays", "loses")
+    print(f"\nA/A on the real engine: {len(runs)} runs, {n} verdicts of baseline_copy against baseline")
+    print(f"claims a difference (pays or loses): {bad}/{n} = {rate:.1%} ± {se:.1%} (nominal at most "
+          f"{1 - 0.9:.0%} at 90% confidence); equivalent: {eq}/{n}")
+    print("by metric: " + ", ".join(f"{m} {b}/{t}" for m, (t, b) in sorted(by_metric.items())))
+    print(f"runs with any false claim (a verdict or a crossover): {any_run}/{len(runs)}")
+    recs = sum(len(g["recommendations"]) for g in runs)
+    print(f"recommendations: {recs} (the copy does not speculate, so none is made for it)")
+    (a.workdir / "aa" / "summary.json").write_text(json.dumps(
+        {"runs": len(runs), "verdicts": n, "false_claims": bad, "rate": rate, "se": se, "equivalent": eq,
+         "by_metric": by_metric, "runs_with_any_claim": any_run}, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,127 @@
+"""What several test modules build: paths, Snakemake runs, training roots, prompts, cell arguments
+and records. The one home of shared test helpers: test modules import from here (and get fixtures
+from conftest.py), never from each other."""
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+SHARED = REPO.parent / "shared" / "data"
+if str(REPO / "workflow") not in sys.path:
+    sys.path.insert(0, str(REPO / "workflow"))
+
+from specmatch.records import CellResult, Prompt  # noqa: E402
+
+
+# -- Snakemake ------------------------------------------------------------------------------------
+def snakemake_cmd() -> list[str]:
+    exe = Path(sys.executable).parent / "snakemake"
+    return [str(exe)] if exe.exists() else [sys.executable, "-m", "snakemake"]
+
+
+def copy_workflow(dst: Path) -> Path:
+    """A copy of the workflow (code, config, resources) in which a test may run Snakemake."""
+    for name in ("Snakefile", "config.yaml", "workflow", "resources", "profiles", "envs"):
+        src = REPO / name
+        if src.is_dir():
+            shutil.copytree(src, dst / name, ignore=shutil.ignore_patterns("__pycache__", "demo"))
+        else:
+            shutil.copy2(src, dst / name)
+    return dst
+
+
+def run(cmd, cwd, timeout=900, env=None, check=True):
+    r = subprocess.run(cmd, cwd=cwd, capture_output=True, text=True, timeout=timeout,
+                       env={**os.environ, **(env or {})})
+    if check and r.returncode != 0:
+        raise AssertionError(f"{cmd} failed ({r.returncode}):\n{r.stdout[-4000:]}\n{r.stderr[-4000:]}")
+    return r
+
+
+def job_counts(stdout: str) -> dict:
+    """The job table of a Snakemake dry run (`-n`): {rule: count}."""
+    counts, on = {}, False
+    for line in stdout.splitlines():
+        if line.startswith("job ") and "count" in line:
+            on = True
+            continue
+        if on:
+            parts = line.split()
+            if not parts or parts[0] == "total":
+                break
+            if parts[0].startswith("---"):
+                continue
+            counts[parts[0]] = int(parts[1])
+    return counts
+
+
+# -- training data --------------------------------------------------------------------------------
+CONV = [{"role": "system", "content": "You are terse."},
+        {"role": "user", "content": "Write add(a, b)."},
+        {"role": "assistant", "content": "def add(a, b):\n    return a + b"},
+        {"role": "user", "content": "Now sub."},
+        {"role": "assistant", "content": "def sub(a, b):\n    return a - b"}]
+
+
+def make_root(tmp_path, tok, sizes):
+    """A training root `prepared/` with one source per `sizes` entry, each of that many tokenized
+    two-turn conversations (CONV, made distinct by a `[source i]` tag)."""
+    from specmatch.demo import tokenize_conversation
+
+    root = tmp_path / "prepared"
+    for src, n in sizes.items():
+        d = root / src
+        d.mkdir(parents=True)
+        with open(d / "tokenized_data.jsonl", "w") as fh:
+            for i in range(n):
+                conv = [dict(m) for m in CONV]
+                conv[1]["content"] = f"[{src} {i}] " + conv[1]["content"]
+                conv[3]["content"] = f"[{src} {i}] " + conv[3]["content"]
+                fh.write(json.dumps({"id": f"{src}-{i}", **tokenize_conversation(tok, conv)}) + "\n")
+    return root
+
+
+# -- prompts and cells ----------------------------------------------------------------------------
+REQ = {"endpoint": "completions", "passes": 2, "warmup": 0, "max_tokens": 8,
+       "use_reference_length": False, "temperature": 0.0, "ignore_eos": True, "seed": 0, "timeout_s": 5,
+       "max_failure_fraction": 0.0, "request_rate": None, "burstiness": 1.0}
+
+
+def prompt(i: int, text: str, source: str = "src", **fields) -> Prompt:
+    """Prompt `s-{i}` of suite `s`."""
+    base = dict(id=f"s-{i}", suite="s", source=source, file="s.jsonl", line=i + 1, row=None, row_id=str(i),
+                turn=0, turns=1, text=text, messages=None, prompt_tokens=3, reference_completion_tokens=8,
+                holdout=False)
+    return Prompt(**{**base, **fields})
+
+
+def prompts_file(tmp_path, texts) -> Path:
+    p = tmp_path / "s.jsonl"
+    p.write_text("".join(json.dumps(prompt(i, t).to_json()) + "\n" for i, t in enumerate(texts)))
+    return p
+
+
+def cell_args(tmp_path, url, prompts, req) -> list[str]:
+    """`python -m specmatch.cell` arguments for cell c2 of an external server at `url`."""
+    return ["--name", "ext", "--server", json.dumps({"engine": "external", "base_url": url, "flavor": "vllm"}),
+            "--suite", "s", "--prompts", str(prompts), "--concurrency", "2", "--max-batch", "0",
+            "--requests", json.dumps(req), "--out", str(tmp_path / "c2.json"),
+            "--requests-out", str(tmp_path / "c2.requests.parquet"), "--state-dir", str(tmp_path / "state")]
+
+
+def cell_result(server: str = "baseline", concurrency: int = 1, **fields) -> CellResult:
+    """A complete, successful CellResult (8 prompts, one pass, one repeat, vLLM) by keyword; `fields`
+    overrides any field by name."""
+    n = fields.get("num_prompts", 8)
+    base = dict(server=server, suite="train", concurrency=concurrency, repeat=1, engine="vllm",
+                protocol="openai-completions", flavor="vllm", max_concurrency=concurrency, num_prompts=n,
+                suite_prompts=n, passes=1, warmup_requests=0, request_rate="inf", burstiness=1.0, started_at=0.0,
+                server_session="r1", server_reused=False, server_config_hash="h", cache_reset="ok", completed=n,
+                failed=0, failure_reasons={}, duration=1.0, total_input_tokens=0, total_output_tokens=n,
+                request_throughput=float(n), output_throughput=float(n), total_token_throughput=None)
+    return CellResult(**{**base, **fields})

@@ -1,0 +1,119 @@
+"""The controls that explain a speedup: configured-off servers (`<server>__off`) derived from the config,
+and control suites whose prompts are as long as the training mix's (`length_like`)."""
+import copy
+import json
+
+import pytest
+import yaml
+
+from builders import REPO, copy_workflow, job_counts, run, snakemake_cmd
+from specmatch.config import validate
+from specmatch.controls import OFF, control_plan, recommendation_suites, with_controls
+from specmatch.files import SpecmatchError
+from specmatch.prompts import LIST_HEAD, file_suite
+from specmatch.records import Prompt
+from specmatch.rows import ChatTemplate
+
+
+def default():
+    return validate(yaml.safe_load((REPO / "config.yaml").read_text()))
+
+
+def test_the_default_controls_every_speculative_server_on_the_recommendation_suite():
+    cfg = with_controls(default())
+    offs = {n: s for n, s in cfg["servers"].items() if n.endswith(OFF)}
+    assert set(offs) == {"ngram__off", "eagle3__off"}
+    for name, srv in offs.items():
+        parent = cfg["servers"][name[: -len(OFF)]]
+        # the parent's configuration exactly, drafting nothing at every batch size up to the launch's cap
+        assert srv["speculative"] == {**parent["speculative"], "num_speculative_tokens_per_batch_size": [[1, 256, 0]]}
+        assert {k: v for k, v in srv.items() if k not in ("speculative", "suites")} == \
+            {k: v for k, v in parent.items() if k not in ("speculative", "suites")}
+        assert srv["suites"] == ["train_holdout"]
+    assert "ngram_off_above_4" not in cfg["servers"]  # the hand-written control it replaces
+
+
+def test_controls_follow_the_config():
+    cfg = default()
+    cfg["summary"]["controls"] = {"configured_off": True, "servers": ["eagle3"], "suites": ["generic"]}
+    cfg["concurrency"] = [1, 512]
+    cfg["suites"]["generic"]["size"] = 512
+    extra, why = control_plan(cfg)
+    assert list(extra) == ["eagle3__off"] and extra["eagle3__off"]["suites"] == ["generic"]
+    assert extra["eagle3__off"]["speculative"]["num_speculative_tokens_per_batch_size"] == [[1, 512, 0]]
+    cfg["summary"]["controls"] = {"configured_off": False}
+    assert with_controls(cfg)["servers"].keys() == cfg["servers"].keys()
+    # a server restricted to other suites gets no control there, and says why
+    cfg["summary"]["controls"] = {"configured_off": True, "suites": ["train_mix"]}
+    cfg["servers"]["ngram"]["suites"] = ["generic"]
+    extra, why = control_plan(cfg)
+    assert "ngram__off" not in extra and "train_mix" in why["ngram"]
+
+
+@pytest.mark.parametrize("mutate, message", [
+    (lambda c: c["servers"].update(x__off={"engine": "vllm", "model": "m"}), "names ending in __off"),
+    (lambda c: c["summary"]["controls"].update(servers=["nope"]), "summary.controls.servers: 'nope'"),
+    (lambda c: c["summary"]["controls"].update(servers=["baseline"]), "is the baseline"),
+    (lambda c: c["summary"]["controls"].update(suites=["nope"]), "summary.controls.suites: 'nope'"),
+])
+def test_bad_controls_name_the_key(mutate, message):
+    cfg = copy.deepcopy(default())
+    mutate(cfg)
+    with pytest.raises(SpecmatchError, match=message):
+        with_controls(cfg)
+
+
+def test_sglang_and_external_servers_cannot_express_the_control():
+    cfg = copy.deepcopy(default())
+    cfg["servers"]["sg"] = {"engine": "sglang", "model": "m", "speculative": {"method": "eagle3", "model": "d"}}
+    extra, why = control_plan(cfg)
+    assert "sg__off" not in extra and "SGLang" in why["sg"]
+
+
+def test_recommendation_suites_without_a_training_suite_stand_on_the_first_suite():
+    cfg = default()
+    assert recommendation_suites(cfg) == ["train_holdout"]
+    cfg["summary"]["recommend_suites"] = None
+    assert recommendation_suites(cfg) == ["train_mix"]
+    cfg["suites"] = {k: v for k, v in cfg["suites"].items() if v["kind"] == "file"}
+    assert recommendation_suites(cfg) == ["generic"]
+
+
+def test_the_default_workflow_measures_the_controls_and_the_long_control(tmp_path):
+    """A dry run of the shipped default: the controls are launched and measured on the recommendation
+    suite only, the long encyclopedic control is built from train_holdout's prompts, and the old
+    hand-written schedule server is gone."""
+    out = run(snakemake_cmd() + ["-n", "--cores", "2"], copy_workflow(tmp_path)).stdout
+    counts = job_counts(out)
+    assert counts["launch"] == 10 and counts["prompts"] == 4
+    # baseline 4 suites, ngram 2, eagle3 4, two controls on one suite; x 3 concurrencies x 2 repeats
+    assert counts["cell"] == (4 + 2 + 4 + 1 + 1) * 3 * 2
+    assert "results/cells/eagle3__off/train_holdout/r2/c16.json" in out
+    assert "results/cells/eagle3__off/generic/" not in out and "ngram_off_above_4" not in out
+    assert "--like results/prompts/train_holdout.jsonl" in out
+
+
+def test_length_like_composes_control_prompts_as_long_as_the_training_suites(tmp_path, tok):
+    tpl = ChatTemplate.of(tok)
+    qs = tmp_path / "q.jsonl"
+    qs.write_text("".join(json.dumps({"id": f"q{i}", "category": "history",
+                                      "prompt": f"What happened in the year {1000 + i} in Europe and in Asia?"}) + "\n"
+                          for i in range(40)))
+    like = [Prompt(f"t-{i}", "train", "code", "f", i, None, f"r{i}", 0, 1, "x", None, n, 10, True)
+            for i, n in enumerate([40, 120, 300, 5000])]
+    prompts, match = file_suite("long", {"path": str(qs), "size": 6, "seed": 0, "length_like": "train"}, tpl, None,
+                                like)
+    assert len(prompts) == 6
+    for p, target in zip(prompts, [40, 120, 300, 5000, 40, 120]):
+        assert p.prompt_tokens == len(tpl.tok(p.text, add_special_tokens=False)["input_ids"])
+        content = p.messages[0]["content"]
+        assert content.startswith(LIST_HEAD) and p.text == tpl.render(p.messages)
+        if target <= 300:  # as long as the target, within one question's length
+            assert target <= p.prompt_tokens < target + 30 or content.count("\n") == 2
+    assert prompts[3].prompt_tokens < 5000  # the file runs out of questions: counted, never hidden
+    assert match["length_match"]["shorter_than_target"] == 1 and match["shortfall"]
+    assert match["length_like"] == "train"
+    again, _ = file_suite("long", {"path": str(qs), "size": 6, "seed": 0, "length_like": "train"}, tpl, None, like)
+    assert [p.text for p in again] == [p.text for p in prompts]  # seeded
+    with pytest.raises(SpecmatchError, match="no prompts"):
+        file_suite("long", {"path": str(qs), "size": 6, "length_like": "train"}, tpl, None, [])

@@ -1,0 +1,376 @@
+"""Comparison and verdict: one server against another at one (suite, concurrency), one metric.
+
+A comparison has two levels of noise, and its interval includes both, each once:
+
+- the **prompt sample**: a paired bootstrap by prompt (the two servers served the same prompts; a
+  resample draws prompts, both servers' requests for them together, the same draw in every repeat).
+  Closed loop, throughput is sum(output tokens) over the time C workers take to serve the drawn
+  requests (the cell's own definition, tail included); open loop, sum(output tokens) / duration.
+  The part of the bootstrap variance that every repeat shares (the covariance of the repeats'
+  resampled log ratios) is the prompt sample's, which more repeats do not average out: `w`, with
+  prompts - 1 degrees of freedom. The rest is each repeat's own request noise, which is part of
+  the repeats' spread and so of tau^2: counted there, not twice.
+- **run to run**: tau^2 of each server at this concurrency (specmatch.noise), divided by R.
+
+The log speedup averaged over R repeats has variance w + (tau^2_server + tau^2_against) / R and a
+Student t interval with Satterthwaite's dof over its independent parts (noise.VarianceSum).
+
+With one repeat there is no measure of run-to-run variance: intervals are the bootstrap's alone,
+the summary says so, and a verdict then needs an effect beyond `min_effect`.
+
+Verdicts are typed (records.Decision): pays (interval above 1, not equivalent), loses (below),
+equivalent (inside +/-min_effect: a decisive "no difference"), inconclusive (with the cheapest
+(repeats, suite size) whose data would decide it, and how likely they are to: deciding_design).
+"""
+from __future__ import annotations
+
+import functools
+import math
+from dataclasses import dataclass, field
+from statistics import NormalDist
+
+import numpy as np
+
+from .measurements import LATENCY, Measurements, Settings, _rng
+from .noise import RunToRun, VarianceSum
+from .records import Crossover, Decision, Direction, Verdict
+from .stats import t_ppf
+
+
+@dataclass
+class Comparison:
+    """A server against another (the baseline, unless stated) at one (suite, concurrency), one metric."""
+    server: str
+    against: str
+    suite: str
+    concurrency: int
+    metric: str
+    logs: list            # per repeat: log speedup
+    within: list          # per repeat: the prompt sample's variance of the mean log speedup (w)
+    estimate: float | None = None
+    se: float | None = None
+    dof: float = float("inf")
+    run_to_run: bool = False
+    note: str | None = None
+    parts: VarianceSum | None = None   # se^2 by independent part: ("w", ...) the prompt sample, the rest run to run
+    prompts: int = 0                   # prompts both servers answered in every repeat
+    session: dict = field(default_factory=dict)  # server -> the variance its server sessions add (shared across c)
+
+    @property
+    def repeats(self) -> int:
+        return len(self.logs)
+
+
+def _bootstrap(m: Measurements, pairs: list, prompts: list, common: set, metric: str, sign: float,
+               draw: np.ndarray) -> np.ndarray:
+    """Per repeat, the resampled log speedup (rows: repeats, columns: resamples)."""
+    rows_out = []
+    for ks, kb in pairs:
+        one = []
+        for key in (ks, kb):
+            a = m.arrays[key]
+            pos = {k: i for i, k in enumerate(a.keys)}
+            # every request of a drawn prompt (all its passes) goes in together
+            rows = [[pos[k] for k in sorted(common) if k.split("#", 1)[0] == p] for p in prompts]
+            width = max(len(x) for x in rows)
+            table = np.array([x + [x[0]] * (width - len(x)) for x in rows])  # passes are equal in practice
+            idx = table[draw].reshape(draw.shape[0], -1)
+            with np.errstate(divide="ignore", invalid="ignore"):
+                one.append(np.log(a.stat(metric, idx)))
+        rows_out.append(sign * (one[0] - one[1]))
+    return np.array(rows_out)
+
+
+def compare(m: Measurements, rr: RunToRun, server: str, against: str, suite: str, c: int,
+            metric: str) -> Comparison:
+    """The log speedup averaged over the repeats, and its variance w + (tau^2_s + tau^2_a) / R
+    (module docstring)."""
+    cmp = Comparison(server, against, suite, c, metric, [], [])
+    sign = -1.0 if metric in LATENCY else 1.0
+    pairs, notes = [], []
+    for r in sorted(set(m.repeats(server, suite, c)) & set(m.repeats(against, suite, c))):
+        ks, kb = (server, suite, c, r), (against, suite, c, r)
+        ps, pb = m.arrays[ks].point(metric, m.cells[ks]), m.arrays[kb].point(metric, m.cells[kb])
+        if not ps or not pb:
+            who = [n for n, p in ((server, ps), (against, pb)) if not p]
+            notes.append(f"{' and '.join(who)}: " + ("no request met the SLO" if metric == "goodput" else "no figure")
+                         + f" at c={c} (repeat {r})")
+            continue
+        pairs.append((ks, kb))
+        cmp.logs.append(sign * (math.log(ps) - math.log(pb)))
+    if not cmp.logs:
+        cmp.note = "; ".join(dict.fromkeys(notes)) or "not measured"
+        return cmp
+    common = set.intersection(*(set(m.arrays[k].keys) for pair in pairs for k in pair))
+    prompts = sorted({k.split("#", 1)[0] for k in common})
+    if len(prompts) < 2:
+        cmp.note = "fewer than two prompts answered by both servers in every repeat"
+        cmp.logs = []
+        return cmp
+    draw = _rng(m.settings, "pair", server, against, suite, c, metric).integers(
+        0, len(prompts), size=(m.settings.bootstrap, len(prompts)))
+    boot = _bootstrap(m, pairs, prompts, common, metric, sign, draw)
+    boot = boot[:, np.isfinite(boot).all(0)]
+    R = len(cmp.logs)
+    w_full = float(boot.mean(0).var(ddof=1)) if boot.shape[1] > 2 else 0.0
+    cmp.estimate = float(np.mean(cmp.logs))
+    cmp.prompts = len(prompts)
+    key = ("w", server, against, suite, c, metric)
+    ts, ta = rr.at(metric, server, c), rr.at(metric, against, c)
+    if R >= 2 and ts is not None and ta is not None:
+        cov = np.cov(boot) if boot.shape[1] > 2 else np.zeros((R, R))
+        shared = float((cov.sum() - np.trace(cov)) / (R * (R - 1)))
+        w = min(max(shared, 0.0), w_full)
+        cmp.parts = VarianceSum().add(key, w, len(prompts) - 1).plus(ts, 1 / R).plus(ta, 1 / R)
+        cmp.run_to_run = True
+        share = rr.session_share.get(metric, 0.0)
+        cmp.session = {server: share * ts.total / R, against: share * ta.total / R}
+    else:
+        w = w_full
+        cmp.parts = VarianceSum().add(key, w, len(prompts) - 1)
+    cmp.within = [w] * R
+    cmp.se = math.sqrt(cmp.parts.total)
+    cmp.dof = cmp.parts.dof
+    return cmp
+
+
+def decide(cmp: Comparison, s: Settings) -> Verdict:
+    """The verdict on one comparison (the rules in this module's docstring)."""
+    base = dict(server=cmp.server, suite=cmp.suite, concurrency=cmp.concurrency, metric=cmp.metric,
+                confidence=s.confidence, repeats=cmp.repeats, against=cmp.against, run_to_run=cmp.run_to_run)
+    if cmp.estimate is None:
+        return Verdict(verdict=Decision.INCONCLUSIVE, speedup=None, lo=None, hi=None, decide=cmp.note, **base)
+    t = t_ppf(0.5 + s.confidence / 2, cmp.dof)
+    lo_l, hi_l = cmp.estimate - t * cmp.se, cmp.estimate + t * cmp.se
+    d = decision(lo_l, hi_l, math.log(1 + s.min_effect), cmp.run_to_run)
+    v = Verdict(verdict=d, speedup=math.exp(cmp.estimate), lo=math.exp(lo_l), hi=math.exp(hi_l),
+                dof=cmp.dof if math.isfinite(cmp.dof) else None, **base)
+    if d == Decision.INCONCLUSIVE:
+        v.decide, v.design = what_would_decide(cmp, s)
+    return v
+
+
+def decision(lo: float, hi: float, band: float, run_to_run: bool) -> Decision:
+    """An interval of the log speedup as a verdict; without a measure of run-to-run variation only an
+    effect beyond the band is trusted, and equivalence is never called."""
+    if run_to_run:
+        if -band <= lo and hi <= band:
+            return Decision.EQUIVALENT
+        if lo > 0:
+            return Decision.PAYS
+        if hi < 0:
+            return Decision.LOSES
+        return Decision.INCONCLUSIVE
+    return Decision.PAYS if lo > band else Decision.LOSES if hi < -band else Decision.INCONCLUSIVE
+
+
+# -- what would decide it ---------------------------------------------------------------------------
+SUITE_SCALES = (1, 1.5, 2, 3, 4, 6, 8, 12, 16, 24, 32)
+
+
+@functools.lru_cache(maxsize=4096)
+def _t(p: float, dof: float) -> float:
+    return t_ppf(p, dof)
+
+
+def _t_quantile(p: float, dof: float) -> float:
+    """t_ppf at dof rounded down (to 0.1 below 30, to 1 above: a slightly wider interval, cached)."""
+    if not math.isfinite(dof):
+        return _t(p, float("inf"))
+    return _t(p, math.floor(dof * 10) / 10 if dof < 30 else float(math.floor(dof)))
+MAX_REPEATS = 64
+TARGET = 0.8
+
+
+def _split(cmp: Comparison) -> tuple[float, float, float, list]:
+    """(w, its dof, run-to-run variance per repeat-average, [(variance, dof)] of the run-to-run parts)."""
+    if cmp.parts is not None:
+        w_parts = [(v, d) for k, (v, d) in cmp.parts.parts.items() if k and k[0] == "w"]
+        rr_parts = [(v, d) for k, (v, d) in cmp.parts.parts.items() if not (k and k[0] == "w")]
+        w = sum(v for v, _ in w_parts)
+        return w, (w_parts[0][1] if w_parts else float("inf")), sum(v for v, _ in rr_parts), rr_parts
+    w = float(np.mean(cmp.within)) if cmp.within else 0.0   # a Comparison built by hand: one run-to-run part
+    b = max(0.0, cmp.se ** 2 - w)
+    return w, float(max(cmp.prompts - 1, 1)) if cmp.prompts else float("inf"), b, [(b, cmp.dof)]
+
+
+def deciding_design(cmp: Comparison, s: Settings, target: float = TARGET) -> dict | None:
+    """The cheapest (repeats R', suite scale g) whose data would decide the comparison with
+    probability >= target, the effect drawn from its current interval (not fixed at the estimate).
+
+    With w the prompt sample's variance (falls as 1/g: a suite g times larger) and b1 the run-to-run
+    variance of one repeat (falls as 1/R'), the final estimate's variance is V' = w/g + b1/R'. The
+    data now are a part of those data, so given them the final estimate is normal around today's
+    with variance V - V' (V = se^2 today: the preposterior of nested designs). It decides if its
+    interval (half-width h' = t' sqrt(V'), t' at the final dof) excludes 0 (pays/loses) or lies inside
+    +/-band (equivalent): P = P(|x| > h') + P(|x| < band - h'), x ~ N(estimate, V - V'). Cost is
+    R' x g (each repeat runs every cell again; a larger suite makes each cell longer). None without
+    run-to-run variation (one repeat: measure it first)."""
+    if not cmp.run_to_run or cmp.estimate is None or cmp.se is None:
+        return None
+    R = cmp.repeats
+    w, w_dof, b, rr_parts = _split(cmp)
+    b1 = b * R
+    V = cmp.se ** 2
+    band = math.log(1 + s.min_effect)
+    nd = NormalDist()
+    best = None
+    for cost, Rn, g in sorted((Rn * g, Rn, g) for Rn in range(R, MAX_REPEATS + 1) for g in SUITE_SCALES
+                              if (Rn, g) != (R, 1)):
+        Vn = w / g + b1 / Rn
+        if Vn >= V:
+            continue
+        parts = VarianceSum().add("w", w / g, max(1.0, (w_dof + 1) * g - 1))
+        for i, (v, d) in enumerate(rr_parts):
+            parts.add(i, v * R / Rn, d * (Rn - 1) / max(R - 1, 1) if math.isfinite(d) else d)
+        h = _t_quantile(0.5 + s.confidence / 2, max(parts.dof, 1.0)) * math.sqrt(Vn)
+        sd = math.sqrt(V - Vn)
+        p = (1 - nd.cdf((h - cmp.estimate) / sd)) + nd.cdf((-h - cmp.estimate) / sd)
+        if band - h > 0:
+            p += nd.cdf((band - h - cmp.estimate) / sd) - nd.cdf((-(band - h) - cmp.estimate) / sd)
+        p = min(1.0, p)
+        if best is None or p > best[0] + 1e-9:
+            best = (p, Rn, g, cost)
+        if p >= target:
+            return _design(cmp, Rn, g, p, True)
+    if best is None:
+        return None
+    p, Rn, g, _ = best
+    return _design(cmp, Rn, g, p, False)
+
+
+def _design(cmp: Comparison, repeats: int, g: float, p: float, reachable: bool) -> dict:
+    return {"repeats": repeats, "suite_scale": g, "prompts": int(math.ceil(cmp.prompts * g)) if cmp.prompts else None,
+            "probability": round(p, 3), "reachable": reachable}
+
+
+def what_would_decide(cmp: Comparison, s: Settings) -> tuple[str, dict | None]:
+    """The text and the design (deciding_design) of an inconclusive verdict."""
+    if not cmp.run_to_run:
+        return ("repeats: 2 or more would measure run-to-run variation (with one repeat a verdict needs an effect "
+                f"beyond ±{s.min_effect:.0%})"), None
+    d = deciding_design(cmp, s)
+    if d is None:
+        return "nothing measured here would narrow it", None
+    what = [f"{d['repeats']} repeats" if d["repeats"] != cmp.repeats else "",
+            (f"a suite {d['suite_scale']:g}x larger" + (f" ({d['prompts']} prompts)" if d["prompts"] else ""))
+            if d["suite_scale"] != 1 else ""]
+    what = " and ".join(x for x in what if x)
+    if d["reachable"]:
+        return (f"{what}: decides it with probability {d['probability']:.0%} (the effect drawn from its current "
+                f"interval; {cmp.repeats} repeats measured)"), d
+    return (f"more data is unlikely to decide it: even {what} decide it with probability only "
+            f"{d['probability']:.0%} (the effect may sit at the edge of ±{s.min_effect:.0%}; {cmp.repeats} repeats "
+            "measured)"), d
+
+
+# -- shapes over concurrency ------------------------------------------------------------------
+def regions(verdicts: list[Verdict]):
+    """Consecutive concurrencies with the same verdict, so a non-monotone shape (loses low, pays
+    higher up, as with MoE targets) is described as it is instead of by a single crossover."""
+    from .records import Region
+
+    out: list = []
+    for v in sorted(verdicts, key=lambda v: v.concurrency):
+        if out and out[-1].verdict == v.verdict:
+            out[-1].last = v.concurrency
+        else:
+            out.append(Region(v.verdict, v.concurrency, v.concurrency))
+    return out
+
+
+def crossovers(verdicts: list[Verdict], cmps: list[Comparison], s: Settings, draws: int | None = None
+               ) -> list[Crossover]:
+    """Where the speedup crosses 1: only between two measured concurrencies whose verdicts have
+    opposite signs (pays at one, loses at the next decided one; undecided ones between them count
+    for the curve, not for the bracket), so a server that pays nowhere gets none.
+
+    The point is where the log speedup, linear in log concurrency between measured points, crosses
+    0 inside the bracket. Its interval comes from joint draws of every concurrency's log speedup:
+    each comparison's variance split into the part its server sessions add (`Comparison.session`,
+    one normal draw per server shared by all its concurrencies: a session moves every cell of it)
+    and the rest (independent), scaled by one chi-square draw at the smallest dof (multivariate t).
+    Between two measured points the curve is unknown: each draw bends it by up to the curvature the
+    neighbouring points show (|second divided difference|), either way (uniform), which is the
+    interpolation's own error. Draws that do not cross inside the bracket lie at its end where the
+    sign disagrees; the interval never leaves the bracket."""
+    order = sorted((c for c in cmps if c.estimate is not None), key=lambda c: c.concurrency)
+    by_c = {v.concurrency: v.verdict for v in verdicts}
+    signs = [(c.concurrency, 1 if by_c.get(c.concurrency) == Decision.PAYS else -1)
+             for c in order if by_c.get(c.concurrency) in (Decision.PAYS, Decision.LOSES)]
+    brackets = [(a, b, sa) for (a, sa), (b, sb) in zip(signs, signs[1:]) if sa != sb]
+    if not brackets or len(order) < 2:
+        return []
+    xs = np.log([c.concurrency for c in order])
+    mu = np.array([c.estimate for c in order])
+    n = draws or max(1000, s.bootstrap)
+    rng = _rng(s, "crossover", order[0].server, order[0].against, order[0].suite, order[0].metric)
+    servers = sorted({k for c in order for k in c.session})
+    shared = rng.standard_normal((n, len(servers)))
+    y = np.tile(mu, (n, 1))
+    for j, c in enumerate(order):
+        own = max(0.0, c.se ** 2 - sum(c.session.values()))
+        y[:, j] += math.sqrt(own) * rng.standard_normal(n)
+        for i, sv in enumerate(servers):
+            if sv in c.session:
+                y[:, j] += (1 if sv == c.server else -1) * math.sqrt(c.session[sv]) * shared[:, i]
+    dof = min(c.dof for c in order)
+    if math.isfinite(dof):
+        y = mu + (y - mu) * np.sqrt(dof / rng.chisquare(dof, n))[:, None]
+    curv = _curvature(xs, mu)
+    bend = rng.uniform(-1, 1, (n, len(order) - 1))
+    out = []
+    for a, b, sa in brackets:
+        ia, ib = next(i for i, c in enumerate(order) if c.concurrency == a), \
+            next(i for i, c in enumerate(order) if c.concurrency == b)
+        direction = Direction.STOPS_PAYING if sa > 0 else Direction.STARTS_PAYING
+        point = _first_cross(xs, mu[None, :], np.zeros((1, len(order) - 1)), curv, ia, ib, sa)[0]
+        got = _first_cross(xs, y, bend, curv, ia, ib, sa)
+        q = (1 - s.confidence) / 2
+        lo, hi = np.quantile(got, q), np.quantile(got, 1 - q)
+        out.append(Crossover(float(math.exp(point)), float(math.exp(lo)), float(math.exp(hi)), direction, a, b,
+                             order[0].metric))
+    return out
+
+
+def _curvature(xs: np.ndarray, ys: np.ndarray) -> np.ndarray:
+    """Per segment between measured points: |f''| as the neighbouring points' second divided
+    differences show it (their mean; 0 with two points: nothing says how the curve bends)."""
+    if len(xs) < 3:
+        return np.zeros(len(xs) - 1)
+    d2 = [abs(2 * ((ys[i + 2] - ys[i + 1]) / (xs[i + 2] - xs[i + 1]) - (ys[i + 1] - ys[i]) / (xs[i + 1] - xs[i]))
+              / (xs[i + 2] - xs[i])) for i in range(len(xs) - 2)]
+    seg = []
+    for i in range(len(xs) - 1):
+        near = [d2[j] for j in (i - 1, i) if 0 <= j < len(d2)]
+        seg.append(float(np.mean(near)))
+    return np.array(seg)
+
+
+def _first_cross(xs, y, bend, curv, ia: int, ib: int, sign: int, grid: int = 64) -> np.ndarray:
+    """Per row of y: the first x in [xs[ia], xs[ib]] where the curve (linear between points, bent by
+    bend * |f''| (x - x0)(x1 - x) / 2) leaves the sign `sign`; the bracket's far end if it never does,
+    its near end if it starts on the other side."""
+    rows = y.shape[0]
+    res = np.full(rows, np.nan)
+    for i in range(ia, ib):
+        x0, x1 = xs[i], xs[i + 1]
+        u = np.linspace(0, 1, grid)
+        xx = x0 + u * (x1 - x0)
+        f = y[:, i:i + 1] * (1 - u) + y[:, i + 1:i + 2] * u
+        f = f + bend[:, i:i + 1] * curv[i] * (xx - x0) * (x1 - xx) / 2
+        off = (f * sign) <= 0
+        if i == ia:
+            start_off = off[:, 0]
+            res[np.isnan(res) & start_off] = x0
+        hit = off.any(1) & np.isnan(res)
+        j = off.argmax(1)
+        # linear between the grid points on either side of the change
+        jj = np.maximum(j, 1)
+        fa, fb = f[np.arange(rows), jj - 1], f[np.arange(rows), jj]
+        with np.errstate(divide="ignore", invalid="ignore"):
+            frac = np.where(fb != fa, fa / (fa - fb), 0.0)
+        xa, xb = xx[jj - 1], xx[jj]
+        res[hit] = (xa + np.clip(frac, 0, 1) * (xb - xa))[hit]
+    res[np.isnan(res)] = xs[ib]
+    return res
