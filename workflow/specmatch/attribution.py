@@ -34,6 +34,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from .analysis import Analysis, Arrays, Measurements, RunToRun, _rng, _tau2_dof, compare, decide, fit_tau2
+from .comparison import repeat_mean_variance, shared_variance
 from .noise import VarianceSum
 from .controls import OFF, is_control
 from .engines import definitions
@@ -81,6 +82,12 @@ class PerPrompt:
         dr = np.nan_to_num(a.spec.get("num_draft_tokens", np.zeros(len(a.out))), nan=0.0)
         return cls(s(np.where(finite, tp, 0.0), finite), s(finite.astype(float)), s(steps, spec), s(dr, spec),
                    s(acc, spec), s(a.out, spec), ptok, bool(spec.any()))
+
+
+def common_prompts(m: Measurements, server: str, baseline: str, suite: str, c: int, reps: list[int]) -> list[str]:
+    """The prompts both servers answered in every repeat, in a fixed order (analysis.compare's)."""
+    common = set.intersection(*(set(m.arrays[(x, suite, c, r)].keys) for r in reps for x in (server, baseline)))
+    return sorted({k.split("#", 1)[0] for k in common})
 
 
 def _tau(flavor: str, steps, drafted, accepted, out) -> np.ndarray:
@@ -164,8 +171,7 @@ def decompose(m: Measurements, rr: RunToRun, acc_rr: tuple, server: str, baselin
         return Decomposition(None, None, tpot, None, len(reps), False, None, cmp.note)
     flavor = m.arrays[(server, suite, c, reps[0])].flavor
     # the same prompts and the same draw as the TPOT comparison (analysis.compare)
-    common = set.intersection(*(set(m.arrays[(x, suite, c, r)].keys) for r in reps for x in (server, baseline)))
-    prompts = sorted({k.split("#", 1)[0] for k in common})
+    prompts = common_prompts(m, server, baseline, suite, c, reps)
     draw = _rng(s, "pair", server, baseline, suite, c, "tpot").integers(0, len(prompts), size=(s.bootstrap, len(prompts)))
     log_tau, log_tpot, boot_tau, boot_tpot, sources = [], [], [], [], set()
     for r in reps:
@@ -206,35 +212,20 @@ def decompose(m: Measurements, rr: RunToRun, acc_rr: tuple, server: str, baselin
     if run:
         # as analysis.compare: the prompt sample's part is what the repeats share (the covariance of
         # their resampled figures); request noise is in the repeats' spread, i.e. in run to run
-        tau_parts.add(("w", "tau"), _shared(boot_tau), P)
-        rho_parts.add(("w", "rho"), _shared(boot_rho), P)
+        tau_parts.add(("w", "tau"), shared_variance(boot_tau), P)
+        rho_parts.add(("w", "rho"), shared_variance(boot_rho), P)
         rho_parts.plus(VarianceSum({k: list(v) for k, v in cmp.parts.parts.items() if not (k and k[0] == "w")}))
         if t2_acc is not None:
             tau_parts.add(("acceptance",), t2_acc / R, dof_acc)
             rho_parts.add(("acceptance",), t2_acc / R, dof_acc)
     else:
-        tau_parts.add(("w", "tau"), _full(boot_tau), P)
-        rho_parts.add(("w", "rho"), _full(boot_rho), P)
+        tau_parts.add(("w", "tau"), repeat_mean_variance(boot_tau), P)
+        rho_parts.add(("w", "rho"), repeat_mean_variance(boot_rho), P)
     se_tau, dof_tau = math.sqrt(tau_parts.total), tau_parts.dof
     se_rho, dof_rho = math.sqrt(rho_parts.total), rho_parts.dof
     tau = _interval(est_tau, se_tau, dof_tau, s.confidence)
     rho = _interval(est_rho, se_rho, dof_rho, s.confidence)
     return Decomposition(tau, rho, tpot, explained(rho, s.min_effect, run), R, run, ", ".join(sorted(sources)))
-
-
-def _full(boot: np.ndarray) -> float:
-    """Variance of the repeats' mean over the resamples."""
-    return float(boot.mean(0).var(ddof=1)) if boot.shape[1] > 2 else 0.0
-
-
-def _shared(boot: np.ndarray) -> float:
-    """The part of the repeats' mean variance that the repeats share (their covariance), bounded by
-    the whole: the prompt sample, which does not average out over repeats."""
-    R = boot.shape[0]
-    if boot.shape[1] <= 2 or R < 2:
-        return _full(boot)
-    cov = np.cov(boot)
-    return min(max(float((cov.sum() - np.trace(cov)) / (R * (R - 1))), 0.0), _full(boot))
 
 
 def both(vs_baseline: bool | None, vs_control: bool | None) -> bool | None:
@@ -283,8 +274,7 @@ def per_prompt_speedups(m: Measurements, server: str, baseline: str, suite: str,
     reps = sorted(set(m.repeats(server, suite, c)) & set(m.repeats(baseline, suite, c)))
     if not reps:
         return None
-    common = set.intersection(*(set(m.arrays[(x, suite, c, r)].keys) for r in reps for x in (server, baseline)))
-    prompts = sorted({k.split("#", 1)[0] for k in common})
+    prompts = common_prompts(m, server, baseline, suite, c, reps)
     if len(prompts) < 3:
         return None
     ys, ls, sums = [], [], None

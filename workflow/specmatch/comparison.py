@@ -81,6 +81,22 @@ def _bootstrap(m: Measurements, pairs: list, prompts: list, common: set, metric:
     return np.array(rows_out)
 
 
+def repeat_mean_variance(boot: np.ndarray) -> float:
+    """Variance over the resamples (columns) of the repeats' (rows') mean."""
+    return float(boot.mean(0).var(ddof=1)) if boot.shape[1] > 2 else 0.0
+
+
+def shared_variance(boot: np.ndarray) -> float:
+    """The part of `repeat_mean_variance` the repeats share (their covariance across resamples), in
+    [0, the whole]: the prompt sample, the same in every repeat, which does not average out. Each
+    repeat's own request noise is the rest; the repeats' spread (run to run) already holds it."""
+    R = boot.shape[0]
+    if R < 2 or boot.shape[1] <= 2:
+        return repeat_mean_variance(boot) if R < 2 else 0.0
+    cov = np.cov(boot)
+    return min(max(float((cov.sum() - np.trace(cov)) / (R * (R - 1))), 0.0), repeat_mean_variance(boot))
+
+
 def compare(m: Measurements, rr: RunToRun, server: str, against: str, suite: str, c: int,
             metric: str) -> Comparison:
     """The log speedup averaged over the repeats, and its variance w + (tau^2_s + tau^2_a) / R
@@ -112,15 +128,13 @@ def compare(m: Measurements, rr: RunToRun, server: str, against: str, suite: str
     boot = _bootstrap(m, pairs, prompts, common, metric, sign, draw)
     boot = boot[:, np.isfinite(boot).all(0)]
     R = len(cmp.logs)
-    w_full = float(boot.mean(0).var(ddof=1)) if boot.shape[1] > 2 else 0.0
+    w_full = repeat_mean_variance(boot)
     cmp.estimate = float(np.mean(cmp.logs))
     cmp.prompts = len(prompts)
     key = ("w", server, against, suite, c, metric)
     ts, ta = rr.at(metric, server, c), rr.at(metric, against, c)
     if R >= 2 and ts is not None and ta is not None:
-        cov = np.cov(boot) if boot.shape[1] > 2 else np.zeros((R, R))
-        shared = float((cov.sum() - np.trace(cov)) / (R * (R - 1)))
-        w = min(max(shared, 0.0), w_full)
+        w = shared_variance(boot)
         cmp.parts = VarianceSum().add(key, w, len(prompts) - 1).plus(ts, 1 / R).plus(ta, 1 / R)
         cmp.run_to_run = True
         share = rr.session_share.get(metric, 0.0)

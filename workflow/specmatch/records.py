@@ -14,6 +14,7 @@ tests check every written file against the class.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import enum
 import types
 import typing
@@ -38,8 +39,33 @@ class Record:
 
     @classmethod
     def from_json(cls, obj: dict):
-        names = {f.name for f in dataclasses.fields(cls)}
-        return cls(**{k: v for k, v in obj.items() if k in names})
+        """The record from its JSON form: unknown keys ignored, and every field typed by its hint read
+        back as that type (an Enum from its value, a nested record from its dict), so a record class
+        needs no reader of its own for those."""
+        kinds = _field_kinds(cls)
+        return cls(**{k: _typed(kinds[k], v) for k, v in obj.items() if k in kinds})
+
+
+@functools.lru_cache(maxsize=None)
+def _field_kinds(cls) -> dict:
+    """Field name -> the Enum or Record class its hint names (through Optional), else None."""
+    hints = typing.get_type_hints(cls)
+    out = {}
+    for f in dataclasses.fields(cls):
+        t = hints[f.name]
+        args = [a for a in typing.get_args(t) if a is not type(None)]
+        if typing.get_origin(t) in (Union, types.UnionType) and len(args) == 1:
+            t = args[0]
+        out[f.name] = t if isinstance(t, type) and issubclass(t, (enum.Enum, Record)) else None
+    return out
+
+
+def _typed(kind, v):
+    if kind is None or v is None or isinstance(v, kind):
+        return v
+    if issubclass(kind, enum.Enum):
+        return kind(v)
+    return kind.from_json(v) if isinstance(v, dict) else v
 
 
 def _plain(v: Any) -> Any:
@@ -307,12 +333,6 @@ class Verdict(Record):
     # suite_scale, prompts, probability, reachable} (analysis.comparison.deciding_design)
     design: Optional[dict] = None
 
-    @classmethod
-    def from_json(cls, obj: dict) -> "Verdict":
-        v = super().from_json(obj)
-        v.verdict = Decision(v.verdict)
-        return v
-
 
 @dataclass
 class Region(Record):
@@ -341,12 +361,6 @@ class Crossover(Record):
     below: Optional[int] = None           # the measured concurrency with a decided verdict below it
     above: Optional[int] = None           # ... and above it
     metric: str = "output_throughput"
-
-    @classmethod
-    def from_json(cls, obj: dict) -> "Crossover":
-        x = super().from_json(obj)
-        x.direction = Direction(x.direction)
-        return x
 
 
 class Outcome(str, enum.Enum):
@@ -383,12 +397,6 @@ class Verification(Record):
     reason: Optional[str] = None
     equivalence_confidence: Optional[float] = None
 
-    @classmethod
-    def from_json(cls, obj: dict) -> "Verification":
-        v = super().from_json(obj)
-        v.outcome = Outcome(v.outcome)
-        return v
-
 
 @dataclass
 class Recommendation(Record):
@@ -414,12 +422,12 @@ class Recommendation(Record):
 
     @classmethod
     def from_json(cls, obj: dict) -> "Recommendation":
+        obj = dict(obj)
+        if isinstance(obj.get("verified"), dict) and "outcome" not in obj["verified"]:
+            obj["verified"] = None  # a file from before verification was typed has no outcome: not read
         r = super().from_json(obj)
-        r.regions = [Region(Decision(x["verdict"]), x["first"], x["last"]) for x in r.regions or []]
-        r.crossover = Crossover.from_json(r.crossover) if r.crossover else None
+        r.regions = [Region.from_json(x) if isinstance(x, dict) else x for x in r.regions or []]
         r.crossovers = [Crossover.from_json(x) if isinstance(x, dict) else x for x in r.crossovers or []]
-        if isinstance(r.verified, dict):  # a file from before verification was typed has no outcome: not read
-            r.verified = Verification.from_json(r.verified) if "outcome" in r.verified else None
         return r
 
 
@@ -465,14 +473,6 @@ class Attribution(Record):
     run_to_run: bool = False
     acceptance_source: Optional[str] = None    # per-request metrics | cell counters
     note: Optional[str] = None
-
-    @classmethod
-    def from_json(cls, obj: dict) -> "Attribution":
-        a = super().from_json(obj)
-        for name in ("tokens_per_step", "step_cost_ratio", "tpot_speedup", "step_cost_vs_configured_off"):
-            x = getattr(a, name)
-            setattr(a, name, Interval(**x) if isinstance(x, dict) else x)
-        return a
 
 
 REQUEST_SCHEMA = polars_schema(RequestRecord)
