@@ -1,6 +1,7 @@
 # specmatch: does speculative decoding pay off on your traffic, at your load?
 # training data -> inspect -> prompt suites -+
 # server configs -> launch records ----------+-> cells (server x suite x concurrency) -> summary
+#                                                 (rounds: another repeat where still undecided)
 from snakemake.utils import min_version
 
 min_version("9.0")
@@ -19,6 +20,7 @@ include: "workflow/rules/inspect.smk"
 include: "workflow/rules/prompts.smk"
 include: "workflow/rules/servers.smk"
 include: "workflow/rules/cells.smk"
+include: "workflow/rules/rounds.smk"
 include: "workflow/rules/summary.smk"
 
 

@@ -8,12 +8,15 @@ memory layout), not on a model of it. The nominal rate at the default 90% confid
 verdicts (pays + loses); "equivalent" is the right answer.
 
 Each run is the real workflow (`snakemake --cores all`) in one work folder: the first run builds the
-embedded model, the demo training data, inspection and prompts; every later run forces the server
-launches, cells and the summary (`--forcerun launch cell recommend summary`), so each run measures
-both servers in fresh sessions, repeats interleaved as in a normal run. Results of each run are kept
-under `<workdir>/aa/run<k>/`.
+embedded model, the demo training data, inspection and prompts; every later run deletes the server
+launches, cells, rounds, recommendation and summary first, so each run measures both servers in fresh
+sessions, repeats interleaved as in a normal run. `--repeats 2:3` runs the sequential design (another
+repeat only where a verdict is still inconclusive: its optional stopping is part of what is tested).
+Each run's summary, rounds and raw cells are kept under `<workdir>/aa/run<k>/`, so
+`--reanalyse` can count the claims again with the current analysis code on the same measurements.
 
-    .venv/bin/python bench/aa.py [--runs 8] [--workdir /tmp/specmatch-aa] [--model results/models/smollm2-135m]
+    .venv/bin/python bench/aa.py [--runs 8] [--workdir /tmp/specmatch-aa] [--repeats 2 | 2:3]
+        [--model results/models/smollm2-135m] [--reanalyse]
 
 `--model` reuses an already built embedded model folder (a symlink), saving its ~90 s build.
 """
@@ -34,7 +37,7 @@ import yaml
 REPO = Path(__file__).resolve().parent.parent
 
 
-def config(suite_size: int, concurrency: list[int], repeats: int) -> dict:
+def config(suite_size: int, concurrency: list[int], repeats) -> dict:
     """The default config's data and requests; two identical servers; no drafter, no controls."""
     cfg = yaml.safe_load((REPO / "config.yaml").read_text())
     srv = {"engine": "vllm", "model": "results/models/smollm2-135m"}
@@ -82,17 +85,25 @@ def main() -> int:
     p.add_argument("--model", type=Path, default=REPO / "results/models/smollm2-135m")
     p.add_argument("--suite-size", type=int, default=16)
     p.add_argument("--concurrency", type=int, nargs="+", default=[1, 4, 16])
-    p.add_argument("--repeats", type=int, default=2)
+    p.add_argument("--repeats", default="2:3", help="R (fixed) or MIN:MAX (the sequential design, as the default)")
+    p.add_argument("--reanalyse", action="store_true",
+                   help="count the claims of the kept runs again with the current analysis code (no measuring)")
     a = p.parse_args()
+    repeats = ({"min": int(a.repeats.split(":")[0]), "max": int(a.repeats.split(":")[1])} if ":" in a.repeats
+               else int(a.repeats))
+    if a.reanalyse:
+        return report([reanalyse(d) for d in sorted((a.workdir / "aa").glob("run*"), key=lambda d: int(d.name[3:]))],
+                      a.workdir, "reanalysed")
     model = a.model if a.model and a.model.exists() else None
-    prepare(a.workdir, model, config(a.suite_size, a.concurrency, a.repeats))
+    prepare(a.workdir, model, config(a.suite_size, a.concurrency, repeats))
     exe = Path(sys.executable).parent / "snakemake"
     base = [str(exe), "--cores", "all", "--configfile", "aa.yaml"]
     runs = []
     for k in range(1, a.runs + 1):
         t0 = time.time()
-        cmd = base + (["--forcerun", "launch", "cell", "recommend", "summary"] if k > 1 else [])
-        r = subprocess.run(cmd, cwd=a.workdir, capture_output=True, text=True)
+        for d in MEASURED:
+            shutil.rmtree(a.workdir / d, ignore_errors=True)
+        r = subprocess.run(base, cwd=a.workdir, capture_output=True, text=True)
         if r.returncode != 0:
             print(r.stdout[-3000:], r.stderr[-3000:], file=sys.stderr)
             print(f"run {k} failed", file=sys.stderr)
@@ -101,6 +112,10 @@ def main() -> int:
         if keep.exists():
             shutil.rmtree(keep)
         shutil.copytree(a.workdir / "results/summary", keep)
+        for d in ("results/cells", "results/rounds"):
+            if (a.workdir / d).exists():
+                shutil.copytree(a.workdir / d, keep / Path(d).name)
+        shutil.copy2(a.workdir / "aa.yaml", keep / "aa.yaml")
         got = claims(a.workdir)
         runs.append(got)
         wrong = [v for v in got["verdicts"] if v["verdict"] in ("pays", "loses")]
@@ -108,6 +123,31 @@ def main() -> int:
               + ("(" + ", ".join(f"{v['metric']} c={v['concurrency']} {v['verdict']} {v['speedup']:.3f}x "
                                  f"[{v['lo']:.3f}, {v['hi']:.3f}]" for v in wrong) + ")" if wrong else "")
               + f"; {len(got['crossovers'])} crossover(s)", flush=True)
+    return report(runs, a.workdir, "measured")
+
+
+MEASURED = ("results/servers", "results/cells", "results/rounds", "results/recommend", "results/summary")
+
+
+def reanalyse(run: Path) -> dict:
+    """One kept run's claims from its raw cells, with the analysis code as it is now."""
+    import polars as pl
+
+    sys.path.insert(0, str(REPO / "workflow"))
+    from specmatch.analysis import Settings, analyse
+    from specmatch.records import CellResult
+
+    cfg = yaml.safe_load((run / "aa.yaml").read_text())
+    cells = [(CellResult.from_json(json.loads(p.read_text())), pl.read_parquet(p.with_name(p.stem + ".requests.parquet")))
+             for p in sorted(run.glob("cells/*/*/r*/c*.json")) if p.name.count(".") == 1]
+    s = Settings.of({**cfg["summary"], "repeats": cfg["repeats"]})
+    an = analyse(cells, "baseline", s)
+    mine = [v.to_json() for v in an.verdicts if v.server == "baseline_copy"]
+    cross = [x for k, xs in an.crossovers.items() if k[0] == "baseline_copy" for x in xs]
+    return {"verdicts": mine, "recommendations": [], "crossovers": cross}
+
+
+def report(runs: list[dict], workdir: Path, how: str) -> int:
     n = sum(len(g["verdicts"]) for g in runs)
     bad = sum(1 for g in runs for v in g["verdicts"] if v["verdict"] in ("pays", "loses"))
     eq = sum(1 for g in runs for v in g["verdicts"] if v["verdict"] == "equivalent")
@@ -120,14 +160,14 @@ def main() -> int:
             m = by_metric.setdefault(v["metric"], [0, 0])
             m[0] += 1
             m[1] += v["verdict"] in ("pays", "loses")
-    print(f"\nA/A on the real engine: {len(runs)} runs, {n} verdicts of baseline_copy against baseline")
+    print(f"\nA/A on the real engine ({how}): {len(runs)} runs, {n} verdicts of baseline_copy against baseline")
     print(f"claims a difference (pays or loses): {bad}/{n} = {rate:.1%} ± {se:.1%} (nominal at most "
           f"{1 - 0.9:.0%} at 90% confidence); equivalent: {eq}/{n}")
     print("by metric: " + ", ".join(f"{m} {b}/{t}" for m, (t, b) in sorted(by_metric.items())))
     print(f"runs with any false claim (a verdict or a crossover): {any_run}/{len(runs)}")
     recs = sum(len(g["recommendations"]) for g in runs)
     print(f"recommendations: {recs} (the copy does not speculate, so none is made for it)")
-    (a.workdir / "aa" / "summary.json").write_text(json.dumps(
+    (workdir / "aa" / f"summary-{how}.json").write_text(json.dumps(
         {"runs": len(runs), "verdicts": n, "false_claims": bad, "rate": rate, "se": se, "equivalent": eq,
          "by_metric": by_metric, "runs_with_any_claim": any_run}, indent=1))
     return 0

@@ -28,8 +28,10 @@ import numpy as np
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO / "workflow"))
 
-from specmatch import client  # noqa: E402
-from specmatch.client import Request, build_payload, run, run_load  # noqa: E402
+from specmatch import transport  # noqa: E402
+from specmatch.client import Request, run, run_load  # noqa: E402
+from specmatch.protocols import protocol  # noqa: E402
+from specmatch.records import Prompt, RequestSettings  # noqa: E402
 
 
 def start_server(script: Path, *args: str) -> tuple[subprocess.Popen, str]:
@@ -40,17 +42,20 @@ def start_server(script: Path, *args: str) -> tuple[subprocess.Popen, str]:
 
 
 def requests_for(n: int, max_tokens: int) -> list[Request]:
-    s = {"max_tokens": max_tokens, "temperature": 0.0, "ignore_eos": True}
-    return [Request(i, f"p{i}", "bench", False, build_payload("openai-completions", {"text": f"prompt {i}"}, "fake", s))
+    s = RequestSettings(max_tokens=max_tokens, temperature=0.0, ignore_eos=True)
+    body = protocol("openai-completions").body
+    return [Request(i, f"p{i}", "bench", False,
+                    body(Prompt(f"p{i}", "bench", "bench", "", None, None, f"p{i}", 0, 1, f"prompt {i}", None, 0, None,
+                                False), "fake", s))
             for i in range(n)]
 
 
 def overhead(concurrency: int, kernel_stamps: bool) -> dict:
     """One run at `concurrency`; `kernel_stamps=False` makes the client stamp arrivals with its own
     clock when it reads the socket (what it does where the kernel gives no receive timestamps)."""
-    saved = client._SO_TIMESTAMPNS
+    saved = transport._SO_TIMESTAMPNS
     if not kernel_stamps:
-        client._SO_TIMESTAMPNS = None
+        transport._SO_TIMESTAMPNS = None
     proc, url = start_server(REPO / "bench" / "tickserver.py", "--tokens", "32", "--ttft", "0.05", "--itl", "0.01")
     if os.cpu_count() > 1:
         os.sched_setaffinity(0, {0})  # the client on core 0, the server on core 1
@@ -58,7 +63,7 @@ def overhead(concurrency: int, kernel_stamps: bool) -> dict:
         n = max(concurrency * 2, 16)
         recs = run(run_load(url, requests_for(n, 32), concurrency, "openai-completions"))
     finally:
-        client._SO_TIMESTAMPNS = saved
+        transport._SO_TIMESTAMPNS = saved
         proc.terminate()
         proc.wait()
     assert all(r["arrival_clock"] == ("kernel" if kernel_stamps else "read") for r in recs)

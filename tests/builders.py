@@ -15,7 +15,9 @@ SHARED = REPO.parent / "shared" / "data"
 if str(REPO / "workflow") not in sys.path:
     sys.path.insert(0, str(REPO / "workflow"))
 
-from specmatch.records import CellResult, Prompt  # noqa: E402
+from specmatch.client import Request  # noqa: E402
+from specmatch.protocols import protocol as protocol_of  # noqa: E402
+from specmatch.records import CellResult, LaunchRecord, Prompt, RequestSettings  # noqa: E402
 
 
 # -- Snakemake ------------------------------------------------------------------------------------
@@ -100,6 +102,16 @@ def prompt(i: int, text: str, source: str = "src", **fields) -> Prompt:
     return Prompt(**{**base, **fields})
 
 
+def load_requests(n: int, text: str = "hello world", protocol: str = "openai-completions", source: str = "s",
+                  holdout=lambda i: False, max_tokens: int = 64) -> list[Request]:
+    """`n` requests of one prompt (with messages, for the chat endpoint) to the fake server's model."""
+    settings = RequestSettings(max_tokens=max_tokens, temperature=0.0, ignore_eos=True)
+    body = protocol_of(protocol).body
+    return [Request(i, f"p{i}", source, holdout(i),
+                    body(prompt(i, text, source, messages=[{"role": "user", "content": text}]), "fake", settings))
+            for i in range(n)]
+
+
 def prompts_file(tmp_path, texts) -> Path:
     p = tmp_path / "s.jsonl"
     p.write_text("".join(json.dumps(prompt(i, t).to_json()) + "\n" for i, t in enumerate(texts)))
@@ -125,3 +137,10 @@ def cell_result(server: str = "baseline", concurrency: int = 1, **fields) -> Cel
                 failed=0, failure_reasons={}, duration=1.0, total_input_tokens=0, total_output_tokens=n,
                 request_throughput=float(n), output_throughput=float(n), total_token_throughput=None)
     return CellResult(**{**base, **fields})
+
+
+def launch_record(server: str, speculative: dict | None = None, **fields) -> LaunchRecord:
+    """A vLLM server's launch record (launch.json) by keyword; `fields` overrides any field by name."""
+    config = {"engine": "vllm", "model": "m", **({"speculative": speculative} if speculative else {})}
+    base = dict(server=server, engine="vllm", flavor="vllm", max_batch=256, config=config, speculative=speculative)
+    return LaunchRecord(**{**base, **fields})

@@ -2,9 +2,14 @@
 import json
 
 import polars as pl
+import pytest
+import yaml
 
 from builders import REPO, REQ, cell_args, prompt, prompts_file
-from specmatch.cell import main, plan_requests
+from specmatch.cell import check_load, main, plan_requests
+from specmatch.config import load, requests_settings, validate
+from specmatch.files import SpecmatchError
+from specmatch.records import RequestSettings
 
 
 def test_failures_over_the_bound_fail_the_cell(tmp_path, fake_server):
@@ -80,3 +85,25 @@ def test_a_server_that_dies_mid_cell_is_named_with_its_exit_status(tmp_path, cap
     err = capsys.readouterr().err
     assert "server ext (pid" in err and "died: exit status 7" in err and "server.log" in err
     assert not (tmp_path / "c2.json").exists()
+
+
+def test_suite_size_and_passes_have_one_rule_for_config_and_cell():
+    """A suite's own passes override the config's (what every cell of it is sent with), and the config
+    check and the cell's own check refuse the same suite: every cell sends each prompt once per pass."""
+    cfg = load(REPO / "config.yaml")
+    name = next(iter(cfg["suites"]))
+    cfg["suites"][name]["passes"] = 3
+    assert requests_settings(cfg, name) == {**cfg["requests"], "passes": 3}
+    assert RequestSettings.from_json(requests_settings(cfg, name)).passes == 3
+    cfg["suites"][name]["passes"] = None
+    assert requests_settings(cfg, name) == cfg["requests"]
+    highest = max(cfg["concurrency"])
+    raw = yaml.safe_load((REPO / "config.yaml").read_text())
+    raw["suites"][name].update(size=highest // 2, passes=2)
+    validate(raw)  # 2 passes of half the concurrency keep it busy ...
+    check_load(highest // 2, 2, highest, name)
+    raw["suites"][name].update(size=highest // 2 - 1)
+    with pytest.raises(SpecmatchError, match="cannot keep concurrency"):
+        validate(raw)  # ... one prompt fewer does not, for the config and for the cell alike
+    with pytest.raises(SpecmatchError, match="cannot keep concurrency"):
+        check_load(highest // 2 - 1, 2, highest, name)

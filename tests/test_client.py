@@ -1,18 +1,24 @@
 """The load generator against a scripted streaming server with known delays and token counts."""
 import asyncio
+import json
+import shutil
+import ssl
+import subprocess
+import time
+from pathlib import Path
 
 import pytest
 
-from specmatch import metrics
-from specmatch.client import Request, build_payload, run_load
+from builders import cell_result, load_requests, prompt
+from specmatch import metrics, transport
+from specmatch.client import run_load
 from specmatch.engines import get_engine
-
-SETTINGS = {"max_tokens": 64, "temperature": 0.0, "ignore_eos": True}
+from specmatch.protocols import PROTOCOLS, has_choices, protocol
+from specmatch.records import RequestSettings
 
 
 def reqs(n, text="hello world", protocol="openai-completions", source="s"):
-    p = {"text": text, "messages": [{"role": "user", "content": text}]}
-    return [Request(i, f"p{i}", source, i % 2 == 0, build_payload(protocol, p, "fake", SETTINGS)) for i in range(n)]
+    return load_requests(n, text, protocol, source, holdout=lambda i: i % 2 == 0)
 
 
 def test_timings_and_counts_are_exact(fake_server):
@@ -83,11 +89,6 @@ def test_open_loop_rate(fake_server):
 def test_fast_event_check_agrees_with_a_full_parse_on_recorded_streams():
     """A token arrival is a chunk carrying choices, as vLLM bench serve counts it (its text may be
     empty); the hot path decides that without parsing JSON, and must agree with a full parse."""
-    import json
-    from pathlib import Path
-
-    from specmatch.client import has_choices
-
     def slow(obj):
         return bool(obj.get("choices"))
 
@@ -113,8 +114,6 @@ def test_fast_event_check_agrees_with_a_full_parse_on_recorded_streams():
 async def _hog_after(srv, n_requests, delay, block, coro):
     """Run `coro` while blocking the client's event loop for `block` s, `delay` s after the server has
     seen `n_requests` requests: tokens reach the socket while the client cannot read."""
-    import time
-
     async def hog():
         while srv.requests_seen < n_requests:
             await asyncio.sleep(0.001)
@@ -132,12 +131,10 @@ def test_arrivals_do_not_depend_on_when_the_client_reads(fake_server, monkeypatc
     """Four streams get their token at 0.1 s while the client is blocked until ~0.3 s. Stamped by the
     kernel, TTFT and end-to-end latency are the server's 0.1 s; stamped at read time (the fallback
     where a platform has no receive timestamps) they are the client's 0.3 s."""
-    from specmatch import client
-
-    if kernel and client._SO_TIMESTAMPNS is None:
+    if kernel and transport._SO_TIMESTAMPNS is None:
         pytest.skip("no kernel receive timestamps on this platform")
     if not kernel:
-        monkeypatch.setattr(client, "_SO_TIMESTAMPNS", None)
+        monkeypatch.setattr(transport, "_SO_TIMESTAMPNS", None)
     srv = fake_server(tokens=1, ttft=0.1, itl=0.0)
     recs = asyncio.run(_hog_after(srv, 4, 0.0, 0.3, run_load(srv.base_url, reqs(4), 4, "openai-completions")))
     assert all(r.ok and r.arrival_clock == ("kernel" if kernel else "read") for r in recs)
@@ -156,19 +153,16 @@ def test_a_client_that_fell_behind_is_reported(fake_server):
     assert recs[0].ok and recs[0].coalesced_events >= 2
     s = metrics.summarize(recs)
     assert s["coalesced_token_events"] == recs[0].coalesced_events and s["coalesced_token_share"] > 0.3
-    warnings = metrics.measurement_warnings({**s, "concurrency": 1})
+    warnings = metrics.measurement_warnings(cell_result(**s))
     assert len(warnings) == 1 and "fell behind" in warnings[0]
     calm = asyncio.run(run_load(srv.base_url, reqs(2), 1, "openai-completions"))
     assert sum(r.coalesced_events for r in calm) == 0
-    assert metrics.measurement_warnings({**metrics.summarize(calm), "concurrency": 1}) == []
+    assert metrics.measurement_warnings(cell_result(**metrics.summarize(calm))) == []
 
 
 @pytest.fixture(scope="module")
 def tls_cert(tmp_path_factory):
     """A self-signed certificate for 127.0.0.1 / localhost."""
-    import shutil
-    import subprocess
-
     if not shutil.which("openssl"):
         pytest.skip("openssl not installed")
     d = tmp_path_factory.mktemp("tls")
@@ -179,10 +173,6 @@ def tls_cert(tmp_path_factory):
 
 
 def test_https_endpoints_are_verified_and_timed_like_plain_ones(fake_server, tls_cert, monkeypatch):
-    import ssl
-
-    from specmatch import client
-
     ctx = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
     ctx.load_cert_chain(*map(str, tls_cert))
     srv = fake_server(tokens=12, ttft=0.05, itl=0.01, tls=ctx)
@@ -195,7 +185,28 @@ def test_https_endpoints_are_verified_and_timed_like_plain_ones(fake_server, tls
     recs = asyncio.run(run_load(srv.base_url, reqs(4), 2, "openai-completions", api_key="sk-secret"))
     assert all(r.ok and r.output_tokens == 12 and len(r.arrivals_s) == 12 for r in recs)
     assert all(r.ttft_s == pytest.approx(0.05, abs=0.02) for r in recs)
-    if client._SO_TIMESTAMPNS is not None:
+    if transport._SO_TIMESTAMPNS is not None:
         assert {r.arrival_clock for r in recs} == {"kernel"}
     with pytest.raises(ValueError, match="expected http://host:port or https://host:port"):
         asyncio.run(run_load("ftp://x:1", reqs(1), 1, "openai-completions"))
+
+
+def test_one_protocol_object_per_endpoint():
+    """Each endpoint's path and body come from its protocol object, looked up by name; a prompt's own
+    reference length caps max_tokens only when asked."""
+    p = prompt(0, "hello", messages=[{"role": "user", "content": "hello"}], reference_completion_tokens=5)
+    s = RequestSettings(max_tokens=64, temperature=0.0, ignore_eos=True)
+    assert {n: protocol(n).path for n in PROTOCOLS} == {"openai-completions": "/v1/completions",
+                                                         "openai-chat": "/v1/chat/completions",
+                                                         "sglang-generate": "/generate"}
+    assert protocol("openai-completions").body(p, "m", s, {"x": 1}) == {
+        "model": "m", "max_tokens": 64, "temperature": 0.0, "stream": True, "stream_options": {"include_usage": True},
+        "ignore_eos": True, "prompt": "hello", "x": 1}
+    assert protocol("openai-chat").body(p, "m", s)["messages"] == [{"role": "user", "content": "hello"}]
+    assert protocol("sglang-generate").body(p, "m", RequestSettings(max_tokens=64, use_reference_length=True)) == {
+        "text": "hello", "stream": True, "sampling_params": {"max_new_tokens": 5, "temperature": 0.0,
+                                                             "ignore_eos": True}}
+    with pytest.raises(ValueError, match="s-0: no messages to send to the chat endpoint"):
+        protocol("openai-chat").body(prompt(0, "hello"), "m", s)
+    with pytest.raises(ValueError, match="unknown protocol 'grpc'"):
+        protocol("grpc")

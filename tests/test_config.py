@@ -19,7 +19,7 @@ def test_shipped_config_is_valid_and_gets_defaults():
     assert cfg["servers"]["ngram"]["startup_timeout_s"] == 1200
     assert cfg["suites"]["train_mix"]["turn"] == "last"
     assert cfg["requests"]["request_rate"] is None
-    assert cfg["requests"]["passes"] == 1 and cfg["repeats"] >= 2
+    assert cfg["requests"]["passes"] == 1 and cfg["repeats"]["min"] >= 2 and cfg["repeats"]["max"] >= cfg["repeats"]["min"]
     assert cfg["summary"]["min_effect"] == 0.05 and cfg["summary"]["verify_recommendation"] is True
 
 

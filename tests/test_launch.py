@@ -1,8 +1,10 @@
 """Launch records: the engine's own start-up warnings, read from real vLLM 0.32 CPU logs (recorded by
 a default run: the baseline, and an n-gram server with a batch-size schedule)."""
+import json
 from pathlib import Path
 
 from specmatch.launch import engine_warnings
+from specmatch.records import LaunchRecord
 from specmatch.server import START_MARKER
 
 FIX = Path(__file__).parent / "fixtures" / "vllm"
@@ -51,5 +53,6 @@ def test_the_launch_record_hides_a_secret_written_as_a_number(tmp_path, monkeypa
                                 plan_env={"HF_TOKEN": "<redacted>", "CUDA_VISIBLE_DEVICES": "0"}, reused=False,
                                 startup_s=1.0, log=str(log), base_url="http://127.0.0.1:1")
     record = launch.build_record("s", cfg, att, 16)
-    assert record["engine_warnings"] == ["token <redacted> rejected"]
-    assert record["env"]["CUDA_VISIBLE_DEVICES"] == "0" and record["argv"][-1] == "2048"
+    assert record.engine_warnings == ["token <redacted> rejected"]
+    assert record.env["CUDA_VISIBLE_DEVICES"] == "0" and record.argv[-1] == "2048"
+    assert LaunchRecord.from_json(json.loads(json.dumps(record.to_json()))) == record  # launch.json reads back

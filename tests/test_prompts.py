@@ -7,9 +7,12 @@ import pytest
 
 from builders import CONV, SHARED, make_root
 from specmatch.demo import tokenize_conversation
-from specmatch.inspection import inspect_root
 from specmatch.files import SpecmatchError
+from specmatch.inspection import inspect_root
+from specmatch.inspection import main as inspection_main
 from specmatch.prompts import allocate, file_suite, training_suite
+from specmatch.prompts import main as prompts_main
+from specmatch.records import SuiteMatch
 from specmatch.rows import ChatTemplate, spans_from_mask
 
 
@@ -57,7 +60,7 @@ def test_sampling_follows_the_mix_and_is_seeded(tmp_path, tok, tok_dir):
     for src, k in sizes.items():
         p = k / total  # within 3 multinomial standard errors (stratified: in fact within 1 row)
         assert abs(counts[src] - n * p) <= max(1, 3 * np.sqrt(n * p * (1 - p)))
-    assert match["source_tvd_vs_training_mix"] < 0.03 and match["representative"]
+    assert match.source_tvd_vs_training_mix < 0.03 and match.representative
     again, _ = suite(root, tok, tok_dir, {"size": 50, "seed": 7, "turn": "last", "weighting": "mix"})
     assert json.dumps(again) == json.dumps(rows)  # byte-identical for the same seed
     other, _ = suite(root, tok, tok_dir, {"size": 50, "seed": 8, "turn": "last", "weighting": "mix"})
@@ -71,7 +74,7 @@ def test_holdout_marking_and_filtering(tmp_path, tok, tok_dir):
     root = make_root(tmp_path, tok, {"a": 40})
     rows, match = suite(root, tok, tok_dir, {"size": 40, "seed": 0, "weighting": "mix"}, {"fraction": 0.25})
     share = sum(r["holdout"] for r in rows) / len(rows)
-    assert 0.05 < share < 0.5 and match["holdout_share"] == pytest.approx(share)
+    assert 0.05 < share < 0.5 and match.holdout_share == pytest.approx(share)
     only, _ = suite(root, tok, tok_dir, {"size": 5, "seed": 0, "weighting": "mix", "holdout": "only"},
                     {"fraction": 0.25})
     assert all(r["holdout"] for r in only)
@@ -103,7 +106,7 @@ def test_control_file_formats(tmp_path, tok):
     rows = [r.to_json() for r in rows]
     assert len(rows) == 4 and {r["source"] for r in rows} == {"ctl", "writing"}
     assert all(r["text"].endswith("<|im_start|>assistant\n") for r in rows)
-    assert match["shortfall"]["file"] == {"wanted": 10, "available": 4}
+    assert match.shortfall["file"] == {"wanted": 10, "available": 4}
     bad = tmp_path / "bad.jsonl"
     bad.write_text('{"prompt": "ok"}\n{"nothing": 1}\n')
     with pytest.raises(SpecmatchError, match=r"bad.jsonl:2: expected a prompt"):
@@ -126,7 +129,7 @@ def test_real_specforge_qwen3_rows_decode_and_cut(tmp_path):
                                 m, cuts, ChatTemplate.of(qtok))
     got = [r.to_json() for r in got]
     no_mask = sum(1 for r in rows if not any(r["loss_mask"]))  # a real row whose mask marks nothing
-    assert len(got) == len(rows) - no_mask and match["skipped"].get("no assistant turn in row", 0) == no_mask
+    assert len(got) == len(rows) - no_mask and match.skipped.get("no assistant turn in row", 0) == no_mask
     for r in got:
         full = rows[r["line"] - 1]
         s, e = spans_from_mask(full["loss_mask"])[-1]
@@ -151,7 +154,7 @@ def test_vectorised_cutting_equals_row_by_row(tmp_path, tok, tok_dir, monkeypatc
     assert json.dumps(fast) == json.dumps(slow)
     assert fmatch == smatch
     assert json.dumps(fast_x) == json.dumps(slow_x) and fmatch_x == smatch_x  # same skip counts too
-    assert smatch_x["skipped"]["holdout=True excluded by suite setting"] > 0
+    assert smatch_x.skipped["holdout=True excluded by suite setting"] > 0
 
 
 def numbered(n: int) -> list[list[dict]]:
@@ -245,7 +248,7 @@ def test_pre_templated_text_rows_are_cut_at_the_assistant_header(tmp_path, tok, 
     assert len(rows) == 4 and all(r["text"].endswith("<|im_start|>assistant\n") and "def sub" not in r["text"]
                                   for r in rows)
     assert all(r["messages"][-1] == {"role": "user", "content": CONV[3]["content"]} for r in rows)
-    assert match["skipped"]["text row has no assistant header to cut at"] == 1
+    assert match.skipped["text row has no assistant header to cut at"] == 1
 
 
 def test_a_weighting_with_no_eligible_prompt_names_sources_and_reasons(tmp_path, tok, tok_dir):
@@ -272,13 +275,13 @@ def test_prompt_length_ks_compares_with_the_target_weighted_mix(tmp_path, tok, t
                 fh.write(json.dumps(tokenize_conversation(tok, conv)) + "\n")
     rows, match = suite(root, tok, tok_dir, {"size": 40, "seed": 0, "weighting": "equal"})
     assert Counter(r["source"] for r in rows) == {"short": 20, "long": 20}
-    assert match["prompt_length_ks"] <= match["prompt_length_ks_critical_5pct"] and match["representative"]
+    assert match.prompt_length_ks <= match.prompt_length_ks_critical_5pct and match.representative
     from specmatch.stats import ks_statistic
 
     # against the unweighted pool (mostly short prompts), the same suite would be rejected
     m, cuts = inspect_root(root, str(tok_dir))
     assert ks_statistic([r["prompt_tokens"] for r in rows], cuts["prompt_tokens"].to_list()) > \
-        match["prompt_length_ks_critical_5pct"]
+        match.prompt_length_ks_critical_5pct
 
 
 def test_rows_without_an_id_get_distinct_ids_across_files(tmp_path, tok, tok_dir):
@@ -299,3 +302,30 @@ def test_rows_without_an_id_get_distinct_ids_across_files(tmp_path, tok, tok_dir
              for (f,), g in cuts.group_by(["file"])}
     one, two = flags.values()
     assert sum(one[k] != two[k] for k in one) > 5  # independent decisions, not one per line number
+
+
+def test_match_files_are_suite_match_records(tmp_path, tok, tok_dir):
+    """The prompts step writes `<suite>.match.json` as a SuiteMatch: it reads back to the same record, and
+    its `kind` (not the presence of a key) tells a training suite from a prompt file; a file written
+    before the field reads by its allocation."""
+    root = make_root(tmp_path, tok, {"a": 8, "b": 4})
+    out = tmp_path / "out"
+    assert inspection_main(["--root", str(root), "--tokenizer", str(tok_dir), "--out", str(out / "m.json"),
+                            "--cuts", str(out / "cuts.parquet")]) == 0
+    ctl = tmp_path / "ctl.jsonl"
+    ctl.write_text("".join(json.dumps({"prompt": f"Question {i}?"}) + "\n" for i in range(3)))
+    common = ["--manifest", str(out / "m.json"), "--tokenizer", str(tok_dir)]
+    assert prompts_main(["--suite", "train", "--spec", json.dumps({"kind": "training", "size": 6, "seed": 0}),
+                         "--cuts", str(out / "cuts.parquet"), "--out", str(out / "train.jsonl"),
+                         "--match", str(out / "train.match.json"), *common]) == 0
+    assert prompts_main(["--suite", "ctl", "--spec", json.dumps({"kind": "file", "path": str(ctl), "size": 3}),
+                         "--out", str(out / "ctl.jsonl"), "--match", str(out / "ctl.match.json"), *common]) == 0
+    written = {n: json.loads((out / f"{n}.match.json").read_text()) for n in ("train", "ctl")}
+    train, control = (SuiteMatch.from_json(written[n]) for n in ("train", "ctl"))
+    assert train.to_json() == written["train"] and control.to_json() == written["ctl"]
+    assert (train.kind, train.training, train.prompts) == ("training", True, 6)
+    assert train.allocation and sum(train.allocation.values()) == 6 and train.prompt_length_ks is not None
+    assert (control.kind, control.training, control.prompts, control.candidates) == ("file", False, 3, 3)
+    old = {k: v for k, v in written["train"].items() if k != "kind"}
+    assert SuiteMatch.from_json(old).training
+    assert not SuiteMatch.from_json({k: v for k, v in written["ctl"].items() if k != "kind"}).training

@@ -3,15 +3,13 @@ import asyncio
 
 import pytest
 
-from specmatch.client import Request, build_payload, run_load
+from builders import load_requests
+from specmatch.client import run_load
 from specmatch.engines import get_engine
-
-SETTINGS = {"max_tokens": 64, "temperature": 0.0, "ignore_eos": True}
 
 
 def reqs(n, text="hello world", protocol="openai-completions"):
-    p = {"text": text, "messages": [{"role": "user", "content": text}]}
-    return [Request(i, f"p{i}", "s", False, build_payload(protocol, p, "fake", SETTINGS)) for i in range(n)]
+    return load_requests(n, text, protocol)
 
 
 def test_e2e_ends_at_the_last_token_chunk_not_the_usage_chunk(fake_server):

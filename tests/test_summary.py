@@ -6,10 +6,11 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from builders import cell_result
+from builders import cell_result, launch_record
 from specmatch.cell import write_requests
 from specmatch.files import write_json
-from specmatch.records import RequestRecord
+from specmatch.recommend import main as recommend_main
+from specmatch.records import DerivedServer, DerivedServers, Recommendation, RequestRecord
 from specmatch.simulate import experiment
 from specmatch.summary import load_generator_lines, main
 
@@ -37,8 +38,7 @@ def launches(root: Path, servers: dict) -> list[str]:
     out = []
     for name, spec in servers.items():
         p = root / "servers" / name / "r1" / "launch.json"
-        write_json(p, {"server": name, "engine": "vllm", "flavor": "vllm", "max_batch": 256,
-                       "config": {"engine": "vllm", "model": "m", **({"speculative": spec} if spec else {})}})
+        write_json(p, launch_record(name, spec).to_json())
         out.append(str(p))
     return out
 
@@ -128,7 +128,7 @@ def test_recommended_server_cells_join_the_tables_but_not_the_decision(tmp_path)
     cp, rp = write_cells(root, primary + measured)
     lp = launches(root, {"baseline": None, "spec": SPEC})
     derived = root / "servers.json"
-    write_json(derived, {"servers": {"spec__recommended": {"parent": "spec", "suite": "s", "config": {}}}})
+    write_json(derived, DerivedServers({"spec__recommended": DerivedServer("spec", "s", {})}).to_json())
     cfgs = {"baseline": {"engine": "vllm", "model": "m"}, "spec": {"engine": "vllm", "model": "m", "speculative": SPEC}}
     out = root / "summary"
     assert main(["--baseline", "baseline", "--settings", json.dumps({"bootstrap": 300}), "--servers", json.dumps(cfgs),
@@ -227,3 +227,28 @@ def test_the_summary_renders_typed_crossovers_and_verification():
     assert "--speculative-config" in text and "**Not verified:** an external endpoint" in text
     assert "verify(" not in inspect.getsource(summary) and "Direction.STOPS_PAYING" not in inspect.getsource(
         summary).replace("{Direction.STOPS_PAYING:", "")
+
+
+def test_the_recommend_step_writes_its_derived_servers_as_records(tmp_path):
+    """servers.json is the DerivedServers serialisation: a schedule that stops speculating above c=4
+    derives `spec__recommended` (its config carries the schedule, never `suites`), and the file reads
+    back to the same record the workflow and the summary use."""
+    cells = experiment(np.random.default_rng(0), {1: 1.5, 4: 1.2, 16: 0.6}, repeats=3, session_sd=0.01, cell_sd=0.01)
+    cp, rp = write_cells(tmp_path, cells)
+    lp = launches(tmp_path, {"baseline": None, "spec": SPEC})
+    cfgs = {"baseline": {"engine": "vllm", "model": "m"},
+            "spec": {"engine": "vllm", "model": "m", "speculative": SPEC, "suites": ["s"]}}
+    out = tmp_path / "recommend"
+    assert recommend_main(["--baseline", "baseline", "--settings", json.dumps({"bootstrap": 300}),
+                           "--servers", json.dumps(cfgs), "--cells", *cp, "--requests", *rp, "--launches", *lp,
+                           "--suites", "s", "--out", str(out / "servers.json"),
+                           "--recommendations", str(out / "recommendations.json")]) == 0
+    written = json.loads((out / "servers.json").read_text())
+    derived = DerivedServers.from_json(written)
+    assert derived.to_json() == written and list(derived.servers) == ["spec__recommended"]
+    d = derived.servers["spec__recommended"]
+    assert (d.parent, d.suite) == ("spec", "s") and "suites" not in d.config
+    schedule = d.config["speculative"]["num_speculative_tokens_per_batch_size"]
+    assert schedule[-1][1] == 256 and schedule[-1][2] == 0  # up to the launch record's max_batch
+    recs = [Recommendation.from_json(r) for r in json.loads((out / "recommendations.json").read_text())]
+    assert recs[0].derived_server == "spec__recommended" and recs[0].vllm_schedule == schedule

@@ -181,3 +181,60 @@ def test_commands_without_cores_work(workdir):
     assert "Unlocked" in run(base + ["--unlock"], workdir).stdout + run(base + ["--unlock"], workdir).stderr
     run(base + ["--summary"], workdir)
     run(base + ["-n"], workdir)
+
+
+@pytest.fixture(scope="module")
+def seq_workdir(tmp_path_factory, tok, tok_dir, endpoints):
+    """The sequential design on the real workflow: `copy` is the baseline's own endpoint under another
+    name (identical: with min_effect 0.1% no interval will be 'equivalent', so its verdicts stay
+    inconclusive, and with min_probability 0 every inconclusive verdict gets another repeat), `eagle`
+    the speculating endpoint."""
+    wd = copy_workflow(tmp_path_factory.mktemp("seq"))
+    make_root(wd, tok, {"code": 12, "agent": 6, "chat": 4})
+    base = {"engine": "external", "base_url": endpoints["base"], "flavor": "vllm"}
+    cfg = {
+        "dataset": {"root": "prepared", "tokenizer": str(tok_dir), "holdout": {"fraction": 0.25}},
+        "demo": {"enabled": False}, "models": {"embedded": {"enabled": False}},
+        "suites": {"train_mix": {"kind": "training", "size": 8, "seed": 0}},
+        "servers": {"baseline": base, "copy": dict(base),
+                    "eagle": {"engine": "external", "base_url": endpoints["spec"], "flavor": "vllm"}},
+        "baseline": "baseline", "concurrency": [1, 2], "repeats": {"min": 2, "max": 3, "min_probability": 0},
+        "requests": {"warmup": 1, "max_tokens": 12},
+        "summary": {"bootstrap": 200, "min_effect": 0.001},
+    }
+    (wd / "test.yaml").write_text(yaml.safe_dump(cfg))
+    return wd
+
+
+@pytest.mark.slow  # the whole workflow with a round of the sequential design (about a minute)
+def test_the_sequential_design_measures_another_repeat_only_where_undecided(seq_workdir):
+    from specmatch.records import Continuation, RoundPlan
+
+    wd = seq_workdir
+    sm(wd)
+    res = wd / "results"
+    plan = RoundPlan.from_json(json.loads((res / "rounds" / "r2.json").read_text()))
+    assert plan.round == 2 and plan.design == {"min": 2, "max": 3, "min_probability": 0}
+    assert {(d.server, d.concurrency) for d in plan.decisions} == {(s, c) for s in ("copy", "eagle") for c in (1, 2)}
+    go = {(d.server, d.suite, d.concurrency) for d in plan.decisions if d.action == Continuation.CONTINUE}
+    assert go, [(d.server, d.concurrency, d.verdict, d.action) for d in plan.decisions]
+    planned = {(c.server, c.suite, c.concurrency) for c in plan.next}
+    assert planned == go | {("baseline", u, c) for _, u, c in go}
+    # repeat 3: exactly the planned cells, on fresh launches of exactly those servers
+    measured = {(p.parts[-4], p.parts[-3], int(p.stem[1:])) for p in res.glob("cells/*/*/r3/c*.json")
+                if p.name.count(".") == 1}
+    assert measured == planned
+    assert {p.parts[-3] for p in res.glob("servers/*/r3/launch.json")} == {s for s, _, _ in planned}
+    verdicts = json.loads((res / "summary" / "verdicts.json").read_text())
+    thr = {(v["server"], v["concurrency"]): v for v in verdicts if v["metric"] == "output_throughput"}
+    for (s, c), v in thr.items():
+        assert v["repeats"] == (3 if (s, "train_mix", c) in go else 2)
+        assert 0.9 < v["confidence"] < 1       # each look's level: stricter than the fixed design's
+    summary = (res / "summary" / "summary.md").read_text()
+    assert "Sequential design (repeats 2–3)" in summary and f"repeat 3 measured {len(planned)} cells" in summary
+    out = run([sys.executable, "-m", "specmatch.cli", "provenance", "results/rounds/r2.json"], wd,
+              env={"PYTHONPATH": str(REPO / "workflow")}).stdout
+    assert "made by rule sequential_round" in out
+    # nothing left to do, and no round past the last
+    assert "Nothing to be done" in sm(wd, "-n").stdout
+    assert not (res / "rounds" / "r3.json").exists()

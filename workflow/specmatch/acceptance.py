@@ -5,6 +5,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from .engines import definitions
 from .measurements import Measurements, _rng
 
 
@@ -25,8 +26,6 @@ class AcceptanceSummary:
 def acceptance_summary(m: Measurements, server: str, suite: str) -> AcceptanceSummary:
     """The engine's own acceptance definition (engines/*: one per engine) over the pooled requests,
     and its percentiles over resamples of prompts."""
-    from .engines import definitions
-
     cols = {"num_spec_steps": [], "num_draft_tokens": [], "num_accepted_tokens": [], "out": []}
     prompts, hold, flavor = [], [], None
     for key, a in m.arrays.items():

@@ -24,7 +24,7 @@ from dataclasses import dataclass, field
 import polars as pl
 
 from .acceptance import AcceptanceSummary, acceptance_summary
-from .comparison import (Comparison, compare, crossovers, decide, deciding_design, decision, regions,
+from .comparison import (Comparison, compare, crossovers, decide, deciding_design, decision, effect_prior, regions,
                          what_would_decide)
 from .controls import is_control
 from .deployment import (RECOMMENDED, ServerInfo, _pairs_crossing, _spans, decisions, deployed_on, on_per_batch,
@@ -33,7 +33,7 @@ from .deployment import (RECOMMENDED, ServerInfo, _pairs_crossing, _spans, decis
 from .measurements import (LABEL, LATENCY, Arrays, Measurements, Settings, _log, _rng, cell_log_stat,
                            closed_loop_makespan, drafted_nothing)
 from .noise import RunToRun, VarianceSum, _tau2_dof, fit_tau2, run_to_run
-from .records import CellResult, Decision, Outcome, Recommendation, Verdict, Verification
+from .records import CellResult, Decision, DerivedServer, Outcome, Recommendation, Verdict, Verification
 
 __all__ = ["AcceptanceSummary", "Analysis", "Arrays", "Comparison", "LABEL", "LATENCY", "Measurements", "RunToRun",
            "ServerInfo", "Settings", "VarianceSum", "acceptance_summary", "analyse", "cell_log_stat",
@@ -83,18 +83,22 @@ def server_verdicts(m: Measurements, rr: RunToRun, server: str, baseline: str, s
     verdicts, comparisons, off = [], {}, []
     for suite in suites:
         for metric in m.settings.metrics:
-            row = []
-            for c in concurrencies:
-                if not m.repeats(server, suite, c) or not m.repeats(baseline, suite, c):
-                    continue
-                cmp = compare(m, rr, server, baseline, suite, c, metric)
-                row.append(cmp)
-                v = decide(cmp, m.settings)
-                verdicts.append(v)
-                if metric == "output_throughput" and drafted_nothing(m, server, suite, c):
-                    off.append(v)
+            row = [compare(m, rr, server, baseline, suite, c, metric) for c in concurrencies
+                   if m.repeats(server, suite, c) and m.repeats(baseline, suite, c)]
             if row:
                 comparisons[(server, suite, metric)] = row
+    for metric in m.settings.metrics:  # what 'what would decide it' expects of an effect, before its own data
+        cmps = [c for (sv, _, mt), row in comparisons.items() if mt == metric for c in row]
+        prior = effect_prior(cmps)
+        for c in cmps:
+            c.effect_prior = prior
+    for suite in suites:
+        for metric in m.settings.metrics:
+            for cmp in comparisons.get((server, suite, metric), []):
+                v = decide(cmp, m.settings)
+                verdicts.append(v)
+                if metric == "output_throughput" and drafted_nothing(m, server, suite, cmp.concurrency):
+                    off.append(v)
     return verdicts, comparisons, off
 
 
@@ -170,13 +174,14 @@ def join_derived(an: Analysis, cells: list[tuple[CellResult, pl.DataFrame]], der
     return an
 
 
-def verify_recommendations(an: Analysis, recs: list[Recommendation], derived: dict) -> list[Recommendation]:
+def verify_recommendations(an: Analysis, recs: list[Recommendation], derived: dict[str, DerivedServer]
+                           ) -> list[Recommendation]:
     """Each recommendation's measured check (deployment.verification) as its `verified` record: the
     server that deploys it (derived `<server>__recommended`, or a configured twin that already does),
-    against the reference its schedule fixes. `derived`: name -> {parent, suite, config}."""
+    against the reference its schedule fixes. `derived`: name -> records.DerivedServer."""
     for r in recs:
         name = r.derived_server or r.measured_by or next(
-            (n for n, d in derived.items() if d.get("parent") == r.server and d.get("suite") == r.suite), None) or (
+            (n for n, d in derived.items() if d.parent == r.server and d.suite == r.suite), None) or (
             r.server + RECOMMENDED if r.server + RECOMMENDED in an.servers else None)
         if name and name in an.servers:
             r.verified = verify(an, r, name)

@@ -13,6 +13,8 @@ import argparse
 import importlib
 import sys
 
+from .provenance import chain, invalidated, verify
+
 # command -> module (the command keeps the step's short name; the module is named for what it does)
 STEPS = {"inspect": "inspection", "inspection": "inspection", "prompts": "prompts", "drafter": "drafter",
          "launch": "launch", "cell": "cell", "recommend": "recommend", "summary": "summary", "model": "model",
@@ -31,8 +33,6 @@ def main(argv: list[str] | None = None) -> int:
     vf = sub.add_parser("verify", help="check recorded input hashes against the files on disk")
     vf.add_argument("--root", default="results")
     a = p.parse_args(argv)
-    from .provenance import chain, invalidated, verify
-
     if a.cmd == "provenance":
         print("\n".join(chain(a.path)))
         return 0

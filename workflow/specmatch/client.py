@@ -1,7 +1,9 @@
 """A streaming load generator that is never the bottleneck and never miscounts.
 
-Plain asyncio over raw non-blocking HTTP/1.1 keep-alive sockets (one per worker), parsed in the read
-callback itself (specmatch.sse): no framework between the socket and the clock. Token arrivals are
+Plain asyncio over raw non-blocking HTTP/1.1 keep-alive sockets (one per worker, specmatch.transport),
+parsed in the read callback itself (specmatch.sse): no framework between the socket and the clock.
+What each endpoint sends and how its events are read is its protocol object (specmatch.protocols).
+Token arrivals are
 the kernel's receive timestamps where Linux gives them (SO_TIMESTAMPNS), so neither the client's
 parsing nor the order in which it reads 256 sockets after one engine step enters TTFT, ITL or
 end-to-end latency (bench/client_overhead.py measures the overhead against a server's own clock,
@@ -20,62 +22,26 @@ import asyncio
 import gc
 import json
 import random
-import re
-import socket
 import ssl
-import struct
-import sys
 import time
 from dataclasses import dataclass
 from typing import Callable
 from urllib.parse import urlsplit
 
-from .records import RequestRecord
-from .sse import ProtocolError, ResponseParser
+from .protocols import Protocol, protocol as protocol_of
+from .records import Acceptance, RequestRecord
+from .transport import Connection, HTTPError
 
 
 @dataclass
 class Request:
-    """One request to send. `payload` is the protocol-specific JSON body (built by build_payload)."""
+    """One request to send. `payload` is the protocol's JSON body for its prompt (Protocol.body)."""
     index: int
     prompt_id: str
     source: str
     holdout: bool
     payload: dict
     pass_index: int = 0
-
-
-def build_payload(protocol: str, prompt: dict, model: str, settings: dict, extras: dict | None = None) -> dict:
-    """The request body for a prompt: sampling settings explicit, streaming with usage."""
-    max_tokens = settings["max_tokens"]
-    if settings.get("use_reference_length") and prompt.get("reference_completion_tokens"):
-        # the training completion's own length, as the real traffic would produce (capped)
-        max_tokens = min(max_tokens, prompt["reference_completion_tokens"])
-    if protocol == "sglang-generate":
-        body = {"text": prompt["text"], "stream": True,
-                "sampling_params": {"max_new_tokens": max_tokens, "temperature": settings["temperature"],
-                                    "ignore_eos": settings["ignore_eos"]}}
-    else:
-        body = {"model": model, "max_tokens": max_tokens, "temperature": settings["temperature"],
-                "stream": True, "stream_options": {"include_usage": True},
-                "ignore_eos": settings["ignore_eos"]}
-        if protocol == "openai-chat":
-            if not prompt.get("messages"):
-                raise ValueError(f"prompt {prompt.get('id')}: no messages to send to the chat endpoint (the data's "
-                                 "chat template could not be split; use requests.endpoint: completions)")
-            body["messages"] = prompt["messages"]
-        else:
-            body["prompt"] = prompt["text"]
-    body.update(extras or {})
-    return body
-
-
-PATHS = {"openai-completions": "/v1/completions", "openai-chat": "/v1/chat/completions",
-         "sglang-generate": "/generate"}
-
-
-class HTTPError(Exception):
-    pass
 
 
 def _timeout(seconds: float):
@@ -96,227 +62,6 @@ def _timeout(seconds: float):
     return _Legacy()
 
 
-# Kernel receive timestamps (Linux SO_TIMESTAMPNS; Python's socket module does not name it).
-_SO_TIMESTAMPNS = getattr(socket, "SO_TIMESTAMPNS", 35 if sys.platform.startswith("linux") else None)
-_TIMESPEC = struct.Struct("@ll")  # struct timespec: time_t and long seconds/nanoseconds
-_ANCBUF = socket.CMSG_SPACE(_TIMESPEC.size) if hasattr(socket, "CMSG_SPACE") else 0
-_READ = 1 << 16
-
-
-def enable_kernel_stamps(sock: socket.socket) -> bool:
-    """Ask the kernel to timestamp every segment this socket receives; False where it cannot."""
-    if _SO_TIMESTAMPNS is None or not _ANCBUF:
-        return False
-    try:
-        sock.setsockopt(socket.SOL_SOCKET, _SO_TIMESTAMPNS, 1)
-    except OSError:
-        return False
-    return True
-
-
-def recv_stamped(sock: socket.socket, size: int) -> tuple[bytes, float | None]:
-    """One read, and the kernel's receive time of its last segment (CLOCK_REALTIME seconds; None
-    when the kernel attached none)."""
-    data, anc, _flags, _addr = sock.recvmsg(size, _ANCBUF)
-    for level, kind, raw in anc:
-        if level == socket.SOL_SOCKET and kind == _SO_TIMESTAMPNS and len(raw) >= _TIMESPEC.size:
-            sec, nsec = _TIMESPEC.unpack_from(raw)
-            return data, sec + nsec * 1e-9
-    return data, None
-
-
-def realtime_offset_ns() -> int:
-    """CLOCK_REALTIME minus CLOCK_MONOTONIC (perf_counter's clock), from the tightest of three brackets.
-    Kernel receive stamps are in real time; the client's other times are monotonic."""
-    best = None
-    for _ in range(3):
-        a = time.perf_counter_ns()
-        r = time.time_ns()
-        b = time.perf_counter_ns()
-        if best is None or b - a < best[0]:
-            best = (b - a, r - (a + b) // 2)
-    return best[1]
-
-
-class Connection:
-    """One keep-alive HTTP/1.1 connection that streams server-sent events.
-
-    Token arrival times are the kernel's receive timestamps (SO_TIMESTAMPNS) where the platform
-    gives them: when a batched engine step sends a token to 256 streams at once, the client reads the
-    256 sockets one after another, and a user-space clock read would stamp the last stream's token
-    later by the time spent parsing the other 255. The kernel stamps each segment as it arrives, so
-    read order cannot bias TTFT or ITL; `read_lags` keeps how long each read waited for the client
-    (a measure of whether the client keeps up, reported per cell). Elsewhere the read time is used.
-
-    HTTPS goes through an in-memory TLS object (ssl.MemoryBIO) rather than an SSL socket, so the
-    ciphertext is still read with recvmsg and keeps its kernel timestamp.
-    """
-
-    def __init__(self, host: str, port: int, headers: dict[str, str], tls: ssl.SSLContext | None = None):
-        self.host, self.port = host, port
-        self.headers = headers
-        self.tls_context = tls
-        self._tls: ssl.SSLObject | None = None
-        self._tls_in = self._tls_out = None
-        self.sock: socket.socket | None = None
-        self.kernel_stamps = False
-        self.sent_at: float | None = None  # when the last request was fully written
-        self.read_lags: list[float] = []  # read time minus arrival time, per read of the last request
-        self.completed_at: float | None = None  # arrival of the bytes that completed the last response
-        self._offset_s = 0.0
-        self._send_start = 0.0
-
-    async def connect(self) -> None:
-        if self.sock is not None:
-            return
-        loop = asyncio.get_running_loop()
-        infos = await loop.getaddrinfo(self.host, self.port, type=socket.SOCK_STREAM)
-        error: Exception | None = None
-        for family, type_, proto, _name, addr in infos:
-            sock = socket.socket(family, type_, proto)
-            sock.setblocking(False)
-            try:
-                sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-                await loop.sock_connect(sock, addr)
-            except OSError as exc:
-                sock.close()
-                error = exc
-                continue
-            if self.tls_context is not None:
-                try:
-                    await self._handshake(loop, sock)
-                except (OSError, ssl.SSLError) as exc:
-                    sock.close()
-                    raise ConnectionError(f"TLS handshake with {self.host}:{self.port}: {exc}") from None
-            self.kernel_stamps = enable_kernel_stamps(sock)
-            self.sock = sock
-            return
-        raise error or OSError(f"cannot resolve {self.host}:{self.port}")
-
-    async def _handshake(self, loop, sock: socket.socket) -> None:
-        self._tls_in, self._tls_out = ssl.MemoryBIO(), ssl.MemoryBIO()
-        self._tls = self.tls_context.wrap_bio(self._tls_in, self._tls_out, server_hostname=self.host)
-        while True:
-            try:
-                self._tls.do_handshake()
-                finished = True
-            except ssl.SSLWantReadError:
-                finished = False
-            out = self._tls_out.read()
-            if out:
-                await loop.sock_sendall(sock, out)
-            if finished:
-                return
-            data = await loop.sock_recv(sock, _READ)
-            if not data:
-                raise ConnectionError("connection closed during the handshake")
-            self._tls_in.write(data)
-
-    def _decrypt(self, data: bytes) -> tuple[bytes, bool]:
-        """Plaintext from ciphertext just read, and whether the peer has closed."""
-        if data:
-            self._tls_in.write(data)
-        else:
-            self._tls_in.write_eof()
-        parts, eof = [], not data
-        while True:
-            try:
-                chunk = self._tls.read(_READ)
-            except ssl.SSLWantReadError:
-                break
-            except (ssl.SSLZeroReturnError, ssl.SSLEOFError):  # close_notify, or a close without one
-                eof = True
-                break
-            if not chunk:
-                eof = True
-                break
-            parts.append(chunk)
-        pending = self._tls_out.read()  # e.g. a key update's answer
-        if pending and self.sock is not None:
-            self.sock.sendall(pending)
-        return b"".join(parts), eof
-
-    async def close(self) -> None:
-        if self.sock is not None:
-            self.sock.close()
-            self.sock = None
-        self._tls = self._tls_in = self._tls_out = None
-
-    async def stream(self, path: str, body: bytes, on_event: Callable[[bytes, float], None]) -> None:
-        self.read_lags = []  # this request's, even if connecting or sending fails
-        self.completed_at = None
-        await self.connect()
-        loop = asyncio.get_running_loop()
-        sock = self.sock
-        head = [f"POST {path} HTTP/1.1", f"Host: {self.host}:{self.port}", "Content-Type: application/json",
-                "Accept: text/event-stream", f"Content-Length: {len(body)}"]
-        head += [f"{k}: {v}" for k, v in self.headers.items()]
-        self._offset_s = realtime_offset_ns() / 1e9
-        self._send_start = time.perf_counter()
-        wire = ("\r\n".join(head) + "\r\n\r\n").encode() + body
-        if self._tls is not None:
-            self._tls.write(wire)
-            wire = self._tls_out.read()
-        await loop.sock_sendall(sock, wire)
-        self.sent_at = time.perf_counter()
-        parser = ResponseParser(on_event)
-        done = loop.create_future()
-        fd = sock.fileno()
-        loop.add_reader(fd, self._readable, sock, parser, done)
-        try:
-            try:
-                await done
-            finally:
-                loop.remove_reader(fd)  # before any close: a closed fd left registered breaks the selector
-        except ProtocolError as exc:
-            await self.close()
-            raise HTTPError(str(exc)) from None
-        if not parser.keep_alive:
-            await self.close()
-        if parser.status != 200:
-            raise HTTPError(f"HTTP {parser.status}: {bytes(parser.body[:300]).decode('utf-8', 'replace')}")
-        if not parser.got_done:
-            raise HTTPError("stream ended without [DONE]")
-
-    def _readable(self, sock: socket.socket, parser: ResponseParser, done: asyncio.Future) -> None:
-        """Read callback: drain the socket, stamping each read, and parse events on the spot."""
-        if done.done():
-            return
-        kernel, lags = self.kernel_stamps, self.read_lags
-        try:
-            while True:
-                try:
-                    data, stamp = recv_stamped(sock, _READ) if kernel else (sock.recv(_READ), None)
-                except (BlockingIOError, InterruptedError):
-                    return
-                now = t = time.perf_counter()
-                if stamp is not None:
-                    # never before the request was sent nor after we read it (a clock step
-                    # between offset and stamp cannot move a token outside its true bounds)
-                    t = min(max(stamp - self._offset_s, self._send_start), now)
-                    lags.append(now - t)
-                if self._tls is not None:
-                    plain, eof = self._decrypt(data)
-                else:
-                    plain, eof = data, not data
-                complete = bool(plain) and parser.feed(plain, t)
-                if eof:
-                    parser.feed_eof(t)  # a no-op after a complete response; a cut stream raises
-                if complete or eof:
-                    self.completed_at = t
-                    done.set_result(None)
-                    return
-                if len(data) < _READ:
-                    return
-        except Exception as exc:  # a reset connection, a protocol error, the callback's own errors
-            done.set_exception(exc)
-
-
-# vLLM's `bench serve` counts a stream chunk as a token arrival when it carries `choices` (its text
-# may be empty, e.g. a special token); the usage chunk carries `"choices": []`. We do the same.
-_CHOICES = re.compile(rb'"choices"\s*:\s*\[\s*\{')
-_NEEDS_PARSE = re.compile(rb'"usage"\s*:\s*\{|"error"\s*:')
-
 # How the client's numbers are defined: written into every cell, so nobody has to guess.
 DEFINITIONS = {
     "ttft": "arrival of the first stream chunk that carries choices (its text may be empty), as vLLM bench serve",
@@ -331,58 +76,18 @@ DEFINITIONS = {
 }
 
 
-def has_choices(payload: bytes) -> bool:
-    """Whether an OpenAI-style stream event carries choices (a token arrival, as vLLM counts them)."""
-    return _CHOICES.search(payload) is not None
-
-
-def _error_text(err) -> str:
-    if isinstance(err, dict):
-        return str(err.get("message") or err)[:300]
-    return str(err)[:300]
-
-
 class RequestRun:
-    """Collects one request's timings and counts while its events arrive."""
+    """Collects one request's timings and counts while its events arrive (its protocol reads them)."""
 
-    def __init__(self, req: Request, protocol: str, parse_acceptance: Callable[[dict], dict | None]):
+    def __init__(self, req: Request, protocol: Protocol, parse_acceptance: Callable[[dict], Acceptance | None]):
         self.req, self.protocol, self.parse_acceptance = req, protocol, parse_acceptance
         self.arrivals: list[float] = []
-        self.usage: dict | None = None
-        self.final: dict | None = None
-        self.last_meta: dict | None = None
+        self.final: dict | None = None  # the event that carries the counts
         self.error: str | None = None
         self.tokens_seen = 0  # SGLang: the completion tokens reported so far (cumulative in every mode)
 
     def on_event(self, payload: bytes, now: float) -> None:
-        if self.protocol != "sglang-generate" and not _NEEDS_PARSE.search(payload):
-            # an ordinary token event: only whether it carries choices matters (the counts come from
-            # the final usage event), so skip the JSON parse on the hot path
-            if has_choices(payload):
-                self.arrivals.append(now)
-            return
-        obj = json.loads(payload)
-        if "error" in obj and not obj.get("choices"):
-            self.error = f"server error: {_error_text(obj['error'])}"
-            return
-        if self.protocol == "sglang-generate":
-            # meta_info.completion_tokens is cumulative whether the text is cumulative or (with
-            # --incremental-streaming-output) a delta: an event that raises it brought tokens
-            self.last_meta = obj
-            meta = obj.get("meta_info") or {}
-            done = meta.get("completion_tokens")
-            if done is not None:
-                if done > self.tokens_seen:
-                    self.tokens_seen = done
-                    self.arrivals.append(now)
-            elif obj.get("text") or obj.get("output_ids"):
-                self.arrivals.append(now)
-            return
-        if obj.get("choices"):
-            self.arrivals.append(now)
-        if obj.get("usage"):
-            self.usage = obj["usage"]
-            self.final = obj
+        self.protocol.on_event(self, payload, now)
 
     def record(self, start: float, end: float, t_origin: float, pass_index: int = 0) -> RequestRecord:
         rec = RequestRecord(
@@ -396,20 +101,14 @@ class RequestRun:
             # wrote them separately, so the client (or the network) fell behind; their ITL reads as 0
             coalesced_events=sum(a == b for a, b in zip(self.arrivals, self.arrivals[1:])),
             error=self.error)
-        acc = None
-        if self.protocol == "sglang-generate" and self.last_meta is not None and not self.error:
-            meta = self.last_meta.get("meta_info") or {}
-            rec.prompt_tokens = meta.get("prompt_tokens")
-            rec.output_tokens = meta.get("completion_tokens")
-            acc = self.parse_acceptance(self.last_meta)
-        elif self.usage is not None:
-            rec.prompt_tokens = self.usage.get("prompt_tokens")
-            rec.output_tokens = self.usage.get("completion_tokens")
+        counts = self.protocol.counts(self)
+        if counts is not None:
+            rec.prompt_tokens, rec.output_tokens = counts
             acc = self.parse_acceptance(self.final)
-        if acc:
-            for k in ("num_draft_tokens", "num_accepted_tokens", "num_spec_steps", "acceptance_length",
-                      "acceptance_rate"):
-                setattr(rec, k, acc.get(k))
+            if acc is not None:
+                rec.num_draft_tokens, rec.num_accepted_tokens = acc.num_draft_tokens, acc.num_accepted_tokens
+                rec.num_spec_steps = acc.num_spec_steps
+                rec.acceptance_length, rec.acceptance_rate = acc.acceptance_length, acc.acceptance_rate
         if rec.error is None:
             if rec.output_tokens is None:
                 rec.error = "no usage: the stream carried no token counts (stream_options.include_usage?)"
@@ -420,7 +119,7 @@ class RequestRun:
         return rec
 
 
-async def _one(conn: Connection, req: Request, protocol: str, parse_acc, timeout: float, t_origin: float,
+async def _one(conn: Connection, req: Request, protocol: Protocol, parse_acc, timeout: float, t_origin: float,
                pass_index: int = 0) -> RequestRecord:
     run = RequestRun(req, protocol, parse_acc)
     body = json.dumps(req.payload).encode()
@@ -429,7 +128,7 @@ async def _one(conn: Connection, req: Request, protocol: str, parse_acc, timeout
         # asyncio.timeout runs the stream in this task; wait_for would schedule a new task, so at a
         # burst of C requests the last one would be written only after C-1 loop turns.
         async with _timeout(timeout):
-            await conn.stream(PATHS[protocol], body, run.on_event)
+            await conn.stream(protocol.path, body, run.on_event)
     except (asyncio.TimeoutError, TimeoutError):
         run.error = f"timeout: no complete response within {timeout:g} s"
         await conn.close()
@@ -466,10 +165,12 @@ def run(coro):
 
 
 async def run_load(base_url: str, requests: list[Request], concurrency: int, protocol: str,
-                   parse_acceptance: Callable[[dict], dict | None] = lambda f: None,
+                   parse_acceptance: Callable[[dict], Acceptance | None] = lambda f: None,
                    timeout: float = 600.0, api_key: str | None = None, warmup: list[Request] | None = None,
                    request_rate: float | None = None, burstiness: float = 1.0, seed: int = 0) -> list[RequestRecord]:
-    """Send `requests` at `concurrency`; return one record per request, in request order."""
+    """Send `requests` at `concurrency` over the endpoint `protocol` (a name in protocols.PROTOCOLS);
+    return one record per request, in request order."""
+    protocol = protocol_of(protocol)
     u = urlsplit(base_url)
     if u.scheme not in ("http", "https") or not u.hostname:
         raise ValueError(f"base_url {base_url!r}: expected http://host:port or https://host:port")
@@ -495,7 +196,7 @@ async def run_load(base_url: str, requests: list[Request], concurrency: int, pro
         gc.collect()
         gc.disable()
         t_origin = time.perf_counter()
-        results: list[dict | None] = [None] * len(requests)
+        results: list[RequestRecord | None] = [None] * len(requests)
         if request_rate is None:
             next_i = 0
 

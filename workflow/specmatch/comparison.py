@@ -16,7 +16,9 @@ The log speedup averaged over R repeats has variance w + (tau^2_server + tau^2_a
 Student t interval with Satterthwaite's dof over its independent parts (noise.VarianceSum).
 
 With one repeat there is no measure of run-to-run variance: intervals are the bootstrap's alone,
-the summary says so, and a verdict then needs an effect beyond `min_effect`.
+the summary says so, and a verdict then needs an effect beyond `min_effect`. Where run to run is
+measured (other repeats of these servers at this concurrency) it applies to every comparison, even
+one left with a single paired repeat (goodput where one repeat had no request within the SLO).
 
 Verdicts are typed (records.Decision): pays (interval above 1, not equivalent), loses (below),
 equivalent (inside +/-min_effect: a decisive "no difference"), inconclusive (with the cheapest
@@ -34,6 +36,7 @@ import numpy as np
 from .measurements import LATENCY, Measurements, Settings, _rng
 from .noise import RunToRun, VarianceSum
 from .records import Crossover, Decision, Direction, Verdict
+from . import sequential
 from .stats import t_ppf
 
 
@@ -55,6 +58,7 @@ class Comparison:
     parts: VarianceSum | None = None   # se^2 by independent part: ("w", ...) the prompt sample, the rest run to run
     prompts: int = 0                   # prompts both servers answered in every repeat
     session: dict = field(default_factory=dict)  # server -> the variance its server sessions add (shared across c)
+    effect_prior: tuple | None = None  # (mean, variance) of the effect before this comparison's data (effect_prior)
 
     @property
     def repeats(self) -> int:
@@ -133,8 +137,12 @@ def compare(m: Measurements, rr: RunToRun, server: str, against: str, suite: str
     cmp.prompts = len(prompts)
     key = ("w", server, against, suite, c, metric)
     ts, ta = rr.at(metric, server, c), rr.at(metric, against, c)
-    if R >= 2 and ts is not None and ta is not None:
-        w = shared_variance(boot)
+    if ts is not None and ta is not None:
+        # run to run is measured for these servers at c (their other repeats and configurations), so it
+        # applies to however many repeats are paired here: a repeat dropped for want of a figure (goodput
+        # where no request met the SLO, all or nothing in one burst) must not fall back to the prompt
+        # sample alone, which called identical servers different in ~40% of such verdicts
+        w = shared_variance(boot) if R >= 2 else w_full
         cmp.parts = VarianceSum().add(key, w, len(prompts) - 1).plus(ts, 1 / R).plus(ta, 1 / R)
         cmp.run_to_run = True
         share = rr.session_share.get(metric, 0.0)
@@ -150,11 +158,12 @@ def compare(m: Measurements, rr: RunToRun, server: str, against: str, suite: str
 
 def decide(cmp: Comparison, s: Settings) -> Verdict:
     """The verdict on one comparison (the rules in this module's docstring)."""
+    level = look_level(cmp, s)
     base = dict(server=cmp.server, suite=cmp.suite, concurrency=cmp.concurrency, metric=cmp.metric,
-                confidence=s.confidence, repeats=cmp.repeats, against=cmp.against, run_to_run=cmp.run_to_run)
+                confidence=level, repeats=cmp.repeats, against=cmp.against, run_to_run=cmp.run_to_run)
     if cmp.estimate is None:
         return Verdict(verdict=Decision.INCONCLUSIVE, speedup=None, lo=None, hi=None, decide=cmp.note, **base)
-    t = t_ppf(0.5 + s.confidence / 2, cmp.dof)
+    t = t_ppf(0.5 + level / 2, cmp.dof)
     lo_l, hi_l = cmp.estimate - t * cmp.se, cmp.estimate + t * cmp.se
     d = decision(lo_l, hi_l, math.log(1 + s.min_effect), cmp.run_to_run)
     v = Verdict(verdict=d, speedup=math.exp(cmp.estimate), lo=math.exp(lo_l), hi=math.exp(hi_l),
@@ -162,6 +171,17 @@ def decide(cmp: Comparison, s: Settings) -> Verdict:
     if d == Decision.INCONCLUSIVE:
         v.decide, v.design = what_would_decide(cmp, s)
     return v
+
+
+def look_level(cmp: Comparison, s: Settings) -> float:
+    """The confidence of this comparison's verdict: `s.confidence` in a fixed design; under the
+    sequential design (`repeats: {min, max}`) the level of the look its repeats make, so that
+    stopping when a verdict is decided keeps the error rate (specmatch.sequential)."""
+    d = s.design
+    if not d.sequential or not cmp.run_to_run or cmp.estimate is None or cmp.se is None:
+        return s.confidence
+    w, _, b, _ = _split(cmp)
+    return sequential.look_confidence(d, s.confidence, cmp.repeats, w, b)
 
 
 def decision(lo: float, hi: float, band: float, run_to_run: bool) -> Decision:
@@ -210,47 +230,148 @@ def _split(cmp: Comparison) -> tuple[float, float, float, list]:
 
 def deciding_design(cmp: Comparison, s: Settings, target: float = TARGET) -> dict | None:
     """The cheapest (repeats R', suite scale g) whose data would decide the comparison with
-    probability >= target, the effect drawn from its current interval (not fixed at the estimate).
-
-    With w the prompt sample's variance (falls as 1/g: a suite g times larger) and b1 the run-to-run
-    variance of one repeat (falls as 1/R'), the final estimate's variance is V' = w/g + b1/R'. The
-    data now are a part of those data, so given them the final estimate is normal around today's
-    with variance V - V' (V = se^2 today: the preposterior of nested designs). It decides if its
-    interval (half-width h' = t' sqrt(V'), t' at the final dof) excludes 0 (pays/loses) or lies inside
-    +/-band (equivalent): P = P(|x| > h') + P(|x| < band - h'), x ~ N(estimate, V - V'). Cost is
-    R' x g (each repeat runs every cell again; a larger suite makes each cell longer). None without
-    run-to-run variation (one repeat: measure it first)."""
+    probability >= target: the posterior predictive probability (decides_probability), which
+    integrates over what today's data leave unknown (the effect and the variances), not the
+    probability at today's estimates. Cost is R' x g (each repeat runs every cell again; a larger
+    suite makes each cell longer). None without run-to-run variation (one repeat: measure it first)."""
     if not cmp.run_to_run or cmp.estimate is None or cmp.se is None:
         return None
     R = cmp.repeats
-    w, w_dof, b, rr_parts = _split(cmp)
-    b1 = b * R
+    w, _, b, _ = _split(cmp)
     V = cmp.se ** 2
-    band = math.log(1 + s.min_effect)
-    nd = NormalDist()
+    todo = [(Rn, g) for _, Rn, g in sorted((Rn * g, Rn, g) for Rn in range(R, MAX_REPEATS + 1) for g in SUITE_SCALES
+                                           if (Rn, g) != (R, 1) and w / g + b * R / Rn < V)]
+    rng = _rng(s, "design", cmp.server, cmp.against, cmp.suite, cmp.concurrency, cmp.metric)
     best = None
-    for cost, Rn, g in sorted((Rn * g, Rn, g) for Rn in range(R, MAX_REPEATS + 1) for g in SUITE_SCALES
-                              if (Rn, g) != (R, 1)):
-        Vn = w / g + b1 / Rn
-        if Vn >= V:
-            continue
-        parts = VarianceSum().add("w", w / g, max(1.0, (w_dof + 1) * g - 1))
-        for i, (v, d) in enumerate(rr_parts):
-            parts.add(i, v * R / Rn, d * (Rn - 1) / max(R - 1, 1) if math.isfinite(d) else d)
-        h = _t_quantile(0.5 + s.confidence / 2, max(parts.dof, 1.0)) * math.sqrt(Vn)
-        sd = math.sqrt(V - Vn)
-        p = (1 - nd.cdf((h - cmp.estimate) / sd)) + nd.cdf((-h - cmp.estimate) / sd)
-        if band - h > 0:
-            p += nd.cdf((band - h - cmp.estimate) / sd) - nd.cdf((-(band - h) - cmp.estimate) / sd)
-        p = min(1.0, p)
-        if best is None or p > best[0] + 1e-9:
-            best = (p, Rn, g, cost)
-        if p >= target:
-            return _design(cmp, Rn, g, p, True)
+    for i in range(0, len(todo), DESIGN_BATCH):
+        batch = todo[i:i + DESIGN_BATCH]
+        ps = decides_probability(cmp, s, batch, rng)
+        for (Rn, g), p in zip(batch, ps):
+            if best is None or p > best[0] + 1e-9:
+                best = (float(p), Rn, g)
+            if p >= target:
+                return _design(cmp, Rn, g, float(p), True)
     if best is None:
         return None
-    p, Rn, g, _ = best
+    p, Rn, g = best
     return _design(cmp, Rn, g, p, False)
+
+
+DESIGN_DRAWS = 300
+DESIGN_BATCH = 64
+
+
+@functools.lru_cache(maxsize=64)
+def _t_table(p: float) -> tuple[np.ndarray, np.ndarray]:
+    """t quantiles at p over 1/dof (0: the normal's), for interpolating many dofs at once."""
+    dofs = np.concatenate([np.arange(1.0, 30.01, 0.25), [32, 36, 40, 50, 60, 80, 100, 150, 200, 400, 1000]])
+    inv = np.concatenate([[0.0], 1 / dofs[::-1]])
+    return inv, np.array([_t(p, float("inf"))] + [_t(p, float(d)) for d in dofs[::-1]])
+
+
+def _t_many(p: float, dof: np.ndarray) -> np.ndarray:
+    inv, q = _t_table(p)
+    return np.interp(1 / np.maximum(dof, 1.0), inv, q)
+
+
+def _chi2_over_dof(rng: np.random.Generator, dof, shape) -> np.ndarray:
+    """chi-square(dof) / dof draws (1 where dof is infinite; 0 where it is 0: no new data): exact for
+    one dof, Wilson-Hilferty's cube of a normal for a dof per column (many at once, cheaply)."""
+    dof = np.broadcast_to(np.asarray(dof, float), shape)
+    ok = np.isfinite(dof) & (dof > 0)
+    out = np.where(np.isfinite(dof), 0.0, 1.0)
+    if not ok.any():
+        return out
+    d = np.where(ok, dof, 1.0)
+    if d.size and np.all(d == d.flat[0]):
+        x = rng.chisquare(float(d.flat[0]), shape) / d
+    else:
+        k = 2 / (9 * d)
+        x = np.maximum(1 - k + np.sqrt(k) * rng.standard_normal(shape), 0.0) ** 3
+    return np.where(ok, x, out)
+
+
+def decides_probability(cmp: Comparison, s: Settings, designs: list, rng: np.random.Generator,
+                        draws: int = DESIGN_DRAWS) -> np.ndarray:
+    """For each design (repeats R', suite scale g): the probability, given today's data, that the
+    comparison measured with it ends decided (its interval at the final dof excludes 0, or lies inside
+    +/-band): the posterior predictive, by simulation.
+
+    Today: the estimate, w the prompt sample's variance (dof w_dof; falls as 1/g: a suite g times
+    larger) and b1 = R b the run-to-run variance of one repeat (dof d: Satterthwaite's over its parts;
+    falls as 1/R'). Each draw:
+    1. the true effect from its posterior given today's estimate (variance V = w + b1/R) and the
+       effect prior (`Comparison.effect_prior`: how the server's effects on this metric spread over its
+       suites and concurrencies, empirical Bayes; flat without one), then the final estimate given the
+       effect and today's error e: theta + e V'/V + N(0, V' (1 - V'/V)), V' = w/g + b1/R' (the final
+       error averages today's with the new data's). With a flat prior this is the preposterior of
+       nested designs, N(estimate, V - V'), which fixed the effect wherever today's estimate put it:
+       for identical servers the estimate regresses to 0, and the flat prior ignored that;
+    2. the variances the final analysis will estimate: today's sums of squares plus the new data's
+       (b1' = (d b1 + b1 chi2(d' - d)) / d', d' = d (R' - 1) / (R - 1); w likewise with the new
+       prompts), their Satterthwaite dof and t quantile (the future design's own, not today's), hence
+       the final half-width h' = t' sqrt(w'/g + b1'/R'). A design that looks enough at today's
+       variance may well not be once the new repeats re-estimate it.
+    (The true variances are taken at today's estimates: drawing them from their Jeffreys posterior as
+    well understated the share decided by ~8 points where the truth is known, tests/test_analysis.py.)
+    Decided: |x| > h' (pays or loses) or |x| < band - h' (equivalent)."""
+    R = cmp.repeats
+    w, w_dof, b, rr_parts = _split(cmp)
+    mu, P = cmp.effect_prior if cmp.effect_prior is not None else (0.0, float("inf"))
+    b_dof = VarianceSum({i: [v, d] for i, (v, d) in enumerate(rr_parts)}).dof if rr_parts else float("inf")
+    b1 = b * R
+    band = math.log(1 + s.min_effect)
+    Rn = np.array([float(d[0]) for d in designs])[None, :]
+    g = np.array([float(d[1]) for d in designs])[None, :]
+    n, m = draws, len(designs)
+    b1_true, w_true = np.full((n, 1), b1), np.full((n, 1), w)
+    v_now, v_end = w_true + b1_true / R, w_true / g + b1_true / Rn
+    # the true effect given today's estimate and the prior; then the final estimate given both (its error
+    # is today's error averaged with the new data's: Cov(today's error, the final one) = V')
+    if math.isfinite(P):
+        post_var = 1 / (1 / v_now + 1 / max(P, 1e-12))
+        theta = post_var * (cmp.estimate / v_now + mu / max(P, 1e-12)) + np.sqrt(post_var) * rng.standard_normal((n, 1))
+    else:
+        theta = cmp.estimate + np.sqrt(v_now) * rng.standard_normal((n, 1))
+    e = cmp.estimate - theta
+    x = theta + e * v_end / v_now + np.sqrt(np.maximum(v_end * (1 - v_end / v_now), 0.0)) * rng.standard_normal((n, m))
+    if math.isfinite(b_dof):
+        d_end = np.maximum(b_dof * (Rn - 1) / max(R - 1, 1), b_dof)   # never fewer than today's
+        b1_end = (b_dof * b1 + (d_end - b_dof) * b1_true * _chi2_over_dof(rng, d_end - b_dof, (n, m))) / d_end
+    else:
+        d_end, b1_end = np.full((1, m), np.inf), np.broadcast_to(b1_true, (n, m))
+    if math.isfinite(w_dof):
+        dw_end = np.maximum(1.0, (w_dof + 1) * g - 1)
+        new = np.maximum(dw_end - w_dof, 0.0)
+        w_end = (w_dof * w + new * w_true * _chi2_over_dof(rng, new, (n, m))) / np.maximum(dw_end, w_dof) / g
+    else:
+        dw_end, w_end = np.full((1, m), np.inf), np.broadcast_to(w_true / g, (n, m))
+    v_hat = w_end + b1_end / Rn
+    with np.errstate(divide="ignore", invalid="ignore"):
+        den = w_end ** 2 / dw_end + (b1_end / Rn) ** 2 / d_end
+        dof = np.where(den > 0, v_hat ** 2 / den, np.inf)
+    h = _t_many(0.5 + s.confidence / 2, dof) * np.sqrt(v_hat)
+    ax = np.abs(x)
+    return ((ax > h) | (ax < band - h)).mean(0)
+
+
+def effect_prior(cmps: list[Comparison]) -> tuple[float, float] | None:
+    """Empirical Bayes (method of moments) over one server's comparisons on one metric (its suites and
+    concurrencies): the effects' mean and, as a prior for any one of them, mu's own error plus how much
+    more the estimates spread than their errors explain. Estimates share server sessions (a session
+    moves every cell of it: `Comparison.session`), which moves them together: that part does not
+    spread them, and it does not average out of their mean. None with fewer than three estimates."""
+    got = [c for c in cmps if c.estimate is not None and c.se is not None and c.run_to_run]
+    if len(got) < 3:
+        return None
+    est = np.array([c.estimate for c in got])
+    V = np.array([c.se ** 2 for c in got])
+    shared = np.array([min(sum(c.session.values()), c.se ** 2) for c in got])
+    K = len(got)
+    own = float(np.mean(V - shared))
+    spread = max(0.0, float(est.var(ddof=1)) - own)
+    mu_var = own / K + float(np.mean(shared))
+    return float(est.mean()), spread + mu_var
 
 
 def _design(cmp: Comparison, repeats: int, g: float, p: float, reachable: bool) -> dict:
@@ -271,8 +392,8 @@ def what_would_decide(cmp: Comparison, s: Settings) -> tuple[str, dict | None]:
             if d["suite_scale"] != 1 else ""]
     what = " and ".join(x for x in what if x)
     if d["reachable"]:
-        return (f"{what}: decides it with probability {d['probability']:.0%} (the effect drawn from its current "
-                f"interval; {cmp.repeats} repeats measured)"), d
+        return (f"{what}: decides it with probability {d['probability']:.0%} (predictive: the effect given today's "
+                f"data, the variance re-estimated with the new repeats; {cmp.repeats} repeats measured)"), d
     return (f"more data is unlikely to decide it: even {what} decide it with probability only "
             f"{d['probability']:.0%} (the effect may sit at the edge of ±{s.min_effect:.0%}; {cmp.repeats} repeats "
             "measured)"), d

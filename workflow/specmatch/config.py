@@ -53,6 +53,14 @@ def _coerce(schema: dict, value: Any, root: dict) -> Any:
     no string is allowed (text stays text wherever a string is valid)."""
     if "$ref" in schema:
         schema = root["$defs"][schema["$ref"].split("/")[-1]]
+    if "oneOf" in schema:  # several shapes (repeats: 2 or {min, max}): the one whose type the value has
+        shape = "object" if isinstance(value, dict) else "array" if isinstance(value, list) else None
+        for alt in schema["oneOf"]:
+            if shape is None or alt.get("type") == shape:
+                value = _coerce(alt, value, root)
+                if shape is not None or not isinstance(value, str):
+                    return value
+        return value
     types = schema.get("type", [])
     types = [types] if isinstance(types, str) else types
     if isinstance(value, dict):
@@ -96,13 +104,35 @@ def validate(config: dict, source: str = "config") -> dict:
     validator = jsonschema.Draft202012Validator(schema)
     errors = sorted(validator.iter_errors(cfg), key=lambda e: list(e.absolute_path))
     if errors:
-        lines = [f"{source}: {_key_path(e)}: {e.message}" for e in errors[:20]]
+        lines = [f"{source}: {_key_path(e)}: {_message(e)}" for e in errors[:20]]
         raise SpecmatchError("invalid configuration:\n  " + "\n  ".join(lines))
     for top in ("requests", "summary", "demo", "models"):
         cfg.setdefault(top, {})
     _fill_defaults(schema, cfg, schema)
     _cross_checks(cfg, source)
     return cfg
+
+
+def _message(e: jsonschema.ValidationError) -> str:
+    """The error a person can act on: for a value that may take several shapes (oneOf), what each
+    shape found wrong, not only that none matched."""
+    if e.validator == "oneOf" and e.context:
+        why = "; ".join(dict.fromkeys(f"{_key_path(c) if c.absolute_path else 'value'}: {c.message}"
+                                      for c in e.context))
+        return f"{e.instance!r} is none of the allowed forms ({why})"
+    return e.message
+
+
+def requests_settings(cfg: dict, suite: str) -> dict:
+    """The `requests` settings a cell of `suite` is sent with (records.RequestSettings): the config's,
+    with the suite's own `passes` where it sets them."""
+    passes = cfg["suites"][suite].get("passes")
+    return {**cfg["requests"], **({"passes": passes} if passes else {})}
+
+
+def keeps_busy(prompts: int, passes: int, concurrency: int) -> bool:
+    """Whether a suite keeps `concurrency` workers busy: every cell sends each of its prompts once per pass."""
+    return prompts * passes >= concurrency
 
 
 def _cross_checks(cfg: dict, source: str) -> None:
@@ -130,12 +160,15 @@ def _cross_checks(cfg: dict, source: str) -> None:
         spec = srv.get("speculative") or {}
         if spec.get("method") in ("draft_model", "eagle", "eagle3") and not spec.get("model"):
             raise SpecmatchError(f"{source}: servers.{name}.speculative.model: required for method {spec['method']}")
+    if isinstance(cfg["repeats"], dict) and cfg["repeats"]["max"] < cfg["repeats"]["min"]:
+        raise SpecmatchError(f"{source}: repeats.max: {cfg['repeats']['max']} is below repeats.min "
+                             f"({cfg['repeats']['min']})")
     highest = max(cfg["concurrency"])
     for name, suite in cfg["suites"].items():
         if suite["kind"] == "file" and not suite.get("path"):
             raise SpecmatchError(f"{source}: suites.{name}.path: required for kind file")
-        passes = suite.get("passes") or cfg["requests"]["passes"]
-        if suite["size"] * passes < highest:
+        passes = requests_settings(cfg, name)["passes"]
+        if not keeps_busy(suite["size"], passes, highest):
             raise SpecmatchError(f"{source}: suites.{name}.size: {suite['size']} prompts x {passes} pass(es) cannot "
                                  f"keep concurrency {highest} busy (every cell sends the whole suite); raise the size "
                                  f"or suites.{name}.passes (whole passes of the suite)")

@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import copy
 
-from .engines.vllm import DEFAULT_MAX_NUM_SEQS
+from .engines import ENGINES
 from .files import SpecmatchError
 
 OFF = "__off"
@@ -43,16 +43,23 @@ def recommendation_suites(cfg: dict) -> list[str]:
     return list(cfg["summary"].get("recommend_suites") or (training or list(cfg["suites"]))[:1])
 
 
+def why_no_control(srv: dict) -> str | None:
+    """Why the configured-off control cannot be expressed for this server (None: it can)."""
+    if not srv.get("speculative"):
+        return "it does not speculate"
+    if srv["engine"] == "external":
+        return "an external endpoint: nothing here restarts it with another configuration"
+    if srv["engine"] == "sglang":
+        return ("SGLang has no setting that keeps the drafter configured while drafting nothing at every batch "
+                "size (--speculative-adaptive lowers the steps, never to zero)")
+    return None
+
+
 def off_config(name: str, srv: dict, max_batch: int) -> tuple[dict | None, str | None]:
     """The control's config, or None and why it cannot be expressed for this server."""
-    spec = srv.get("speculative")
-    if not spec:
-        return None, "it does not speculate"
-    if srv["engine"] == "external":
-        return None, "an external endpoint: nothing here restarts it with another configuration"
-    if srv["engine"] == "sglang":
-        return None, ("SGLang has no setting that keeps the drafter configured while drafting nothing at every batch "
-                      "size (--speculative-adaptive lowers the steps, never to zero)")
+    why = why_no_control(srv)
+    if why:
+        return None, why
     cfg = copy.deepcopy({k: v for k, v in srv.items() if k != "suites"})
     cfg["speculative"]["num_speculative_tokens_per_batch_size"] = [[1, int(max_batch), 0]]
     return cfg, None
@@ -74,10 +81,10 @@ def control_plan(cfg: dict) -> tuple[dict, dict]:
     for u in suites:
         if u not in cfg["suites"]:
             raise SpecmatchError(f"config: summary.controls.suites: '{u}' is not a suite")
-    max_batch = max(DEFAULT_MAX_NUM_SEQS, max(cfg["concurrency"]))
+    highest = max(cfg["concurrency"])
     out, why = {}, {}
     for name in names or [n for n, s in servers.items() if s.get("speculative")]:
-        conf, reason = off_config(name, servers[name], max_batch)
+        conf, reason = off_config(name, servers[name], ENGINES[servers[name]["engine"]].launch_max_batch(highest))
         if conf is None:
             why[name] = reason
             continue

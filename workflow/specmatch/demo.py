@@ -21,6 +21,9 @@ import sys
 import textwrap
 from pathlib import Path
 
+import polars as pl
+
+from . import steps
 from .files import SpecmatchError, atomic_dir
 from .tokenizer import load_tokenizer
 
@@ -159,8 +162,6 @@ def build(out: Path, tokenizer: str, rows_per_source: dict[str, int], seed: int 
             counts[source] = len(tokenized)
             d = tmp / source
             if source == "code_explain":  # a Parquet source, like HF datasets exports
-                import polars as pl
-
                 d.mkdir(parents=True)
                 pl.DataFrame(tokenized).write_parquet(d / "train-00000-of-00001.parquet")
             elif source == "agent_traces":  # nested, gzip-compressed shards
@@ -177,22 +178,22 @@ def build(out: Path, tokenizer: str, rows_per_source: dict[str, int], seed: int 
     return {"root": str(out), "rows": counts}
 
 
-def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m specmatch.demo", description=__doc__.split("\n\n")[0])
+def arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--tokenizer", required=True)
     p.add_argument("--out", required=True, type=Path)
     p.add_argument("--rows", default="{}", help="JSON mapping source -> rows")
     p.add_argument("--seed", type=int, default=0)
-    a = p.parse_args(argv)
+
+
+def execute(a: argparse.Namespace) -> int:
     rows = json.loads(a.rows) or {"code_instruct": 160, "code_explain": 90, "agent_traces": 60,
                                   "python_docs": 120, "reasoning": 40}
-    try:
-        info = build(a.out, a.tokenizer, rows, a.seed)
-    except SpecmatchError as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 1
-    print(json.dumps(info))
+    print(json.dumps(build(a.out, a.tokenizer, rows, a.seed)))
     return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    return steps.main("demo", __doc__, arguments, execute, argv)
 
 
 if __name__ == "__main__":

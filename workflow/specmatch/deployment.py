@@ -280,12 +280,17 @@ def verification(m, rr, rec: Recommendation, info: ServerInfo | None, baseline: 
     """The recommended deployment `derived`, measured on the grid, against its reference at each
     concurrency (reference()) on `summary.recommend_metric`, as records.Verification describes.
 
-    alpha = 1 - confidence. Equivalence at a concurrency is TOST at level alpha (its 1 - 2 alpha
-    interval inside +/-min_effect); "verified" needs it at every concurrency, an intersection-union
-    test, so P(verified | some concurrency differs by more than min_effect) <= alpha with no
-    correction (Berger 1982, Technometrics 24(4)). A cost at a concurrency is the 1 - 2 alpha / K
-    interval lying below 1 (Bonferroni over the K concurrencies with a reference), so P(failed | the
-    deployment equals its references everywhere) <= alpha.
+    alpha = 1 - confidence. "Verified" asks, at every concurrency, that the deployment cost no more
+    than min_effect against its reference: the one-sided 1 - alpha lower bound (`equivalence_lo`, the
+    lower end of the 1 - 2 alpha interval) at or above 1 / (1 + min_effect), non-inferiority at level
+    alpha (`not_worse` in its row; `verdict` says equivalent where TOST also bounds it above). Being
+    faster than the reference is no failure of the schedule, so TOST's upper side is not asked for
+    (it left a right schedule that ran its tail faster than the baseline undecided). All of them at
+    once is an intersection-union test, so P(verified | some concurrency costs more than min_effect)
+    <= alpha with no multiplicity correction (Berger 1982, Technometrics 24(4)): each concurrency at
+    alpha, not alpha / K. "Failed" is a union (any concurrency), so it is corrected: a cost at a
+    concurrency is the 1 - 2 alpha / K interval lying below 1 (Bonferroni over the K concurrencies
+    with a reference), so P(failed | the deployment equals its references everywhere) <= alpha.
 
     The reference is fixed by the schedule, but where the schedule's choice was not decided by a
     verdict (`undecided`: concurrencies where the server's own verdict was inconclusive or
@@ -319,6 +324,10 @@ def verification(m, rr, rec: Recommendation, info: ServerInfo | None, baseline: 
         t_cost, t_eq = t_ppf(1 - alpha / k, cmp.dof), t_ppf(1 - alpha, cmp.dof)
         lo, hi = cmp.estimate - t_cost * cmp.se, cmp.estimate + t_cost * cmp.se
         eq_lo, eq_hi = cmp.estimate - t_eq * cmp.se, cmp.estimate + t_eq * cmp.se
+        # "verified" asks only that the deployment cost no more than min_effect here: the one-sided
+        # 1 - alpha bound above -band (non-inferiority at alpha); being faster than its reference is no
+        # failure of the schedule, so the upper bound (TOST's other side) is not asked for
+        not_worse = cmp.run_to_run and eq_lo >= -band
         if cmp.run_to_run and -band <= eq_lo and eq_hi <= band:
             d = Decision.EQUIVALENT
         else:
@@ -331,11 +340,11 @@ def verification(m, rr, rec: Recommendation, info: ServerInfo | None, baseline: 
                 d = Decision.INCONCLUSIVE
         rows.append({"concurrency": c, "against": ref, "speedup": math.exp(cmp.estimate), "lo": math.exp(lo),
                      "hi": math.exp(hi), "equivalence_lo": math.exp(eq_lo), "equivalence_hi": math.exp(eq_hi),
-                     "verdict": d.value})
+                     "verdict": d.value, "not_worse": bool(not_worse)})
     verdicts = [Decision(r["verdict"]) for r in rows]
     if Decision.LOSES in verdicts:
         outcome = Outcome.FAILED
-    elif all(v in (Decision.EQUIVALENT, Decision.PAYS) for v in verdicts):
+    elif all(r.get("not_worse") or Decision(r["verdict"]) == Decision.PAYS for r in rows):
         outcome = Outcome.VERIFIED
     else:
         outcome = Outcome.UNDECIDED

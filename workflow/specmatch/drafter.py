@@ -37,8 +37,15 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import numpy as np
+import polars as pl
 
+from . import readers, steps
 from .files import SpecmatchError, atomic_dir, read_json
+from .inspection import read_cuts
+from .provenance import Recorder
+from .records import Cut, Manifest
+from .rows import ChatTemplate, flat, mask_of, normalise_messages, tools_of
+from .tokenizer import load_tokenizer
 
 CONFIG_KEYS = ("hidden_size", "intermediate_size", "num_attention_heads", "num_key_value_heads", "rms_norm_eps",
                "max_position_embeddings", "hidden_act", "vocab_size", "bos_token_id", "eos_token_id", "head_dim",
@@ -63,8 +70,6 @@ class Budget:
 def training_rows(cuts, budget: Budget):
     """The rows training may read: seen (not held-out) rows of the cut table, in a seeded order,
     enough to cover the token budget. Returns [(file, line, offset, row, schema)]."""
-    import polars as pl
-
     seen = cuts.filter(~pl.col("holdout")).unique(["file", "row"], keep="first").sort(["file", "row"])
     if seen.is_empty():
         raise SpecmatchError("drafter: no training rows (every row is held out, or the cut table is empty)")
@@ -74,19 +79,16 @@ def training_rows(cuts, budget: Budget):
 
 def sequences(rows, template, budget: Budget) -> list[tuple[list[int], list[int]]]:
     """(token ids, loss mask) per training sequence, read from the chosen rows only."""
-    from . import readers
-    from .rows import flat, mask_of, normalise_messages, spans_from_mask, tools_of
-
     out, total = [], 0
     by_file: dict[str, dict] = {}
     picked = []
-    for r in rows.iter_rows(named=True):
-        if r["holdout"]:  # never: training_rows filters them, and this guards the promise
-            raise SpecmatchError(f"drafter: {r['file']}:{r['line']} is a held-out row")
-        pos = r["offset"] if r["offset"] is not None else r["row"]
-        by_file.setdefault(r["file"], {})[pos] = None
-        picked.append((r["file"], pos, r["schema"]))
-        total += r["prompt_tokens"] + r["completion_tokens"]
+    for c in (Cut.from_json(r) for r in rows.iter_rows(named=True)):
+        if c.holdout:  # never: training_rows filters them, and this guards the promise
+            raise SpecmatchError(f"drafter: {c.file}:{c.line} is a held-out row")
+        pos = c.offset if c.offset is not None else c.row
+        by_file.setdefault(c.file, {})[pos] = None
+        picked.append((c.file, pos, c.schema))
+        total += c.prompt_tokens + c.completion_tokens
         if total >= budget.train_tokens * 1.5:
             break
     loaded = {}
@@ -409,8 +411,7 @@ def save(state: dict, out: Path, budget: Budget, provenance: dict) -> None:
             {"budget": asdict(budget), "metrics": state["metrics"], **provenance}, indent=2) + "\n")
 
 
-def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m specmatch.drafter", description=__doc__.split("\n\n")[0])
+def arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--target", required=True, type=Path, help="the target model folder (HF safetensors)")
     p.add_argument("--manifest", required=True, type=Path)
     p.add_argument("--cuts", required=True, type=Path)
@@ -418,29 +419,24 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--out", required=True, type=Path)
     p.add_argument("--budget", default="{}", help="the training budget as JSON (see Budget)")
     p.add_argument("--aux-layers", default=None, help="comma-separated target layers (default: vLLM's)")
-    a = p.parse_args(argv)
-    from .inspection import read_cuts
-    from .provenance import Recorder
-    from .rows import ChatTemplate
-    from .tokenizer import load_tokenizer
 
+
+def execute(a: argparse.Namespace) -> int:
     budget = Budget(**json.loads(a.budget))
-    try:
-        manifest = read_json(a.manifest)
-        files = [{"path": f["path"], "sha256": f["sha256"], "bytes": f["bytes"]}
-                 for s in manifest["sources"] for f in s["files"]]
-        rec = Recorder("train_drafter", [a.target, a.cuts, *files], {"budget": asdict(budget)})
-        state = train(a.target, read_cuts(a.cuts), ChatTemplate.of(load_tokenizer(a.tokenizer)), budget,
-                      [int(x) for x in a.aux_layers.split(",")] if a.aux_layers else None,
-                      log=lambda m: print(m, flush=True))
-    except SpecmatchError as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 1
+    files = Manifest.from_json(read_json(a.manifest)).training_files()
+    rec = Recorder("train_drafter", [a.target, a.cuts, *files], {"budget": asdict(budget)})
+    state = train(a.target, read_cuts(a.cuts), ChatTemplate.of(load_tokenizer(a.tokenizer)), budget,
+                  [int(x) for x in a.aux_layers.split(",")] if a.aux_layers else None,
+                  log=lambda m: print(m, flush=True))
     save(state, a.out, budget, {"target": str(a.target), "training_files": files,
                                 "holdout": "rows whose cut-table holdout flag is true were never read"})
     rec.write([a.out])
     print(json.dumps(state["metrics"]))
     return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    return steps.main("drafter", __doc__, arguments, execute, argv)
 
 
 if __name__ == "__main__":

@@ -37,16 +37,20 @@ from dataclasses import dataclass, field
 from multiprocessing import get_context
 from pathlib import Path
 
+import jsonschema
 import msgspec
 import numpy as np
 import polars as pl
+import yaml
 
-from . import readers
+from . import readers, steps
 from .files import SpecmatchError, atomic_path, sha256_file, write_json, write_text
-from .records import CUT_SCHEMA, location
+from .provenance import Recorder
+from .records import CUT_SCHEMA, Manifest, SourceSummary, location
 from .rows import ChatTemplate, flat, ids_key, is_holdout, mask_of, normalise_messages, row_cuts, row_schema, \
     spans_from_mask
 from .stats import describe
+from .tokenizer import load_tokenizer, resolve_tokenizer_dir
 
 MAX_LOCATIONS = 5
 CHUNK_BYTES = 8 << 20  # uncompressed JSON Lines files are read in line-aligned ranges of this size
@@ -354,10 +358,8 @@ def template_token_ids(tok) -> list[int]:
 
 
 def inspect_root(root: Path, tokenizer_spec: str, max_malformed_fraction: float = 0.0, holdout: dict | None = None,
-                 workers: int = 1, chunk_bytes: int = CHUNK_BYTES) -> tuple[dict, pl.DataFrame]:
+                 workers: int = 1, chunk_bytes: int = CHUNK_BYTES) -> tuple[Manifest, pl.DataFrame]:
     """The manifest of the root and its cut table (one Cut per assistant turn of every usable row)."""
-    from .tokenizer import load_tokenizer, resolve_tokenizer_dir
-
     t0 = time.time()
     root = Path(root)
     tok = load_tokenizer(tokenizer_spec)
@@ -399,8 +401,8 @@ def inspect_root(root: Path, tokenizer_spec: str, max_malformed_fraction: float 
     manifest = finish(root, tokenizer_spec, resolve_tokenizer_dir(tokenizer_spec), tok, vocab, tpl_ids, summaries,
                       ignored, max_malformed_fraction)
     cuts = pl.concat(parts) if parts else pl.DataFrame(schema=CUT_SCHEMA)
-    manifest["cuts"] = cuts.height
-    manifest["seconds"] = round(time.time() - t0, 2)
+    manifest.cuts = cuts.height
+    manifest.seconds = round(time.time() - t0, 2)
     return manifest, cuts
 
 
@@ -421,7 +423,7 @@ def place_cuts(part: pl.DataFrame, u: Unit, row0: int, line0: int, holdout: dict
         pl.col("row_id").replace_strict(flags, default=False, return_dtype=pl.Boolean)))
 
 
-def source_summary(name, path, files, results, hashes, cuts_out: list, holdout: dict) -> dict:
+def source_summary(name, path, files, results, hashes, cuts_out: list, holdout: dict) -> SourceSummary:
     """A source's manifest entry; appends its cut-table rows (row numbers made file-wide) to cuts_out."""
     by_schema: dict[str, SchemaStats] = defaultdict(SchemaStats)
     skipped, skipped_at, uncut = Counter(), defaultdict(list), Counter()
@@ -464,66 +466,80 @@ def source_summary(name, path, files, results, hashes, cuts_out: list, holdout: 
             per_schema[schema].update({
                 "mask": dict(st.mask_kinds), "max_token_id": st.max_token_id, "min_token_id": st.min_token_id,
                 "rows_with_template_tokens": st.rows_with_template_tokens})
-    out = {
-        "name": name, "path": str(path), "files": out_files,
-        "rows": sum(s.rows for s in by_schema.values()),
-        "rows_seen": sum(f["rows"] for f in out_files),
-        "tokens": sum(s.tokens for s in by_schema.values()),
-        "skipped": {"total": sum(skipped.values()),
-                    "reasons": [{"reason": r, "count": c, "first_locations": skipped_at[r]}
-                                for r, c in skipped.most_common()]},
-        "rows_without_cut": dict(uncut.most_common()),
-        "schemas": sorted(per_schema),
-        "mixed_schemas": len(per_schema) > 1,
-        "by_schema": per_schema,
-    }
-    if len(per_schema) == 1:  # only then is a single distribution meaningful
-        only = next(iter(per_schema.values()))
-        for k in ("prompt_tokens", "completion_tokens", "turns"):
-            out[k] = only[k]
-    return out
+    # only with one row schema is a single distribution meaningful
+    only = next(iter(per_schema.values())) if len(per_schema) == 1 else {}
+    return SourceSummary(
+        name=name, path=str(path), files=out_files,
+        rows=sum(s.rows for s in by_schema.values()),
+        rows_seen=sum(f["rows"] for f in out_files),
+        tokens=sum(s.tokens for s in by_schema.values()),
+        skipped={"total": sum(skipped.values()),
+                 "reasons": [{"reason": r, "count": c, "first_locations": skipped_at[r]}
+                             for r, c in skipped.most_common()]},
+        rows_without_cut=dict(uncut.most_common()),
+        schemas=sorted(per_schema),
+        mixed_schemas=len(per_schema) > 1,
+        by_schema=per_schema,
+        prompt_tokens=only.get("prompt_tokens"), completion_tokens=only.get("completion_tokens"),
+        turns=only.get("turns"))
 
 
-def finish(root, tokenizer_spec, tok_dir, tok, vocab, tpl_ids, results, ignored, max_malformed_fraction) -> dict:
-    total_rows = sum(s["rows"] for s in results)
-    total_tokens = sum(s["tokens"] for s in results)
+def finish(root, tokenizer_spec, tok_dir, tok, vocab, tpl_ids, results: list[SourceSummary], ignored,
+           max_malformed_fraction) -> Manifest:
+    total_rows = sum(s.rows for s in results)
+    total_tokens = sum(s.tokens for s in results)
     problems = []
     for s in results:
-        s["share_rows"] = s["rows"] / total_rows if total_rows else 0.0
-        s["share_tokens"] = s["tokens"] / total_tokens if total_tokens else 0.0
-        seen = s["rows_seen"]
-        frac = s["skipped"]["total"] / seen if seen else 1.0
-        if s["skipped"]["total"] and frac > max_malformed_fraction:
-            first = s["skipped"]["reasons"][0]
-            problems.append(f"source {s['name']}: {s['skipped']['total']} of {seen} rows malformed "
+        s.share_rows = s.rows / total_rows if total_rows else 0.0
+        s.share_tokens = s.tokens / total_tokens if total_tokens else 0.0
+        seen = s.rows_seen
+        frac = s.skipped["total"] / seen if seen else 1.0
+        if s.skipped["total"] and frac > max_malformed_fraction:
+            first = s.skipped["reasons"][0]
+            problems.append(f"source {s.name}: {s.skipped['total']} of {seen} rows malformed "
                             f"({frac:.1%} > allowed {max_malformed_fraction:.1%}); first: {first['reason']} at "
                             + ", ".join(first["first_locations"]))
-        if s["rows"] == 0:
-            problems.append(f"source {s['name']} ({s['path']}): no usable rows")
-        t = s["by_schema"].get("tokenized")
+        if s.rows == 0:
+            problems.append(f"source {s.name} ({s.path}): no usable rows")
+        t = s.by_schema.get("tokenized")
         if t and (t["max_token_id"] >= vocab or t["min_token_id"] < 0):
             bad = t["max_token_id"] if t["max_token_id"] >= vocab else t["min_token_id"]
-            problems.append(f"source {s['name']}: token id {bad} is outside the vocabulary of {tokenizer_spec} "
+            problems.append(f"source {s.name}: token id {bad} is outside the vocabulary of {tokenizer_spec} "
                             f"(size {vocab}); the data was probably tokenized with another tokenizer")
-    tok_rows = sum(s["by_schema"].get("tokenized", {}).get("rows", 0) for s in results)
-    tpl_rows = sum(s["by_schema"].get("tokenized", {}).get("rows_with_template_tokens", 0) for s in results)
+    tok_rows = sum(s.by_schema.get("tokenized", {}).get("rows", 0) for s in results)
+    tpl_rows = sum(s.by_schema.get("tokenized", {}).get("rows_with_template_tokens", 0) for s in results)
     if tok_rows and tpl_ids and tpl_rows == 0:
         names = [tok.convert_ids_to_tokens(i) for i in tpl_ids]
         problems.append(f"no tokenized row contains any chat-template special token of {tokenizer_spec} "
                         f"({', '.join(names)}); the data was probably tokenized with another tokenizer")
     if problems:
         raise SpecmatchError("inspection failed:\n  " + "\n  ".join(problems))
-    return {
-        "root": str(root),
-        "tokenizer": {"spec": tokenizer_spec, "path": str(tok_dir), "class": type(tok).__name__, "vocab_size": vocab,
-                      "template_special_tokens": [tok.convert_ids_to_tokens(i) for i in tpl_ids]},
-        "total_rows": total_rows,
-        "total_tokens": total_tokens,
-        "total_skipped": sum(s["skipped"]["total"] for s in results),
-        "max_malformed_fraction": max_malformed_fraction,
-        "sources": results,
-        "ignored": [{"path": i.path, "reason": i.reason} for i in ignored],
-    }
+    return Manifest(
+        root=str(root),
+        tokenizer={"spec": tokenizer_spec, "path": str(tok_dir), "class": type(tok).__name__, "vocab_size": vocab,
+                   "template_special_tokens": [tok.convert_ids_to_tokens(i) for i in tpl_ids]},
+        total_rows=total_rows,
+        total_tokens=total_tokens,
+        total_skipped=sum(s.skipped["total"] for s in results),
+        max_malformed_fraction=max_malformed_fraction,
+        sources=results,
+        ignored=[{"path": i.path, "reason": i.reason} for i in ignored],
+    )
+
+
+MANIFEST_SCHEMA = Path(__file__).resolve().parent.parent / "schemas" / "manifest.schema.yaml"
+
+
+def check_manifest(manifest: Manifest) -> dict:
+    """The manifest's JSON form, checked against workflow/schemas/manifest.schema.yaml (a manifest that
+    breaks its schema is a bug here, never written)."""
+    obj = manifest.to_json()
+    schema = yaml.safe_load(MANIFEST_SCHEMA.read_text())
+    errors = sorted(jsonschema.Draft202012Validator(schema).iter_errors(obj), key=lambda e: list(e.absolute_path))
+    if errors:
+        raise SpecmatchError("the manifest breaks its schema (a bug in specmatch.inspection):\n  " + "\n  ".join(
+            f"{'.'.join(map(str, e.absolute_path)) or '(top level)'}: {e.message}" for e in errors[:10]))
+    return obj
 
 
 def write_cuts(path: Path, cuts: pl.DataFrame) -> None:
@@ -541,11 +557,11 @@ def read_cuts(path: Path) -> pl.DataFrame:
         raise SpecmatchError(f"{path}: columns {dict(df.schema)} are not those of records.Cut {CUT_SCHEMA}; "
                              "rerun the inspect step")
     return df
-def render_report(manifest: dict, chart: Path | None) -> str:
-    lines = [f"# Training data: {manifest['root']}", "",
-             f"{manifest['total_rows']:,} rows, {manifest['total_tokens']:,} tokens in "
-             f"{len(manifest['sources'])} sources; tokenizer `{manifest['tokenizer']['spec']}` "
-             f"(vocabulary {manifest['tokenizer']['vocab_size']:,}); {manifest['total_skipped']} rows skipped.", ""]
+def render_report(manifest: Manifest, chart: Path | None) -> str:
+    lines = [f"# Training data: {manifest.root}", "",
+             f"{manifest.total_rows:,} rows, {manifest.total_tokens:,} tokens in "
+             f"{len(manifest.sources)} sources; tokenizer `{manifest.tokenizer['spec']}` "
+             f"(vocabulary {manifest.tokenizer['vocab_size']:,}); {manifest.total_skipped} rows skipped.", ""]
     if chart:
         lines += [f"![training mix]({chart.name})", ""]
     lines += ["| source | files | rows | share of rows | tokens | share of tokens | schema | prompt p50/p90/p99 | completion p50/p90/p99 | turns p50 | skipped |",
@@ -554,46 +570,43 @@ def render_report(manifest: dict, chart: Path | None) -> str:
     def pct(d):
         return "/".join(f"{d[k]:.0f}" for k in ("p50", "p90", "p99")) if d else "—"
 
-    for s in manifest["sources"]:
-        lines.append(f"| {s['name']} | {len(s['files'])} | {s['rows']:,} | {s['share_rows']:.1%} | {s['tokens']:,} | "
-                     f"{s['share_tokens']:.1%} | {'+'.join(s['schemas'])}{' (mixed)' if s['mixed_schemas'] else ''} | "
-                     f"{pct(s.get('prompt_tokens'))} | {pct(s.get('completion_tokens'))} | "
-                     f"{(s.get('turns') or {}).get('p50', 0):.0f} | {s['skipped']['total']} |")
-    if manifest["ignored"]:
-        lines += ["", "Ignored (not data):", ""] + [f"- `{i['path']}`: {i['reason']}" for i in manifest["ignored"]]
-    skipped = [(s["name"], r) for s in manifest["sources"] for r in s["skipped"]["reasons"]]
+    for s in manifest.sources:
+        lines.append(f"| {s.name} | {len(s.files)} | {s.rows:,} | {s.share_rows:.1%} | {s.tokens:,} | "
+                     f"{s.share_tokens:.1%} | {'+'.join(s.schemas)}{' (mixed)' if s.mixed_schemas else ''} | "
+                     f"{pct(s.prompt_tokens)} | {pct(s.completion_tokens)} | "
+                     f"{(s.turns or {}).get('p50', 0):.0f} | {s.skipped['total']} |")
+    if manifest.ignored:
+        lines += ["", "Ignored (not data):", ""] + [f"- `{i['path']}`: {i['reason']}" for i in manifest.ignored]
+    skipped = [(s.name, r) for s in manifest.sources for r in s.skipped["reasons"]]
     if skipped:
         lines += ["", "Skipped rows:", ""] + [f"- {n}: {r['count']} x {r['reason']} (e.g. {', '.join(r['first_locations'])})"
                                                for n, r in skipped]
     return "\n".join(lines) + "\n"
 
 
-def mix_chart(manifest: dict, path: Path) -> None:
+def mix_chart(manifest: Manifest, path: Path) -> None:
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    names = [s["name"] for s in manifest["sources"]]
+    names = [s.name for s in manifest.sources]
     fig, ax = plt.subplots(figsize=(7, 0.5 + 0.45 * len(names)))
     y = np.arange(len(names))
-    ax.barh(y - 0.2, [s["share_rows"] * 100 for s in manifest["sources"]], 0.4, label="rows")
-    ax.barh(y + 0.2, [s["share_tokens"] * 100 for s in manifest["sources"]], 0.4, label="tokens")
+    ax.barh(y - 0.2, [s.share_rows * 100 for s in manifest.sources], 0.4, label="rows")
+    ax.barh(y + 0.2, [s.share_tokens * 100 for s in manifest.sources], 0.4, label="tokens")
     ax.set_yticks(y, names)
     ax.invert_yaxis()
     ax.set_xlabel("share of the training mix (%)")
     ax.legend(loc="lower right")
     ax.set_title("Training mix by source")
     fig.tight_layout()
-    from .files import atomic_path
-
     with atomic_path(path, ".png") as tmp:
         fig.savefig(tmp, format="png", dpi=110)
     plt.close(fig)
 
 
-def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m specmatch.inspection", description=__doc__.split("\n\n")[0])
+def arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--root", required=True, type=Path)
     p.add_argument("--tokenizer", required=True)
     p.add_argument("--out", required=True, type=Path, help="manifest.json")
@@ -603,14 +616,12 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--holdout", default="{}", help="dataset.holdout as JSON: which rows the drafter never saw")
     p.add_argument("--max-malformed-fraction", type=float, default=0.0)
     p.add_argument("--workers", type=int, default=1, help="processes reading files (or parts of large files)")
-    a = p.parse_args(argv)
+
+
+def execute(a: argparse.Namespace) -> int:
     holdout = json.loads(a.holdout)
-    try:
-        manifest, cuts = inspect_root(a.root, a.tokenizer, a.max_malformed_fraction, holdout, a.workers)
-    except SpecmatchError as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 1
-    write_json(a.out, manifest)
+    manifest, cuts = inspect_root(a.root, a.tokenizer, a.max_malformed_fraction, holdout, a.workers)
+    write_json(a.out, check_manifest(manifest))
     write_cuts(a.cuts, cuts)
     outputs = [a.out, a.cuts]
     if a.chart:
@@ -619,15 +630,15 @@ def main(argv: list[str] | None = None) -> int:
     if a.report:
         write_text(a.report, render_report(manifest, a.chart))
         outputs.append(a.report)
-    from .provenance import Recorder
-
-    files = [{"path": f["path"], "sha256": f["sha256"], "bytes": f["bytes"]}
-             for s in manifest["sources"] for f in s["files"]]
-    Recorder("inspect", files, {"root": str(a.root), "tokenizer": a.tokenizer, "holdout": holdout,
-                                "max_malformed_fraction": a.max_malformed_fraction}).write(outputs)
-    print(f"inspected {manifest['total_rows']} rows in {len(manifest['sources'])} sources "
-          f"({manifest['total_skipped']} skipped, {manifest['cuts']} cuts) in {manifest['seconds']} s")
+    Recorder("inspect", manifest.training_files(), {"root": str(a.root), "tokenizer": a.tokenizer, "holdout": holdout,
+                                                    "max_malformed_fraction": a.max_malformed_fraction}).write(outputs)
+    print(f"inspected {manifest.total_rows} rows in {len(manifest.sources)} sources "
+          f"({manifest.total_skipped} skipped, {manifest.cuts} cuts) in {manifest.seconds} s")
     return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    return steps.main("inspection", __doc__, arguments, execute, argv)
 
 
 if __name__ == "__main__":

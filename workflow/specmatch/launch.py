@@ -12,6 +12,7 @@ repeat measures a fresh server session (its own start-up, memory layout and warm
 from __future__ import annotations
 
 import argparse
+import hashlib
 import json
 import os
 import re
@@ -21,10 +22,12 @@ from pathlib import Path
 
 import requests
 
+from . import steps
 from .engines import get_engine
 from .engines.base import SECRET_KEY
-from .files import SpecmatchError, sha256_tree, write_json
+from .files import sha256_tree, write_json
 from .provenance import Recorder, host
+from .records import LaunchRecord
 from .cell import session_of
 from .server import START_MARKER, Manager, config_hash
 
@@ -48,8 +51,6 @@ def model_identity(path: str | None) -> dict | None:
     size = sum(f.stat().st_size for f in files)
     if size <= MAX_FULL_HASH_BYTES:
         return {"path": str(p), "local": True, "bytes": size, "sha256": sha256_tree(p)}
-    import hashlib
-
     h = hashlib.sha256()
     for f in files:
         h.update(f"{f.relative_to(p)}\0{f.stat().st_size}\n".encode())
@@ -98,7 +99,7 @@ def engine_versions(python: str) -> dict:
         return {"error": str(exc)}
 
 
-def build_record(name: str, cfg: dict, att, max_batch: int, repeat: int = 1) -> dict:
+def build_record(name: str, cfg: dict, att, max_batch: int, repeat: int = 1) -> LaunchRecord:
     engine = get_engine(cfg)
     models = None
     try:
@@ -106,23 +107,22 @@ def build_record(name: str, cfg: dict, att, max_batch: int, repeat: int = 1) -> 
     except (requests.RequestException, ValueError) as exc:
         models = {"error": str(exc)}
     spec = cfg.get("speculative") or {}
-    return {
-        "server": name, "repeat": repeat, "session": att.session, "engine": cfg["engine"], "flavor": engine.flavor,
-        "config": cfg, "config_hash": att.config_hash, "max_batch": max_batch,
-        "argv": att.plan_argv, "env": att.plan_env,
-        "reused_running_server": att.reused, "startup_s": att.startup_s,
-        "engine_versions": engine_versions(engine.python()) if engine.launches else None,
-        "model": model_identity(cfg.get("model")),
-        "drafter": model_identity(spec.get("model")) if spec.get("model") else None,
-        "speculative": spec or None,
-        "accelerator": host(), "v1_models": models, "log": att.log,
-        "engine_warnings": engine_warnings(att.log, engine.user_env()) if engine.launches else [],
-        "base_url_at_launch": att.base_url if not engine.launches else None,
-    }
+    return LaunchRecord(
+        server=name, repeat=repeat, session=att.session, engine=cfg["engine"], flavor=engine.flavor,
+        config=cfg, config_hash=att.config_hash, max_batch=max_batch,
+        argv=att.plan_argv, env=att.plan_env,
+        reused_running_server=att.reused, startup_s=att.startup_s,
+        engine_versions=engine_versions(engine.python()) if engine.launches else None,
+        model=model_identity(cfg.get("model")),
+        drafter=model_identity(spec.get("model")) if spec.get("model") else None,
+        speculative=spec or None,
+        accelerator=host(), v1_models=models, log=att.log,
+        engine_warnings=engine_warnings(att.log, engine.user_env()) if engine.launches else [],
+        base_url_at_launch=att.base_url if not engine.launches else None,
+    )
 
 
-def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m specmatch.launch", description=__doc__.split("\n\n")[0])
+def arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--name", required=True)
     p.add_argument("--server", required=True, help="the server's config as JSON")
     p.add_argument("--max-batch", type=int, required=True)
@@ -130,22 +130,23 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--out", required=True, type=Path)
     p.add_argument("--log", type=Path)
     p.add_argument("--state-dir", type=Path)
-    a = p.parse_args(argv)
+
+
+def execute(a: argparse.Namespace) -> int:
     cfg = json.loads(a.server)
     mgr = Manager(a.state_dir)
     inputs = [x for x in (cfg.get("model"), (cfg.get("speculative") or {}).get("model")) if x and Path(x).exists()]
     rec = Recorder("launch", inputs, {"server": cfg, "max_batch": a.max_batch, "repeat": a.repeat})
-    try:
-        att = mgr.attach(a.name, cfg, a.max_batch, a.log, session_of(a.repeat))
-        record = build_record(a.name, cfg, att, a.max_batch, a.repeat)
-    except SpecmatchError as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 1
-    write_json(a.out, record)
+    att = mgr.attach(a.name, cfg, a.max_batch, a.log, session_of(a.repeat))
+    write_json(a.out, build_record(a.name, cfg, att, a.max_batch, a.repeat).to_json())
     rec.write([a.out])
     how = "reused" if att.reused else f"started in {att.startup_s} s"
     print(f"server {a.name}: {how} at {att.base_url} (config {config_hash(cfg, a.max_batch) if get_engine(cfg).launches else 'external'})")
     return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    return steps.main("launch", __doc__, arguments, execute, argv)
 
 
 if __name__ == "__main__":

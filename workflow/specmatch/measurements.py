@@ -11,7 +11,9 @@ from dataclasses import dataclass, field
 import numpy as np
 import polars as pl
 
+from .metrics import tpot_s
 from .records import METRICS, CellResult
+from .sequential import Design
 
 LATENCY = {"tpot", "e2el"}  # lower is better: speedup = baseline / server
 LABEL = {"output_throughput": "throughput", "goodput": "goodput", "tpot": "TPOT", "e2el": "end-to-end latency"}
@@ -27,6 +29,11 @@ class Settings:
     slo: dict = field(default_factory=dict)        # ttft_ms, tpot_ms, e2el_ms (vLLM's --goodput)
     recommend_metric: str = "output_throughput"
     seed: int = 0
+    repeats: object = None   # config `repeats`: an int (fixed design) or {min, max} (sequential: alpha spent per look)
+
+    @property
+    def design(self) -> Design:
+        return Design.of(self.repeats)
 
     @classmethod
     def of(cls, d: dict) -> "Settings":
@@ -82,8 +89,7 @@ class Arrays:
         out = ok["output_tokens"].cast(pl.Float64).to_numpy()
         e2e = ok["e2e_s"].cast(pl.Float64).to_numpy()
         ttft = ok["ttft_s"].cast(pl.Float64).fill_null(np.nan).to_numpy()
-        with np.errstate(invalid="ignore", divide="ignore"):
-            tpot = np.where(out > 1, (e2e - ttft) / np.maximum(out - 1, 1), np.nan)
+        tpot = tpot_s(e2e, ttft, out)
         good = np.ones(len(out), bool)
         if slo.get("ttft_ms") is not None:
             good &= ttft * 1000 <= slo["ttft_ms"]

@@ -11,7 +11,7 @@ import re
 
 import numpy as np
 
-from .records import RequestRecord
+from .records import CellResult, RequestRecord
 
 _LINE = re.compile(r'^([a-zA-Z_:][a-zA-Z0-9_:]*)(\{([^}]*)\})?\s+(\S+)')
 _LABEL = re.compile(r'([a-zA-Z_][a-zA-Z0-9_]*)="((?:[^"\\]|\\.)*)"')
@@ -43,12 +43,21 @@ def _dist(prefix: str, values, unit: str = "ms") -> dict:
             f"p99_{prefix}_{unit}": float(np.percentile(a, 99))}
 
 
+def tpot_s(e2e_s, ttft_s, output_tokens):
+    """TPOT in seconds, vLLM's definition (the one home of it): (e2e - TTFT) / (output tokens - 1),
+    output tokens from usage; NaN for fewer than two tokens or no TTFT. Scalars or arrays."""
+    out = np.asarray(output_tokens, float)
+    with np.errstate(invalid="ignore", divide="ignore"):
+        return np.where(out > 1, (np.asarray(e2e_s, float) - np.asarray(ttft_s, float)) / np.maximum(out - 1, 1),
+                        np.nan)
+
+
 def request_tpot_ms(rec: RequestRecord) -> float | None:
     """Time per output token after the first, from usage counts (not from event counts)."""
-    n = rec.output_tokens or 0
-    if not rec.ok or n < 2 or rec.ttft_s is None:
+    if not rec.ok or rec.ttft_s is None:
         return None
-    return (rec.e2e_s - rec.ttft_s) / (n - 1) * 1000.0
+    t = float(tpot_s(rec.e2e_s, rec.ttft_s, rec.output_tokens or 0))
+    return None if np.isnan(t) else t * 1000.0
 
 
 def summarize(records: list[RequestRecord]) -> dict:
@@ -96,16 +105,16 @@ def summarize(records: list[RequestRecord]) -> dict:
     return out
 
 
-def measurement_warnings(cell: dict) -> list[str]:
+def measurement_warnings(cell: CellResult) -> list[str]:
     """What a reader of this cell's latency figures must know about how they were measured."""
     out = []
-    share = cell.get("coalesced_token_share")
+    share = cell.coalesced_token_share
     if share is not None and share > 0.01:
-        out.append(f"{cell['coalesced_token_events']} token events ({share:.1%}) reached the client in one read "
+        out.append(f"{cell.coalesced_token_events} token events ({share:.1%}) reached the client in one read "
                    f"together with their stream's previous token (worst read lag "
-                   f"{cell.get('max_client_read_lag_ms') or 0:.1f} ms): the client or the network fell behind, those "
+                   f"{cell.max_client_read_lag_ms or 0:.1f} ms): the client or the network fell behind, those "
                    f"inter-token gaps read as 0, and ITL/TPOT percentiles are understated")
-    if "read" in (cell.get("arrival_clock") or "").split(",") and cell.get("concurrency", 1) > 16:
+    if "read" in (cell.arrival_clock or "").split(",") and cell.concurrency > 16:
         out.append("token arrivals were stamped when the client read each socket (this platform gives no kernel "
                    "receive timestamps): with many streams receiving a token in one engine step, the last socket "
                    "read carries the parsing time of the others in its ITL")

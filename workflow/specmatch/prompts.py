@@ -24,11 +24,14 @@ from pathlib import Path
 
 import polars as pl
 
-from . import readers
+from . import readers, steps
 from .files import SpecmatchError, read_json, read_jsonl, write_json, write_jsonl, write_text
-from .records import Prompt, location
+from .inspection import read_cuts
+from .provenance import Recorder
+from .records import Cut, Manifest, Prompt, SuiteMatch
 from .rows import ChatTemplate, normalise_messages, prompt_of
-from .stats import describe, ks_critical, ks_statistic
+from .stats import describe, ks_critical, ks_statistic, total_variation
+from .tokenizer import load_tokenizer
 
 ORDER = ["source", "file", "row", "turn"]
 
@@ -46,11 +49,11 @@ def allocate(size: int, weights: dict[str, float]) -> dict[str, int]:
     return alloc
 
 
-def source_weights(manifest: dict, weighting) -> dict[str, float]:
+def source_weights(manifest: Manifest, weighting) -> dict[str, float]:
     """Target share of each source: its rows (`mix`), the same for all (`equal`), or as configured."""
-    names = [s["name"] for s in manifest["sources"]]
+    names = [s.name for s in manifest.sources]
     if weighting == "mix":
-        return {s["name"]: float(s["rows"]) for s in manifest["sources"]}
+        return {s.name: float(s.rows) for s in manifest.sources}
     if weighting == "equal":
         return {n: 1.0 for n in names}
     unknown = set(weighting) - set(names)
@@ -104,8 +107,10 @@ def eligible(cuts: pl.DataFrame, spec: dict, skipped: Counter) -> pl.DataFrame:
     return df
 
 
-def sample(pool: pl.DataFrame, size: int, weights: dict[str, float], seed: int) -> tuple[pl.DataFrame, dict]:
-    """Stratified by source (largest-remainder allocation), seeded, then shuffled."""
+def sample(pool: pl.DataFrame, size: int, weights: dict[str, float], seed: int
+           ) -> tuple[pl.DataFrame, dict[str, int], dict]:
+    """Stratified by source (largest-remainder allocation), seeded, then shuffled: the chosen cuts, the
+    allocation, and each source's shortfall ({wanted, available}) where it had too few."""
     alloc = allocate(size, weights)
     rng = random.Random(seed)
     by_src = {s: g for (s,), g in pool.group_by(["source"], maintain_order=True)}
@@ -122,32 +127,32 @@ def sample(pool: pl.DataFrame, size: int, weights: dict[str, float], seed: int) 
     chosen = pl.concat(parts) if parts else pool.clear()
     order = list(range(chosen.height))
     rng.shuffle(order)
-    return chosen[order], {"allocation": alloc, "shortfall": shortfall}
+    return chosen[order], alloc, shortfall
 
 
 def load_prompts(name: str, chosen: pl.DataFrame, template: ChatTemplate, need_messages: bool) -> list[Prompt]:
     """Read back only the chosen rows (one seek each in plain JSON Lines) and rebuild their prompts."""
     by_file: dict[str, dict] = defaultdict(dict)
-    recs = chosen.to_dicts()
-    for r in recs:
-        by_file[r["file"]][r["offset"] if r["offset"] is not None else r["row"]] = None
+    cuts = [Cut.from_json(r) for r in chosen.to_dicts()]
+    for c in cuts:
+        by_file[c.file][c.offset if c.offset is not None else c.row] = None
     rows: dict[tuple, dict] = {}
     for path, wanted in by_file.items():
         for pos, row in readers.read_rows(readers.sniff(Path(path)), wanted).items():
             rows[(path, pos)] = row
     ids_of, out = {}, []
-    for i, r in enumerate(recs):
-        row = rows[(r["file"], r["offset"] if r["offset"] is not None else r["row"])]
-        ids, messages, tools = prompt_of(template, row, r["schema"], r["turn"])
+    for i, c in enumerate(cuts):
+        row = rows[(c.file, c.offset if c.offset is not None else c.row)]
+        ids, messages, tools = prompt_of(template, row, c.schema, c.turn)
         if ids is not None:
-            if len(ids) != r["prompt_tokens"]:
-                raise SpecmatchError(f"{location(r['file'], r['line'], r['row'])}: the row changed since inspection (prompt of "
-                                     f"{len(ids)} tokens, the cut table says {r['prompt_tokens']}); rerun inspect")
+            if len(ids) != c.prompt_tokens:
+                raise SpecmatchError(f"{c.origin}: the row changed since inspection (prompt of "
+                                     f"{len(ids)} tokens, the cut table says {c.prompt_tokens}); rerun inspect")
             ids_of[i] = ids
-        out.append((r, messages, tools))
+        out.append((c, messages, tools))
     texts = dict(zip(ids_of, template.tok.batch_decode(list(ids_of.values()), skip_special_tokens=False)))
     prompts = []
-    for i, (r, messages, tools) in enumerate(out):
+    for i, (c, messages, tools) in enumerate(out):
         if i in texts:
             text = texts[i]
             try:
@@ -158,37 +163,37 @@ def load_prompts(name: str, chosen: pl.DataFrame, template: ChatTemplate, need_m
                 messages = None
         else:
             text = template.render(messages, tools)
-        prompts.append(Prompt(f"{name}-{i:05d}", name, r["source"], r["file"], r["line"], r["row"], r["row_id"],
-                              r["turn"], r["turns"], text, messages, r["prompt_tokens"], r["completion_tokens"],
-                              r["holdout"]))
+        prompts.append(Prompt(f"{name}-{i:05d}", name, c.source, c.file, c.line, c.row, c.row_id, c.turn, c.turns,
+                              text, messages, c.prompt_tokens, c.completion_tokens, c.holdout))
     return prompts
 
 
-def training_suite(name: str, spec: dict, manifest: dict, cuts: pl.DataFrame, template: ChatTemplate,
-                   need_messages: bool = False) -> tuple[list[Prompt], dict]:
+def training_suite(name: str, spec: dict, manifest: Manifest, cuts: pl.DataFrame, template: ChatTemplate,
+                   need_messages: bool = False) -> tuple[list[Prompt], SuiteMatch]:
     """A suite sampled from the cut table to follow the target mix; an empty weighted pool is an error
     that names the sources and why their rows gave no cut, never a division by zero or a short suite."""
     skipped: Counter = Counter()
-    for s in manifest["sources"]:
-        for reason, n in (s.get("rows_without_cut") or {}).items():
+    for s in manifest.sources:
+        for reason, n in s.rows_without_cut.items():
             skipped[reason] += n
     weights = source_weights(manifest, spec.get("weighting", "mix"))
     pool = eligible(cuts, spec, skipped)
     weighted = pool.filter(pl.col("source").is_in([s for s, w in weights.items() if w > 0]))
     if weighted.is_empty():
         srcs = ", ".join(f"{s} ({w:g})" for s, w in weights.items())
-        raise SpecmatchError(f"suite {name}: no eligible prompt in the weighted sources of {manifest['root']} "
+        raise SpecmatchError(f"suite {name}: no eligible prompt in the weighted sources of {manifest.root} "
                              f"(weights: {srcs}; eligible cuts in any source: {pool.height}; skipped: "
                              f"{dict(skipped) or 'nothing'})")
-    chosen, alloc = sample(weighted, spec.get("size", 64), weights, spec.get("seed", 0))
+    chosen, allocation, shortfall = sample(weighted, spec.get("size", 64), weights, spec.get("seed", 0))
     prompts = load_prompts(name, chosen, template, need_messages)
-    match = match_report(name, prompts, manifest, weights, weighted)
-    match.update({"candidates": pool.height, "skipped": dict(skipped), **alloc})
+    match = match_report(name, "training", prompts, manifest, weights, weighted)
+    match.candidates, match.skipped = pool.height, dict(skipped)
+    match.allocation, match.shortfall = allocation, shortfall
     return prompts, match
 
 
-def file_suite(name: str, spec: dict, template: ChatTemplate, manifest: dict | None,
-               like: list[Prompt] | None = None) -> tuple[list[Prompt], dict]:
+def file_suite(name: str, spec: dict, template: ChatTemplate, manifest: Manifest | None,
+               like: list[Prompt] | None = None) -> tuple[list[Prompt], SuiteMatch]:
     """A suite from a user's JSONL file (a control set such as generic prompts); every unusable line
     is counted by reason and named by file:line, none is dropped silently."""
     path = Path(spec["path"])
@@ -228,9 +233,10 @@ def file_suite(name: str, spec: dict, template: ChatTemplate, manifest: dict | N
     rng = random.Random(spec.get("seed", 0))
     size = spec.get("size", 64)
     if like is not None:
-        prompts, extra = length_matched(name, spec, raw, like, template, path, rng)
-        match = match_report(name, prompts, manifest, None, None) if manifest else {"suite": name}
-        match.update({"candidates": len(raw), "skipped": dict(skipped), **extra})
+        prompts, length_match, shortfall = length_matched(name, spec, raw, like, template, path, rng)
+        match = match_report(name, "file", prompts, manifest, None, None)
+        match.candidates, match.skipped, match.shortfall = len(raw), dict(skipped), shortfall
+        match.length_like, match.length_match = spec["length_like"], length_match
         return prompts, match
     picked = rng.sample(raw, min(size, len(raw)))
     prompts = []
@@ -238,9 +244,9 @@ def file_suite(name: str, spec: dict, template: ChatTemplate, manifest: dict | N
         text = template.render(messages)
         prompts.append(Prompt(f"{name}-{i:05d}", name, source, str(path), lineno, None, rid, 0, 0, text, messages,
                               len(template.tok(text, add_special_tokens=False)["input_ids"]), None, True))
-    match = match_report(name, prompts, manifest, None, None) if manifest else {"suite": name}
-    match.update({"candidates": len(raw), "skipped": dict(skipped),
-                  "shortfall": {"file": {"wanted": size, "available": len(raw)}} if size > len(raw) else {}})
+    match = match_report(name, "file", prompts, manifest, None, None)
+    match.candidates, match.skipped = len(raw), dict(skipped)
+    match.shortfall = {"file": {"wanted": size, "available": len(raw)}} if size > len(raw) else {}
     return prompts, match
 
 
@@ -248,11 +254,12 @@ LIST_HEAD = "Answer each of the following questions in turn, one paragraph each.
 
 
 def length_matched(name: str, spec: dict, raw: list, like: list[Prompt], template: ChatTemplate, path: Path,
-                   rng: random.Random) -> tuple[list[Prompt], dict]:
+                   rng: random.Random) -> tuple[list[Prompt], dict, dict]:
     """Prompts as long as the training suite's (`length_like`), each a numbered list of the file's
     single-turn prompts: the content of a control, the context length of the training mix. Prompt i
     copies the length of the training suite's prompt i (cycling); questions are drawn without
-    replacement within a prompt, and a prompt that runs out of questions stays shorter (counted)."""
+    replacement within a prompt, and a prompt that runs out of questions stays shorter (counted).
+    Returns the prompts, how their lengths matched (SuiteMatch.length_match) and the shortfall."""
     if not like:
         raise SpecmatchError(f"suites.{name}.length_like: the training suite '{spec['length_like']}' has no prompts")
     singles = [r for r in raw if len(r[3]) == 1 and r[3][0]["role"] == "user"]
@@ -277,32 +284,30 @@ def length_matched(name: str, spec: dict, raw: list, like: list[Prompt], templat
         messages = [{"role": "user", "content": content}]
         prompts.append(Prompt(f"{name}-{i:05d}", name, items[0][2], str(path), items[0][0], None,
                               "+".join(r[1] for r in items), 0, 0, text, messages, n, None, True))
-    extra = {"length_like": spec["length_like"],
-             "length_match": {"target_prompt_tokens": describe([p.prompt_tokens for p in like]),
-                              "overshoot_tokens": describe(gaps), "shorter_than_target": short},
-             "shortfall": {"length_like": {"prompts_shorter_than_target": short}} if short else {}}
-    return prompts, extra
+    length_match = {"target_prompt_tokens": describe([p.prompt_tokens for p in like]),
+                    "overshoot_tokens": describe(gaps), "shorter_than_target": short}
+    return prompts, length_match, {"length_like": {"prompts_shorter_than_target": short}} if short else {}
 
 
-def match_report(name: str, prompts: list[Prompt], manifest: dict | None, weights: dict | None,
-                 pool: pl.DataFrame | None) -> dict:
+def match_report(name: str, kind: str, prompts: list[Prompt], manifest: Manifest | None, weights: dict | None,
+                 pool: pl.DataFrame | None) -> SuiteMatch:
     """How well the suite matches the training mix: source TVD, and a prompt-length KS statistic
     against the eligible cuts weighted to the suite's target mix (each source's cuts carry its target
     share), so a suite that follows its weighting is compared with what that weighting asks for."""
-    from .stats import total_variation
-
     suite_mix = Counter(p.source for p in prompts)
-    train_mix = {s["name"]: s["rows"] for s in manifest["sources"]} if manifest else {}
+    train_mix = {s.name: s.rows for s in manifest.sources} if manifest else {}
     target = weights or train_mix
-    out = {"suite": name, "prompts": len(prompts),
-           "holdout_share": sum(p.holdout for p in prompts) / len(prompts) if prompts else None,
-           "suite_sources": dict(sorted(suite_mix.items())),
-           "training_sources": train_mix,
-           "target_shares": {k: v / sum(target.values()) for k, v in target.items()} if target else {},
-           "source_tvd_vs_target": total_variation(dict(suite_mix), target) if target else None,
-           "source_tvd_vs_training_mix": total_variation(dict(suite_mix), train_mix) if train_mix else None,
-           "prompt_tokens": describe([p.prompt_tokens for p in prompts]),
-           "completion_tokens": describe([p.reference_completion_tokens for p in prompts])}
+    out = SuiteMatch(
+        suite=name, kind=kind, prompts=len(prompts),
+        holdout_share=sum(p.holdout for p in prompts) / len(prompts) if prompts else None,
+        suite_sources=dict(sorted(suite_mix.items())),
+        training_sources=train_mix,
+        target_shares={k: v / sum(target.values()) for k, v in target.items()} if target else {},
+        source_tvd_vs_target=total_variation(dict(suite_mix), target) if target else None,
+        source_tvd_vs_training_mix=total_variation(dict(suite_mix), train_mix) if train_mix else None,
+        prompt_tokens=describe([p.prompt_tokens for p in prompts]),
+        completion_tokens=describe([p.reference_completion_tokens for p in prompts]),
+        representative=None, verdict="")
     if pool is not None and not pool.is_empty():
         n_src = dict(pool.group_by("source").len().iter_rows())
         total_w = sum(weights.get(s, 0.0) for s in n_src)
@@ -312,49 +317,46 @@ def match_report(name: str, prompts: list[Prompt], manifest: dict | None, weight
         ks = ks_statistic([p.prompt_tokens for p in prompts], lengths, w)
         n_eff = float(w.sum() ** 2 / (w ** 2).sum())
         crit = ks_critical(len(prompts), n_eff)
-        out.update({"training_prompt_tokens": describe(lengths.tolist()),
-                    "training_completion_tokens": describe(pool["completion_tokens"].to_list()),
-                    "prompt_length_ks": ks, "prompt_length_ks_critical_5pct": crit,
-                    "prompt_length_reference": "eligible cuts weighted to the suite's target mix "
-                                               f"(effective size {n_eff:.0f})"})
-        out["representative"] = bool((out["source_tvd_vs_target"] or 0) <= 0.1 and ks is not None and ks <= crit)
+        out.training_prompt_tokens = describe(lengths.tolist())
+        out.training_completion_tokens = describe(pool["completion_tokens"].to_list())
+        out.prompt_length_ks, out.prompt_length_ks_critical_5pct = ks, crit
+        out.prompt_length_reference = f"eligible cuts weighted to the suite's target mix (effective size {n_eff:.0f})"
+        out.representative = bool((out.source_tvd_vs_target or 0) <= 0.1 and ks is not None and ks <= crit)
     else:
-        out["training_prompt_tokens_by_source"] = {s["name"]: s.get("prompt_tokens") for s in manifest["sources"]} \
-            if manifest else {}
-        out["representative"] = False if train_mix else None
-    if out["representative"] is True:
-        out["verdict"] = "representative of the training mix"
-    elif out["representative"] is False:
-        out["verdict"] = "NOT representative of the training mix (a control suite, or a biased sample)"
+        out.training_prompt_tokens_by_source = {s.name: s.prompt_tokens for s in manifest.sources} if manifest else {}
+        out.representative = False if train_mix else None
+    if out.representative is True:
+        out.verdict = "representative of the training mix"
+    elif out.representative is False:
+        out.verdict = "NOT representative of the training mix (a control suite, or a biased sample)"
     else:
-        out["verdict"] = "no training mix to compare with"
+        out.verdict = "no training mix to compare with"
     return out
 
 
-def match_markdown(m: dict) -> str:
-    lines = [f"# Suite `{m['suite']}`: {m['prompts']} prompts — {m['verdict']}", ""]
-    if m.get("source_tvd_vs_training_mix") is not None:
-        lines.append(f"- Source mix: total variation distance {m['source_tvd_vs_training_mix']:.3f} from the training "
-                     f"mix ({m.get('source_tvd_vs_target', 0):.3f} from the configured target).")
-    if m.get("prompt_length_ks") is not None:
-        lines.append(f"- Prompt length: KS statistic {m['prompt_length_ks']:.3f} against the eligible training cuts "
-                     f"weighted to the target mix (5% critical value {m['prompt_length_ks_critical_5pct']:.3f}).")
-    lines.append(f"- Held-out share: {m['holdout_share']:.0%}." if m.get("holdout_share") is not None else "")
-    if m.get("skipped"):
-        lines.append("- Skipped candidates: " + ", ".join(f"{k}: {v}" for k, v in m["skipped"].items()))
-    if m.get("shortfall"):
-        lines.append("- Shortfall (fewer eligible prompts than asked): " + json.dumps(m["shortfall"]))
+def match_markdown(m: SuiteMatch) -> str:
+    lines = [f"# Suite `{m.suite}`: {m.prompts} prompts — {m.verdict}", ""]
+    if m.source_tvd_vs_training_mix is not None:
+        lines.append(f"- Source mix: total variation distance {m.source_tvd_vs_training_mix:.3f} from the training "
+                     f"mix ({m.source_tvd_vs_target or 0:.3f} from the configured target).")
+    if m.prompt_length_ks is not None:
+        lines.append(f"- Prompt length: KS statistic {m.prompt_length_ks:.3f} against the eligible training cuts "
+                     f"weighted to the target mix (5% critical value {m.prompt_length_ks_critical_5pct:.3f}).")
+    lines.append(f"- Held-out share: {m.holdout_share:.0%}." if m.holdout_share is not None else "")
+    if m.skipped:
+        lines.append("- Skipped candidates: " + ", ".join(f"{k}: {v}" for k, v in m.skipped.items()))
+    if m.shortfall:
+        lines.append("- Shortfall (fewer eligible prompts than asked): " + json.dumps(m.shortfall))
     lines += ["", "| source | suite prompts | suite share | target share |", "|---|---|---|---|"]
-    total = sum(m["suite_sources"].values()) or 1
-    for src in sorted(set(m["suite_sources"]) | set(m.get("target_shares", {}))):
-        lines.append(f"| {src} | {m['suite_sources'].get(src, 0)} | {m['suite_sources'].get(src, 0) / total:.1%} | "
-                     f"{m.get('target_shares', {}).get(src, 0):.1%} |")
+    total = sum(m.suite_sources.values()) or 1
+    for src in sorted(set(m.suite_sources) | set(m.target_shares)):
+        lines.append(f"| {src} | {m.suite_sources.get(src, 0)} | {m.suite_sources.get(src, 0) / total:.1%} | "
+                     f"{m.target_shares.get(src, 0):.1%} |")
     return "\n".join(l for l in lines if l is not None) + "\n"
 
 
 
-def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m specmatch.prompts", description=__doc__.split("\n\n")[0])
+def arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--suite", required=True)
     p.add_argument("--spec", required=True, help="the suite's config as JSON")
     p.add_argument("--manifest", type=Path, help="results/inspect/manifest.json")
@@ -366,39 +368,37 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--out", required=True, type=Path)
     p.add_argument("--match", required=True, type=Path)
     p.add_argument("--match-md", type=Path)
-    a = p.parse_args(argv)
-    from .inspection import read_cuts
-    from .provenance import Recorder
-    from .tokenizer import load_tokenizer
 
+
+def execute(a: argparse.Namespace) -> int:
     spec = json.loads(a.spec)
     rec = Recorder("prompts", [a.manifest, a.cuts, spec.get("path"), a.like],
                    {"suite": a.suite, "spec": spec, "tokenizer": a.tokenizer, "endpoint": a.endpoint})
-    try:
-        template = ChatTemplate.of(load_tokenizer(a.tokenizer))
-        manifest = read_json(a.manifest) if a.manifest else None
-        if spec["kind"] == "training":
-            if manifest is None or a.cuts is None:
-                raise SpecmatchError(f"suite {a.suite}: a training suite needs --manifest and --cuts")
-            prompts, match = training_suite(a.suite, spec, manifest, read_cuts(a.cuts), template,
-                                            need_messages=a.endpoint == "chat")
-        else:
-            if spec.get("length_like") and a.like is None:
-                raise SpecmatchError(f"suite {a.suite}: length_like needs --like (the training suite's prompts)")
-            like = [Prompt.from_json(x) for x in read_jsonl(a.like)] if a.like else None
-            prompts, match = file_suite(a.suite, spec, template, manifest, like)
-    except SpecmatchError as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 1
+    template = ChatTemplate.of(load_tokenizer(a.tokenizer))
+    manifest = Manifest.from_json(read_json(a.manifest)) if a.manifest else None
+    if spec["kind"] == "training":
+        if manifest is None or a.cuts is None:
+            raise SpecmatchError(f"suite {a.suite}: a training suite needs --manifest and --cuts")
+        prompts, match = training_suite(a.suite, spec, manifest, read_cuts(a.cuts), template,
+                                        need_messages=a.endpoint == "chat")
+    else:
+        if spec.get("length_like") and a.like is None:
+            raise SpecmatchError(f"suite {a.suite}: length_like needs --like (the training suite's prompts)")
+        like = [Prompt.from_json(x) for x in read_jsonl(a.like)] if a.like else None
+        prompts, match = file_suite(a.suite, spec, template, manifest, like)
     write_jsonl(a.out, [pr.to_json() for pr in prompts])
-    write_json(a.match, match)
+    write_json(a.match, match.to_json())
     outputs = [a.out, a.match]
     if a.match_md:
         write_text(a.match_md, match_markdown(match))
         outputs.append(a.match_md)
     rec.write(outputs)
-    print(f"suite {a.suite}: {len(prompts)} prompts; {match['verdict']}")
+    print(f"suite {a.suite}: {len(prompts)} prompts; {match.verdict}")
     return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    return steps.main("prompts", __doc__, arguments, execute, argv)
 
 
 if __name__ == "__main__":

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import functools
 import importlib.metadata
+import json
 import os
 import platform
 import subprocess
@@ -128,8 +129,6 @@ def chain(path: str | Path, depth: int = 0, seen: set | None = None) -> list[str
         s = rec["server"]
         lines.append(f"{pad}  server {s.get('name')}: {' '.join(s.get('argv', []))}")
     if rec.get("config"):
-        import json
-
         lines.append(f"{pad}  config: {json.dumps(rec['config'], sort_keys=True)[:400]}")
     for inp in rec.get("inputs", []):
         lines.extend(chain(inp["path"], depth + 1, seen))

@@ -24,9 +24,11 @@ import polars as pl
 
 from .analysis import (RECOMMENDED, Analysis, ServerInfo, Settings, analyse, join_derived, server_k,
                        verify_recommendations)
+from . import steps
+from .engines.sglang import adaptive_support
 from .files import SpecmatchError, read_json, write_json
 from .provenance import Recorder
-from .records import CellResult, Recommendation
+from .records import CellResult, DerivedServer, DerivedServers, LaunchRecord, Recommendation
 
 SUFFIX = RECOMMENDED
 
@@ -46,20 +48,16 @@ def load(cell_paths: list[Path], request_paths: list[Path]) -> list[tuple[CellRe
 
 def server_infos(launches: list[Path], configs: dict) -> dict[str, ServerInfo]:
     """What the recommendation needs of each server, from its (first repeat's) launch record."""
-    from .engines.sglang import adaptive_support
-
     infos: dict[str, ServerInfo] = {}
     for p in sorted(launches):
-        rec = read_json(p)
-        name = rec["server"]
-        if name in infos:
+        rec = LaunchRecord.from_json(read_json(p))
+        if rec.server in infos:
             continue
-        cfg = configs.get(name) or rec.get("config") or {}
-        version = (rec.get("engine_versions") or {}).get("sglang")
-        infos[name] = ServerInfo(name, rec.get("engine", cfg.get("engine")), rec.get("flavor", "openai"),
-                                 cfg.get("speculative"), int(rec.get("max_batch") or 256),
-                                 adaptive_support(version) if rec.get("flavor") == "sglang" else None, version,
-                                 tuple(rec.get("engine_warnings") or ()), tuple(rec.get("argv") or ()))
+        cfg = configs.get(rec.server) or rec.config
+        version = (rec.engine_versions or {}).get("sglang")
+        infos[rec.server] = ServerInfo(rec.server, rec.engine, rec.flavor, cfg.get("speculative"), rec.max_batch,
+                                       adaptive_support(version) if rec.flavor == "sglang" else None, version,
+                                       tuple(rec.engine_warnings), tuple(rec.argv))
     return infos
 
 
@@ -79,7 +77,7 @@ def same_deployment(a: dict, b: dict, max_batch: int) -> bool:
 
 
 def derived_servers(recs: list[Recommendation], configs: dict, infos: dict[str, ServerInfo],
-                    adaptive_dir: Path | None = None) -> dict:
+                    adaptive_dir: Path | None = None) -> dict[str, DerivedServer]:
     """`<server>__recommended` configurations for recommendations that are new deployments (an SGLang
     adaptive config is written into `adaptive_dir`, which the server then reads)."""
     out = {}
@@ -104,7 +102,7 @@ def derived_servers(recs: list[Recommendation], configs: dict, infos: dict[str, 
             r.measured_by = twin
             continue
         name = r.server + SUFFIX
-        out[name] = {"parent": r.server, "suite": r.suite, "config": config}
+        out[name] = DerivedServer(parent=r.server, suite=r.suite, config=config)
         r.derived_server = name
     return out
 
@@ -118,7 +116,7 @@ def primary_analysis(cells, baseline: str, settings: Settings, configs: dict, in
 
 
 def verified_analysis(cells, baseline: str, settings: Settings, configs: dict, infos: dict, suites: list[str],
-                      derived: dict, recs: list[Recommendation] | None = None) -> Analysis:
+                      derived: dict[str, DerivedServer], recs: list[Recommendation] | None = None) -> Analysis:
     """Everything the summary renders, decided here: the primary grid's analysis, the recommended
     servers' cells joined (their verdicts; no decision of the primary grid changes), and each
     recommendation (the recommend step's, which name the servers that deploy them; else the
@@ -141,35 +139,35 @@ def analysis_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--suites", nargs="*", default=[], help="the suites recommendations are made on")
 
 
-def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m specmatch.recommend", description=__doc__.split("\n\n")[0])
+def arguments(p: argparse.ArgumentParser) -> None:
     analysis_arguments(p)
     p.add_argument("--no-verify", action="store_true", help="derive no recommended server")
     p.add_argument("--out", required=True, type=Path)
     p.add_argument("--recommendations", required=True, type=Path)
     p.add_argument("--adaptive-dir", type=Path, help="where SGLang adaptive configs of recommended servers go")
-    a = p.parse_args(argv)
+
+
+def execute(a: argparse.Namespace) -> int:
     settings, configs = Settings.of(json.loads(a.settings)), json.loads(a.servers)
     rec = Recorder("recommend", a.cells + a.requests + a.launches, {"baseline": a.baseline, "summary": settings.__dict__,
                                                                    "suites": a.suites, "verify": not a.no_verify})
-    try:
-        infos = server_infos(a.launches, configs)
-        an = primary_analysis(load(a.cells, a.requests), a.baseline, settings, configs, infos, a.suites)
-    except SpecmatchError as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 1
+    infos = server_infos(a.launches, configs)
+    an = primary_analysis(load(a.cells, a.requests), a.baseline, settings, configs, infos, a.suites)
     if a.adaptive_dir:
         a.adaptive_dir.mkdir(parents=True, exist_ok=True)
     derived = {} if a.no_verify else derived_servers(an.recommendations, configs, infos, a.adaptive_dir)
     write_json(a.recommendations, [r.to_json() for r in an.recommendations])
-    write_json(a.out, {"servers": derived,
-                       "not_derived": {r.server: f"{r.action}: {r.text}" for r in an.recommendations
-                                       if r.derived_server is None}})
+    write_json(a.out, DerivedServers(derived, {r.server: f"{r.action}: {r.text}" for r in an.recommendations
+                                               if r.derived_server is None}).to_json())
     rec.write([a.out, a.recommendations])
     for r in an.recommendations:
         print(f"{r.server} ({r.suite}): {r.text}" + (f" -> measuring {r.derived_server}" if r.derived_server else "")
               + (f" -> already measured as {r.measured_by}" if r.measured_by else ""))
     return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    return steps.main("recommend", __doc__, arguments, execute, argv)
 
 
 if __name__ == "__main__":

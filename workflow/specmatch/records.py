@@ -10,6 +10,24 @@ key names where the quantity exists), and the analysis over all cells **Verdict*
 The JSON and Parquet files are serialisations of these classes: `to_json`/`from_json` and
 `polars_schema` derive from the dataclass fields, so a field added here reaches every file, and
 tests check every written file against the class.
+
+Every file under `results/` and the record it holds:
+
+    inspect/manifest.json               Manifest (one SourceSummary per source; checked against
+                                        workflow/schemas/manifest.schema.yaml when written)
+    inspect/cuts.parquet                Cut, one row each
+    prompts/<suite>.jsonl               Prompt, one line each
+    prompts/<suite>.match.json          SuiteMatch
+    servers/<server>/r<R>/launch.json   LaunchRecord
+    cells/.../c<C>.json                 CellResult (its acceptance from the engine: CellAcceptance)
+    cells/.../c<C>.requests.parquet     RequestRecord, one row each
+    recommend/servers.json              DerivedServers (one DerivedServer per `<server>__recommended`)
+    recommend/recommendations.json      Recommendation, a list
+    summary/verdicts.json               Verdict, a list
+    summary/recommendations.json        Recommendation, a list (with its Verification)
+    summary/attribution.json            Attribution, a list
+
+What a cell sends comes from RequestSettings (the config's `requests`, with the suite's own passes).
 """
 from __future__ import annotations
 
@@ -46,9 +64,14 @@ class Record:
         return cls(**{k: _typed(kinds[k], v) for k, v in obj.items() if k in kinds})
 
 
+def _is_typed(t) -> bool:
+    return isinstance(t, type) and issubclass(t, (enum.Enum, Record))
+
+
 @functools.lru_cache(maxsize=None)
 def _field_kinds(cls) -> dict:
-    """Field name -> the Enum or Record class its hint names (through Optional), else None."""
+    """Field name -> the Enum or Record class its hint names (through Optional), `(list, C)` for
+    `list[C]` and `(dict, C)` for `dict[str, C]` of such a class, else None."""
     hints = typing.get_type_hints(cls)
     out = {}
     for f in dataclasses.fields(cls):
@@ -56,11 +79,24 @@ def _field_kinds(cls) -> dict:
         args = [a for a in typing.get_args(t) if a is not type(None)]
         if typing.get_origin(t) in (Union, types.UnionType) and len(args) == 1:
             t = args[0]
-        out[f.name] = t if isinstance(t, type) and issubclass(t, (enum.Enum, Record)) else None
+        inner = typing.get_args(t)
+        if typing.get_origin(t) is list and len(inner) == 1 and _is_typed(inner[0]):
+            out[f.name] = (list, inner[0])
+        elif typing.get_origin(t) is dict and len(inner) == 2 and _is_typed(inner[1]):
+            out[f.name] = (dict, inner[1])
+        else:
+            out[f.name] = t if _is_typed(t) else None
     return out
 
 
 def _typed(kind, v):
+    if isinstance(kind, tuple):
+        container, item = kind
+        if container is list and isinstance(v, list):
+            return [_typed(item, x) for x in v]
+        if container is dict and isinstance(v, dict):
+            return {k: _typed(item, x) for k, x in v.items()}
+        return v
     if kind is None or v is None or isinstance(v, kind):
         return v
     if issubclass(kind, enum.Enum):
@@ -174,7 +210,127 @@ class Prompt(Record):
         return super().from_json({"messages": None, "line": None, "row": None, **obj})
 
 
+@dataclass
+class SourceSummary(Record):
+    """One training-data source in the manifest: what inspection read and how its rows are shaped.
+    `files` ({path, bytes, format, compression, hf_dataset, schemas, rows, sha256}), `skipped`
+    ({total, reasons: [{reason, count, first_locations}]}) and `by_schema` (per row schema: rows, tokens,
+    length distributions, ...) are laid out by workflow/schemas/manifest.schema.yaml. The three
+    distributions are given only when the source has one row schema (absent, not null, otherwise)."""
+    name: str
+    path: str
+    files: list
+    rows: int                            # usable rows
+    rows_seen: int                       # rows read, skipped ones included
+    tokens: int
+    skipped: dict
+    rows_without_cut: dict               # reason -> rows that gave no cut
+    schemas: list
+    mixed_schemas: bool
+    by_schema: dict
+    prompt_tokens: Optional[dict] = None
+    completion_tokens: Optional[dict] = None
+    turns: Optional[dict] = None
+    share_rows: float = 0.0
+    share_tokens: float = 0.0
+
+    def to_json(self) -> dict:
+        out = super().to_json()
+        for k in ("prompt_tokens", "completion_tokens", "turns"):
+            if out[k] is None:
+                del out[k]
+        return out
+
+
+@dataclass
+class Manifest(Record):
+    """`results/inspect/manifest.json`: what inspection found under `dataset.root`. Every count is exact."""
+    root: str
+    tokenizer: dict                      # {spec, path, class, vocab_size, template_special_tokens}
+    total_rows: int
+    total_tokens: int
+    total_skipped: int
+    max_malformed_fraction: float
+    sources: list[SourceSummary]
+    ignored: list                        # [{path, reason}]: files under the root that are not data
+    cuts: int = 0                        # rows of the cut table
+    seconds: Optional[float] = None
+
+    def source(self, name: str) -> SourceSummary:
+        return next(s for s in self.sources if s.name == name)
+
+    def training_files(self) -> list[dict]:
+        """Every training file with its content hash, as provenance records inputs: {path, sha256, bytes}."""
+        return [{"path": f["path"], "sha256": f["sha256"], "bytes": f["bytes"]} for s in self.sources for f in s.files]
+
+
+SUITE_KINDS = ("training", "file")
+
+
+@dataclass
+class SuiteMatch(Record):
+    """`results/prompts/<suite>.match.json`: how well a prompt suite matches the training mix (source
+    TVD, and for training suites a prompt-length KS statistic against the eligible cuts weighted to the
+    suite's target mix), and what was skipped or fell short."""
+    suite: str
+    kind: str                            # training (sampled from the cut table) | file (a prompt file)
+    prompts: int
+    holdout_share: Optional[float]
+    suite_sources: dict                  # source -> prompts in the suite
+    training_sources: dict               # source -> rows in the training mix
+    target_shares: dict
+    source_tvd_vs_target: Optional[float]
+    source_tvd_vs_training_mix: Optional[float]
+    prompt_tokens: Optional[dict]
+    completion_tokens: Optional[dict]
+    representative: Optional[bool]
+    verdict: str
+    candidates: int = 0                  # eligible cuts (training) or usable lines (file)
+    skipped: dict = field(default_factory=dict)
+    shortfall: dict = field(default_factory=dict)
+    # a training suite: the reference its prompt lengths are compared with, and how it was drawn
+    training_prompt_tokens: Optional[dict] = None
+    training_completion_tokens: Optional[dict] = None
+    prompt_length_ks: Optional[float] = None
+    prompt_length_ks_critical_5pct: Optional[float] = None
+    prompt_length_reference: Optional[str] = None
+    allocation: Optional[dict] = None
+    # a prompt-file suite: the training sources' prompt lengths; with `length_like`, how it was matched
+    training_prompt_tokens_by_source: Optional[dict] = None
+    length_like: Optional[str] = None
+    length_match: Optional[dict] = None
+
+    @property
+    def training(self) -> bool:
+        """A training suite whose prompt lengths were compared with the training mix's."""
+        return self.kind == "training" and self.prompt_length_ks is not None
+
+    @classmethod
+    def from_json(cls, obj: dict) -> "SuiteMatch":
+        if "kind" not in obj:  # a file from before the field: only training suites were allocated by source
+            obj = {**obj, "kind": "training" if "allocation" in obj else "file"}
+        return super().from_json(obj)
+
+
 # -- one request ------------------------------------------------------------------------------
+@dataclass
+class RequestSettings(Record):
+    """What every request of a cell is sent with: the config's `requests` (the suite's own `passes`
+    where it sets them; config.requests_settings)."""
+    endpoint: str = "completions"
+    passes: int = 1
+    warmup: int = 2
+    max_tokens: int = 128
+    use_reference_length: bool = False
+    temperature: float = 0.0
+    ignore_eos: bool = True
+    seed: int = 0
+    timeout_s: float = 600
+    max_failure_fraction: float = 0.0
+    request_rate: Optional[float] = None
+    burstiness: float = 1.0
+
+
 @dataclass
 class RequestRecord(Record):
     """What one request measured. Times are seconds on the client's monotonic clock, relative to the
@@ -219,7 +375,47 @@ class Acceptance(Record):
     acceptance_length: Optional[float]
 
 
+@dataclass
+class CellAcceptance(Record):
+    """A cell's acceptance as its engine reads it (engines.Engine.cell_acceptance): from where, the
+    figures, and (vLLM server counters) the acceptance rate at each draft position."""
+    source: Optional[str] = None                 # None: nothing reported speculative statistics
+    acceptance: Optional[Acceptance] = None
+    per_position_rates: Optional[list] = None
+
+
+# -- one server session ---------------------------------------------------------------------------
+@dataclass
+class LaunchRecord(Record):
+    """`results/servers/<server>/r<R>/launch.json`: one server session as it was started (specmatch.launch):
+    the exact argv and environment overrides (secrets redacted), engine and package versions, model and
+    drafter identity with content hashes, accelerator, start-up time, the /v1/models answer and the
+    engine's own start-up warnings."""
+    server: str
+    engine: str
+    max_batch: int                               # the largest batch it was launched for (Engine.launch_max_batch)
+    config: dict
+    flavor: str = "openai"
+    repeat: int = 1
+    session: Optional[str] = None
+    config_hash: Optional[str] = None
+    argv: list = field(default_factory=list)
+    env: dict = field(default_factory=dict)
+    reused_running_server: bool = False
+    startup_s: Optional[float] = None
+    engine_versions: Optional[dict] = None       # package -> version in the server's python
+    model: Optional[dict] = None                 # launch.model_identity
+    drafter: Optional[dict] = None
+    speculative: Optional[dict] = None
+    accelerator: Optional[dict] = None           # provenance.host()
+    v1_models: Optional[dict] = None
+    log: Optional[str] = None
+    engine_warnings: list = field(default_factory=list)
+    base_url_at_launch: Optional[str] = None     # an external endpoint's URL (never launched here)
+
+
 # -- one cell -----------------------------------------------------------------------------------
+
 @dataclass
 class CellResult(Record):
     """One (server, suite, concurrency, repeat) measurement. Names follow vLLM's `bench serve`
@@ -293,6 +489,19 @@ class CellResult(Record):
     spec_decode_per_position_acceptance_rates: Optional[list] = None
     acceptance_by_source: dict = field(default_factory=dict)
     acceptance_by_holdout: dict = field(default_factory=dict)
+
+    def set_acceptance(self, cell: CellAcceptance) -> None:
+        """The cell's flat `spec_decode_*` fields (named as vLLM's metrics are) from its engine's reading."""
+        self.acceptance_source = cell.source
+        acc = cell.acceptance
+        if acc is not None:
+            self.spec_decode_num_drafts = acc.num_spec_steps
+            self.spec_decode_num_draft_tokens = acc.num_draft_tokens
+            self.spec_decode_num_accepted_tokens = acc.num_accepted_tokens
+            self.spec_decode_acceptance_rate = acc.acceptance_rate
+            self.spec_decode_acceptance_length = acc.acceptance_length
+        if cell.per_position_rates is not None:
+            self.spec_decode_per_position_acceptance_rates = cell.per_position_rates
 
 
 # -- decisions ----------------------------------------------------------------------------------
@@ -378,20 +587,23 @@ class Verification(Record):
     before the data are seen: at each concurrency, the server the schedule says should run there
     (the speculative server where it speculates, the baseline where it does not), on one metric.
 
-    With alpha = 1 - confidence and K concurrencies with a reference: a concurrency is equivalent when
-    its 1 - 2 alpha interval (`equivalence_confidence`) lies inside +/-min_effect (TOST at alpha), loses
-    when its 1 - 2 alpha / K interval (`per_test_confidence`, Bonferroni) lies below 1 (the deployment
-    costs throughput), pays when that one lies above 1. `verified`: every concurrency equivalent or
-    better (an intersection-union test: P(verified | some concurrency differs by more than min_effect)
-    <= alpha); `failed`: some concurrency loses (P(failed | the deployment equals its references) <=
-    alpha). `error_rates` states both bounds (deployment.verification)."""
+    With alpha = 1 - confidence and K concurrencies with a reference: a concurrency is `not_worse` when
+    the one-sided 1 - alpha lower bound (the lower end of the 1 - 2 alpha interval,
+    `equivalence_confidence`) is at or above 1 / (1 + min_effect): non-inferiority at alpha (faster
+    than the reference is no failure of the schedule); it is also `equivalent` where that interval lies
+    inside +/-min_effect (TOST); it loses when its 1 - 2 alpha / K interval (`per_test_confidence`,
+    Bonferroni) lies below 1 (the deployment costs throughput), pays when that one lies above 1.
+    `verified`: every concurrency not worse (an intersection-union test, each at alpha: P(verified |
+    some concurrency costs more than min_effect) <= alpha); `failed`: some concurrency loses
+    (P(failed | the deployment equals its references) <= alpha). `error_rates` states both bounds
+    (deployment.verification)."""
     server: Optional[str]                 # the measured deployment
     outcome: Outcome
     metric: str
     confidence: float
     per_test_confidence: Optional[float] = None
     min_effect: float = 0.05
-    # [{concurrency, against, speedup, lo, hi, equivalence_lo, equivalence_hi, verdict}]
+    # [{concurrency, against, speedup, lo, hi, equivalence_lo, equivalence_hi, verdict, not_worse}]
     per_concurrency: list = field(default_factory=list)
     error_rates: dict = field(default_factory=dict)      # {verified_if_costly, failed_if_correct}
     reason: Optional[str] = None
@@ -429,6 +641,23 @@ class Recommendation(Record):
         r.regions = [Region.from_json(x) if isinstance(x, dict) else x for x in r.regions or []]
         r.crossovers = [Crossover.from_json(x) if isinstance(x, dict) else x for x in r.crossovers or []]
         return r
+
+
+@dataclass
+class DerivedServer(Record):
+    """A `<server>__recommended` configuration: the recommended deployment of `parent` on `suite`,
+    measured on that suite's grid (specmatch.recommend)."""
+    parent: str
+    suite: str
+    config: dict                          # the server config it is launched with (no `suites`)
+
+
+@dataclass
+class DerivedServers(Record):
+    """`results/recommend/servers.json`: the servers the recommend checkpoint derives, and why each other
+    speculative server got none ("<action>: <text>")."""
+    servers: dict[str, DerivedServer] = field(default_factory=dict)
+    not_derived: dict = field(default_factory=dict)
 
 
 @dataclass
@@ -474,6 +703,50 @@ class Attribution(Record):
     acceptance_source: Optional[str] = None    # per-request metrics | cell counters
     note: Optional[str] = None
 
+
+class Continuation(str, enum.Enum):
+    """What the sequential design does with a configuration after a round (records.RoundPlan)."""
+    CONTINUE = "continue"                 # inconclusive, and the remaining repeats likely decide it: measured again
+    DECIDED = "decided"                   # pays, loses or equivalent at this look's level: stops
+    AT_MAX = "at max"                     # inconclusive after repeats.max: stops, says what would decide it
+    UNLIKELY = "unlikely to decide"       # inconclusive, and the remaining repeats would likely leave it so
+
+
+@dataclass
+class RoundDecision(Record):
+    """One configuration (server against the baseline at a suite and concurrency) after a round, on
+    the design's metric (summary.recommend_metric)."""
+    server: str
+    suite: str
+    concurrency: int
+    repeats: int
+    verdict: Decision
+    confidence: float                     # this look's level (alpha spent so far, specmatch.sequential)
+    action: Continuation
+    speedup: Optional[float] = None
+    lo: Optional[float] = None
+    hi: Optional[float] = None
+
+
+@dataclass
+class PlannedCell(Record):
+    """A cell the next round measures: `repeat` of (server, suite, concurrency)."""
+    server: str
+    suite: str
+    concurrency: int
+    repeat: int
+
+
+@dataclass
+class RoundPlan(Record):
+    """results/rounds/r<R>.json: the sequential design (config `repeats: {min, max}`) after round R,
+    each configuration's decision and the cells repeat R+1 measures (the continuing servers', and the
+    baseline's wherever any server continues, so every comparison stays paired by repeat)."""
+    round: int
+    design: dict                          # {min, max}
+    metric: str
+    decisions: list[RoundDecision]
+    next: list[PlannedCell]
 
 REQUEST_SCHEMA = polars_schema(RequestRecord)
 CUT_SCHEMA = polars_schema(Cut)

@@ -23,6 +23,7 @@ import argparse
 import contextlib
 import json
 import os
+import random
 import signal
 import socket
 import subprocess
@@ -77,8 +78,6 @@ def free_port(host: str, low: int = 20000, high: int = 32767) -> int:
     Why not bind(0): that hands out an ephemeral port, which the kernel may give to any outgoing
     connection (or another server) in the minute before the engine binds it; a foreign process
     answering /health on "our" port would look like a healthy server."""
-    import random
-
     fam = socket.AF_INET6 if ":" in host else socket.AF_INET
     rng = random.Random()
     for _ in range(200):

@@ -17,7 +17,6 @@ Nothing here decides anything: analysis returns typed results, this module only 
 """
 from __future__ import annotations
 
-import argparse
 import json
 import math
 import sys
@@ -26,13 +25,15 @@ from pathlib import Path
 import numpy as np
 import polars as pl
 
+from . import steps
 from .analysis import LABEL, Analysis, Settings
 from .attribution import attribute, launch_differences
-from .controls import OFF, is_control, off_config
+from .controls import OFF, is_control, why_no_control
 from .engines import definitions
 from .files import SpecmatchError, atomic_path, read_json, write_json, write_text
 from .provenance import Recorder
-from .records import Attribution, Decision, Direction, Outcome, Recommendation
+from .records import (Acceptance, Attribution, Continuation, Decision, DerivedServers, Direction, Outcome,
+                      Recommendation, RoundPlan, SuiteMatch)
 from .recommend import SUFFIX, analysis_arguments, load, server_infos, verified_analysis
 
 CELL_COLUMNS = ["server", "suite", "concurrency", "repeat", "engine", "completed", "failed", "duration",
@@ -83,8 +84,6 @@ def verdicts_frame(an: Analysis) -> pl.DataFrame:
 def pooled_acceptance(an: Analysis, key: str) -> list[dict]:
     """Acceptance per (server, suite, group) pooled over cells and repeats by the engine's own
     definition (`key`: acceptance_by_source, or acceptance_by_holdout: held-out rows vs seen ones)."""
-    from .records import Acceptance
-
     parts: dict = {}
     flavor: dict = {}
     for (server, suite, _c, _r), cell in an.measurements.cells.items():
@@ -225,6 +224,32 @@ def noise_lines(an: Analysis) -> list[str]:
             "brackets). Each interval below uses its own server's and concurrency's, shrunk toward the pooled level "
             "where their data are thin (empirical Bayes), beside the prompt sample's variation from a paired "
             "bootstrap by prompt; request-to-request noise is counted once, in the run-to-run part."]
+
+
+def sequential_lines(an: Analysis, plans: list[RoundPlan]) -> list[str]:
+    """The sequential design's account: what each round decided, the cells it measured against a fixed
+    design of `max` repeats, and the levels the verdicts were taken at."""
+    d, s = an.settings.design, an.settings
+    primary = [k for k in an.measurements.cells if not k[0].endswith(SUFFIX)]
+    configs = {k[:3] for k in primary}
+    fixed = len(configs) * d.max
+    rounds = []
+    for p in plans:
+        n = {a: sum(x.action == a for x in p.decisions) for a in Continuation}
+        rounds.append(f"after round {p.round}: " + ", ".join(f"{v} {a.value}" for a, v in n.items() if v)
+                      + (f"; repeat {p.round + 1} measured {len(p.next)} cells" if p.next else "; nothing continued"))
+    levels = sorted({round(v.confidence, 3) for v in an.verdicts if v.metric == s.recommend_metric
+                     and v.run_to_run and not v.server.endswith(SUFFIX)})
+    return [f"**Sequential design (repeats {d.min}–{d.max}):** every cell was measured {d.min} times; then, round "
+            f"by round, only the configurations whose {LABEL[s.recommend_metric]} verdict was still inconclusive, "
+            f"and that the remaining repeats would decide with probability at least {d.min_probability:.0%} "
+            "(predicted from the data so far), were measured again (the baseline beside them): "
+            + ("; ".join(rounds) if rounds else "no round ran") + f". {len(primary)} cells measured against "
+            f"{fixed} for a fixed design of {d.max} repeats ({1 - len(primary) / fixed:.0%} saved). Stopping when a "
+            f"verdict is decided is optional stopping, so each look's verdict is taken at a stricter level "
+            f"(alpha spending over the looks, specmatch.sequential) that keeps the overall error at "
+            f"{1 - s.confidence:.0%}: the verdicts here stand at "
+            + ", ".join(f"{x:.1%}" for x in levels) + " confidence (verdicts.json, `confidence`)."]
 
 
 def off_lines(an: Analysis) -> list[str]:
@@ -391,8 +416,11 @@ def verification_text(an: Analysis, r: Recommendation) -> str:
     if v is None:
         return ""
     rows = v.per_concurrency
-    level = (f" (each concurrency at {_fmt(v.per_test_confidence, '.1%')}: equivalence within ±{v.min_effect:.0%}, "
-             f"{LABEL.get(v.metric, v.metric)}; P(verified if a concurrency costs more) ≤ "
+    one_sided = (1 + v.equivalence_confidence) / 2 if v.equivalence_confidence is not None else None
+    level = (f" ({LABEL.get(v.metric, v.metric)}; verified: at every concurrency no more than {v.min_effect:.0%} "
+             f"worse than its reference, each at {_fmt(one_sided, '.0%')} one-sided (non-inferiority); "
+             f"failed: a cost at {_fmt(v.per_test_confidence, '.1%')} per concurrency; P(verified if a concurrency "
+             "costs more) ≤ "
              f"{v.error_rates.get('verified_if_costly', 1 - v.confidence):.0%}, P(failed if it matches) ≤ "
              f"{v.error_rates.get('failed_if_correct', 1 - v.confidence):.0%})") if rows else ""
     why = f" ({v.reason})" if v.reason else ""
@@ -445,22 +473,28 @@ def recommendation_lines(an: Analysis, recs: list[Recommendation], verified: dic
     return lines
 
 
-def markdown(an: Analysis, recs: list[Recommendation], verified: dict, matches: list[dict], training: list[str],
-             control: list[str], attrs: list[Attribution] | None = None, no_control: dict | None = None) -> str:
+def markdown(an: Analysis, recs: list[Recommendation], verified: dict, matches: list[SuiteMatch], training: list[str],
+             control: list[str], attrs: list[Attribution] | None = None, no_control: dict | None = None,
+             plans: list[RoundPlan] | None = None) -> str:
     s = an.settings
     attrs = attrs or []
     reps = max((v.repeats for v in an.verdicts), default=1)
+    design = s.design
+    reps_text = (f"{design.min}–{design.max} repeats, sequential" if design.sequential
+                 else f"{reps} repeat{'s' if reps != 1 else ''}")
     lines = ["# specmatch: does speculation pay off here?", ""]
     head = headline(an, training, control, attrs)
     if head:
         lines += ["## The distribution effect", ""] + head + [""]
     lines += [f"## Verdicts (throughput; {s.confidence:.0%} confidence, ±{s.min_effect:.0%} counts as no difference, "
-              f"{reps} repeat{'s' if reps != 1 else ''})", ""]
+              f"{reps_text})", ""]
     lines += verdict_lines(an, recs, attrs) or [f"Only the baseline `{an.baseline}` was measured: nothing to compare."]
     lines += ["", "pays / loses: the interval lies above / below 1 (and not within the ±min_effect band); equivalent: "
                   "the whole interval lies within it, a decisive 'no difference'; inconclusive: neither (the table "
                   "says what would decide it).", ""]
     lines += noise_lines(an)
+    if design.sequential:
+        lines += [""] + sequential_lines(an, plans or [])
     why = why_lines(an, attrs, no_control)
     if why:
         lines += [""] + why
@@ -513,11 +547,11 @@ def markdown(an: Analysis, recs: list[Recommendation], verified: dict, matches: 
                   "|---|---|---|---|---|---|---|"]
         flags = length_flags(matches, training)
         for m in matches:
-            med = (m.get("prompt_tokens") or {}).get("p50")
-            lines.append(f"| {m['suite']} | {m['prompts']} | {_fmt(med, '.0f')} | {_fmt(m.get('holdout_share'), '.0%')} | "
-                         f"{_fmt(m.get('source_tvd_vs_training_mix'), '.3f')} | {_fmt(m.get('prompt_length_ks'), '.3f')} "
-                         f"({_fmt(m.get('prompt_length_ks_critical_5pct'), '.3f')}) | {m['verdict']}"
-                         + (f"; **{flags[m['suite']]}**" if m["suite"] in flags else "") + " |")
+            med = (m.prompt_tokens or {}).get("p50")
+            lines.append(f"| {m.suite} | {m.prompts} | {_fmt(med, '.0f')} | {_fmt(m.holdout_share, '.0%')} | "
+                         f"{_fmt(m.source_tvd_vs_training_mix, '.3f')} | {_fmt(m.prompt_length_ks, '.3f')} "
+                         f"({_fmt(m.prompt_length_ks_critical_5pct, '.3f')}) | {m.verdict}"
+                         + (f"; **{flags[m.suite]}**" if m.suite in flags else "") + " |")
     by_src = pooled_acceptance(an, "acceptance_by_source")
     if by_src:
         lines += ["", "## Acceptance by training source (pooled over concurrencies and repeats)", "",
@@ -554,10 +588,10 @@ def markdown(an: Analysis, recs: list[Recommendation], verified: dict, matches: 
     return "\n".join(lines) + "\n"
 
 
-def length_flags(matches: list[dict], training: list[str]) -> dict[str, str]:
+def length_flags(matches: list[SuiteMatch], training: list[str]) -> dict[str, str]:
     """Suites whose prompts are much shorter (or longer) than the training mix's: per-token costs
     differ there for reasons that have nothing to do with acceptance."""
-    med = {m["suite"]: (m.get("prompt_tokens") or {}).get("p50") for m in matches}
+    med = {m.suite: (m.prompt_tokens or {}).get("p50") for m in matches}
     ref = next((u for u in training if med.get(u)), None)
     if ref is None:
         return {}
@@ -784,31 +818,33 @@ def plots(an: Analysis, out: Path, attrs: list[Attribution] | None = None) -> li
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m specmatch.summary", description=__doc__.split("\n\n")[0])
+    p = steps.parser("summary", __doc__)
     analysis_arguments(p)
     p.add_argument("--matches", nargs="*", type=Path, default=[])
     p.add_argument("--recommendations", type=Path, help="the recommend step's recommendations.json")
     p.add_argument("--derived", type=Path, help="the recommend step's servers.json")
+    p.add_argument("--rounds", nargs="*", type=Path, default=[], help="the sequential design's round plans")
     p.add_argument("--out-dir", type=Path, required=True)
     a = p.parse_args(argv)
     settings, configs = Settings.of(json.loads(a.settings)), json.loads(a.servers)
-    rec = Recorder("summary", a.cells + a.requests + a.launches + a.matches +
+    rec = Recorder("summary", a.cells + a.requests + a.launches + a.matches + a.rounds +
                    [x for x in (a.recommendations, a.derived) if x],
                    {"baseline": a.baseline, "summary": settings.__dict__})
     try:
         cells = load(a.cells, a.requests)
         infos = server_infos(a.launches, configs)
-        derived = read_json(a.derived)["servers"] if a.derived else {}
+        derived = DerivedServers.from_json(read_json(a.derived)).servers if a.derived else {}
         recs = [Recommendation.from_json(r) for r in read_json(a.recommendations)] if a.recommendations else []
         an = verified_analysis(cells, a.baseline, settings, configs, infos, a.suites, derived, recs)
         recs = an.recommendations
         verified = {(r.server, r.suite): r.verified for r in recs if r.verified is not None}
-        matches = [read_json(m) for m in a.matches]
-        training = [m["suite"] for m in matches if "candidates" in m and m.get("prompt_length_ks") is not None]
-        control = [m["suite"] for m in matches if m["suite"] not in training]
+        matches = [SuiteMatch.from_json(read_json(m)) for m in a.matches]
+        training = [m.suite for m in matches if m.training]
+        control = [m.suite for m in matches if m.suite not in training]
         reference = next((u for u in [*a.suites, *training] if u in an.suites), None)
         attrs = attribute(an, reference)
         no_control = uncontrolled(json.loads(a.settings), configs, a.baseline)
+        plans = [RoundPlan.from_json(read_json(x)) for x in a.rounds]
     except SpecmatchError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 1
@@ -824,7 +860,7 @@ def main(argv: list[str] | None = None) -> int:
     write_json(out / "recommendations.json", [_recommendation_record(r) for r in recs])
     write_json(out / "attribution.json", [x.to_json() for x in attrs])
     made = plots(an, out / "plots", attrs)
-    md = markdown(an, recs, verified, matches, training, control, attrs, no_control)
+    md = markdown(an, recs, verified, matches, training, control, attrs, no_control, plans)
     write_text(out / "summary.md", md)
     rec.write([out / "summary.md", out / "cells.csv", out / "cells.parquet", out / "speedups.csv",
                out / "verdicts.json", out / "recommendations.json", out / "attribution.json", *made])
@@ -843,7 +879,7 @@ def uncontrolled(settings: dict, configs: dict, baseline: str) -> dict[str, str]
     out = {}
     for n in names:
         if n in configs and n + OFF not in configs:
-            why = off_config(n, configs[n], 256)[1]
+            why = why_no_control(configs[n])
             if why:
                 out[n] = why
     return out

@@ -6,7 +6,7 @@ import sys
 from dataclasses import dataclass, field
 
 from ..files import SpecmatchError
-from ..records import Acceptance
+from ..records import Acceptance, CellAcceptance
 
 SECRET_KEY = re.compile(r"(key|token|secret|password|passwd|auth)", re.I)
 SECRET_FLAGS = {"--api-key", "--hf-token", "--token"}
@@ -77,6 +77,12 @@ class Engine:
         self.cfg = cfg
 
     # -- launch ------------------------------------------------------------------------------
+    @classmethod
+    def launch_max_batch(cls, max_concurrency: int) -> int:
+        """The largest batch a server of this engine is launched for, given the highest concurrency it
+        is measured at: coarse, so small sweep edits keep the launch (0: this engine launches nothing)."""
+        return 0
+
     def python(self) -> str:
         return self.cfg.get("python") or sys.executable
 
@@ -106,8 +112,9 @@ class Engine:
         """Extra JSON fields for every request (engine-specific switches)."""
         return {}
 
-    def parse_request_acceptance(self, final: dict) -> dict | None:
-        """Per-request speculative statistics from the last stream event, if the engine reports them."""
+    def parse_request_acceptance(self, final: dict) -> Acceptance | None:
+        """Per-request speculative statistics (an Acceptance of one request) from the stream event that
+        carries them, if the engine reports them."""
         return None
 
     def counters(self, metrics_text: str) -> dict:
@@ -147,21 +154,12 @@ class Engine:
         """This engine's acceptance rate and length from summed counts."""
         return None
 
-    def cell_acceptance(self, before: dict, after: dict, records: list) -> dict:
-        """The cell's acceptance fields (CellResult spec_decode_*), from the best source the engine has."""
+    def cell_acceptance(self, before: dict, after: dict, records: list) -> CellAcceptance:
+        """The cell's acceptance (CellResult.set_acceptance), from the best source the engine has."""
         acc = self.acceptance(records)
         if acc is None:
-            return {"acceptance_source": None}
-        return {"acceptance_source": f"per-request metrics ({self.acceptance_definition})",
-                **acceptance_fields(acc)}
-
-
-def acceptance_fields(acc: Acceptance) -> dict:
-    """An Acceptance as the cell JSON's flat `spec_decode_*` fields (named as vLLM's metrics are)."""
-    return {"spec_decode_num_drafts": acc.num_spec_steps, "spec_decode_num_draft_tokens": acc.num_draft_tokens,
-            "spec_decode_num_accepted_tokens": acc.num_accepted_tokens,
-            "spec_decode_acceptance_rate": acc.acceptance_rate,
-            "spec_decode_acceptance_length": acc.acceptance_length}
+            return CellAcceptance()
+        return CellAcceptance(f"per-request metrics ({self.acceptance_definition})", acc)
 
 
 def total(records: list, key: str) -> int | None:

@@ -8,6 +8,7 @@ from __future__ import annotations
 import os
 
 from ..files import SpecmatchError
+from ..records import Acceptance, CellAcceptance
 from .base import Engine
 from .sglang import SGLangEngine
 from .vllm import VLLMEngine
@@ -40,7 +41,7 @@ class ExternalEngine(Engine):
     def protocol(self, endpoint: str) -> str:
         return self._reader.protocol(endpoint)
 
-    def parse_request_acceptance(self, final: dict) -> dict | None:
+    def parse_request_acceptance(self, final: dict) -> Acceptance | None:
         return self._reader.parse_request_acceptance(final)
 
     def counters(self, metrics_text: str) -> dict:
@@ -52,5 +53,5 @@ class ExternalEngine(Engine):
     def figures(self, *counts):
         return self._reader.figures(*counts)
 
-    def cell_acceptance(self, before: dict, after: dict, records: list) -> dict:
+    def cell_acceptance(self, before: dict, after: dict, records: list) -> CellAcceptance:
         return self._reader.cell_acceptance(before, after, records)

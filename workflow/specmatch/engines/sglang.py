@@ -151,6 +151,11 @@ class SGLangEngine(Engine):
             out += ["--speculative-adaptive-config", spec["adaptive"]]
         return out
 
+    @classmethod
+    def launch_max_batch(cls, max_concurrency: int) -> int:
+        """SGLang's running-request cap (and CUDA-graph batch size): see running_cap."""
+        return running_cap(max_concurrency)
+
     def protocol(self, endpoint: str) -> str:
         # Only the native endpoint returns per-request meta_info with the verify-step count.
         return "sglang-generate" if endpoint == "completions" else "openai-chat"
@@ -158,7 +163,7 @@ class SGLangEngine(Engine):
     acceptance_definition = ("SGLang: length = completion tokens / verify steps, rate = correct drafts / "
                              "proposed drafts")
 
-    def parse_request_acceptance(self, final: dict) -> dict | None:
+    def parse_request_acceptance(self, final: dict) -> Acceptance | None:
         return parse_meta_info((final or {}).get("meta_info") or {})
 
     def speculated(self, r) -> bool:
@@ -170,7 +175,7 @@ class SGLangEngine(Engine):
                           tokens / steps if tokens is not None and steps else None)
 
 
-def parse_meta_info(meta: dict) -> dict | None:
+def parse_meta_info(meta: dict) -> Acceptance | None:
     """Per-request acceptance from SGLang meta_info, whatever the version's field names
     (checked against the pinned releases' source in tests/test_sglang_source.py)."""
     if not meta or meta.get("spec_verify_ct") in (None, 0):
@@ -178,12 +183,11 @@ def parse_meta_info(meta: dict) -> dict | None:
     accepted = next((meta[k] for k in ACCEPTED_KEYS if meta.get(k) is not None), None)
     drafted = next((meta[k] for k in PROPOSED_KEYS if meta.get(k) is not None), None)
     steps, tokens = meta["spec_verify_ct"], meta.get("completion_tokens")
-    return {"num_spec_steps": steps, "completion_tokens": tokens,
-            "num_accepted_tokens": accepted, "num_draft_tokens": drafted,
-            "acceptance_length": tokens / steps if tokens is not None else meta.get("spec_accept_length"),
-            "acceptance_rate": meta.get("spec_accept_rate",
-                                        accepted / drafted if accepted is not None and drafted else None),
-            "acceptance_histogram": next((meta[k] for k in HISTOGRAM_KEYS if meta.get(k) is not None), None)}
+    return Acceptance(requests=1, num_spec_steps=steps, num_draft_tokens=drafted, num_accepted_tokens=accepted,
+                      output_tokens=tokens,
+                      acceptance_rate=meta.get("spec_accept_rate",
+                                               accepted / drafted if accepted is not None and drafted else None),
+                      acceptance_length=tokens / steps if tokens is not None else meta.get("spec_accept_length"))
 
 
 # meta_info keys by release (newest first): correct/proposed drafts were accepted/draft tokens before

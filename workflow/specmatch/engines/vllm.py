@@ -16,7 +16,8 @@ import subprocess
 from pathlib import Path
 
 from ..metrics import parse_prometheus
-from ..records import Acceptance
+from ..files import SpecmatchError
+from ..records import Acceptance, CellAcceptance
 from .base import Engine, LaunchPlan
 
 DEFAULT_MAX_NUM_SEQS = 256
@@ -49,6 +50,11 @@ class VLLMEngine(Engine):
     name = "vllm"
     flavor = "vllm"
     reset_path = "/reset_prefix_cache"
+
+    @classmethod
+    def launch_max_batch(cls, max_concurrency: int) -> int:
+        """vLLM's max_num_seqs: its default (256) unless the sweep goes higher."""
+        return max(DEFAULT_MAX_NUM_SEQS, max_concurrency)
 
     def profile(self) -> str:
         return self.cfg.get("profile") or ("gpu" if cuda_visible() else "cpu")
@@ -95,28 +101,23 @@ class VLLMEngine(Engine):
             return
         version, fields, error = speculative_fields(self.python())
         if fields is None:
-            from ..files import SpecmatchError
-
             raise SpecmatchError(f"servers: cannot read vLLM's speculative config in {self.python()}: {error}")
         unknown = sorted(set(spec) - fields)
         if unknown:
-            from ..files import SpecmatchError
-
             schedule = sorted(f for f in fields if "per_batch_size" in f or "schedule" in f)
             raise SpecmatchError(f"servers: speculative.{unknown[0]}: vLLM {version} has no such speculative config "
                                  f"key" + (f"; its batch-size schedule is {', '.join(schedule)}" if schedule else
                                            "; it has no batch-size schedule"))
 
-    def parse_request_acceptance(self, final: dict) -> dict | None:
+    def parse_request_acceptance(self, final: dict) -> Acceptance | None:
         sd = ((final or {}).get("metrics") or {}).get("speculative_decoding")
         if not sd:
             return None
-        return {"num_draft_tokens": sd.get("num_draft_tokens"),
-                "num_accepted_tokens": sd.get("num_accepted_draft_tokens"),
-                "num_spec_steps": sd.get("num_spec_steps"),
-                "acceptance_length": sd.get("mean_acceptance_length"),
-                "acceptance_rate": sd.get("draft_acceptance_rate"),
-                "acceptance_histogram": sd.get("acceptance_histogram")}
+        return Acceptance(requests=1, num_spec_steps=sd.get("num_spec_steps"),
+                          num_draft_tokens=sd.get("num_draft_tokens"),
+                          num_accepted_tokens=sd.get("num_accepted_draft_tokens"), output_tokens=None,
+                          acceptance_rate=sd.get("draft_acceptance_rate"),
+                          acceptance_length=sd.get("mean_acceptance_length"))
 
     def counters(self, metrics_text: str) -> dict:
         m = parse_prometheus(metrics_text)
@@ -143,7 +144,7 @@ class VLLMEngine(Engine):
                           accepted / drafted if accepted is not None and drafted else None,
                           1 + accepted / steps if accepted is not None and steps else None)
 
-    def cell_acceptance(self, before: dict, after: dict, records: list) -> dict:
+    def cell_acceptance(self, before: dict, after: dict, records: list) -> CellAcceptance:
         """From the server's counters (their delta over exactly this cell) when /metrics was read
         before and after, else from the per-request metrics by the same definition."""
         if before.get("draft_tokens") is None or after.get("draft_tokens") is None:
@@ -151,13 +152,9 @@ class VLLMEngine(Engine):
         drafts = int(after["drafts"] - before["drafts"])
         draft_tokens = int(after["draft_tokens"] - before["draft_tokens"])
         accepted = int(after["accepted_tokens"] - before["accepted_tokens"])
-        return {
-            "acceptance_source": f"server counters, delta over this cell ({self.acceptance_definition})",
-            "spec_decode_num_drafts": drafts, "spec_decode_num_draft_tokens": draft_tokens,
-            "spec_decode_num_accepted_tokens": accepted,
-            "spec_decode_acceptance_rate": accepted / draft_tokens if draft_tokens else None,
-            "spec_decode_acceptance_length": 1 + accepted / drafts if drafts else None,
-            "spec_decode_per_position_acceptance_rates": [
-                (after["accepted_per_pos"].get(p, 0) - before["accepted_per_pos"].get(p, 0)) / drafts
-                if drafts else None for p in sorted(after["accepted_per_pos"])],
-        }
+        return CellAcceptance(
+            f"server counters, delta over this cell ({self.acceptance_definition})",
+            Acceptance(len(records), drafts, draft_tokens, accepted, None,
+                       accepted / draft_tokens if draft_tokens else None, 1 + accepted / drafts if drafts else None),
+            [(after["accepted_per_pos"].get(p, 0) - before["accepted_per_pos"].get(p, 0)) / drafts
+             if drafts else None for p in sorted(after["accepted_per_pos"])])

@@ -1,0 +1,374 @@
+"""Which k at which load (specmatch.kmodel): the model of the speedup per k, the best k per band and
+the deployment, on simulated sweeps whose truth is known (specmatch.des: a continuously batching
+server whose speculative step drafts k tokens, accepts each with the prompt's probability until the
+first rejection, and costs rho(k, b) plain decode steps at batch size b)."""
+import functools
+from dataclasses import replace
+import json
+import math
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+from builders import REPO
+from specmatch.calibration import BASE
+from specmatch.deployment import ServerInfo, server_k
+from specmatch.des import serve
+from specmatch.kmodel import (KBand, KChoice, bands, best_k, members, predict, recommend, sglang_adaptive_config,
+                              sglang_deployment, tokens_per_step, vllm_deployment)
+from specmatch.measurements import Measurements, Settings
+from specmatch.noise import run_to_run
+from specmatch.records import Decision
+from specmatch.simulate import cell
+
+BETA = (6.0, 4.0)      # a prompt's per-token acceptance probability: mean 0.6
+
+
+def sweep_cells(seed: int, rho: dict, concurrencies=(1, 4, 16), repeats: int = 3, prompts: int = 24,
+                out_tokens: int = 64, session_sd: float = 0.01, cell_sd: float = 0.01, parent: str = "spec"):
+    """Cells of a baseline `base` and one sweep member `<parent>@k=<k>` per k of `rho` (k -> c -> the step
+    cost in plain steps at that concurrency), simulated by specmatch.des with per-prompt acceptance
+    from BETA, every cell's times moved by its session's and its own run-to-run effect. Each member's
+    cells carry vLLM's per-position acceptance rates: a prompt accepts the first p + 1 drafts with
+    probability alpha^(p + 1), weighted by its steps and scaled so that 1 + their sum equals the cell's
+    acceptance length (as vLLM's counters are)."""
+    rng = np.random.default_rng(seed)
+    ids = [f"p-{i:03d}" for i in range(prompts)]
+    tokens = np.clip(np.round(rng.lognormal(math.log(200), 0.6, prompts)), 16, 768)
+    alpha = rng.beta(*BETA, prompts)
+    engines = {"base": BASE}
+    for k, table in rho.items():
+        cs = sorted(table)
+        f = functools.partial(_rho_at, tuple(np.log(cs)), tuple(table[c] for c in cs))
+        engines[f"{parent}@k={k}"] = replace(BASE, k=k, rho=f)
+    sessions = {(s, r): rng.normal(0, session_sd) for s in engines for r in range(1, repeats + 1)}
+    out = []
+    for c in concurrencies:
+        keys = [(s, r) for s in engines for r in range(1, repeats + 1)]
+        eng = [engines[s] for s, _ in keys]
+        pt = np.tile(tokens, (len(keys), 1))
+        served = serve(eng, c, pt, np.full(pt.shape, out_tokens), rng, np.tile(alpha, (len(keys), 1)))
+        factor = np.exp([sessions[key] + rng.normal(0, cell_sd) for key in keys])
+        served = served.scaled(factor)
+        ot = np.full(prompts, float(out_tokens))
+        for i, (s, r) in enumerate(keys):
+            one = served.row(i)
+            k = eng[i].k
+            spec = k > 0
+            res, req = cell(s, "s", c, r, one.e2e, one.ttft, ot, ids, one.steps if spec else None,
+                            one.accepted if spec else None, tokens, int(one.steps.sum()) if spec else None,
+                            starts=one.start, duration=float(one.duration[0]), drafted=one.drafted if spec else None,
+                            session=f"{s}-r{r}")
+            if spec:
+                w = one.steps / one.steps.sum()
+                rates = np.array([float((w * alpha ** (p + 1)).sum()) for p in range(k)])
+                rates *= (one.accepted.sum() / one.steps.sum()) / rates.sum()
+                res.spec_decode_per_position_acceptance_rates = [float(x) for x in rates]
+                res.spec_decode_acceptance_length = 1 + float(one.accepted.sum() / one.steps.sum())
+            out.append((res, req))
+    return out
+
+
+def _rho_at(xs: tuple, ys: tuple, b: int) -> float:
+    return float(np.interp(math.log(max(b, 1)), xs, ys))
+
+
+# the truth: the step cost of each k at c = 1, 4, 16. With these prompts tau(1, 2, 4) = 1.47, 1.73, 1.99
+# (per step: hard prompts take more steps), so the TPOT speedups tau / rho are
+# c=1: 1.40, 1.57, 1.73 (k=4 best, by 10%); c=4: 1.13, 1.24, 0.99 (k=2 best, by 10%);
+# c=16: 0.74, 0.67, 0.50 (the baseline best, by 35%)
+RHO = {1: {1: 1.05, 4: 1.30, 16: 2.0}, 2: {1: 1.10, 4: 1.40, 16: 2.6}, 4: {1: 1.15, 4: 2.0, 16: 4.0}}
+SETTINGS = dict(bootstrap=200, confidence=0.9, min_effect=0.05)
+
+
+@pytest.fixture(scope="module")
+def sweep():
+    cells = sweep_cells(1, RHO)
+    m = Measurements.of(cells, Settings(**SETTINGS))
+    return m, run_to_run(m)
+
+
+def info(max_batch=32, flavor="vllm", **kw) -> ServerInfo:
+    spec = kw.pop("speculative", {"method": "ngram", "num_speculative_tokens": [1, 2, 4], "prompt_lookup_max": 4})
+    return ServerInfo("spec", flavor, flavor, spec, max_batch, **kw)
+
+
+def test_the_per_position_model_is_what_vllm_counts():
+    # r_p is already the product of the conditional acceptances: tau(k) = 1 + sum_{p<k} r_p
+    rates = [0.8, 0.6, 0.3]
+    assert tokens_per_step(rates, 0) == 1.0
+    assert tokens_per_step(rates, 2) == pytest.approx(2.4)
+    assert tokens_per_step(rates, 3) == pytest.approx(2.7)
+    with pytest.raises(ValueError, match="reach only k=3"):
+        tokens_per_step(rates, 4)
+
+
+def test_the_best_k_per_band_is_recovered(sweep):
+    m, rr = sweep
+    ks = members("spec", m.servers())
+    assert ks == {1: "spec@k=1", 2: "spec@k=2", 4: "spec@k=4"}
+    rec = recommend(m, rr, info(), "spec", ks, "base", "s", m.settings)
+    got = {ch.concurrency: (ch.k, ch.how) for ch in rec.choices}
+    assert got == {1: (4, "best"), 4: (2, "best"), 16: (0, "best")}, [ch.to_json() for ch in rec.choices]
+    for ch in rec.choices:   # decided: the best against every other candidate, paired, pays
+        assert {v.verdict for v in ch.pairwise} == {Decision.PAYS}
+        assert len(ch.pairwise) == 3
+    assert rec.action == "schedule"
+    ks_per_batch = [b.k for b in rec.bands for _ in range(b.lo, b.hi + 1)]
+    assert ks_per_batch[0] == 4 and ks_per_batch[3] == 2 and ks_per_batch[15] == 0 and len(ks_per_batch) == 32
+    # the switches sit inside their brackets (where the two k's curves cross)
+    assert [b.k for b in rec.bands] == [4, 2, 0, 0]
+    assert 1 < rec.bands[1].lo <= 4 < rec.bands[2].lo <= 16
+    assert rec.bands[1].boundary == "crossover" and rec.bands[2].boundary == "crossover"
+    # never extrapolated silently: batch sizes above c=16 are their own band, flagged, and said
+    assert rec.bands[-1].extrapolated == "above" and rec.bands[-1].lo == 17 and rec.bands[-1].hi == 32
+    assert all(b.extrapolated is None for b in rec.bands[:-1])
+    assert rec.extrapolated_above == 16 and "17-32 were not measured" in rec.text and "extrapolation" in rec.text
+    # the deployment: vLLM's schedule with the largest k as the config's own k
+    assert rec.vllm_schedule[0][:1] == [1] and rec.vllm_schedule[-1][1] == 32
+    assert rec.speculative["num_speculative_tokens"] == 4
+    assert rec.speculative["num_speculative_tokens_per_batch_size"] == rec.vllm_schedule
+    assert all(server_k(rec.speculative, b) == k for b, k in enumerate(ks_per_batch, 1))
+    assert rec.speculative["prompt_lookup_max"] == 4 and rec.speculative["method"] == "ngram"
+    # the record round-trips through JSON
+    from specmatch.kmodel import KRecommendation
+    back = KRecommendation.from_json(json.loads(json.dumps(rec.to_json())))
+    assert back.choices[0].pairwise[0].verdict == Decision.PAYS and back.bands[-1].extrapolated == "above"
+
+
+def test_off_above_the_measured_range_when_asked(sweep):
+    m, rr = sweep
+    rec = recommend(m, rr, info(64), "spec", members("spec", m.servers()), "base", "s", m.settings,
+                    concurrencies=[1, 4], beyond="off")
+    assert [b.k for b in rec.bands][-1] == 0 and rec.bands[-1].lo == 5 and rec.bands[-1].extrapolated == "above"
+    assert "speculation is off there (not measured)" in rec.text and rec.extrapolated_above == 4
+
+
+def test_predicted_against_measured(sweep):
+    m, rr = sweep
+    pts = predict(m, rr, "spec", members("spec", m.servers()), "base", "s")
+    by = {(p.k, p.concurrency): p for p in pts}
+    assert set(by) == {(k, c) for k in (1, 2, 3, 4) for c in (1, 4, 16)}
+    # tau from k=4's per-position rates, against each member's own measured tau (held out for k < 4):
+    # within a few percent (a smaller k spends relatively more steps on easy prompts, so the rates,
+    # weighted by k=4's steps, come out a little low: the check shows it as a ratio above 1)
+    for k in (1, 2, 4):
+        for c in (1, 4, 16):
+            p = by[(k, c)]
+            assert p.tau_from == "per-position acceptance of spec@k=4 (k=4)"
+            assert p.tokens_per_step.value == pytest.approx(p.measured_tokens_per_step.value, rel=0.05), (k, c)
+            assert p.tokens_per_step.lo < p.measured_tokens_per_step.value < p.tokens_per_step.hi, (k, c)
+    assert by[(4, 1)].tokens_per_step.value == pytest.approx(by[(4, 1)].measured_tokens_per_step.value, rel=0.01)
+    assert by[(2, 1)].tokens_per_step.value < by[(3, 1)].tokens_per_step.value < by[(4, 1)].tokens_per_step.value
+    # k=3 was not run: rho interpolated between k=2 and k=4, said so, no measured figure
+    p3 = by[(3, 4)]
+    assert p3.server is None and p3.measured is None and p3.within is None
+    assert p3.step_cost_from == "interpolated" and p3.interpolated_between == [2, 4]
+    assert "interpolated linearly in k between k=2 and k=4" in p3.note
+    # k=2 lies between measured k: its prediction holds out its own tau and rho
+    p2 = by[(2, 1)]
+    assert p2.held_out == ["tokens per step", "step cost"] and p2.interpolated_between == [1, 4]
+    # where the true step cost is linear in k (c=1), the held-out prediction holds
+    assert p2.within is True, p2.to_json()
+    # where it is not (c=4: rho 1.3, 1.4, 2.0), the check catches the model's error
+    p24 = by[(2, 4)]
+    assert p24.within is False and p24.ratio > 1.05, p24.to_json()
+    # k=1 holds out its tau only (no measured k below it); k=4 holds out nothing: no check
+    for c in (1, 4, 16):
+        assert by[(1, c)].held_out == ["tokens per step"] and by[(1, c)].within is True, by[(1, c)].to_json()
+        assert by[(4, c)].held_out == [] and by[(4, c)].within is None
+        assert "not a check" in by[(4, c)].note
+    # the measured step cost is the simulated one (the truth), and tau / rho the measured speedup
+    for k in (1, 2, 4):
+        for c in (1, 4, 16):
+            p = by[(k, c)]
+            assert p.measured_step_cost.value == pytest.approx(RHO[k][c], rel=0.07), (k, c)
+            assert p.measured.value == pytest.approx(p.measured_tokens_per_step.value / p.measured_step_cost.value,
+                                                     rel=1e-6)
+
+
+def test_two_k_within_noise_are_undecided():
+    rho = {2: {4: 1.40}, 4: {4: 1.70}}       # TPOT 1.42 and 1.42: no difference, in noisy sessions
+    cells = sweep_cells(3, rho, concurrencies=(4,), repeats=2, session_sd=0.08, cell_sd=0.06)
+    m = Measurements.of(cells, Settings(**SETTINGS))
+    rr = run_to_run(m)
+    ch, _ = best_k(m, rr, "spec", members("spec", m.servers()), "base", "s", 4, m.settings)
+    assert ch.k is None and ch.how == "undecided", ch.to_json()
+    assert {2, 4} <= set(ch.candidates) and ch.decide
+    rec = recommend(m, rr, info(8), "spec", members("spec", m.servers()), "base", "s", m.settings)
+    assert rec.action == "undecided" and rec.bands == [] and rec.vllm_schedule is None
+    assert "undecided at c=4" in rec.text
+
+
+def test_equivalent_k_choose_the_smaller():
+    rho = {2: {4: 1.40}, 4: {4: 1.70}}       # the same TPOT speedup, in quiet sessions
+    cells = sweep_cells(5, rho, concurrencies=(4,), repeats=3, session_sd=0.005, cell_sd=0.005, prompts=32)
+    m = Measurements.of(cells, Settings(**{**SETTINGS, "min_effect": 0.1}))
+    rr = run_to_run(m)
+    ch, _ = best_k(m, rr, "spec", members("spec", m.servers()), "base", "s", 4, m.settings)
+    assert ch.k == 2 and ch.equivalent and ch.how in ("best", "smallest equivalent"), ch.to_json()
+
+
+# -- bands and schedules, every pattern ---------------------------------------------------------------
+def choices(decided: dict, undecided=()) -> list[KChoice]:
+    out = [KChoice("spec", "s", c, "output_throughput", k, None, "best", k) for c, k in decided.items()]
+    out += [KChoice("spec", "s", c, "output_throughput", None, None, "undecided", None, [1, 2]) for c in undecided]
+    return sorted(out, key=lambda ch: ch.concurrency)
+
+
+def test_bands_without_crossings_switch_at_the_geometric_mean():
+    bs = bands(choices({1: 4, 16: 0}, undecided=[4]), {}, 32)
+    assert [(b.lo, b.hi, b.k) for b in bs] == [(1, 3, 4), (4, 16, 0), (17, 32, 0)]
+    assert bs[1].boundary == "geometric mean" and bs[0].undecided_at == [] and bs[1].undecided_at == [4]
+    assert bs[2].extrapolated == "above" and bs[2].boundary == "measured range"
+    assert bands(choices({}, undecided=[1, 4]), {}, 8) == []
+
+
+def patterns():
+    """Every sequence of up to four k (with repeats) over concurrencies 1, 4, 16, 64, at several max_batch."""
+    import itertools
+
+    cs = (1, 4, 16, 64)
+    for n in range(1, 5):
+        for ks in itertools.product((0, 1, 2, 5), repeat=n):
+            for max_batch in (cs[n - 1], 2 * cs[n - 1] + 3):
+                yield dict(zip(cs, ks)), max_batch
+
+
+def test_every_schedule_pattern_passes_vllms_own_validation():
+    utils = pytest.importorskip("vllm.v1.spec_decode.dynamic.utils")
+    seen = 0
+    for dec, max_batch in patterns():
+        for beyond in ("extend", "off"):
+            bs = bands(choices(dec), {}, max_batch, beyond)
+            per_batch = [b.k for b in bs for _ in range(b.lo, b.hi + 1)]
+            assert len(per_batch) == max_batch
+            if max(per_batch) == 0:
+                continue          # off everywhere: the baseline, no schedule
+            ranges, spec = vllm_deployment({"method": "ngram", "prompt_lookup_max": 4}, bs, max_batch)
+            assert spec["num_speculative_tokens"] == max(per_batch)
+            parsed = utils.validate_and_normalize_dynamic_sd_schedule(spec["num_speculative_tokens_per_batch_size"])
+            assert [list(x) for x in parsed] == ranges
+            dense = utils.build_dynamic_sd_schedule_lookup(ranges, vllm_max_batch_size=max_batch,
+                                                          vllm_num_speculative_tokens=spec["num_speculative_tokens"])
+            assert dense[1:] == per_batch, (dec, max_batch, ranges)
+            # a server launched for more than max_batch (vLLM carries the last range forward)
+            dense = utils.build_dynamic_sd_schedule_lookup(ranges, vllm_max_batch_size=max_batch + 50,
+                                                          vllm_num_speculative_tokens=spec["num_speculative_tokens"])
+            assert dense[max_batch + 1:] == [per_batch[-1]] * 50
+            seen += 1
+    assert seen > 300
+
+
+def vllm_check(argv: list[str]):
+    """vLLM's own argument parser, EngineArgs, model and speculative config and schedule lookup (as
+    tests/test_engine_parsers.py's vllm_check; test modules never import each other)."""
+    from vllm.engine.arg_utils import AsyncEngineArgs
+    from vllm.entrypoints.launchers.cli_args import make_arg_parser
+
+    try:
+        from vllm.utils.argparse_utils import FlexibleArgumentParser
+    except ImportError:
+        from vllm.utils import FlexibleArgumentParser
+    from vllm.config import ParallelConfig
+    from vllm.v1.spec_decode.dynamic.utils import build_dynamic_sd_schedule_lookup
+
+    args = make_arg_parser(FlexibleArgumentParser()).parse_args(argv)
+    ea = AsyncEngineArgs.from_cli_args(args)
+    spec = ea.create_speculative_config(ea.create_model_config(), ParallelConfig(tensor_parallel_size=1))
+    dense = build_dynamic_sd_schedule_lookup(spec.num_speculative_tokens_per_batch_size,
+                                             vllm_max_batch_size=ea.max_num_seqs or 256,
+                                             vllm_num_speculative_tokens=spec.num_speculative_tokens)
+    return spec, dense
+
+
+@pytest.mark.slow  # vLLM's engine-config validation on a tiny target built first
+def test_recommended_schedules_pass_vllms_own_parser_and_validation(tmp_path, tok):
+    pytest.importorskip("vllm")
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    from specmatch.engines import get_engine
+
+    cfg = LlamaConfig(vocab_size=len(tok), hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                      num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=512)
+    LlamaForCausalLM(cfg).save_pretrained(tmp_path)
+    tok.save_pretrained(tmp_path)
+    cases = [({1: 4, 4: 2, 16: 0}, 256), ({1: 0, 4: 3}, 64), ({1: 2, 16: 5}, 512), ({1: 1, 4: 0, 16: 2}, 256)]
+    for dec, max_batch in cases:
+        bs = bands(choices(dec), {}, max_batch)
+        _, spec = vllm_deployment({"method": "ngram", "prompt_lookup_max": 4}, bs, max_batch)
+        plan = get_engine({"engine": "vllm", "profile": "gpu", "model": str(tmp_path),
+                           "speculative": spec}).launch_plan(30000, max_batch)
+        got, dense = vllm_check(plan.argv[3:])
+        assert got.num_speculative_tokens == max(b.k for b in bs)
+        assert [list(x) for x in got.num_speculative_tokens_per_batch_size] == spec["num_speculative_tokens_per_batch_size"]
+        per_batch = [b.k for b in bs for _ in range(b.lo, b.hi + 1)]
+        assert dense[1:max_batch + 1] == per_batch
+
+
+SG_NEW = REPO / ".parsers" / "sglang-0.5.23"
+SG_ROUTE = """
+import json, sys, tempfile
+from sglang.srt.speculative.adaptive_spec_params import AdaptiveSpeculativeParams, resolve_candidate_steps_from_config
+out = []
+for case in json.loads(sys.stdin.read()):
+    with tempfile.NamedTemporaryFile("w", suffix=".json", delete=False) as fh:
+        json.dump(case["config"], fh)
+    steps = resolve_candidate_steps_from_config(fh.name)
+    p = AdaptiveSpeculativeParams(case["num_steps"], fh.name)
+    out.append({"candidates": steps, "per_batch": [p.get_steps_for_batch(b) for b in range(1, case["max_batch"] + 1)]})
+print(json.dumps(out))
+"""
+
+
+@pytest.mark.slow  # SGLang's own code in a subprocess: several seconds
+def test_sglang_adaptive_configs_route_every_batch_to_its_band_with_sglang_itself():
+    if not (SG_NEW / ".done").exists():
+        pytest.skip("the pinned SGLang release is not installed (scripts/setup-parsers.sh)")
+    from specmatch.engines.sglang import adaptive_support
+
+    sg = info(256, "sglang", speculative={"method": "eagle3", "model": "/d", "num_steps": 3, "eagle_topk": 1,
+                                          "num_draft_tokens": 4}, sglang_adaptive=adaptive_support("0.5.23"),
+              version="0.5.23")
+    cases, expected = [], []
+    for dec, max_batch in patterns():
+        bs = bands(choices(dec), {}, max_batch)
+        per_batch = [b.k for b in bs for _ in range(b.lo, b.hi + 1)]
+        if max(per_batch) == 0:
+            continue
+        d = sglang_deployment(sg, bs)
+        assert d["mechanism"] == "speculative-adaptive" and d["config"] == sglang_adaptive_config(bs)
+        assert d["speculative"]["num_steps"] == max(per_batch) and d["speculative"]["num_draft_tokens"] == max(per_batch) + 1
+        cases.append({"config": d["config"], "num_steps": d["speculative"]["num_steps"], "max_batch": max_batch})
+        expected.append(per_batch)
+    env = {"PYTHONPATH": str(SG_NEW), "PATH": "/usr/bin:/bin", "HF_HUB_OFFLINE": "1"}
+    r = subprocess.run([sys.executable, "-c", SG_ROUTE], input=json.dumps(cases), capture_output=True, text=True,
+                       env=env, timeout=300)
+    assert r.returncode == 0, r.stderr[-3000:]
+    got = json.loads(r.stdout.strip().splitlines()[-1])
+    for case, want, res in zip(cases, expected, got):
+        assert case["num_steps"] in res["candidates"]
+        assert res["per_batch"] == want, case
+
+
+def test_sglang_without_adaptive_says_why():
+    sg = info(64, "sglang", speculative={"method": "eagle3", "num_steps": 3, "eagle_topk": 1, "num_draft_tokens": 4},
+              version="0.5.10")
+    bs = bands(choices({1: 3, 16: 0}), {}, 64)
+    d = sglang_deployment(sg, bs)
+    assert d["mechanism"] is None and "0.5.18" in d["why"]
+    d = sglang_deployment(info(64, "sglang", speculative={"method": "ngram"}, sglang_adaptive={"since": "0.5.18"}), bs)
+    assert d["mechanism"] is None and "EAGLE" in d["why"]
+
+
+def test_one_k_everywhere_is_the_member_as_measured_and_off_is_the_baseline():
+    from specmatch.kmodel import KRecommendation  # noqa: F401
+
+    bs = bands(choices({1: 2, 16: 2}), {}, 16)
+    assert [(b.lo, b.hi, b.k) for b in bs] == [(1, 16, 2)]
+    with pytest.raises(ValueError, match="speculates nowhere"):
+        vllm_deployment({"method": "ngram"}, bands(choices({1: 0}), {}, 4), 4)
+    with pytest.raises(ValueError, match="must cover"):
+        vllm_deployment({"method": "ngram"}, [KBand(1, 3, 2)], 4)

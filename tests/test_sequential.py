@@ -1,0 +1,188 @@
+"""The sequential design (issue 18, item 5): repeats {min, max}, alpha spent per look, rounds that
+give another repeat only where a verdict is inconclusive and another repeat can narrow it.
+
+The levels are checked against the model they solve (nested repeat averages: a shared prompt-sample
+part w and a run-to-run part that falls as 1/R) by simulation; the analysis under the design is
+checked end to end on the discrete-event simulator in tests/test_calibration.py."""
+from __future__ import annotations
+
+import math
+from statistics import NormalDist
+
+import numpy as np
+import pytest
+import yaml
+
+from specmatch import calibration as cal
+from specmatch.analysis import Settings, analyse
+from specmatch.config import load, validate
+from specmatch.files import SpecmatchError
+from specmatch.records import Continuation, Decision, RoundPlan
+from specmatch.rounds import plan
+from specmatch.sequential import Design, continues, chance_decided, look_confidence
+
+from builders import REPO
+
+ALPHA = 0.10
+
+
+def crossing_rate(design: Design, w: float, b1: float, n: int = 100_000, seed: int = 0, spend: bool = True) -> float:
+    """P(|Z| crosses the look's boundary at any look) for identical servers: a shared prompt-sample
+    draw (variance w) plus the mean of R session draws (variance b1 each), looks at R = min..max."""
+    rng = np.random.default_rng(seed)
+    shared = rng.standard_normal(n) * math.sqrt(w)
+    sessions = rng.standard_normal((n, design.max)) * math.sqrt(b1)
+    crossed = np.zeros(n, bool)
+    for R in design.looks:
+        est = shared + sessions[:, :R].mean(1)
+        se = math.sqrt(w + b1 / R)
+        conf = look_confidence(design, 1 - ALPHA, R, w, b1 / R) if spend else 1 - ALPHA
+        crossed |= np.abs(est / se) > NormalDist().inv_cdf(0.5 + conf / 2)
+    return float(crossed.mean())
+
+
+@pytest.mark.parametrize("w_share", [0.0, 0.5, 0.9])
+@pytest.mark.parametrize("looks", [(2, 3), (2, 4), (2, 6)])
+def test_spending_keeps_the_error_rate_over_every_look(w_share, looks):
+    """Whatever share of the variance the prompt sample holds (w: shared by every look), crossing at
+    any look is alpha, within the Monte-Carlo error (n = 100k: se 0.1%)."""
+    d = Design(*looks)
+    rate = crossing_rate(d, w_share, 2 * (1 - w_share) + 1e-9)
+    assert abs(rate - ALPHA) < 0.006, rate
+
+
+def test_looking_at_the_fixed_level_every_round_inflates_the_error():
+    """The teeth: the same looks, each at the fixed design's level, cross far more often."""
+    d = Design(2, 4)
+    assert crossing_rate(d, 0.0, 2.0, spend=False) > 0.15
+    assert crossing_rate(d, 0.0, 2.0) < 0.106
+
+
+def test_a_fixed_design_has_one_look_at_the_full_level():
+    assert look_confidence(Design.of(2), 0.9, 2, 0.01, 0.02) == 0.9
+    assert look_confidence(Design.of({"min": 3, "max": 3}), 0.9, 3, 0.01, 0.02) == 0.9
+    # no run-to-run part measured (one repeat): nothing to spend over
+    assert look_confidence(Design(2, 4), 0.9, 2, 0.01, 0.0) == 0.9
+
+
+def test_each_look_is_stricter_than_a_fixed_design_and_spends_early():
+    d = Design(2, 4)
+    levels = [look_confidence(d, 0.9, R, 0.0, 1.0 / R) for R in d.looks]
+    assert all(x > 0.9 for x in levels)
+    # Pocock-type spending: the first look keeps most of the level (a large effect stops at min)
+    assert levels[0] < 0.95
+    # where w dominates, the looks are nearly the same statistic: the first look keeps almost all of alpha
+    assert look_confidence(d, 0.9, 2, 0.95, 0.05) < 0.91
+
+
+def test_design_forms_and_errors():
+    assert Design.of(2) == Design(2, 2) and not Design.of(2).sequential
+    assert Design.of({"min": 2, "max": 4}).looks == [2, 3, 4]
+    with pytest.raises(ValueError, match="min >= 2"):
+        Design.of({"min": 1, "max": 3})
+    with pytest.raises(ValueError, match="min <= max"):
+        Design.of({"min": 3, "max": 2})
+
+
+def test_config_takes_both_forms_and_names_the_field():
+    cfg = load(REPO / "config.yaml", {"repeats": {"min": "2", "max": "3"}})   # --config hands text over
+    assert cfg["repeats"] == {"min": 2, "max": 3}
+    assert load(REPO / "config.yaml", {"repeats": 3})["repeats"] == 3
+    with pytest.raises(SpecmatchError, match=r"repeats\.min: 1 is less than the minimum of 2"):
+        load(REPO / "config.yaml", {"repeats": {"min": 1, "max": 3}})
+    with pytest.raises(SpecmatchError, match=r"repeats\.max: 2 is below repeats\.min"):
+        load(REPO / "config.yaml", {"repeats": {"min": 3, "max": 2}})
+    raw = yaml.safe_load((REPO / "config.yaml").read_text())
+    with pytest.raises(SpecmatchError, match="'max' is a required property"):
+        validate({**raw, "repeats": {"min": 2}})
+
+
+def test_repeats_are_spent_where_they_likely_decide():
+    d = Design(2, 4)
+    band = math.log(1.05)
+    # run to run dominates, the estimate sits near the edge of 0: the remaining repeats likely decide it
+    assert continues(0.06, w=0.0001, run_to_run=0.0009, repeats=2, design=d, confidence=0.9, band=band, dof=30)
+    # the prompt sample limits it: more repeats barely narrow the interval
+    assert not continues(0.02, w=0.004, run_to_run=0.0002, repeats=2, design=d, confidence=0.9, band=band, dof=30)
+    # an interval straddling 1 and both edges of the band, far from deciding either way
+    assert not continues(0.0, w=0.0004, run_to_run=0.01, repeats=2, design=d, confidence=0.9, band=band, dof=30)
+    assert not continues(0.06, w=0.0, run_to_run=0.001, repeats=4, design=d, confidence=0.9, band=band, dof=30)
+    assert not continues(0.06, w=0.001, run_to_run=0.0, repeats=2, design=d, confidence=0.9, band=band, dof=30)
+
+
+def test_the_probability_of_deciding_is_calibrated():
+    """chance_decided against the truth it predicts: effects drawn flat over +/-20%, nested
+    repeats (shared w, session sd 6%), inconclusive at the first look; among those it gives a
+    probability in a bin, the share the last look decides matches the bin's mean prediction."""
+    rng = np.random.default_rng(3)
+    n, w, b1, d = 200_000, 0.0004, 0.0036, Design(2, 3)
+    band, z = math.log(1.05), NormalDist()
+    theta = rng.uniform(-0.2, 0.2, n)
+    base = theta + rng.standard_normal(n) * math.sqrt(w)
+    s = rng.standard_normal((n, 3)) * math.sqrt(b1)
+    e2, e3 = base + s[:, :2].mean(1), base + s.mean(1)
+
+    def decided(est, R):
+        h = z.inv_cdf(0.5 + look_confidence(d, 0.9, R, w, b1 / R) / 2) * math.sqrt(w + b1 / R)
+        return (np.abs(est) > h) | (np.abs(est) < band - h)
+
+    open_ = ~decided(e2, 2)
+    pred = np.array([chance_decided(x, w, b1 / 2, 2, d, 0.9, band, 1e9) for x in e2[open_]])
+    got = decided(e3, 3)[open_]
+    for lo, hi in ((0, 0.1), (0.1, 0.25), (0.25, 0.4), (0.4, 1.0)):
+        k = (pred >= lo) & (pred < hi)
+        assert k.sum() > 500
+        assert abs(got[k].mean() - pred[k].mean()) < 0.02, (lo, hi, got[k].mean(), pred[k].mean())
+
+
+# -- rounds on simulated servers -------------------------------------------------------------------
+@pytest.fixture(scope="module")
+def simulated():
+    """One experiment shaped like the default (3 suites x c=1,4,16) on the discrete-event server:
+    `same` is the baseline's configuration, `fast` 60% faster in every step; 3 repeats each."""
+    rng = np.random.default_rng(7)
+    work = [cal.Workload.draw(rng)]
+    servers = ["baseline", "same", "fast"]
+    eff = [cal.run_to_run(rng, cal.SCENARIOS["plain"], servers, cal.SUITES, cal.CONCURRENCIES, 3)]
+    engines = {"baseline": cal.BASE, "same": cal.BASE, "fast": cal.BASE.faster(1.6)}
+    return cal.simulate_cells(rng, work, engines, eff, 3)[0]
+
+
+def settings() -> Settings:
+    return cal.settings(bootstrap=200, repeats={"min": 2, "max": 3})
+
+
+def test_a_round_continues_only_the_undecided_and_their_baseline(simulated):
+    d = Design(2, 3)
+    an = analyse([x for x in simulated if x[0].repeat <= 2], "baseline", settings())
+    p = plan(an, d, 2)
+    assert p.round == 2 and p.metric == "output_throughput" and p.design == {"min": 2, "max": 3, "min_probability": 0.25}
+    configs = {(x.server, x.suite, x.concurrency) for x in p.decisions}
+    assert configs == {(s, u, c) for s in ("same", "fast") for u in cal.SUITES for c in cal.CONCURRENCIES}
+    fast = [x for x in p.decisions if x.server == "fast"]
+    assert all(x.verdict == Decision.PAYS and x.action == Continuation.DECIDED for x in fast)
+    go = {(x.suite, x.concurrency) for x in p.decisions if x.action == Continuation.CONTINUE}
+    assert go, "identical servers at R=2 are mostly inconclusive: some must continue"
+    assert {(c.server, c.suite, c.concurrency) for c in p.next} == (
+        {("same", u, c) for u, c in go} | {("baseline", u, c) for u, c in go})
+    assert all(c.repeat == 3 for c in p.next)
+    for x in p.decisions:
+        assert 0.9 < x.confidence < 1      # the first look's level: stricter than the fixed design's
+        if x.action == Continuation.CONTINUE:
+            assert x.verdict == Decision.INCONCLUSIVE
+    assert RoundPlan.from_json(p.to_json()) == p
+
+    # the next round sees only the planned cells of repeat 3; configurations that stopped keep their
+    # verdict; the last look's decisions stop at max
+    planned = {(c.server, c.suite, c.concurrency) for c in p.next}
+    cells = [x for x in simulated if x[0].repeat <= 2 or (x[0].server, x[0].suite, x[0].concurrency) in planned]
+    an3 = analyse(cells, "baseline", settings())
+    p3 = plan(an3, d, 3)
+    assert {(x.server, x.suite, x.concurrency) for x in p3.decisions} == {("same", u, c) for u, c in go}
+    assert all(x.action in (Continuation.DECIDED, Continuation.AT_MAX) for x in p3.decisions)
+    assert not p3.next
+    for x in p3.decisions:
+        first = next(y for y in p.decisions if (y.server, y.suite, y.concurrency) == (x.server, x.suite, x.concurrency))
+        assert x.confidence > first.confidence    # the second look is stricter still
+    stopped = an3.verdict("fast", cal.SUITES[0], 1)
+    assert stopped.repeats == 2 and stopped.verdict == Decision.PAYS

@@ -1,0 +1,616 @@
+"""Which k at which load (issue 19, items 2-4): a model of the speedup per k, the best k per batch
+band decided like every verdict, and the deployment that runs it (a vLLM per-batch-size schedule,
+SGLang's adaptive candidate steps).
+
+The servers of one k sweep (specmatch.sweep: `eagle3@k=1`, `eagle3@k=2`, ...) and the baseline (k = 0)
+were measured on the same prompts at the same concurrencies, in repeated server sessions.
+
+**The model** (predict). A speculative step yields tau tokens and costs rho plain decode steps of the
+baseline, so the TPOT speedup is tau / rho (specmatch.attribution). vLLM reports the acceptance rate
+at each draft position p = 0, 1, ... (`spec_decode_per_position_acceptance_rates`: accepted tokens at
+position p over drafts; a token is accepted only if every one before it was, so r_p is already the
+product of the conditional acceptances a_0 ... a_p). A drafter's proposal at position p does not
+depend on how many positions follow it, so a server drafting k' <= K tokens yields
+
+    tau(k') = 1 + sum_{p < k'} r_p          (r from the server of the largest measured k, K)
+
+The step cost rho(k, c) comes from the measured cells (rho = tau x TPOT_server / TPOT_baseline, with
+its interval, attribution.decompose); for a k that was not measured it is interpolated linearly in k
+between the nearest measured k below and above at the same concurrency (never extrapolated outside
+the measured k; the record says "interpolated" and between which). The predicted TPOT speedup is
+tau(k) / rho(k, c) with an interval by the delta method on the log scale (below).
+
+The model is checked, not trusted: for every k that was run, the prediction is made without that k's
+own data where it can be (tau from the largest k's per-position rates; rho interpolated between the
+neighbouring measured k when k lies between two of them, leaving its own out) and set beside the
+measured TPOT speedup (`KPoint.within`: the measured figure lies in the predicted interval;
+`KPoint.held_out` says which parts of the prediction did not use that k's data; with none held out
+the comparison is no check and `within` is None).
+
+Intervals. Each measured interval (attribution's: a paired bootstrap by prompt plus the measured
+run-to-run variance) is read back as a log-scale standard error, half its log width over the normal
+quantile (a t interval is wider than the normal one at its level, so this errs wide). tau(k) from the
+per-position rates: the prompt sample moves the extra tokens (tau - 1) of every k together, so their
+relative error is taken as the largest k's measured one: se(log tau(k)) = s (tau(k) - 1) / tau(k) with
+s = se(log tau_K) tau_K / (tau_K - 1). An interpolated rho: se(rho) = (1 - w) rho_a se_a + w rho_b se_b
+(its two ends share the baseline's cells, so their errors are taken as perfectly correlated: an upper
+bound). The prediction: se^2 = se(log tau)^2 + se(log rho)^2 (the two are positively correlated through
+the prompts, so this errs wide too).
+
+**The best k per concurrency** (best_k). Candidates: every measured k at c and k = 0 (the baseline).
+The best is the one with the largest speedup against the baseline on `summary.recommend_metric`; it is
+compared, paired, with every other candidate (comparison.compare with `against` the other server: the
+same estimator and interval as every verdict, between any two measured servers) and decided:
+
+- decisively better than every other (pays against each): that k;
+- equivalent (within +/-min_effect) to some and decisively better than the rest: the SMALLEST of it and
+  its equivalents (it costs less at higher load, and the difference is one no team would act on);
+- otherwise (inconclusive against some candidate): undecided, with the candidates the data cannot tell
+  from the best (`KChoice.candidates`) and what would decide it.
+
+Asking the best to beat every candidate (not only the runner-up by point estimate) is an
+intersection-union test: calling k best when it is not (by more than min_effect) has probability at
+most alpha at each concurrency, with no multiplicity correction.
+
+**Bands** (bands). Batch sizes 1..max_batch, from the decided concurrencies only (as
+deployment.on_per_batch does for on/off). Between two decided concurrencies whose k differ, the switch
+sits where the two k's measured speedup curves cross (each linear in log concurrency between measured
+points; for k = 0 the curve is 1): the generalisation of today's on/off switch at the crossing of 1.
+Where they do not cross inside the bracket (an equivalence choice: the smaller k was chosen though its
+point estimate was lower), the switch is the geometric mean of the two concurrencies (the midpoint in
+log space). Undecided concurrencies between decided ones do not move it. Below the first decided
+concurrency its k holds; above the largest MEASURED concurrency nothing was measured: that band is its
+own (`KBand.extrapolated` = "above"), the record's `extrapolated_above` names the largest measured
+concurrency, the text says so, and `beyond="off"` deploys k = 0 there instead of extending the last k.
+
+**The deployment** (deploy). vLLM: `num_speculative_tokens_per_batch_size` with one inclusive
+[lo, hi, k] range per band (k = 0: off), covering 1..max_batch, the speculative config's own
+`num_speculative_tokens` set to the largest k it uses (vLLM clamps every range's k by it); one k
+everywhere is that sweep member as measured (no schedule), k = 0 everywhere is the baseline. SGLang
+(where the release has `--speculative-adaptive`, engines/sglang.adaptive_support): an adaptive config
+with one slot per band whose only candidate is the band's k (a slot with one candidate never moves),
+num_steps the largest k, eagle_topk 1.
+"""
+from __future__ import annotations
+
+import copy
+import math
+from dataclasses import dataclass, field
+from statistics import NormalDist
+from typing import Optional
+
+from .comparison import Comparison, compare, decide
+from .deployment import ServerInfo, server_k, validate_schedule
+from .measurements import Measurements, Settings
+from .noise import RunToRun
+from .records import Decision, Interval, Record, Verdict
+from .sweep import sweep_of
+
+
+# -- records ------------------------------------------------------------------------------------
+@dataclass
+class KPoint(Record):
+    """One k of a sweep at one (suite, concurrency): the model's predicted TPOT speedup over the
+    baseline and, for a k that was run, the measured one beside it."""
+    parent: str
+    suite: str
+    concurrency: int
+    k: int
+    server: Optional[str]                       # the sweep member that ran this k (None: not run)
+    tokens_per_step: Optional[Interval]         # tau(k) the model uses
+    tau_from: Optional[str]                     # "per-position acceptance of <server> (k=K)" | "measured"
+    step_cost: Optional[Interval]               # rho(k, c) the model uses
+    step_cost_from: Optional[str]               # "measured" | "interpolated" | None (not available)
+    interpolated_between: Optional[list]        # [k below, k above] for an interpolated rho
+    predicted: Optional[Interval]               # TPOT speedup over the baseline, tau / rho
+    held_out: list = field(default_factory=list)  # of this k's own data, what the prediction did not use
+    measured: Optional[Interval] = None         # the measured TPOT speedup (attribution's), for a k that ran
+    measured_tokens_per_step: Optional[Interval] = None
+    measured_step_cost: Optional[Interval] = None
+    within: Optional[bool] = None               # measured figure inside the predicted interval (None: no check)
+    ratio: Optional[float] = None               # measured / predicted
+    confidence: float = 0.9
+    note: Optional[str] = None
+
+
+@dataclass
+class KChoice(Record):
+    """The best k at one measured concurrency, decided like every verdict (module docstring)."""
+    parent: str
+    suite: str
+    concurrency: int
+    metric: str
+    k: Optional[int]                            # the chosen k (0: off); None: undecided
+    server: Optional[str]                       # the server that runs it (the baseline for 0)
+    how: str                                    # best | smallest equivalent | only candidate | undecided | none
+    best: Optional[int]                         # the k with the largest estimated speedup
+    candidates: list = field(default_factory=list)   # undecided: the k the data cannot tell from the best
+    equivalent: list = field(default_factory=list)   # k within +/-min_effect of the best
+    speedups: dict = field(default_factory=dict)     # str(k) -> {speedup, lo, hi, verdict} against the baseline
+    pairwise: list[Verdict] = field(default_factory=list)  # the best against every other candidate
+    decide: Optional[str] = None                # undecided: what would decide it
+    note: Optional[str] = None
+
+
+@dataclass
+class KBand(Record):
+    """Batch sizes lo..hi (inclusive) and the k deployed there."""
+    lo: int
+    hi: int
+    k: int
+    decided_at: list = field(default_factory=list)    # decided concurrencies inside the band
+    undecided_at: list = field(default_factory=list)  # measured but undecided concurrencies inside it
+    boundary: str = "start"                     # how lo was placed: start | crossover | geometric mean | measured range
+    extrapolated: Optional[str] = None          # "above": beyond the largest measured concurrency (not measured)
+
+
+@dataclass
+class KRecommendation(Record):
+    """Which k at which load for one sweep on one suite, and the deployment that runs it."""
+    parent: str
+    suite: str
+    metric: str
+    action: str                                 # schedule | keep (one k everywhere) | off | undecided
+    choices: list[KChoice] = field(default_factory=list)
+    bands: list[KBand] = field(default_factory=list)
+    k: Optional[int] = None                     # keep: the one k
+    server: Optional[str] = None                # keep: the member that runs it as measured; off: the baseline
+    vllm_schedule: Optional[list] = None        # [[lo, hi, k], ...] inclusive, covering 1..max_batch
+    speculative: Optional[dict] = None          # the speculative config to deploy (vLLM / SGLang)
+    sglang: Optional[dict] = None               # SGLang's mechanism, or {"mechanism": None, "why": ...}
+    extrapolated_above: Optional[int] = None    # the largest measured concurrency, when max_batch exceeds it
+    max_batch: Optional[int] = None
+    boundary_rule: str = "crossover of the two k's speedup curves on log concurrency, else the geometric mean"
+    text: str = ""
+
+
+# -- the sweep's servers --------------------------------------------------------------------------
+def members(parent: str, servers) -> dict[int, str]:
+    """k -> server name of a sweep's members among `servers` (names), in k order."""
+    out = {}
+    for name in servers:
+        got = sweep_of(name)
+        if got is not None and got[0] == parent:
+            out[got[1]] = name
+    return dict(sorted(out.items()))
+
+
+def _z(confidence: float) -> float:
+    return NormalDist().inv_cdf(0.5 + confidence / 2)
+
+
+def _log_se(iv: Interval | None, confidence: float) -> float | None:
+    """A log-scale standard error read back from an interval (errs wide for a t interval)."""
+    if iv is None or iv.lo is None or iv.hi is None or iv.lo <= 0 or iv.hi <= 0:
+        return None
+    return (math.log(iv.hi) - math.log(iv.lo)) / (2 * _z(confidence))
+
+
+def _iv(log_est: float, se: float, confidence: float) -> Interval:
+    z = _z(confidence)
+    return Interval(math.exp(log_est), math.exp(log_est - z * se), math.exp(log_est + z * se))
+
+
+# -- per-position acceptance -> tokens per step -------------------------------------------------------
+def per_position_rates(m: Measurements, server: str, suite: str) -> list[float] | None:
+    """vLLM's per-position acceptance rates of a server on a suite, pooled over its cells (every
+    concurrency and repeat) weighted by each cell's drafts; None where no cell reported them."""
+    num, den = [], 0.0
+    for key, cell in m.cells.items():
+        if key[0] != server or key[1] != suite:
+            continue
+        rates, drafts = cell.spec_decode_per_position_acceptance_rates, cell.spec_decode_num_drafts
+        if not rates or not drafts or any(r is None for r in rates):
+            continue
+        if len(num) < len(rates):
+            num += [0.0] * (len(rates) - len(num))
+        for p, r in enumerate(rates):
+            num[p] += float(r) * drafts
+        den += drafts
+    if not den:
+        return None
+    return [x / den for x in num]
+
+
+def tokens_per_step(rates: list[float], k: int) -> float:
+    """tau(k) = 1 + sum_{p < k} r_p: expected tokens a step drafting k yields (k <= len(rates))."""
+    if k > len(rates):
+        raise ValueError(f"tau({k}): per-position rates reach only k={len(rates)}")
+    return 1.0 + float(sum(rates[:k]))
+
+
+# -- the model ---------------------------------------------------------------------------------------
+@dataclass
+class _Measured:
+    tau: Interval | None
+    rho: Interval | None
+    tpot: Interval | None
+    note: str | None
+
+
+def _decompositions(m: Measurements, rr: RunToRun, ks: dict[int, str], baseline: str, suite: str,
+                    concurrencies: list[int]) -> dict:
+    from .attribution import acceptance_run_to_run, decompose
+
+    acc_rr = acceptance_run_to_run(m, [baseline, *ks.values()])
+    out = {}
+    for k, server in ks.items():
+        for c in concurrencies:
+            if m.repeats(server, suite, c) and m.repeats(baseline, suite, c):
+                d = decompose(m, rr, acc_rr, server, baseline, suite, c)
+                out[(k, c)] = _Measured(d.tau, d.rho, d.tpot, d.note)
+    return out
+
+
+def _rho(meas: dict, k: int, c: int, measured_ks: list[int], leave_out: bool, conf: float
+         ) -> tuple[Interval | None, float | None, str | None, list | None]:
+    """rho(k, c) and its log se: measured (unless left out), else linear in k between the nearest
+    measured k below and above at c (never outside them)."""
+    own = meas.get((k, c))
+    if not leave_out and own is not None and own.rho is not None:
+        return own.rho, _log_se(own.rho, conf), "measured", None
+    have = [j for j in measured_ks if j != k and meas.get((j, c)) is not None and meas[(j, c)].rho is not None]
+    below, above = [j for j in have if j < k], [j for j in have if j > k]
+    if not below or not above:
+        return None, None, None, None
+    a, b = max(below), min(above)
+    ra, rb = meas[(a, c)].rho, meas[(b, c)].rho
+    sa, sb = _log_se(ra, conf), _log_se(rb, conf)
+    w = (k - a) / (b - a)
+    rho = (1 - w) * ra.value + w * rb.value
+    se = ((1 - w) * ra.value * sa + w * rb.value * sb) / rho if sa is not None and sb is not None else None
+    iv = _iv(math.log(rho), se, conf) if se is not None else Interval(rho, None, None)
+    return iv, se, "interpolated", [a, b]
+
+
+def predict(m: Measurements, rr: RunToRun, parent: str, ks: dict[int, str], baseline: str, suite: str,
+            concurrencies: list[int] | None = None, upto: int | None = None) -> list[KPoint]:
+    """The model's TPOT speedup for every k = 1..K (K the largest measured k, or `upto` <= K) at every
+    concurrency both the baseline and some member measured, each k that ran with its measured figure
+    beside the prediction (module docstring). `ks`: k -> member server (members())."""
+    conf = m.settings.confidence
+    ks = dict(sorted(ks.items()))
+    cs = sorted(concurrencies or {k[2] for k in m.cells if k[1] == suite})
+    meas = _decompositions(m, rr, ks, baseline, suite, cs)
+    measured_ks = sorted(ks)
+    if not measured_ks:
+        return []
+    K = max(measured_ks)
+    # the per-position rates of the largest k that reported them
+    src, rates = None, None
+    for k in sorted(ks, reverse=True):
+        r = per_position_rates(m, ks[k], suite)
+        if r is not None and len(r) >= k:
+            src, rates = k, r[:k]
+            break
+    top = src if src is not None else K
+    out = []
+    for c in cs:
+        if not m.repeats(baseline, suite, c) or not any((k, c) in meas for k in measured_ks):
+            continue
+        # the relative error of the extra tokens, from the measured tau of the rates' own server
+        s_extra = None
+        if src is not None and (src, c) in meas and meas[(src, c)].tau is not None:
+            t_src = tokens_per_step(rates, src)
+            se_src = _log_se(meas[(src, c)].tau, conf)
+            if se_src is not None and t_src > 1:
+                s_extra = se_src * t_src / (t_src - 1)
+        for k in range(1, (upto or top) + 1):
+            server = ks.get(k)
+            own = meas.get((k, c))
+            note = []
+            # tau
+            if rates is not None and k <= len(rates):
+                t = tokens_per_step(rates, k)
+                se_t = s_extra * (t - 1) / t if s_extra is not None else None
+                tau = _iv(math.log(t), se_t, conf) if se_t is not None else Interval(t, None, None)
+                tau_from = f"per-position acceptance of {ks[src]} (k={src})"
+                tau_held = server is not None and k != src
+            elif own is not None and own.tau is not None:
+                tau, se_t, tau_from, tau_held = own.tau, _log_se(own.tau, conf), "measured", False
+                note.append("no per-position acceptance: tau is this k's own")
+            else:
+                tau, se_t, tau_from, tau_held = None, None, None, False
+                note.append("no per-position acceptance reaches this k (the engine reports none, or a smaller k)"
+                            if server is None else "drafted nothing: no tau")
+            # rho: for a k that ran, leave its own out where neighbours on both sides allow
+            rho, se_r, rho_from, between = _rho(meas, k, c, measured_ks, leave_out=server is not None, conf=conf)
+            rho_held = rho is not None and server is not None
+            if rho is None:
+                rho, se_r, rho_from, between = _rho(meas, k, c, measured_ks, leave_out=False, conf=conf)
+            if rho is None:
+                note.append(f"step cost not measured at k={k} and not between two measured k at c={c}: not "
+                            "extrapolated")
+            elif rho_from == "interpolated":
+                note.append(f"step cost interpolated linearly in k between k={between[0]} and k={between[1]}"
+                            + (" (this k's own left out)" if rho_held else ""))
+            pred = None
+            if tau is not None and rho is not None and rho.value and rho.value > 0:
+                est = math.log(tau.value) - math.log(rho.value)
+                if se_t is not None and se_r is not None:
+                    pred = _iv(est, math.sqrt(se_t ** 2 + se_r ** 2), conf)
+                else:
+                    pred = Interval(math.exp(est), None, None)
+                    note.append("no interval: a part was measured without one")
+            held = (["tokens per step"] if tau_held else []) + (["step cost"] if rho_held else [])
+            p = KPoint(parent, suite, c, k, server, tau, tau_from, rho, rho_from, between, pred, held,
+                       confidence=conf)
+            if own is not None:
+                p.measured, p.measured_tokens_per_step, p.measured_step_cost = own.tpot, own.tau, own.rho
+                if own.note:
+                    note.append(own.note)
+                if pred is not None and own.tpot is not None and own.tpot.value:
+                    p.ratio = own.tpot.value / pred.value
+                    if held and pred.lo is not None:
+                        p.within = bool(pred.lo <= own.tpot.value <= pred.hi)
+                    elif not held:
+                        note.append("nothing of this k's own data was held out: not a check of the model")
+            p.note = "; ".join(note) or None
+            out.append(p)
+    return out
+
+
+# -- the best k per concurrency ------------------------------------------------------------------------
+def best_k(m: Measurements, rr: RunToRun, parent: str, ks: dict[int, str], baseline: str, suite: str, c: int,
+           s: Settings) -> tuple[KChoice, dict]:
+    """The best k at concurrency c on `s.recommend_metric` (module docstring), and the comparisons
+    against the baseline it rests on (k -> Comparison) for the bands' crossovers."""
+    metric = s.recommend_metric
+    choice = KChoice(parent, suite, c, metric, None, None, "none", None)
+    if not m.repeats(baseline, suite, c):
+        choice.note = f"the baseline was not measured at c={c}"
+        return choice, {}
+    servers = {0: baseline, **{k: n for k, n in ks.items() if m.repeats(n, suite, c)}}
+    est, cmps, missing = {0: 0.0}, {}, []
+    choice.speedups["0"] = {"speedup": 1.0, "lo": 1.0, "hi": 1.0, "verdict": None}
+    for k, name in servers.items():
+        if k == 0:
+            continue
+        cmp = compare(m, rr, name, baseline, suite, c, metric)
+        cmps[k] = cmp
+        if cmp.estimate is None:
+            missing.append(f"k={k}: {cmp.note}")
+            continue
+        v = decide(cmp, s)
+        est[k] = cmp.estimate
+        choice.speedups[str(k)] = {"speedup": v.speedup, "lo": v.lo, "hi": v.hi, "verdict": v.verdict.value}
+    if missing:
+        choice.note = "; ".join(missing)
+    if len(est) == 1:
+        choice.k, choice.server, choice.how, choice.best = 0, baseline, "only candidate", 0
+        choice.note = "; ".join(filter(None, [choice.note, "no speculative server measured here: the baseline"]))
+        return choice, cmps
+    best = max(est, key=lambda k: (est[k], -k))       # ties: the smaller k
+    choice.best = best
+    inconclusive, equivalent, loses = [], [], []
+    for j in sorted(est):
+        if j == best:
+            continue
+        v = decide(compare(m, rr, servers[best], servers[j], suite, c, metric), s)
+        choice.pairwise.append(v)
+        if v.verdict == Decision.EQUIVALENT:
+            equivalent.append(j)
+        elif v.verdict == Decision.INCONCLUSIVE:
+            inconclusive.append(j)
+        elif v.verdict == Decision.LOSES:   # the paired comparison disagrees with the estimates' order
+            loses.append(j)
+    choice.equivalent = sorted(equivalent)
+    if inconclusive or loses:
+        choice.how = "undecided"
+        choice.candidates = sorted({best, *inconclusive, *loses, *equivalent})
+        why = [v.decide for v in choice.pairwise if v.verdict == Decision.INCONCLUSIVE and v.decide]
+        choice.decide = "; ".join(dict.fromkeys(
+            [f"k={best} against k={', '.join(map(str, sorted(inconclusive + loses)))}: " + (why[0] if why else
+             "the paired interval straddles the decision")] if (inconclusive or loses) else []))
+        return choice, cmps
+    k = min([best, *equivalent])
+    choice.k, choice.server = k, servers[k]
+    choice.how = "best" if k == best else "smallest equivalent"
+    return choice, cmps
+
+
+# -- bands -----------------------------------------------------------------------------------------
+def _curve(cmps_by_c: dict, k: int) -> dict[int, float]:
+    """c -> the measured log speedup of k against the baseline (0 for k = 0)."""
+    out = {}
+    for c, cmps in cmps_by_c.items():
+        if k == 0:
+            out[c] = 0.0
+        elif k in cmps and cmps[k].estimate is not None:
+            out[c] = cmps[k].estimate
+    return out
+
+
+def _switch(cmps_by_c: dict, lo: int, hi: int, ka: int, kb: int) -> tuple[float, str]:
+    """Where ka (chosen at lo) stops being better than kb (chosen at hi): the first crossing in
+    [lo, hi] of their speedup curves, each linear in log c between measured points; else sqrt(lo hi)."""
+    ya, yb = _curve(cmps_by_c, ka), _curve(cmps_by_c, kb)
+    pts = sorted(c for c in ya if c in yb and lo <= c <= hi)
+    if pts and pts[0] == lo and pts[-1] == hi:
+        diff = [(c, ya[c] - yb[c]) for c in pts]
+        if diff[0][1] > 0 > diff[-1][1] or (diff[0][1] > 0 and diff[-1][1] <= 0):
+            for (c0, d0), (c1, d1) in zip(diff, diff[1:]):
+                if d0 > 0 >= d1 and d0 != d1:
+                    x = math.log(c0) + d0 * (math.log(c1) - math.log(c0)) / (d0 - d1)
+                    return math.exp(x), "crossover"
+    return math.sqrt(lo * hi), "geometric mean"
+
+
+def bands(choices: list[KChoice], cmps_by_c: dict, max_batch: int, beyond: str = "extend") -> list[KBand]:
+    """Batch bands 1..max_batch with their k, from the decided concurrencies (module docstring).
+    `beyond`: "extend" (the last decided k holds above the largest measured concurrency, flagged) or
+    "off" (k = 0 there). Empty where no concurrency is decided."""
+    if beyond not in ("extend", "off"):
+        raise ValueError(f"beyond: 'extend' or 'off', not {beyond!r}")
+    dec = {ch.concurrency: ch.k for ch in choices if ch.k is not None}
+    undecided = sorted(ch.concurrency for ch in choices if ch.k is None)
+    if not dec:
+        return []
+    known = sorted(dec)
+    top = max(ch.concurrency for ch in choices)
+    switches = {}
+    for a, b in zip(known, known[1:]):
+        if dec[a] != dec[b]:
+            switches[(a, b)] = _switch(cmps_by_c, a, b, dec[a], dec[b])
+    per_batch, how = [], []
+    for b in range(1, max_batch + 1):
+        if b > top:
+            per_batch.append(dec[known[-1]] if beyond == "extend" else 0)
+            how.append("measured range")
+            continue
+        if b <= known[0]:
+            per_batch.append(dec[known[0]])
+        elif b >= known[-1]:
+            per_batch.append(dec[known[-1]])
+        else:
+            lo = max(c for c in known if c <= b)
+            hi = min(c for c in known if c >= b)
+            if dec[lo] == dec[hi]:
+                per_batch.append(dec[lo])
+            else:
+                x, _ = switches[(lo, hi)]
+                per_batch.append(dec[lo] if b < x else dec[hi])
+        how.append(None)
+    out: list[KBand] = []
+    for b, k in enumerate(per_batch, 1):
+        ext = "above" if b > top else None
+        if out and out[-1].k == k and out[-1].extrapolated == ext:
+            out[-1].hi = b
+            continue
+        if not out:
+            why = "start"
+        elif ext and not out[-1].extrapolated:
+            why = "measured range"
+        else:
+            pair = next(((a, z) for (a, z) in switches if a < b <= z), None)
+            why = switches[pair][1] if pair else "measured range"
+        out.append(KBand(b, b, k, boundary=why, extrapolated=ext))
+    for band in out:
+        band.decided_at = [c for c in known if band.lo <= c <= band.hi]
+        band.undecided_at = [c for c in undecided if band.lo <= c <= band.hi]
+    return out
+
+
+# -- the deployment ---------------------------------------------------------------------------------
+def vllm_ranges(bands_: list[KBand]) -> list[list[int]]:
+    """Inclusive [lo, hi, k] ranges of the bands, neighbours with the same k merged."""
+    out: list[list[int]] = []
+    for band in bands_:
+        if out and out[-1][2] == band.k and out[-1][1] == band.lo - 1:
+            out[-1][1] = band.hi
+        else:
+            out.append([band.lo, band.hi, band.k])
+    return out
+
+
+def vllm_deployment(spec: dict, bands_: list[KBand], max_batch: int) -> tuple[list[list[int]], dict]:
+    """The schedule and the speculative config that runs it: the sweep's config with
+    num_speculative_tokens the largest k the schedule uses and the schedule as
+    num_speculative_tokens_per_batch_size. Checked against vLLM's rules (deployment.validate_schedule)
+    and its carry-forward and clamping (deployment.server_k: every batch size gets its band's k)."""
+    ranges = vllm_ranges(bands_)
+    validate_schedule(ranges)
+    if ranges[-1][1] != max_batch:
+        raise ValueError(f"schedule {ranges}: must cover 1..{max_batch}")
+    top = max(k for _, _, k in ranges)
+    if top < 1:
+        raise ValueError(f"schedule {ranges}: speculates nowhere (deploy the baseline)")
+    out = copy.deepcopy(spec)
+    out["num_speculative_tokens"] = top
+    out["num_speculative_tokens_per_batch_size"] = ranges
+    for band in bands_:
+        for b in (band.lo, band.hi):
+            if server_k(out, b) != band.k:
+                raise ValueError(f"schedule {ranges}: batch {b} would run k={server_k(out, b)}, not {band.k}")
+    return ranges, out
+
+
+def sglang_deployment(info: ServerInfo, bands_: list[KBand]) -> dict:
+    """SGLang's adaptive candidate steps: one slot per band (keyed by its first batch size) whose only
+    candidate is the band's k, num_steps the largest k; or why the installed release cannot."""
+    spec = info.speculative or {}
+    if not info.sglang_adaptive:
+        return {"mechanism": None,
+                "why": f"SGLang {info.version or '(version unknown)'} has no --speculative-adaptive (it came with "
+                       "0.5.18): run one member per batch band and route traffic by load instead"}
+    if spec.get("method") not in ("eagle", "eagle3", "mtp"):
+        return {"mechanism": None, "why": f"SGLang adapts EAGLE/EAGLE3 only, not {spec.get('method')}"}
+    if spec.get("eagle_topk", 1) != 1:
+        return {"mechanism": None, "why": "SGLang adapts only with eagle_topk 1"}
+    ranges = vllm_ranges(bands_)
+    top = max(k for _, _, k in ranges)
+    config = {str(lo): {"candidate_steps": [k]} for lo, _, k in ranges}
+    speculative = {**copy.deepcopy(spec), "num_steps": top, "eagle_topk": 1, "num_draft_tokens": top + 1,
+                   "adaptive": True}
+    return {"mechanism": "speculative-adaptive", **info.sglang_adaptive, "config": config,
+            "speculative": speculative,
+            "why": "--speculative-adaptive with --speculative-adaptive-config holding this config (write it to a "
+                   "file): each batch band a slot with one candidate step count, so SGLang never moves off it; "
+                   "SGLang routes a batch to the slot of the largest key <= its CUDA-graph-padded batch size, so a "
+                   "band boundary between two captured batch sizes moves up to the next captured one"}
+
+
+def sglang_adaptive_config(bands_: list[KBand]) -> dict:
+    """The --speculative-adaptive-config a k schedule is (sglang_deployment's `config`)."""
+    return {str(lo): {"candidate_steps": [k]} for lo, _, k in vllm_ranges(bands_)}
+
+
+def recommend(m: Measurements, rr: RunToRun, info: ServerInfo, parent: str, ks: dict[int, str], baseline: str,
+              suite: str, s: Settings, concurrencies: list[int] | None = None, beyond: str = "extend"
+              ) -> KRecommendation:
+    """The best k per band for a sweep on one suite and its deployment (module docstring). `info`:
+    the sweep's server (any member's ServerInfo: engine, flavor, max_batch, speculative config,
+    the SGLang release's adaptive support)."""
+    cs = sorted(concurrencies or {k[2] for k in m.cells if k[1] == suite})
+    choices, cmps_by_c = [], {}
+    for c in cs:
+        if not m.repeats(baseline, suite, c):
+            continue
+        ch, cmps = best_k(m, rr, parent, ks, baseline, suite, c, s)
+        choices.append(ch)
+        cmps_by_c[c] = cmps
+    rec = KRecommendation(parent, suite, s.recommend_metric, "undecided", choices, max_batch=info.max_batch)
+    if not choices:
+        rec.text = "no concurrency measured with the baseline"
+        return rec
+    bs = bands(choices, cmps_by_c, info.max_batch, beyond)
+    rec.bands = bs
+    top = max(ch.concurrency for ch in choices)
+    if info.max_batch > top:
+        rec.extrapolated_above = top
+    undecided = [ch for ch in choices if ch.k is None]
+    und_text = "; ".join(f"undecided at c={ch.concurrency} between k={', '.join(map(str, ch.candidates))}"
+                         for ch in undecided)
+    if not bs:
+        rec.text = "no recommendation: no concurrency is decided" + (f" ({und_text})" if und_text else "")
+        return rec
+    used = sorted({b.k for b in bs})
+    parts = [f"{b.lo}-{b.hi}: k={b.k}" + (" (extrapolated)" if b.extrapolated else "") for b in bs]
+    spec = {k: v for k, v in (info.speculative or {}).items() if not isinstance(v, (list, tuple))
+            or k == "num_speculative_tokens_per_batch_size"}
+    if used == [0]:
+        rec.action, rec.k, rec.server = "off", 0, baseline
+        rec.text = "turn speculation off: the baseline is best (or as good) at every decided concurrency"
+    elif len(used) == 1:
+        rec.action, rec.k, rec.server = "keep", used[0], ks.get(used[0])
+        rec.text = f"run k={used[0]} at every batch size: it is the best k (or as good) at every decided concurrency"
+        if info.flavor == "vllm":
+            rec.speculative = {**spec, "num_speculative_tokens": used[0]}
+            rec.speculative.pop("num_speculative_tokens_per_batch_size", None)
+    else:
+        rec.action = "schedule"
+        rec.text = "k per batch band: " + ", ".join(parts)
+        if info.flavor == "vllm":
+            rec.vllm_schedule, rec.speculative = vllm_deployment(spec, bs, info.max_batch)
+        elif info.flavor == "sglang":
+            rec.sglang = sglang_deployment(info, bs)
+            if rec.sglang.get("mechanism"):
+                rec.speculative = rec.sglang["speculative"]
+    if und_text:
+        rec.text += f"; {und_text} (the bands follow the decided concurrencies)"
+    if rec.extrapolated_above is not None:
+        last = next(b for b in bs if b.extrapolated)
+        rec.text += (f"; batch sizes {top + 1}-{info.max_batch} were not measured (the largest measured concurrency "
+                     f"is {top}): " + (f"k={last.k} there extends the last decided choice, an extrapolation"
+                                       if beyond == "extend" else "speculation is off there (not measured)"))
+    return rec

@@ -1,0 +1,104 @@
+"""One round of the sequential design: which configurations get another repeat.
+
+A Snakemake checkpoint per round (workflow/rules/rounds.smk). With `repeats: {min, max}` every cell
+is measured `min` times; after round R (the cells of repeats 1..R), the configured servers are
+analysed as the summary would (sequential levels, specmatch.sequential) and each configuration
+(server against the baseline at a suite and concurrency, on `summary.recommend_metric`) measured
+in round R either stops (decided, at max, or unlikely to be decided by the remaining repeats) or
+continues. The plan
+(records.RoundPlan) lists the cells repeat R+1 measures; the workflow then launches only the servers
+that have such cells, in fresh sessions, and never reruns a finished cell.
+
+    python -m specmatch.rounds --round R --baseline B --settings JSON --servers JSON --cells c*.json
+        --requests c*.requests.parquet --launches launch.json... --out results/rounds/rR.json
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import sys
+from pathlib import Path
+
+from . import steps
+from .analysis import Analysis, Settings
+from .comparison import _split
+from .files import SpecmatchError, write_json
+from .provenance import Recorder
+from .records import Continuation, Decision, PlannedCell, RoundDecision, RoundPlan
+from .recommend import analysis_arguments, load, primary_analysis, server_infos
+from .sequential import Design, continues
+
+
+def plan(an: Analysis, design: Design, round_: int) -> RoundPlan:
+    """The decisions after round `round_` and the cells of the next repeat (module docstring)."""
+    metric = an.settings.recommend_metric
+    decisions, nxt = [], set()
+    for (server, suite, m), cmps in sorted(an.comparisons.items()):
+        if m != metric or server == an.baseline:
+            continue
+        for cmp in cmps:
+            if cmp.repeats != round_:
+                continue   # stopped in an earlier round: its verdict stands
+            v = an.verdict(server, suite, cmp.concurrency, metric)
+            if v is None or v.speedup is None:
+                continue   # nothing measured to decide (failed cells say why in the summary)
+            if v.verdict != Decision.INCONCLUSIVE:
+                action = Continuation.DECIDED
+            elif round_ >= design.max:
+                action = Continuation.AT_MAX
+            else:
+                w, _, b, _ = _split(cmp)
+                go = continues(cmp.estimate, w, b, cmp.repeats, design, an.settings.confidence,
+                               math.log(1 + an.settings.min_effect), cmp.dof)
+                action = Continuation.CONTINUE if go else Continuation.UNLIKELY
+            decisions.append(RoundDecision(server, suite, cmp.concurrency, cmp.repeats, v.verdict, v.confidence,
+                                           action, v.speedup, v.lo, v.hi))
+            if action == Continuation.CONTINUE:
+                for who in (server, an.baseline):
+                    nxt.add((who, suite, cmp.concurrency))
+    cells = [PlannedCell(s, u, c, round_ + 1) for s, u, c in sorted(nxt)]
+    return RoundPlan(round_, design.to_json(), metric, decisions, cells)
+
+
+def read(path: Path) -> RoundPlan:
+    return RoundPlan.from_json(json.loads(Path(path).read_text()))
+
+
+def describe(p: RoundPlan) -> str:
+    counts = {a: sum(d.action == a for d in p.decisions) for a in Continuation}
+    return (f"round {p.round} ({p.metric}): " + ", ".join(f"{n} {a.value}" for a, n in counts.items() if n)
+            + f"; repeat {p.round + 1} measures {len(p.next)} cells")
+
+
+def arguments(p: argparse.ArgumentParser) -> None:
+    analysis_arguments(p)
+    p.add_argument("--round", type=int, required=True, help="the repeats measured so far (R)")
+    p.add_argument("--out", required=True, type=Path)
+
+
+def execute(a: argparse.Namespace) -> int:
+    settings, configs = Settings.of(json.loads(a.settings)), json.loads(a.servers)
+    rec = Recorder("sequential_round", a.cells + a.requests + a.launches,
+                   {"baseline": a.baseline, "summary": settings.__dict__, "round": a.round})
+    design = settings.design
+    if not design.sequential:
+        raise SpecmatchError("rounds: the configured repeats are a fixed design (no rounds to plan)")
+    infos = server_infos(a.launches, configs)
+    an = primary_analysis(load(a.cells, a.requests), a.baseline, settings, configs, infos, a.suites)
+    out = plan(an, design, a.round)
+    write_json(a.out, out.to_json())
+    rec.write([a.out])
+    print(describe(out))
+    for d in out.decisions:
+        print(f"  {d.server} {d.suite} c={d.concurrency}: {d.verdict.value} at {d.confidence:.1%} "
+              f"({d.repeats} repeats) -> {d.action.value}")
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    return steps.main("rounds", __doc__, arguments, execute, argv)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
