@@ -284,8 +284,8 @@ def test_verification_catches_a_switch_that_costs_throughput():
     rec.derived_server = "spec__recommended"
     v = verify_recommendations(an2, [rec], {})[0].verified
     assert v.outcome is Outcome.FAILED and v.metric == S.recommend_metric
-    costs = [x for x in v.per_concurrency if x["verdict"] == "loses"]
-    assert [x["concurrency"] for x in costs] == [16] and costs[0]["against"] == "baseline"
+    costs = [x for x in v.per_concurrency if x.verdict == "loses"]
+    assert [x.concurrency for x in costs] == [16] and costs[0].against == "baseline"
     assert v.error_rates == {"verified_if_costly": pytest.approx(0.1), "failed_if_correct": pytest.approx(0.1)}
 
 
@@ -545,8 +545,8 @@ def test_verification_against_the_reference_the_schedule_fixes(cost, outcome):
     v = verify_recommendations(an, [rec], {})[0].verified
     assert v.outcome is outcome, v
     assert v.per_test_confidence == pytest.approx(1 - 2 * 0.1 / 3) and v.equivalence_confidence == pytest.approx(0.8)
-    assert {x["against"] for x in v.per_concurrency if not deployed_on(rec, x["concurrency"])} == {"baseline"}
-    assert {x["against"] for x in v.per_concurrency if deployed_on(rec, x["concurrency"])} == {"spec"}
+    assert {x.against for x in v.per_concurrency if not deployed_on(rec, x.concurrency)} == {"baseline"}
+    assert {x.against for x in v.per_concurrency if deployed_on(rec, x.concurrency)} == {"spec"}
 
 
 @pytest.mark.parametrize("seed", [0, 4, 6])
@@ -575,8 +575,8 @@ def test_verification_asks_no_more_than_it_is_not_worse(seed):
         out[off] = verify_recommendations(an, [rec], {})[0].verified
     v = out[1.025]
     assert v.outcome is Outcome.VERIFIED, v.per_concurrency
-    assert all(x["not_worse"] for x in v.per_concurrency)
-    assert any(x["equivalence_hi"] > 1.05 and x["verdict"] != "pays" for x in v.per_concurrency)  # TOST: undecided
+    assert all(x.not_worse for x in v.per_concurrency)
+    assert any(x.equivalence_hi > 1.05 and x.verdict != "pays" for x in v.per_concurrency)  # TOST: undecided
     assert out[0.92].outcome is not Outcome.VERIFIED
 
 

@@ -113,13 +113,13 @@ def test_a_contrast_between_suites_that_is_purely_prompt_length():
     attrs = attribute(analyse(cells, "baseline", S), "long")
     for c in (1, 4):
         short, long_ = by(attrs, "x", "short", c), by(attrs, "x", "long", c)
-        raw, adj = short.contrast["raw"], short.contrast["length_adjusted"]
-        assert raw["hi"] < 1, raw                    # raw: the short suite looks much worse
-        assert adj["lo"] <= 1 <= adj["hi"], adj      # at the long suite's length: no difference
-        assert long_.contrast is None and short.contrast["reference_suite"] == "long"
+        raw, adj = short.contrast.raw, short.contrast.length_adjusted
+        assert raw.hi < 1, raw                    # raw: the short suite looks much worse
+        assert adj.lo <= 1 <= adj.hi, adj      # at the long suite's length: no difference
+        assert long_.contrast is None and short.contrast.reference_suite == "long"
         la = short.length_adjusted_speedup
-        assert la["reference_suite"] == "long" and la["slope"] == pytest.approx(0.35, abs=0.1)
-        assert la["lo"] <= long_.length_adjusted_speedup["hi"] and long_.length_adjusted_speedup["lo"] <= la["hi"]
+        assert la.reference_suite == "long" and la.slope == pytest.approx(0.35, abs=0.1)
+        assert la.lo <= long_.length_adjusted_speedup.hi and long_.length_adjusted_speedup.lo <= la.hi
         # tau is the same on both suites: acceptance does not explain the contrast
         assert short.tokens_per_step.lo <= long_.tokens_per_step.hi
 
@@ -133,7 +133,7 @@ def test_a_real_acceptance_contrast_survives_the_length_adjustment():
         cells += part
     attrs = attribute(analyse(cells, "baseline", S), "train")
     g = by(attrs, "x", "generic", 1)
-    assert g.contrast["length_adjusted"]["hi"] < 0.7 and g.contrast["raw"]["hi"] < 0.7
+    assert g.contrast.length_adjusted.hi < 0.7 and g.contrast.raw.hi < 0.7
 
 
 def test_configured_off_splits_configuration_and_drafting():
@@ -144,9 +144,9 @@ def test_configured_off_splits_configuration_and_drafting():
     cells = spec_cells(rng, servers, {"s": (200, 700)})
     attrs = attribute(analyse(cells, "baseline", S), "s")
     a = by(attrs, "x", "s", 1)
-    assert a.configured_off["server"] == "x__off" and a.configured_off["verdict"] == "loses"
-    assert a.drafting_effect["against"] == "x__off" and a.drafting_effect["verdict"] == "pays"
-    assert a.configured_off["speedup"] * a.drafting_effect["speedup"] == pytest.approx(
+    assert a.configured_off.server == "x__off" and a.configured_off.verdict == "loses"
+    assert a.drafting_effect.against == "x__off" and a.drafting_effect.verdict == "pays"
+    assert a.configured_off.speedup * a.drafting_effect.speedup == pytest.approx(
         next(v for v in analyse(cells, "baseline", S).verdicts if (v.server, v.suite, v.concurrency, v.metric)
              == ("x", "s", 1, "output_throughput")).speedup, rel=0.02)
     # the record round-trips through its JSON form
@@ -161,6 +161,6 @@ def test_a_gain_the_configuration_gives_without_drafting():
     servers = {"baseline": (None, 1.0), "x": (1.5, 0.75), "x__off": (None, 0.5)}
     cells = spec_cells(rng, servers, {"s": (200, 700)})
     a = by(attribute(analyse(cells, "baseline", S), "s"), "x", "s", 1)
-    assert a.configured_off["verdict"] == "pays" and a.drafting_effect["verdict"] in ("equivalent", "inconclusive")
+    assert a.configured_off.verdict == "pays" and a.drafting_effect.verdict in ("equivalent", "inconclusive")
     assert inside(a.step_cost_vs_configured_off, 1.5) and a.step_cost_vs_configured_off.lo > 1
     assert inside(a.step_cost_ratio, 0.75) and a.explained_by_drafting is False

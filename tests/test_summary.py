@@ -171,7 +171,7 @@ def test_why_it_pays_names_what_drafting_cannot_explain(tmp_path):
     assert all(contract <= set(a) for a in json.loads((out / "attribution.json").read_text()))
     x1 = next(a for a in attrs if (a.server, a.concurrency) == ("x", 1))
     assert x1.explained_by_drafting is False and x1.step_cost_ratio.hi < 1
-    assert x1.configured_off["verdict"] == "loses" and x1.drafting_effect["verdict"] == "pays"
+    assert x1.configured_off.verdict == "loses" and x1.drafting_effect.verdict == "pays"
     recs = json.loads((out / "recommendations.json").read_text())
     assert [r["server"] for r in recs] == ["x"]  # a control is never a deployment to recommend
     assert (out / "plots" / "attribution.png").stat().st_size > 10_000

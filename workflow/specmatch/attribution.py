@@ -38,7 +38,7 @@ from .comparison import repeat_mean_variance, shared_variance
 from .noise import VarianceSum
 from .controls import OFF, is_control
 from .engines import definitions
-from .records import Attribution, Interval
+from .records import AdjustedSpeedup, Attribution, Contrast, Effect, Interval
 from .stats import t_ppf
 
 SPEC = ("num_spec_steps", "num_draft_tokens", "num_accepted_tokens")
@@ -397,11 +397,9 @@ def attribute(an: Analysis, reference_suite: str | None = None) -> list[Attribut
                 if not is_control(server) and m.repeats(off, u, c):
                     v = an.verdict(off, u, c, s.recommend_metric)
                     if v is not None:
-                        a.configured_off = {"server": off, "metric": v.metric, "speedup": v.speedup, "lo": v.lo,
-                                            "hi": v.hi, "verdict": v.verdict.value}
+                        a.configured_off = Effect(off, an.baseline, v.metric, v.speedup, v.lo, v.hi, v.verdict)
                     dv = decide(compare(m, rr, server, off, u, c, s.recommend_metric), s)
-                    a.drafting_effect = {"against": off, "metric": dv.metric, "speedup": dv.speedup, "lo": dv.lo,
-                                         "hi": dv.hi, "verdict": dv.verdict.value}
+                    a.drafting_effect = Effect(server, off, dv.metric, dv.speedup, dv.lo, dv.hi, dv.verdict)
                     d_off = decompose(m, rr, acc_rr, server, off, u, c)
                     a.step_cost_vs_configured_off = d_off.rho
                     a.explained_by_drafting = both(a.explained_by_drafting, d_off.explained)
@@ -410,22 +408,18 @@ def attribute(an: Analysis, reference_suite: str | None = None) -> list[Attribut
                     sessions = session_variance(rr, server, an.baseline, c, R)
                     parts = VarianceSum().add(("w",), lm.var_adj[u], float("inf")).plus(sessions)
                     iv = _interval(lm.adjusted[u], math.sqrt(parts.total), parts.dof, s.confidence)
-                    a.length_adjusted_speedup = {"value": iv.value, "lo": iv.lo, "hi": iv.hi,
-                                                 "unadjusted": math.exp(lm.raw[u]), "reference_suite": ref,
-                                                 "reference_prompt_tokens": lm.reference_tokens,
-                                                 "slope": lm.slope, "prompt_tokens_range": list(lm.ranges[u]),
-                                                 "extrapolated": not (lm.ranges[u][0] <= lm.reference_tokens
-                                                                      <= lm.ranges[u][1])}
+                    a.length_adjusted_speedup = AdjustedSpeedup(
+                        iv.value, iv.lo, iv.hi, math.exp(lm.raw[u]), ref, lm.reference_tokens, lm.slope,
+                        list(lm.ranges[u]), not (lm.ranges[u][0] <= lm.reference_tokens <= lm.ranges[u][1]))
                     if ref in lm.adjusted and u != ref:
-                        a.contrast = {"reference_suite": ref}
-                        for kind, est, boot in (("raw", lm.raw, lm.boot_raw), ("length_adjusted", lm.adjusted,
-                                                                                lm.boot_adj)):
+                        def contrast(est: dict, boot: dict) -> Interval:
                             diff = boot[u] - boot[ref]
                             w = float(diff.var(ddof=1)) if diff.size > 2 else 0.0
                             # two suites' cells, each with its sessions' variation
                             p2 = VarianceSum().add(("w",), w, float("inf")).plus(sessions, 2.0)
-                            ci = _interval(est[u] - est[ref], math.sqrt(p2.total), p2.dof, s.confidence)
-                            a.contrast[kind] = {"value": ci.value, "lo": ci.lo, "hi": ci.hi}
+                            return _interval(est[u] - est[ref], math.sqrt(p2.total), p2.dof, s.confidence)
+
+                        a.contrast = Contrast(ref, contrast(lm.raw, lm.boot_raw), contrast(lm.adjusted, lm.boot_adj))
                 out.append(a)
     return out
 

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 
 from .comparison import Comparison, compare, crossovers, decision, regions
 from .measurements import Settings
-from .records import Decision, Outcome, Recommendation, Verdict, Verification
+from .records import Decision, Outcome, Recommendation, Verdict, Verification, VerificationRow
 from .stats import t_ppf
 
 RECOMMENDED = "__recommended"   # the suffix of a derived server that deploys a recommendation
@@ -317,8 +317,7 @@ def verification(m, rr, rec: Recommendation, info: ServerInfo | None, baseline: 
     for c, ref in tests:
         cmp = compare(m, rr, derived, ref, rec.suite, c, metric)
         if cmp.estimate is None:
-            rows.append({"concurrency": c, "against": ref, "speedup": None, "lo": None, "hi": None,
-                         "verdict": Decision.INCONCLUSIVE.value, "note": cmp.note})
+            rows.append(VerificationRow(c, ref, None, None, None, Decision.INCONCLUSIVE, note=cmp.note))
             continue
         run = run and cmp.run_to_run
         t_cost, t_eq = t_ppf(1 - alpha / k, cmp.dof), t_ppf(1 - alpha, cmp.dof)
@@ -338,13 +337,11 @@ def verification(m, rr, rec: Recommendation, info: ServerInfo | None, baseline: 
             alt = compare(m, rr, derived, other, rec.suite, c, metric)  # the choice the data did not favour
             if alt.estimate is not None and alt.estimate + t_ppf(1 - alpha / k, alt.dof) * alt.se >= 0:
                 d = Decision.INCONCLUSIVE
-        rows.append({"concurrency": c, "against": ref, "speedup": math.exp(cmp.estimate), "lo": math.exp(lo),
-                     "hi": math.exp(hi), "equivalence_lo": math.exp(eq_lo), "equivalence_hi": math.exp(eq_hi),
-                     "verdict": d.value, "not_worse": bool(not_worse)})
-    verdicts = [Decision(r["verdict"]) for r in rows]
-    if Decision.LOSES in verdicts:
+        rows.append(VerificationRow(c, ref, math.exp(cmp.estimate), math.exp(lo), math.exp(hi), d, math.exp(eq_lo),
+                                    math.exp(eq_hi), bool(not_worse)))
+    if any(r.verdict == Decision.LOSES for r in rows):
         outcome = Outcome.FAILED
-    elif all(r.get("not_worse") or Decision(r["verdict"]) == Decision.PAYS for r in rows):
+    elif all(r.not_worse or r.verdict == Decision.PAYS for r in rows):
         outcome = Outcome.VERIFIED
     else:
         outcome = Outcome.UNDECIDED

@@ -58,10 +58,13 @@ sits where the two k's measured speedup curves cross (each linear in log concurr
 points; for k = 0 the curve is 1): the generalisation of today's on/off switch at the crossing of 1.
 Where they do not cross inside the bracket (an equivalence choice: the smaller k was chosen though its
 point estimate was lower), the switch is the geometric mean of the two concurrencies (the midpoint in
-log space). Undecided concurrencies between decided ones do not move it. Below the first decided
-concurrency its k holds; above the largest MEASURED concurrency nothing was measured: that band is its
-own (`KBand.extrapolated` = "above"), the record's `extrapolated_above` names the largest measured
-concurrency, the text says so, and `beyond="off"` deploys k = 0 there instead of extending the last k.
+log space). Undecided concurrencies between decided ones do not move it (the band lists them in
+`undecided_at`). Below the first decided concurrency its k holds, above the last decided one its k
+holds up to the largest measured concurrency. Beyond the measured concurrencies nothing was measured:
+batch sizes above the largest (and below the smallest, where it is not 1) form bands of their own
+(`KBand.extrapolated` = "above" / "below"), the record's `extrapolated_above` / `extrapolated_below`
+name the measured end, the text says so, and `beyond="off"` deploys k = 0 above the largest measured
+concurrency instead of extending the last decided k.
 
 **The deployment** (deploy). vLLM: `num_speculative_tokens_per_batch_size` with one inclusive
 [lo, hi, k] range per band (k = 0: off), covering 1..max_batch, the speculative config's own
@@ -79,7 +82,7 @@ from dataclasses import dataclass, field
 from statistics import NormalDist
 from typing import Optional
 
-from .comparison import Comparison, compare, decide
+from .comparison import compare, decide
 from .deployment import ServerInfo, server_k, validate_schedule
 from .measurements import Measurements, Settings
 from .noise import RunToRun
@@ -122,7 +125,7 @@ class KChoice(Record):
     metric: str
     k: Optional[int]                            # the chosen k (0: off); None: undecided
     server: Optional[str]                       # the server that runs it (the baseline for 0)
-    how: str                                    # best | smallest equivalent | only candidate | undecided | none
+    how: str                                    # best | smallest equivalent | undecided | none (nothing to compare)
     best: Optional[int]                         # the k with the largest estimated speedup
     candidates: list = field(default_factory=list)   # undecided: the k the data cannot tell from the best
     equivalent: list = field(default_factory=list)   # k within +/-min_effect of the best
@@ -141,7 +144,8 @@ class KBand(Record):
     decided_at: list = field(default_factory=list)    # decided concurrencies inside the band
     undecided_at: list = field(default_factory=list)  # measured but undecided concurrencies inside it
     boundary: str = "start"                     # how lo was placed: start | crossover | geometric mean | measured range
-    extrapolated: Optional[str] = None          # "above": beyond the largest measured concurrency (not measured)
+    extrapolated: Optional[str] = None          # "above" / "below": beyond the largest / under the smallest measured
+                                                # concurrency (not measured there)
 
 
 @dataclass
@@ -159,6 +163,7 @@ class KRecommendation(Record):
     speculative: Optional[dict] = None          # the speculative config to deploy (vLLM / SGLang)
     sglang: Optional[dict] = None               # SGLang's mechanism, or {"mechanism": None, "why": ...}
     extrapolated_above: Optional[int] = None    # the largest measured concurrency, when max_batch exceeds it
+    extrapolated_below: Optional[int] = None    # the smallest measured concurrency, when it is above 1
     max_batch: Optional[int] = None
     boundary_rule: str = "crossover of the two k's speedup curves on log concurrency, else the geometric mean"
     text: str = ""
@@ -376,9 +381,8 @@ def best_k(m: Measurements, rr: RunToRun, parent: str, ks: dict[int, str], basel
         choice.speedups[str(k)] = {"speedup": v.speedup, "lo": v.lo, "hi": v.hi, "verdict": v.verdict.value}
     if missing:
         choice.note = "; ".join(missing)
-    if len(est) == 1:
-        choice.k, choice.server, choice.how, choice.best = 0, baseline, "only candidate", 0
-        choice.note = "; ".join(filter(None, [choice.note, "no speculative server measured here: the baseline"]))
+    if len(est) == 1:   # no k of the sweep has a figure here: nothing to choose between (not a decision)
+        choice.note = "; ".join(filter(None, [choice.note, f"no member of the sweep has a figure at c={c}"]))
         return choice, cmps
     best = max(est, key=lambda k: (est[k], -k))       # ties: the smaller k
     choice.best = best
@@ -398,10 +402,10 @@ def best_k(m: Measurements, rr: RunToRun, parent: str, ks: dict[int, str], basel
     if inconclusive or loses:
         choice.how = "undecided"
         choice.candidates = sorted({best, *inconclusive, *loses, *equivalent})
-        why = [v.decide for v in choice.pairwise if v.verdict == Decision.INCONCLUSIVE and v.decide]
-        choice.decide = "; ".join(dict.fromkeys(
-            [f"k={best} against k={', '.join(map(str, sorted(inconclusive + loses)))}: " + (why[0] if why else
-             "the paired interval straddles the decision")] if (inconclusive or loses) else []))
+        open_ = sorted(inconclusive + loses)
+        why = next((v.decide for v in choice.pairwise if v.verdict == Decision.INCONCLUSIVE and v.decide), None)
+        choice.decide = (f"k={best} against k={', '.join(map(str, open_))}: "
+                         + (why or "the paired comparison contradicts the order of the estimates"))
         return choice, cmps
     k = min([best, *equivalent])
     choice.k, choice.server = k, servers[k]
@@ -428,7 +432,7 @@ def _switch(cmps_by_c: dict, lo: int, hi: int, ka: int, kb: int) -> tuple[float,
     pts = sorted(c for c in ya if c in yb and lo <= c <= hi)
     if pts and pts[0] == lo and pts[-1] == hi:
         diff = [(c, ya[c] - yb[c]) for c in pts]
-        if diff[0][1] > 0 > diff[-1][1] or (diff[0][1] > 0 and diff[-1][1] <= 0):
+        if diff[0][1] > 0 >= diff[-1][1]:
             for (c0, d0), (c1, d1) in zip(diff, diff[1:]):
                 if d0 > 0 >= d1 and d0 != d1:
                     x = math.log(c0) + d0 * (math.log(c1) - math.log(c0)) / (d0 - d1)
@@ -448,15 +452,15 @@ def bands(choices: list[KChoice], cmps_by_c: dict, max_batch: int, beyond: str =
         return []
     known = sorted(dec)
     top = max(ch.concurrency for ch in choices)
+    bottom = min(ch.concurrency for ch in choices)
     switches = {}
     for a, b in zip(known, known[1:]):
         if dec[a] != dec[b]:
             switches[(a, b)] = _switch(cmps_by_c, a, b, dec[a], dec[b])
-    per_batch, how = [], []
+    per_batch = []
     for b in range(1, max_batch + 1):
         if b > top:
             per_batch.append(dec[known[-1]] if beyond == "extend" else 0)
-            how.append("measured range")
             continue
         if b <= known[0]:
             per_batch.append(dec[known[0]])
@@ -470,16 +474,15 @@ def bands(choices: list[KChoice], cmps_by_c: dict, max_batch: int, beyond: str =
             else:
                 x, _ = switches[(lo, hi)]
                 per_batch.append(dec[lo] if b < x else dec[hi])
-        how.append(None)
     out: list[KBand] = []
     for b, k in enumerate(per_batch, 1):
-        ext = "above" if b > top else None
+        ext = "above" if b > top else "below" if b < bottom else None
         if out and out[-1].k == k and out[-1].extrapolated == ext:
             out[-1].hi = b
             continue
         if not out:
             why = "start"
-        elif ext and not out[-1].extrapolated:
+        elif ext != out[-1].extrapolated:
             why = "measured range"
         else:
             pair = next(((a, z) for (a, z) in switches if a < b <= z), None)
@@ -578,6 +581,9 @@ def recommend(m: Measurements, rr: RunToRun, info: ServerInfo, parent: str, ks: 
     top = max(ch.concurrency for ch in choices)
     if info.max_batch > top:
         rec.extrapolated_above = top
+    bottom = min(ch.concurrency for ch in choices)
+    if bottom > 1:
+        rec.extrapolated_below = bottom
     undecided = [ch for ch in choices if ch.k is None]
     und_text = "; ".join(f"undecided at c={ch.concurrency} between k={', '.join(map(str, ch.candidates))}"
                          for ch in undecided)
@@ -585,12 +591,15 @@ def recommend(m: Measurements, rr: RunToRun, info: ServerInfo, parent: str, ks: 
         rec.text = "no recommendation: no concurrency is decided" + (f" ({und_text})" if und_text else "")
         return rec
     used = sorted({b.k for b in bs})
-    parts = [f"{b.lo}-{b.hi}: k={b.k}" + (" (extrapolated)" if b.extrapolated else "") for b in bs]
+    parts = [(f"{b.lo}-{b.hi}" if b.hi != b.lo else f"{b.lo}") + f": k={b.k}"
+             + (f" (extrapolated {b.extrapolated} the measured concurrencies)" if b.extrapolated else "") for b in bs]
     spec = {k: v for k, v in (info.speculative or {}).items() if not isinstance(v, (list, tuple))
             or k == "num_speculative_tokens_per_batch_size"}
     if used == [0]:
         rec.action, rec.k, rec.server = "off", 0, baseline
         rec.text = "turn speculation off: the baseline is best (or as good) at every decided concurrency"
+        if info.flavor == "sglang":
+            rec.sglang = {"mechanism": "baseline", "why": "serve without --speculative-algorithm"}
     elif len(used) == 1:
         rec.action, rec.k, rec.server = "keep", used[0], ks.get(used[0])
         rec.text = f"run k={used[0]} at every batch size: it is the best k (or as good) at every decided concurrency"
@@ -609,8 +618,42 @@ def recommend(m: Measurements, rr: RunToRun, info: ServerInfo, parent: str, ks: 
     if und_text:
         rec.text += f"; {und_text} (the bands follow the decided concurrencies)"
     if rec.extrapolated_above is not None:
-        last = next(b for b in bs if b.extrapolated)
+        last = next(b for b in bs if b.extrapolated == "above")
         rec.text += (f"; batch sizes {top + 1}-{info.max_batch} were not measured (the largest measured concurrency "
                      f"is {top}): " + (f"k={last.k} there extends the last decided choice, an extrapolation"
                                        if beyond == "extend" else "speculation is off there (not measured)"))
+    if rec.extrapolated_below is not None:
+        first = bs[0]
+        rec.text += (f"; batch sizes 1-{bottom - 1} were not measured (the smallest measured concurrency is {bottom}): "
+                     f"k={first.k} there extends the first decided choice, an extrapolation")
     return rec
+
+
+# -- for the integrator -------------------------------------------------------------------------------
+def derived_config(member_config: dict, rec: KRecommendation, adaptive_config_path: str | None = None
+                   ) -> dict | None:
+    """The server config of `<parent>__recommended` (any member's config with the recommended speculative
+    config), or None where no new server is needed: `keep` is a member as measured (rec.server), `off`
+    the baseline, `undecided` nothing. SGLang's adaptive config is a file: write rec.sglang["config"] to
+    `adaptive_config_path` and pass the path here."""
+    if rec.action != "schedule" or rec.speculative is None:
+        return None
+    cfg = copy.deepcopy({k: v for k, v in member_config.items() if k != "suites"})
+    spec = copy.deepcopy(rec.speculative)
+    if spec.get("adaptive") is True:
+        if not adaptive_config_path:
+            raise ValueError("an SGLang schedule needs adaptive_config_path (its --speculative-adaptive-config file)")
+        spec["adaptive"] = adaptive_config_path
+    cfg["speculative"] = spec
+    return cfg
+
+
+def sweep_report(an, parent: str, info: ServerInfo, suite: str, beyond: str = "extend"
+                 ) -> tuple[KRecommendation, list[KPoint]]:
+    """recommend and predict for one sweep on one suite of an analysis.Analysis (its measurements,
+    run-to-run variance, baseline, settings and concurrencies)."""
+    ks = members(parent, an.servers)
+    rec = recommend(an.measurements, an.run_to_run, info, parent, ks, an.baseline, suite, an.settings,
+                    an.concurrencies, beyond)
+    pts = predict(an.measurements, an.run_to_run, parent, ks, an.baseline, suite, an.concurrencies)
+    return rec, pts

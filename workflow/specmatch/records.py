@@ -21,6 +21,8 @@ Every file under `results/` and the record it holds:
     servers/<server>/r<R>/launch.json   LaunchRecord
     cells/.../c<C>.json                 CellResult (its acceptance from the engine: CellAcceptance)
     cells/.../c<C>.requests.parquet     RequestRecord, one row each
+    rounds/r<R>.json                    RoundPlan (the sequential design after round R: RoundDecision
+                                        per configuration, PlannedCell per cell of repeat R+1)
     recommend/servers.json              DerivedServers (one DerivedServer per `<server>__recommended`)
     recommend/recommendations.json      Recommendation, a list
     summary/verdicts.json               Verdict, a list
@@ -582,6 +584,23 @@ class Outcome(str, enum.Enum):
 
 
 @dataclass
+class VerificationRow(Record):
+    """One concurrency of a Verification: the deployment against its reference there. `lo`/`hi`: the
+    1 - 2 alpha / K interval (a cost: `verdict` loses); `equivalence_lo`/`_hi`: the 1 - 2 alpha interval
+    (`not_worse`: its lower end at or above 1 / (1 + min_effect)); `note` where nothing was compared."""
+    concurrency: int
+    against: str
+    speedup: Optional[float]
+    lo: Optional[float]
+    hi: Optional[float]
+    verdict: Decision
+    equivalence_lo: Optional[float] = None
+    equivalence_hi: Optional[float] = None
+    not_worse: bool = False
+    note: Optional[str] = None
+
+
+@dataclass
 class Verification(Record):
     """The recommended deployment, measured on the grid, against a reference fixed by the schedule
     before the data are seen: at each concurrency, the server the schedule says should run there
@@ -603,8 +622,7 @@ class Verification(Record):
     confidence: float
     per_test_confidence: Optional[float] = None
     min_effect: float = 0.05
-    # [{concurrency, against, speedup, lo, hi, equivalence_lo, equivalence_hi, verdict, not_worse}]
-    per_concurrency: list = field(default_factory=list)
+    per_concurrency: list[VerificationRow] = field(default_factory=list)
     error_rates: dict = field(default_factory=dict)      # {verified_if_costly, failed_if_correct}
     reason: Optional[str] = None
     equivalence_confidence: Optional[float] = None
@@ -669,6 +687,44 @@ class Interval(Record):
 
 
 @dataclass
+class Effect(Record):
+    """A verdict between two servers on one metric, as attribution reports it: `server` against
+    `against` (the configured-off control against the baseline: what configuring speculation does;
+    the speculative server against its control: what drafting does)."""
+    server: str
+    against: str
+    metric: str
+    speedup: Optional[float]
+    lo: Optional[float]
+    hi: Optional[float]
+    verdict: Decision
+
+
+@dataclass
+class AdjustedSpeedup(Record):
+    """A suite's TPOT speedup at the reference suite's median prompt length (attribution.length_model):
+    the interval, the unadjusted figure, the regression's slope on log prompt length, the suite's own
+    prompt-token range, and whether the reference length lies outside it (an extrapolation)."""
+    value: Optional[float]
+    lo: Optional[float]
+    hi: Optional[float]
+    unadjusted: float
+    reference_suite: str
+    reference_prompt_tokens: float
+    slope: float
+    prompt_tokens_range: list
+    extrapolated: bool
+
+
+@dataclass
+class Contrast(Record):
+    """This suite's TPOT speedup over the reference suite's, raw and at matched prompt length."""
+    reference_suite: str
+    raw: Optional[Interval] = None
+    length_adjusted: Optional[Interval] = None
+
+
+@dataclass
 class Attribution(Record):
     """Why a speculative server's TPOT differs from the baseline's at one (suite, concurrency)
     (`results/summary/attribution.json`, specmatch.attribution).
@@ -692,11 +748,11 @@ class Attribution(Record):
     step_cost_ratio: Optional[Interval]
     tpot_speedup: Optional[Interval]
     explained_by_drafting: Optional[bool]
-    configured_off: Optional[dict] = None      # {server, metric, speedup, lo, hi, verdict}
-    drafting_effect: Optional[dict] = None     # {against, metric, speedup, lo, hi, verdict}
+    configured_off: Optional[Effect] = None    # the control against the baseline
+    drafting_effect: Optional[Effect] = None   # the server against its control
     step_cost_vs_configured_off: Optional[Interval] = None  # rho against the control's plain step
-    length_adjusted_speedup: Optional[dict] = None  # {value, lo, hi, unadjusted, reference_suite, reference_prompt_tokens, slope}
-    contrast: Optional[dict] = None            # {reference_suite, raw: {value, lo, hi}, length_adjusted: {...}}
+    length_adjusted_speedup: Optional[AdjustedSpeedup] = None
+    contrast: Optional[Contrast] = None
     confidence: float = 0.9
     repeats: int = 0
     run_to_run: bool = False

@@ -32,7 +32,7 @@ from .controls import OFF, is_control, why_no_control
 from .engines import definitions
 from .files import SpecmatchError, atomic_path, read_json, write_json, write_text
 from .provenance import Recorder
-from .records import (Acceptance, Attribution, Continuation, Decision, DerivedServers, Direction, Outcome,
+from .records import (Acceptance, Attribution, Continuation, Decision, DerivedServers, Direction, Effect, Outcome,
                       Recommendation, RoundPlan, SuiteMatch)
 from .recommend import SUFFIX, analysis_arguments, load, server_infos, verified_analysis
 
@@ -154,8 +154,8 @@ def not_drafting(attrs: list[Attribution], an: Analysis, server: str, suite: str
             continue
         if a.explained_by_drafting is False:
             out["cheaper"].append(a.concurrency)
-        if (a.configured_off and a.configured_off["verdict"] == Decision.PAYS.value and a.drafting_effect
-                and a.drafting_effect["verdict"] != Decision.PAYS.value):
+        if (a.configured_off and a.configured_off.verdict == Decision.PAYS and a.drafting_effect
+                and a.drafting_effect.verdict != Decision.PAYS):
             out["configured"].append(a.concurrency)
     return out
 
@@ -294,13 +294,11 @@ def warnings_beside(an: Analysis, server: str) -> list[str]:
 
 
 def _iv(x, spec=".2f") -> str:
-    """`v [lo, hi]` of an Interval or a {value|speedup, lo, hi} dict."""
+    """`v [lo, hi]` of an Interval-like record (value or speedup, lo, hi)."""
     if x is None:
         return "—"
-    if isinstance(x, dict):
-        v = x.get("value", x.get("speedup"))
-        return f"{_fmt(v, spec)} [{_fmt(x.get('lo'), spec)}, {_fmt(x.get('hi'), spec)}]"
-    return f"{_fmt(x.value, spec)} [{_fmt(x.lo, spec)}, {_fmt(x.hi, spec)}]"
+    v = x.speedup if isinstance(x, Effect) else x.value
+    return f"{_fmt(v, spec)} [{_fmt(x.lo, spec)}, {_fmt(x.hi, spec)}]"
 
 
 def why_lines(an: Analysis, attrs: list[Attribution], no_control: dict[str, str] | None = None) -> list[str]:
@@ -309,8 +307,8 @@ def why_lines(an: Analysis, attrs: list[Attribution], no_control: dict[str, str]
     if not attrs:
         return []
     s = an.settings
-    ref = next((a.length_adjusted_speedup["reference_suite"] for a in attrs if a.length_adjusted_speedup), None)
-    ref_tokens = next((a.length_adjusted_speedup["reference_prompt_tokens"] for a in attrs
+    ref = next((a.length_adjusted_speedup.reference_suite for a in attrs if a.length_adjusted_speedup), None)
+    ref_tokens = next((a.length_adjusted_speedup.reference_prompt_tokens for a in attrs
                        if a.length_adjusted_speedup), None)
     lines = ["## Why it pays: tokens per step × step cost", "",
              f"A speculative step yields τ tokens (the engine's acceptance length) and costs ρ plain decode steps of "
@@ -338,10 +336,10 @@ def why_lines(an: Analysis, attrs: list[Attribution], no_control: dict[str, str]
             expl = "drafts nothing"
         else:
             expl = word[a.explained_by_drafting]
-        off = (f"{_iv(a.configured_off)} {a.configured_off['verdict']}" if a.configured_off else "—")
-        dr = (f"{_iv(a.drafting_effect)} {a.drafting_effect['verdict']}" if a.drafting_effect else "—")
+        off = (f"{_iv(a.configured_off)} {a.configured_off.verdict.value}" if a.configured_off else "—")
+        dr = (f"{_iv(a.drafting_effect)} {a.drafting_effect.verdict.value}" if a.drafting_effect else "—")
         la = a.length_adjusted_speedup
-        lat = (_iv(la) + ("*" if la.get("extrapolated") else "")) if la else "—"
+        lat = (_iv(la) + ("*" if la.extrapolated else "")) if la else "—"
         lines.append(f"| {a.server} | {a.suite} | {a.concurrency} | {_iv(a.tpot_speedup)} | {_iv(a.tokens_per_step)} | "
                      f"{_iv(a.step_cost_ratio)} | {expl} | {off} | {dr} | {lat} |")
     lines += ["", "Configured off and drafting are throughput ratios (the verdicts' metric); their product is the "
@@ -370,19 +368,19 @@ def why_lines(an: Analysis, attrs: list[Attribution], no_control: dict[str, str]
     split: dict = {}
     for a in attrs:
         if a.configured_off and a.drafting_effect:
-            split.setdefault((a.server, a.suite, a.configured_off["server"]), []).append(a)
+            split.setdefault((a.server, a.suite, a.configured_off.server), []).append(a)
     for (server, suite, off), rows in split.items():
         findings.append(
             f"- **{server}** on `{suite}`, configuration × drafting (throughput; `{off}` is configured but drafts "
             "nothing): " + "; ".join(
-                f"c={a.concurrency}: {_fmt(a.configured_off['speedup'])}x ({a.configured_off['verdict']}) × "
-                f"{_fmt(a.drafting_effect['speedup'])}x ({a.drafting_effect['verdict']})"
+                f"c={a.concurrency}: {_fmt(a.configured_off.speedup)}x ({a.configured_off.verdict.value}) × "
+                f"{_fmt(a.drafting_effect.speedup)}x ({a.drafting_effect.verdict.value})"
                 + (f", a speculative step costing {_iv(a.step_cost_vs_configured_off)} of the control's plain steps "
                    f"for τ {_fmt(a.tokens_per_step.value)}" if a.step_cost_vs_configured_off and a.tokens_per_step
                    else "") for a in rows) + ".")
     for server, why in (no_control or {}).items():
         findings.append(f"- **{server}**: no configured-off control ({why}).")
-    contrasts = [a for a in attrs if a.contrast and a.contrast.get("raw") and a.contrast.get("length_adjusted")
+    contrasts = [a for a in attrs if a.contrast and a.contrast.raw and a.contrast.length_adjusted
                  and not is_control(a.server)]
     if contrasts:
         findings.append("")
@@ -390,7 +388,7 @@ def why_lines(an: Analysis, attrs: list[Attribution], no_control: dict[str, str]
                         f"its speedup on `{ref}`; per-prompt geometric means):")
         findings.append("")
         for a in contrasts:
-            raw, adj = a.contrast["raw"], a.contrast["length_adjusted"]
+            raw, adj = a.contrast.raw, a.contrast.length_adjusted
             raw_dec = raw["lo"] > 1 or raw["hi"] < 1
             adj_dec = adj["lo"] > 1 or adj["hi"] < 1
             if raw_dec and not adj_dec:
@@ -405,8 +403,8 @@ def why_lines(an: Analysis, attrs: list[Attribution], no_control: dict[str, str]
                              (a.server, ref, a.concurrency)), None)
             taus = (f" (τ {_iv(a.tokens_per_step)} against {_iv(base_tau)})" if a.tokens_per_step and base_tau else "")
             findings.append(f"- **{a.server}** on `{a.suite}` at c={a.concurrency}: {_iv(raw)}x raw, {_iv(adj)}x at "
-                            f"{a.length_adjusted_speedup['reference_prompt_tokens']:.0f}-token prompts"
-                            + ("*" if a.length_adjusted_speedup.get("extrapolated") else "") + f"{taus}: {why}.")
+                            f"{a.length_adjusted_speedup.reference_prompt_tokens:.0f}-token prompts"
+                            + ("*" if a.length_adjusted_speedup.extrapolated else "") + f"{taus}: {why}.")
     return lines + findings
 
 
@@ -426,16 +424,16 @@ def verification_text(an: Analysis, r: Recommendation) -> str:
     why = f" ({v.reason})" if v.reason else ""
     if v.outcome == Outcome.VERIFIED:
         return (f" **Verified:** `{v.server}` matched the server its schedule runs at " + ", ".join(
-            f"c={x['concurrency']} (`{x['against']}`: {_fmt(x['speedup'])}x [{_fmt(x['lo'])}, {_fmt(x['hi'])}])"
+            f"c={x.concurrency} (`{x.against}`: {_fmt(x.speedup)}x [{_fmt(x.lo)}, {_fmt(x.hi)}])"
             for x in rows) + level + why + ".")
     if v.outcome == Outcome.FAILED:
-        costs = [x for x in rows if x["verdict"] == Decision.LOSES.value]
+        costs = [x for x in rows if x.verdict == Decision.LOSES]
         return (f" **Verification failed:** `{v.server}` " + "; ".join(
-            f"ran at {_fmt(x['speedup'])}x [{_fmt(x['lo'])}, {_fmt(x['hi'])}] of `{x['against']}` at "
-            f"c={x['concurrency']}" for x in costs) + ": the schedule's switch costs throughput" + level + why + ".")
+            f"ran at {_fmt(x.speedup)}x [{_fmt(x.lo)}, {_fmt(x.hi)}] of `{x.against}` at "
+            f"c={x.concurrency}" for x in costs) + ": the schedule's switch costs throughput" + level + why + ".")
     if v.outcome == Outcome.UNDECIDED:
         return (f" **Verification undecided:** `{v.server}` against the server its schedule runs at each concurrency: "
-                + ", ".join(f"c={x['concurrency']} {x['verdict']} vs `{x['against']}` ({_fmt(x['speedup'])}x)"
+                + ", ".join(f"c={x.concurrency} {x.verdict.value} vs `{x.against}` ({_fmt(x.speedup)}x)"
                             for x in rows) + level + why + ".")
     if v.outcome == Outcome.NOT_VERIFIABLE:
         return f" **Not verified:** {v.reason}."

@@ -36,7 +36,7 @@ from .records import Record
 
 SEP = "@"
 NAME = re.compile(r"^[A-Za-z0-9_.-]+$")            # a configured server's name (the config schema's pattern)
-MEMBER = re.compile(r"^(?P<parent>[A-Za-z0-9_.-]+)@(?P<label>k|draft)=(?P<value>[0-9]+)$")
+MEMBER = re.compile(r"^(?P<parent>[A-Za-z0-9_.-]+)@(?P<label>k|draft)=(?P<value>[1-9][0-9]*)$")
 
 # engine -> the speculative fields a sweep may list, and the label of each in a member's name
 FIELDS = {"vllm": {"num_speculative_tokens": "k"},
@@ -158,7 +158,8 @@ def _sweep_of_config(name: str, srv: dict, source: str) -> tuple[Optional[Sweep]
         elif topk == 1:
             if ndraft is not None and not all(ndraft == v + 1 for v in values):
                 raise SpecmatchError(f"{where}.num_draft_tokens: with eagle_topk 1 it is num_steps + 1 for each "
-                                     f"swept value; leave it out (it follows num_steps) or list {[v + 1 for v in values]}")
+                                     "swept value; leave it out (it follows num_steps) or list "
+                                     f"{[v + 1 for v in values]}")
             drafts = [v + 1 for v in values]
         else:
             if ndraft is None:
