@@ -10,6 +10,7 @@ from specmatch.analysis import Settings, analyse
 from specmatch.attribution import attribute, explained
 from specmatch.records import Attribution, Interval
 from specmatch.simulate import decomposed_experiment
+from specmatch.summary import why_lines
 
 S = Settings(bootstrap=300)
 
@@ -110,7 +111,11 @@ def test_a_contrast_between_suites_that_is_purely_prompt_length():
     rng = np.random.default_rng(6)
     servers = {"baseline": (None, 1.0), "x": (1.5, lambda L: 1.4 * (L / 100.0) ** -0.35)}
     cells = spec_cells(rng, servers, {"long": (250, 750), "short": (15, 80)}, prompts=32)
-    attrs = attribute(analyse(cells, "baseline", S), "long")
+    an = analyse(cells, "baseline", S)
+    attrs = attribute(an, "long")
+    # the summary renders these records (Contrast, AdjustedSpeedup) and says what explains the contrast
+    rendered = "\n".join(why_lines(an, attrs))
+    assert "**x** on `short` at c=1" in rendered and "prompt length explains" in rendered
     for c in (1, 4):
         short, long_ = by(attrs, "x", "short", c), by(attrs, "x", "long", c)
         raw, adj = short.contrast.raw, short.contrast.length_adjusted

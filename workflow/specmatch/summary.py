@@ -389,11 +389,11 @@ def why_lines(an: Analysis, attrs: list[Attribution], no_control: dict[str, str]
         findings.append("")
         for a in contrasts:
             raw, adj = a.contrast.raw, a.contrast.length_adjusted
-            raw_dec = raw["lo"] > 1 or raw["hi"] < 1
-            adj_dec = adj["lo"] > 1 or adj["hi"] < 1
+            raw_dec = raw.lo > 1 or raw.hi < 1
+            adj_dec = adj.lo > 1 or adj.hi < 1
             if raw_dec and not adj_dec:
-                why = ("decisive raw, not at matched length: prompt length explains it" if adj["lo"] <= 1 <= adj["hi"]
-                       and abs(math.log(adj["value"])) < abs(math.log(raw["value"])) / 2 else
+                why = ("decisive raw, not at matched length: prompt length explains it" if adj.lo <= 1 <= adj.hi
+                       and abs(math.log(adj.value)) < abs(math.log(raw.value)) / 2 else
                        "decisive raw, undecided at matched length: prompt length explains part of it")
             elif adj_dec:
                 why = "the contrast survives at matched length"
