@@ -287,42 +287,55 @@ def round_plan(r):
     return RoundPlan.from_json(json.loads(Path(out).read_text()))
 
 
-def cells_through(r, ext="json"):
-    """Cells of the configured servers (each on its own suites) measured in repeats 1..r: every cell
-    up to `min`; past it, the cells each round's plan added (rounds stop early once nothing continues).
-    """
-    first = list(range(1, min(r, DESIGN.min) + 1))
-    out = [
-        p
-        for name in SERVERS
-        for p in cell_paths([name], server_suites(name), ext, first)
-    ]
+def rounds_before(r):
+    """The rounds that ran before repeat r, as (round, plan): from `min` on, until a plan continues
+    nothing (no later round runs) or the design's last round."""
     for k in range(DESIGN.min, min(r, DESIGN.max)):
-        nxt = round_plan(k).next
-        if not nxt:
-            break
-        out += [
-            f"results/cells/{c.server}/{c.suite}/r{c.repeat}/c{c.concurrency}.{ext}"
-            for c in nxt
-        ]
+        plan = round_plan(k)
+        yield k, plan
+        if not plan.next:
+            return
+
+
+def cell_keys_through(r):
+    """(server, suite, repeat, concurrency) of every configured server's cell measured in repeats
+    1..r: every cell up to `min`, then the cells each round's plan added."""
+    out = [
+        (name, suite, rep, c)
+        for name in SERVERS
+        for suite in server_suites(name)
+        for rep in range(1, min(r, DESIGN.min) + 1)
+        for c in CONCURRENCY
+    ]
+    for _, plan in rounds_before(r):
+        out += [(p.server, p.suite, p.repeat, p.concurrency) for p in plan.next]
     return out
+
+
+def cells_through(r, ext="json"):
+    """Cells of the configured servers (each on its own suites) measured in repeats 1..r."""
+    return [
+        f"results/cells/{s}/{u}/r{rep}/c{c}.{ext}"
+        for s, u, rep, c in cell_keys_through(r)
+    ]
 
 
 def launches_through(r):
     """The launch records (one per server session) the cells of repeats 1..r were measured on."""
-    # results/cells/<server>/<suite>/r<R>/c<C>.json
-    sessions = {(Path(p).parts[2], Path(p).parts[4]) for p in cells_through(r)}
-    return sorted(f"results/servers/{s}/{rep}/launch.json" for s, rep in sessions)
+    return sorted(
+        {
+            f"results/servers/{s}/r{rep}/launch.json"
+            for s, _, rep, _ in cell_keys_through(r)
+        }
+    )
 
 
 def round_plans():
-    """The plan files of the rounds that ran (the last one says nothing continues, or is round max-1)."""
-    out = []
-    for k in range(DESIGN.min, DESIGN.max):
-        out.append(checkpoints.sequential_round.get(round=k).output.plan)
-        if not round_plan(k).next:
-            break
-    return out
+    """The plan files of the rounds that ran."""
+    return [
+        checkpoints.sequential_round.get(round=k).output.plan
+        for k, _ in rounds_before(DESIGN.max)
+    ]
 
 
 def configured_cells(ext="json"):

@@ -799,10 +799,14 @@ class RoundPlan(Record):
     each configuration's decision and the cells repeat R+1 measures (the continuing servers', and the
     baseline's wherever any server continues, so every comparison stays paired by repeat)."""
     round: int
-    design: dict                          # {min, max}
+    design: dict                          # {min, max, min_probability}
     metric: str
     decisions: list[RoundDecision]
     next: list[PlannedCell]
+
+    def counts(self) -> dict[Continuation, int]:
+        """How many configurations each action took this round (every action, zeros included)."""
+        return {a: sum(d.action == a for d in self.decisions) for a in Continuation}
 
 REQUEST_SCHEMA = polars_schema(RequestRecord)
 CUT_SCHEMA = polars_schema(Cut)

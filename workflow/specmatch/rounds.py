@@ -61,13 +61,8 @@ def plan(an: Analysis, design: Design, round_: int) -> RoundPlan:
     return RoundPlan(round_, design.to_json(), metric, decisions, cells)
 
 
-def read(path: Path) -> RoundPlan:
-    return RoundPlan.from_json(json.loads(Path(path).read_text()))
-
-
 def describe(p: RoundPlan) -> str:
-    counts = {a: sum(d.action == a for d in p.decisions) for a in Continuation}
-    return (f"round {p.round} ({p.metric}): " + ", ".join(f"{n} {a.value}" for a, n in counts.items() if n)
+    return (f"round {p.round} ({p.metric}): " + ", ".join(f"{n} {a.value}" for a, n in p.counts().items() if n)
             + f"; repeat {p.round + 1} measures {len(p.next)} cells")
 
 

@@ -32,7 +32,7 @@ from .controls import OFF, is_control, why_no_control
 from .engines import definitions
 from .files import SpecmatchError, atomic_path, read_json, write_json, write_text
 from .provenance import Recorder
-from .records import (Acceptance, Attribution, Continuation, Decision, DerivedServers, Direction, Effect, Outcome,
+from .records import (Acceptance, Attribution, Decision, DerivedServers, Direction, Effect, Outcome,
                       Recommendation, RoundPlan, SuiteMatch)
 from .recommend import SUFFIX, analysis_arguments, load, server_infos, verified_analysis
 
@@ -235,8 +235,7 @@ def sequential_lines(an: Analysis, plans: list[RoundPlan]) -> list[str]:
     fixed = len(configs) * d.max
     rounds = []
     for p in plans:
-        n = {a: sum(x.action == a for x in p.decisions) for a in Continuation}
-        rounds.append(f"after round {p.round}: " + ", ".join(f"{v} {a.value}" for a, v in n.items() if v)
+        rounds.append(f"after round {p.round}: " + ", ".join(f"{v} {a.value}" for a, v in p.counts().items() if v)
                       + (f"; repeat {p.round + 1} measured {len(p.next)} cells" if p.next else "; nothing continued"))
     levels = sorted({round(v.confidence, 3) for v in an.verdicts if v.metric == s.recommend_metric
                      and v.run_to_run and not v.server.endswith(SUFFIX)})
