@@ -16,6 +16,7 @@ if not workflow.config_settings.configfiles:
 
 include: "workflow/rules/common.smk"
 include: "workflow/rules/models.smk"
+include: "workflow/rules/regenerate.smk"
 include: "workflow/rules/inspect.smk"
 include: "workflow/rules/prompts.smk"
 include: "workflow/rules/servers.smk"

@@ -9,14 +9,17 @@ from specmatch.files import SpecmatchError
 
 
 def base():
-    return yaml.safe_load((REPO / "config.yaml").read_text())
+    """The shipped config with its ngram k sweep as one server (k=4): these tests edit `servers.ngram`."""
+    cfg = yaml.safe_load((REPO / "config.yaml").read_text())
+    cfg["servers"]["ngram"]["speculative"]["num_speculative_tokens"] = 4
+    return cfg
 
 
 def test_shipped_config_is_valid_and_gets_defaults():
     cfg = load(REPO / "config.yaml")
     assert cfg["baseline"] == "baseline"
-    assert cfg["servers"]["ngram"]["host"] == "127.0.0.1"
-    assert cfg["servers"]["ngram"]["startup_timeout_s"] == 1200
+    assert cfg["servers"]["ngram@k=2"]["host"] == "127.0.0.1"   # the default's k sweep, expanded
+    assert cfg["servers"]["ngram@k=4"]["startup_timeout_s"] == 1200 and "ngram" not in cfg["servers"]
     assert cfg["suites"]["train_mix"]["turn"] == "last"
     assert cfg["requests"]["request_rate"] is None
     assert cfg["requests"]["passes"] == 1 and cfg["repeats"]["min"] >= 2 and cfg["repeats"]["max"] >= cfg["repeats"]["min"]
@@ -40,6 +43,9 @@ def test_shipped_config_is_valid_and_gets_defaults():
     (lambda c: c["servers"].update(x__recommended={"engine": "vllm", "model": "m"}), "the workflow's own"),
     (lambda c: c.update(repeats=0), "repeats"),
     (lambda c: c["servers"]["ngram"].update(suites=["nope"]), "servers.ngram.suites: 'nope' is not a suite"),
+    (lambda c: c["servers"]["ngram"].update(suites=["nope"], speculative={"method": "ngram",
+                                                                          "num_speculative_tokens": [2, 4]}),
+     "servers.ngram.suites: 'nope' is not a suite"),   # a sweep's error names the key the user wrote
     (lambda c: c["servers"]["baseline"].update(suites=["generic"]), "servers.baseline.suites: the baseline is compared"),
     (lambda c: c["servers"]["ngram"].update(suites=[]), "servers.ngram.suites"),
 ])

@@ -22,7 +22,7 @@ def default():
 def test_the_default_controls_every_speculative_server_on_the_recommendation_suite():
     cfg = with_controls(default())
     offs = {n: s for n, s in cfg["servers"].items() if n.endswith(OFF)}
-    assert set(offs) == {"ngram__off", "eagle3__off"}
+    assert set(offs) == {"ngram@k=4__off", "eagle3__off"}   # the ngram sweep's control: its largest k
     for name, srv in offs.items():
         parent = cfg["servers"][name[: -len(OFF)]]
         # the parent's configuration exactly, drafting nothing at every batch size up to the launch's cap
@@ -45,9 +45,9 @@ def test_controls_follow_the_config():
     assert with_controls(cfg)["servers"].keys() == cfg["servers"].keys()
     # a server restricted to other suites gets no control there, and says why
     cfg["summary"]["controls"] = {"configured_off": True, "suites": ["train_mix"]}
-    cfg["servers"]["ngram"]["suites"] = ["generic"]
+    cfg["servers"]["ngram@k=4"]["suites"] = ["generic"]
     extra, why = control_plan(cfg)
-    assert "ngram__off" not in extra and "train_mix" in why["ngram"]
+    assert "ngram@k=4__off" not in extra and "train_mix" in why["ngram@k=4"]
 
 
 @pytest.mark.parametrize("mutate, message", [
@@ -85,11 +85,14 @@ def test_the_default_workflow_measures_the_controls_and_the_long_control(tmp_pat
     hand-written schedule server is gone."""
     out = run(snakemake_cmd() + ["-n", "--cores", "2"], copy_workflow(tmp_path)).stdout
     counts = job_counts(out)
-    assert counts["launch"] == 10 and counts["prompts"] == 4
-    # baseline 4 suites, ngram 1, eagle3 4, two controls on one suite; x 3 concurrencies x 2 repeats (the
-    # sequential design's minimum; the round after them adds a third repeat where verdicts stay open)
-    assert counts["cell"] == (4 + 1 + 4 + 1 + 1) * 3 * 2 and counts["sequential_round"] == 1
+    assert counts["launch"] == 12 and counts["prompts"] == 4
+    # baseline 4 suites, the ngram sweep's two members 1 each, eagle3 4, two controls (the sweep's of its
+    # largest k) on one suite; x 3 concurrencies x 2 repeats (the sequential design's minimum; the round
+    # after them adds a third repeat where verdicts stay open)
+    assert counts["cell"] == (4 + 1 + 1 + 4 + 1 + 1) * 3 * 2 and counts["sequential_round"] == 1
     assert "results/cells/eagle3__off/train_holdout/r2/c16.json" in out
+    assert "results/cells/ngram@k=2/train_holdout/r2/c16.json" in out
+    assert "results/cells/ngram@k=4__off/train_holdout/r1/c1.json" in out and "ngram@k=2__off" not in out
     assert "results/cells/eagle3__off/generic/" not in out and "ngram_off_above_4" not in out
     assert "--like results/prompts/train_holdout.jsonl" in out
 

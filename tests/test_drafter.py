@@ -93,3 +93,38 @@ def test_checkpoint_is_what_vllm_loads_for_eagle3(target, data, tok, tmp_path):
     assert torch.equal(torch.arange(64) + w["d2t"], used)
     meta = json.loads((tmp_path / "head" / "specmatch_drafter.json").read_text())
     assert meta["budget"]["steps"] == 4 and "final_top1_agreement_by_step" in meta["metrics"]
+
+
+def test_training_on_regenerated_rows_reads_only_them_and_evaluation_reports_held_out(target, data, tok, monkeypatch):
+    """With a regenerated store, training reads no original row (the store replaces the seen rows,
+    matched by file and position, so the holdout stays the cut table's); after training, agreement
+    is reported on seen rows (as trained), on their original text, and on held-out rows."""
+    from specmatch import readers
+    from specmatch.drafter import evaluate, training_rows
+
+    m, cuts = data
+    budget = Budget(**{**TINY.__dict__, "eval_tokens": 200})
+    seen = training_rows(cuts, budget)
+    store = {}
+    for k, c in enumerate(seen.iter_rows(named=True)):
+        if k % 2:  # half the seen rows were not regenerated: they are passed over, never read
+            continue
+        answer = [300 + (k + j) % 50 for j in range(12)] + [2]
+        store[(c["file"], c["offset"] if c["offset"] is not None else c["row"])] = (
+            [1, 9, 8, 7, 2, 1, 4, 5] + answer, [0] * 8 + [1] * len(answer))
+    read = []
+    real = readers.read_rows
+    monkeypatch.setattr(readers, "read_rows", lambda df, wanted: read.extend((str(df.path), w) for w in wanted)
+                        or real(df, wanted))
+    state = train(target, cuts, ChatTemplate.of(tok), budget, aux_layers=[1, 2, 3], log=lambda m: None, store=store)
+    assert not read and state["metrics"]["training_rows"] == "regenerated"
+    assert all(ids in [v[0][:len(ids)] for v in store.values()] for ids, _ in state["eval"]["seqs"])
+    agreement = evaluate(state, cuts, ChatTemplate.of(tok), budget, store, log=lambda m: None)
+    assert set(agreement) == {"seen", "seen_original", "held_out"}
+    held = {(f, o if o is not None else r) for f, o, r in cuts.filter(cuts["holdout"]).select(
+        "file", "offset", "row").iter_rows()}
+    assert set(read) & held  # held-out rows are read for the evaluation, after training
+    for side in agreement.values():
+        assert len(side["top1_agreement_by_step"]) == TINY.ttt_length and side["tokens"] > 0
+        assert all(a <= b + 1e-9 for a, b in zip(side["top1_agreement_by_step"],
+                                                  side["top1_agreement_in_vocab_by_step"]))

@@ -2,78 +2,19 @@
 the deployment, on simulated sweeps whose truth is known (specmatch.des: a continuously batching
 server whose speculative step drafts k tokens, accepts each with the prompt's probability until the
 first rejection, and costs rho(k, b) plain decode steps at batch size b)."""
-import functools
-from dataclasses import replace
 import json
-import math
 import subprocess
 import sys
 
-import numpy as np
 import pytest
 
-from builders import REPO
-from specmatch.calibration import BASE
+from builders import REPO, sweep_cells
 from specmatch.deployment import ServerInfo, server_k
-from specmatch.des import serve
 from specmatch.kmodel import (KBand, KChoice, bands, best_k, members, predict, recommend, sglang_adaptive_config,
                               sglang_deployment, tokens_per_step, vllm_deployment)
 from specmatch.measurements import Measurements, Settings
 from specmatch.noise import run_to_run
 from specmatch.records import Decision
-from specmatch.simulate import cell
-
-BETA = (6.0, 4.0)      # a prompt's per-token acceptance probability: mean 0.6
-
-
-def sweep_cells(seed: int, rho: dict, concurrencies=(1, 4, 16), repeats: int = 3, prompts: int = 24,
-                out_tokens: int = 64, session_sd: float = 0.01, cell_sd: float = 0.01, parent: str = "spec"):
-    """Cells of a baseline `base` and one sweep member `<parent>@k=<k>` per k of `rho` (k -> c -> the step
-    cost in plain steps at that concurrency), simulated by specmatch.des with per-prompt acceptance
-    from BETA, every cell's times moved by its session's and its own run-to-run effect. Each member's
-    cells carry vLLM's per-position acceptance rates: a prompt accepts the first p + 1 drafts with
-    probability alpha^(p + 1), weighted by its steps and scaled so that 1 + their sum equals the cell's
-    acceptance length (as vLLM's counters are)."""
-    rng = np.random.default_rng(seed)
-    ids = [f"p-{i:03d}" for i in range(prompts)]
-    tokens = np.clip(np.round(rng.lognormal(math.log(200), 0.6, prompts)), 16, 768)
-    alpha = rng.beta(*BETA, prompts)
-    engines = {"base": BASE}
-    for k, table in rho.items():
-        cs = sorted(table)
-        f = functools.partial(_rho_at, tuple(np.log(cs)), tuple(table[c] for c in cs))
-        engines[f"{parent}@k={k}"] = replace(BASE, k=k, rho=f)
-    sessions = {(s, r): rng.normal(0, session_sd) for s in engines for r in range(1, repeats + 1)}
-    out = []
-    for c in concurrencies:
-        keys = [(s, r) for s in engines for r in range(1, repeats + 1)]
-        eng = [engines[s] for s, _ in keys]
-        pt = np.tile(tokens, (len(keys), 1))
-        served = serve(eng, c, pt, np.full(pt.shape, out_tokens), rng, np.tile(alpha, (len(keys), 1)))
-        factor = np.exp([sessions[key] + rng.normal(0, cell_sd) for key in keys])
-        served = served.scaled(factor)
-        ot = np.full(prompts, float(out_tokens))
-        for i, (s, r) in enumerate(keys):
-            one = served.row(i)
-            k = eng[i].k
-            spec = k > 0
-            res, req = cell(s, "s", c, r, one.e2e, one.ttft, ot, ids, one.steps if spec else None,
-                            one.accepted if spec else None, tokens, int(one.steps.sum()) if spec else None,
-                            starts=one.start, duration=float(one.duration[0]), drafted=one.drafted if spec else None,
-                            session=f"{s}-r{r}")
-            if spec:
-                w = one.steps / one.steps.sum()
-                rates = np.array([float((w * alpha ** (p + 1)).sum()) for p in range(k)])
-                rates *= (one.accepted.sum() / one.steps.sum()) / rates.sum()
-                res.spec_decode_per_position_acceptance_rates = [float(x) for x in rates]
-                res.spec_decode_acceptance_length = 1 + float(one.accepted.sum() / one.steps.sum())
-            out.append((res, req))
-    return out
-
-
-def _rho_at(xs: tuple, ys: tuple, b: int) -> float:
-    return float(np.interp(math.log(max(b, 1)), xs, ys))
-
 
 # the truth: the step cost of each k at c = 1, 4, 16. With these prompts tau(1, 2, 4) is about 1.5, 1.75, 2.0
 # (per step: hard prompts take more steps), so the TPOT speedups tau / rho are about

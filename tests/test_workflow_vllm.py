@@ -1,7 +1,7 @@
 """End to end against the real vLLM CPU server and the real embedded model (marker: vllm).
 
 One tiny config: the embedded SmolLM2-135M converted by the workflow, a demo training root, a
-baseline, an n-gram server and an EAGLE-3 head the workflow trains in seconds on the demo rows,
+baseline, an n-gram server (a k sweep of one value, `ngram@k=4`) and an EAGLE-3 head the workflow trains in seconds on the demo rows,
 concurrency 1 and 2. Checks: the run completes, each server starts exactly once, vLLM loads the
 trained head (the checkpoint format) and both drafters accept tokens, a rerun does nothing, a
 concurrency change reruns only the new cells, a one-cell rerun restarts only its server, and
@@ -48,7 +48,8 @@ TINY = {
                              "args": ["--max-num-batched-tokens", 2048],
                              "env": {"SPECMATCH_E2E_INT": 0, "SPECMATCH_E2E_TEXT": "1e3"}},
                 "ngram": {"engine": "vllm", "model": "results/models/smollm2-135m", "idle_timeout_s": 120,
-                          "speculative": {"method": "ngram", "num_speculative_tokens": 4,
+                          # a sweep of one value: `ngram@k=4`, a member's name through real launches and paths
+                          "speculative": {"method": "ngram", "num_speculative_tokens": [4],
                                           "prompt_lookup_max": 4, "prompt_lookup_min": 2}},
                 "eagle3": {"engine": "vllm", "model": "results/models/smollm2-135m", "idle_timeout_s": 120,
                            "speculative": {"method": "eagle3", "model": "results/models/tiny-eagle3",
@@ -98,7 +99,7 @@ def starts(wd, server) -> int:
 def test_real_vllm_end_to_end(wd):
     sm(wd)
     res = wd / "results"
-    for server in ("baseline", "ngram", "eagle3"):
+    for server in ("baseline", "ngram@k=4", "eagle3"):
         assert starts(wd, server) == 1, f"{server} started more than once"
         launch = LaunchRecord.from_json(json.loads((res / "servers" / server / "r1" / "launch.json").read_text()))
         assert launch.startup_s > 0 and launch.v1_models["data"][0]["id"] == "results/models/smollm2-135m"
@@ -109,7 +110,7 @@ def test_real_vllm_end_to_end(wd):
     assert launch.env["SPECMATCH_E2E_INT"] == "0" and launch.env["SPECMATCH_E2E_TEXT"] == "1e3"
     log = Path(launch.log) if Path(launch.log).is_absolute() else wd / launch.log
     assert "'max_num_batched_tokens': 2048" in log.read_text()  # vLLM's own parse of what it got
-    for server in ("ngram", "eagle3"):  # vLLM loaded the trained head, and both drafters accept tokens
+    for server in ("ngram@k=4", "eagle3"):  # vLLM loaded the trained head, and both drafters accept tokens
         cells = [CellResult.from_json(json.loads(p.read_text()))
                  for p in (res / "cells" / server).rglob("c*.json") if p.name.count(".") == 1]
         assert len(cells) == 4 and all(c.failed == 0 for c in cells)
@@ -121,16 +122,18 @@ def test_real_vllm_end_to_end(wd):
     assert base["completed"] == 6 and base["total_output_tokens"] == 6 * 24  # the whole suite
     assert base["cache_reset"] == "ok"
     summary = (res / "summary" / "summary.md").read_text()
-    assert "**ngram** on `train_mix`" in summary and "**eagle3** accepts" in summary
+    assert "**ngram@k=4** on `train_mix`" in summary and "**eagle3** accepts" in summary
+    assert "## Which k at which load" in summary and "**ngram** on `train_mix`" in summary  # the sweep
+    assert "| k | c=1 | c=2 |" in summary and "| **best k** |" in summary
     assert "These intervals exclude run-to-run variation" in summary  # one repeat
     assert not server_pids(), "servers must be stopped when the workflow ends"
     assert "Nothing to be done" in sm(wd, "-n").stdout
     counts = job_counts(sm(wd, "-n", "--config", "concurrency=[1, 3]").stdout)
     assert counts == {"all": 1, "cell": 6, "recommend": 1, "summary": 1}
     # rerun one cell for real: only that cell's server starts again, and the summary follows
-    target = "results/cells/ngram/train_mix/r1/c1.json"
+    target = "results/cells/ngram@k=4/train_mix/r1/c1.json"
     sm(wd, "--forcerun", target)
-    assert starts(wd, "ngram") == 2
+    assert starts(wd, "ngram@k=4") == 2
     assert starts(wd, "baseline") == 1 and starts(wd, "eagle3") == 1
     assert not server_pids()
 
@@ -138,7 +141,7 @@ def test_real_vllm_end_to_end(wd):
 def test_sigkill_of_snakemake_leaves_no_server(wd):
     if not (wd / "results" / "cells").exists():
         sm(wd)
-    target = "results/cells/ngram/train_mix/r1/c1.json"
+    target = "results/cells/ngram@k=4/train_mix/r1/c1.json"
     before = (wd / target).read_bytes()
     env = {**os.environ}
     proc = subprocess.Popen(snakemake_cmd() + ["--cores", "2", "--configfile", "tiny.yaml", "--forcerun", target,
@@ -147,7 +150,7 @@ def test_sigkill_of_snakemake_leaves_no_server(wd):
                             cwd=wd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=env,
                             start_new_session=True)
     states = wd / "results" / ".servers"  # one folder per host (and SLURM allocation)
-    log = wd / "results" / "logs" / "cells" / "ngram" / "train_mix" / "r1" / "c1.log"
+    log = wd / "results" / "logs" / "cells" / "ngram@k=4" / "train_mix" / "r1" / "c1.log"
     deadline = time.time() + 600
     while time.time() < deadline:  # wait until the server is up and the cell is sending requests
         found = list(states.glob("*/current.json"))

@@ -192,14 +192,60 @@ def drafter_target(wildcards):
 def drafter_budget(wildcards):
     spec = CFG["models"]["eagle3"][wildcards.drafter]
     return to_json(
-        {k: v for k, v in spec.items() if k not in ("target", "aux_layers")}
+        {
+            k: v
+            for k, v in spec.items()
+            if k not in ("target", "aux_layers", "regenerate")
+        }
         | {"threads": 0}
     )
+
+
+def drafter_regenerate(name):
+    """The regeneration settings of drafter `name` (specmatch.regenerate.Settings), or None when off."""
+    from specmatch.regenerate import settings_of
+
+    return settings_of(CFG["models"]["eagle3"][name])
+
+
+def drafter_regenerated(wildcards):
+    """train_drafter's regenerated rows (results/regenerate/<drafter>), when the drafter trains on them."""
+    return (
+        [f"results/regenerate/{wildcards.drafter}"]
+        if drafter_regenerate(wildcards.drafter)
+        else []
+    )
+
+
+def drafter_regenerated_arg(wildcards):
+    return " ".join(f"--regenerated {p}" for p in drafter_regenerated(wildcards))
+
+
+def regenerate_settings(wildcards):
+    from dataclasses import asdict
+
+    settings = drafter_regenerate(wildcards.drafter)
+    if settings is None:
+        raise WorkflowError(
+            f"models.eagle3.{wildcards.drafter}.regenerate is off: nothing asks for its regenerated rows"
+        )
+    return to_json(asdict(settings))
 
 
 def drafter_aux_layers(wildcards):
     layers = CFG["models"]["eagle3"][wildcards.drafter].get("aux_layers")
     return f"--aux-layers {','.join(map(str, layers))}" if layers else ""
+
+
+def drafter_args(wildcards):
+    """train_drafter's optional arguments: its aux layers and its regenerated rows. Empty for a
+    drafter that sets neither (as before regeneration existed), so such a drafter does not retrain.
+    """
+    return " ".join(
+        a
+        for a in (drafter_aux_layers(wildcards), drafter_regenerated_arg(wildcards))
+        if a
+    )
 
 
 def dataset_root(wildcards):

@@ -39,6 +39,8 @@ rule train_drafter:
         manifest="results/inspect/manifest.json",
         cuts="results/inspect/cuts.parquet",
         tokenizer=tokenizer_input(),
+        # the target's own answers for the seen rows, when models.eagle3.<name>.regenerate is on
+        regenerated=drafter_regenerated,
     output:
         model=directory("results/models/{drafter}"),
         provenance=prov("results/models/{drafter}"),
@@ -54,7 +56,7 @@ rule train_drafter:
     threads: whole_machine
     params:
         budget=drafter_budget,
-        aux=drafter_aux_layers,
+        aux=drafter_args,  # --aux-layers, --regenerated
         tokenizer=dataset_tokenizer,
     shell:
         "python -m specmatch.drafter --target {input.target} --manifest {input.manifest} --cuts {input.cuts}"

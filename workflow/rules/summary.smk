@@ -11,9 +11,12 @@ checkpoint recommend:
     output:
         servers="results/recommend/servers.json",
         recommendations="results/recommend/recommendations.json",
+        k_schedules="results/recommend/k_schedules.json",
         adaptive=directory("results/recommend/adaptive"),
         provenance=prov(
-            "results/recommend/servers.json", "results/recommend/recommendations.json"
+            "results/recommend/servers.json",
+            "results/recommend/recommendations.json",
+            "results/recommend/k_schedules.json",
         ),
     log:
         "results/logs/recommend.log",
@@ -30,7 +33,7 @@ checkpoint recommend:
         " --servers {params.servers:q} --cells {input.cells} --requests {input.requests}"
         " --launches {input.launches} --suites {params.suites} {params.verify}"
         " --out {output.servers} --recommendations {output.recommendations}"
-        " --adaptive-dir {output.adaptive} > {log} 2>&1"
+        " --k-schedules {output.k_schedules} --adaptive-dir {output.adaptive} > {log} 2>&1"
 
 
 rule summary:
@@ -54,6 +57,7 @@ rule summary:
         verdicts="results/summary/verdicts.json",
         recommendations="results/summary/recommendations.json",
         attribution="results/summary/attribution.json",
+        k_sweeps="results/summary/k_sweeps.json",
         plots=report(
             directory("results/summary/plots"),
             patterns=["{name}.png"],
@@ -68,6 +72,7 @@ rule summary:
             "results/summary/verdicts.json",
             "results/summary/recommendations.json",
             "results/summary/attribution.json",
+            "results/summary/k_sweeps.json",
         ),
     log:
         "results/logs/summary.log",

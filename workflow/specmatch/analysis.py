@@ -29,11 +29,13 @@ from .comparison import (Comparison, compare, crossovers, decide, deciding_desig
 from .controls import is_control
 from .deployment import (RECOMMENDED, ServerInfo, _pairs_crossing, _spans, decisions, deployed_on, on_per_batch,
                          own_k, recommend, reference, server_k, sglang_mechanism, validate_schedule, verification,
-                         vllm_schedule)
+                         verify_against, vllm_schedule)
 from .measurements import (LABEL, LATENCY, Arrays, Measurements, Settings, _log, _rng, cell_log_stat,
                            closed_loop_makespan, drafted_nothing)
 from .noise import RunToRun, VarianceSum, _tau2_dof, fit_tau2, run_to_run
+from .kmodel import references, sweep_report
 from .records import CellResult, Decision, DerivedServer, Outcome, Recommendation, Verdict, Verification
+from .sweep import members as sweep_members, parents as sweep_parents, sweep_of
 
 __all__ = ["AcceptanceSummary", "Analysis", "Arrays", "Comparison", "LABEL", "LATENCY", "Measurements", "RunToRun",
            "ServerInfo", "Settings", "VarianceSum", "acceptance_summary", "analyse", "cell_log_stat",
@@ -69,6 +71,8 @@ class Analysis:
     infos: dict = field(default_factory=dict)   # name -> ServerInfo
     # (server, suite, metric) -> [Crossover]: only where verdicts change sign (throughput and recommend_metric)
     crossovers: dict = field(default_factory=dict)
+    k_recommendations: list = field(default_factory=list)  # kmodel.KRecommendation per (k sweep, recommend suite)
+    k_points: list = field(default_factory=list)           # kmodel.KPoint: each k's predicted vs measured speedup
 
     def verdict(self, server, suite, c, metric="output_throughput") -> Verdict | None:
         return next((v for v in self.verdicts if (v.server, v.suite, v.concurrency, v.metric) ==
@@ -132,8 +136,9 @@ def analyse(cells: list[tuple[CellResult, pl.DataFrame]], baseline: str, setting
     for server, info in (infos or {}).items():
         drafted = any((k[0] == server and (x.spec_decode_num_drafts or 0) > 0) for k, x in m.cells.items())
         if (server == baseline or not (info.speculative or drafted) or is_control(server)
-                or (primary is not None and server not in primary)):
-            continue  # a configured-off control explains a speedup; it is never a deployment to recommend
+                or (primary is not None and server not in primary) or sweep_of(server) is not None):
+            continue  # a configured-off control explains a speedup; it is never a deployment to recommend.
+            # A k sweep's member is one k of a question about every k (k_reports), not a deployment alone
         for suite in recommend_suites or []:
             key = (server, suite, settings.recommend_metric)
             if key in comparisons:
@@ -141,8 +146,29 @@ def analyse(cells: list[tuple[CellResult, pl.DataFrame]], baseline: str, setting
                 recs.append(recommend(info, suite, vs, comparisons[key], settings))
     an = Analysis(settings, baseline, servers, suites, concurrencies, rr, verdicts, comparisons, off, acc, recs, m,
                   infos or {}, cross)
+    an.k_recommendations, an.k_points = k_reports(an, recommend_suites or [], primary)
     verify_recommendations(an, [r for r in recs if r.server + RECOMMENDED in servers], {})
+    verify_k_recommendations(an, [r for r in an.k_recommendations if r.parent + RECOMMENDED in servers], {})
     return an
+
+
+def k_reports(an: Analysis, suites: list[str], primary: list[str] | None = None) -> tuple[list, list]:
+    """Which k at which load for every k sweep of the grid (kmodel.sweep_report) on each suite the
+    recommendations stand on where the sweep was measured: its KRecommendation and each k's KPoint."""
+    names = [x for x in an.servers if primary is None or x in primary]
+    recs, points = [], []
+    for parent in sweep_parents(names):
+        ks = sweep_members(parent, names)
+        info = an.infos.get(ks[max(ks)])
+        if info is None:   # no launch record (the recommendation needs the server's engine and max batch)
+            continue
+        for suite in suites:
+            if not any(an.measurements.repeats(n, suite, c) for n in ks.values() for c in an.concurrencies):
+                continue
+            rec, pts = sweep_report(an, parent, info, suite)
+            recs.append(rec)
+            points += pts
+    return recs, points
 
 
 def _crossovers(verdicts: list, comparisons: dict, s: Settings, servers: list | None = None) -> dict:
@@ -189,6 +215,31 @@ def verify_recommendations(an: Analysis, recs: list[Recommendation], derived: di
             r.verified = Verification(name, Outcome.NOT_MEASURED, an.settings.recommend_metric, an.settings.confidence,
                                       min_effect=an.settings.min_effect, reason=f"no cell of `{name}` was measured")
     return recs
+
+
+def verify_k_recommendations(an: Analysis, recs: list, derived: dict[str, DerivedServer]) -> list:
+    """Each k schedule's measured check (verify_k) as its `verified` record, by the server that deploys it
+    (`<parent>__recommended`)."""
+    for r in recs:
+        name = r.derived_server or next((n for n, d in derived.items() if d.parent == r.parent and d.suite == r.suite),
+                                        None) or (r.parent + RECOMMENDED if r.parent + RECOMMENDED in an.servers else None)
+        if name is None:
+            continue
+        r.derived_server = name
+        if name in an.servers:
+            r.verified = verify_k(an, r, name)
+        else:
+            r.verified = Verification(name, Outcome.NOT_MEASURED, an.settings.recommend_metric, an.settings.confidence,
+                                      min_effect=an.settings.min_effect, reason=f"no cell of `{name}` was measured")
+    return recs
+
+
+def verify_k(an: Analysis, rec, derived: str) -> Verification:
+    """A k schedule's deployment `derived`, measured, against the member each band runs (kmodel.references),
+    with the same test as every verification (deployment.verify_against)."""
+    primary = [x for x in an.servers if x == derived or not x.endswith(RECOMMENDED)]
+    refs = references(rec, sweep_members(rec.parent, an.servers), an.baseline, an.concurrencies)
+    return verify_against(an.measurements, run_to_run(an.measurements, primary), rec.suite, derived, refs, an.settings)
 
 
 def verify(an: Analysis, rec: Recommendation, derived: str) -> Verification:

@@ -14,6 +14,7 @@ import jsonschema
 import yaml
 
 from .files import SpecmatchError
+from .sweep import expand, member_of
 
 SCHEMA_PATH = Path(__file__).resolve().parent.parent / "schemas" / "config.schema.yaml"
 
@@ -109,6 +110,10 @@ def validate(config: dict, source: str = "config") -> dict:
     for top in ("requests", "summary", "demo", "models"):
         cfg.setdefault(top, {})
     _fill_defaults(schema, cfg, schema)
+    # a k sweep (a list of num_speculative_tokens / num_steps) becomes one ordinary server per value
+    # (`<name>@k=<v>`, specmatch.sweep) before anything else reads the servers
+
+    cfg["servers"] = expand(cfg["servers"], f"{source}: ")
     _cross_checks(cfg, source)
     return cfg
 
@@ -143,7 +148,9 @@ def _cross_checks(cfg: dict, source: str) -> None:
         )
     if servers[cfg["baseline"]].get("speculative"):
         raise SpecmatchError(f"{source}: servers.{cfg['baseline']}.speculative: the baseline must not speculate")
-    for name, srv in servers.items():
+    for member, srv in servers.items():
+        got = member_of(member)   # a k sweep's member: its errors name the server the user configured
+        name = got.parent if got is not None else member
         if srv["engine"] in ("vllm", "sglang") and not srv.get("model"):
             raise SpecmatchError(f"{source}: servers.{name}.model: required for engine {srv['engine']}")
         if srv["engine"] == "external" and not srv.get("base_url"):
@@ -154,7 +161,7 @@ def _cross_checks(cfg: dict, source: str) -> None:
             if suite not in cfg["suites"]:
                 raise SpecmatchError(f"{source}: servers.{name}.suites: '{suite}' is not a suite "
                                      f"(suites: {', '.join(cfg['suites'])})")
-        if name == cfg["baseline"] and srv.get("suites") and set(srv["suites"]) != set(cfg["suites"]):
+        if member == cfg["baseline"] and srv.get("suites") and set(srv["suites"]) != set(cfg["suites"]):
             raise SpecmatchError(f"{source}: servers.{name}.suites: the baseline is compared on every suite, "
                                  "so it is measured on every suite (drop the key)")
         spec = srv.get("speculative") or {}

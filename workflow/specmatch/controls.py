@@ -23,6 +23,7 @@ import copy
 
 from .engines import ENGINES
 from .files import SpecmatchError
+from .sweep import members as swept, sweep_of
 
 OFF = "__off"
 
@@ -65,6 +66,27 @@ def off_config(name: str, srv: dict, max_batch: int) -> tuple[dict | None, str |
     return cfg, None
 
 
+def controlled(servers: dict, names: list | None) -> list[str]:
+    """The servers that get a control: those named (a sweep's name stands for its member of the largest
+    k), else every speculative server, a k sweep by its member of the largest k only. The control splits
+    a speedup into configuration x drafting; configured-off, the members of one sweep differ only in
+    the k they would draft and in what the engine sizes by k (vLLM's scheduled-token budget), so one
+    control, of the largest k, answers the sweep's configuration question, and each further one would
+    cost a server's launches and cells for much the same answer. The split is reported for that member
+    only (the others' are not assumed); name members in summary.controls.servers to measure theirs."""
+    if names:
+        return [n if n in servers else list(swept(n, servers).values())[-1] for n in names]
+    out = []
+    for n, s in servers.items():
+        if not s.get("speculative"):
+            continue
+        got = sweep_of(n)
+        if got is not None and n != list(swept(got[0], servers).values())[-1]:
+            continue
+        out.append(n)
+    return out
+
+
 def control_plan(cfg: dict) -> tuple[dict, dict]:
     """({control name: config}, {server: why no control}) for `summary.controls`."""
     ctl = cfg["summary"].get("controls") or {}
@@ -73,7 +95,7 @@ def control_plan(cfg: dict) -> tuple[dict, dict]:
     servers = cfg["servers"]
     names = ctl.get("servers")
     for n in names or []:
-        if n not in servers:
+        if n not in servers and not swept(n, servers):
             raise SpecmatchError(f"config: summary.controls.servers: '{n}' is not a server")
         if n == cfg["baseline"]:
             raise SpecmatchError(f"config: summary.controls.servers: '{n}' is the baseline, which does not speculate")
@@ -83,7 +105,7 @@ def control_plan(cfg: dict) -> tuple[dict, dict]:
             raise SpecmatchError(f"config: summary.controls.suites: '{u}' is not a suite")
     highest = max(cfg["concurrency"])
     out, why = {}, {}
-    for name in names or [n for n, s in servers.items() if s.get("speculative")]:
+    for name in controlled(servers, names):
         conf, reason = off_config(name, servers[name], ENGINES[servers[name]["engine"]].launch_max_batch(highest))
         if conf is None:
             why[name] = reason

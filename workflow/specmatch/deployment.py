@@ -145,7 +145,6 @@ def recommend(info: ServerInfo, suite: str, verdicts: list[Verdict], cmps: list[
                          crossovers=cross, max_batch=info.max_batch)
     decided = {c: d for c, d in dec.items() if d is not None}
     undecided = sorted(c for c, d in dec.items() if d is None)
-    measured = ", ".join(f"c={c}" for c in sorted(dec))
     if not decided:
         why = "; ".join(dict.fromkeys(v.decide for v in verdicts if v.decide))
         rec.text = f"no recommendation: no concurrency is decided ({why})"
@@ -275,10 +274,41 @@ def reference(rec: Recommendation, info: ServerInfo | None, baseline: str, c: in
     return rec.server, None
 
 
+@dataclass
+class Reference:
+    """What the recommended deployment is checked against at one concurrency, fixed by its schedule
+    before its own data are seen: `server` (None: no measured server is it, `why`), and `alternatives`,
+    the servers the schedule's choice there was not decided against (where no verdict decided it, a cost
+    must show against each of them too)."""
+    server: str | None
+    why: str | None = None
+    alternatives: tuple = ()
+
+
+def onoff_references(rec: Recommendation, info: ServerInfo | None, baseline: str, concurrencies: list[int],
+                     undecided: set | None = None) -> dict[int, Reference]:
+    """An on/off recommendation's references (reference()); at `undecided` concurrencies (the server's
+    own verdict was inconclusive or equivalent, so the switch fell there by the point estimates) the
+    other of the baseline and the server as configured is the alternative."""
+    out = {}
+    for c in concurrencies:
+        ref, why = reference(rec, info, baseline, c)
+        alt = (rec.server if ref == baseline else baseline,) if ref and c in (undecided or ()) else ()
+        out[c] = Reference(ref, why, alt)
+    return out
+
+
 def verification(m, rr, rec: Recommendation, info: ServerInfo | None, baseline: str, derived: str,
                  concurrencies: list[int], s: Settings, undecided: set | None = None) -> Verification:
+    """An on/off recommendation's deployment `derived`, measured, against onoff_references."""
+    return verify_against(m, rr, rec.suite, derived,
+                          onoff_references(rec, info, baseline, concurrencies, undecided), s)
+
+
+def verify_against(m, rr, suite: str, derived: str, refs: dict[int, Reference], s: Settings) -> Verification:
     """The recommended deployment `derived`, measured on the grid, against its reference at each
-    concurrency (reference()) on `summary.recommend_metric`, as records.Verification describes.
+    concurrency (`refs`: onoff_references, or a k schedule's, kmodel.references) on
+    `summary.recommend_metric`, as records.Verification describes.
 
     alpha = 1 - confidence. "Verified" asks, at every concurrency, that the deployment cost no more
     than min_effect against its reference: the one-sided 1 - alpha lower bound (`equivalence_lo`, the
@@ -293,20 +323,19 @@ def verification(m, rr, rec: Recommendation, info: ServerInfo | None, baseline: 
     with a reference), so P(failed | the deployment equals its references everywhere) <= alpha.
 
     The reference is fixed by the schedule, but where the schedule's choice was not decided by a
-    verdict (`undecided`: concurrencies where the server's own verdict was inconclusive or
-    equivalent, so the switch fell there by the point estimates), the data that chose it favour it:
-    there a cost must show against both the baseline and the server as configured, so that choice
-    cannot make a correct schedule fail. `rr` should include the deployment's own repeats."""
+    verdict, the data that chose it favour it: there a cost must show against the reference and
+    against each of its `alternatives` (Reference), so that choice cannot make a correct schedule
+    fail. `rr` should include the deployment's own repeats."""
     metric = s.recommend_metric
     alpha = 1 - s.confidence
     base = dict(metric=metric, confidence=s.confidence, min_effect=s.min_effect)
-    cs = [c for c in concurrencies if m.repeats(derived, rec.suite, c)]
+    cs = [c for c in sorted(refs) if m.repeats(derived, suite, c)]
     if not cs:
         return Verification(derived, Outcome.NOT_MEASURED, reason=f"no cell of `{derived}` was measured", **base)
     tests, skipped = [], []
     for c in cs:
-        ref, why = reference(rec, info, baseline, c)
-        if ref is not None and not m.repeats(ref, rec.suite, c):
+        ref, why = refs[c].server, refs[c].why
+        if ref is not None and not m.repeats(ref, suite, c):
             ref, why = None, f"`{ref}` was not measured at c={c}"
         (tests.append((c, ref)) if ref is not None else skipped.append(why))
     if not tests:
@@ -315,7 +344,7 @@ def verification(m, rr, rec: Recommendation, info: ServerInfo | None, baseline: 
     band = math.log(1 + s.min_effect)
     rows, run = [], True
     for c, ref in tests:
-        cmp = compare(m, rr, derived, ref, rec.suite, c, metric)
+        cmp = compare(m, rr, derived, ref, suite, c, metric)
         if cmp.estimate is None:
             rows.append(VerificationRow(c, ref, None, None, None, Decision.INCONCLUSIVE, note=cmp.note))
             continue
@@ -332,9 +361,10 @@ def verification(m, rr, rec: Recommendation, info: ServerInfo | None, baseline: 
         else:
             d = decision(lo, hi, band, cmp.run_to_run)
             d = Decision.INCONCLUSIVE if d == Decision.EQUIVALENT else d
-        other = rec.server if ref == baseline else baseline
-        if d == Decision.LOSES and c in (undecided or ()) and m.repeats(other, rec.suite, c):
-            alt = compare(m, rr, derived, other, rec.suite, c, metric)  # the choice the data did not favour
+        for other in refs[c].alternatives:  # the choices the data did not decide against
+            if d != Decision.LOSES or not m.repeats(other, suite, c):
+                continue
+            alt = compare(m, rr, derived, other, suite, c, metric)
             if alt.estimate is not None and alt.estimate + t_ppf(1 - alpha / k, alt.dof) * alt.se >= 0:
                 d = Decision.INCONCLUSIVE
         rows.append(VerificationRow(c, ref, math.exp(cmp.estimate), math.exp(lo), math.exp(hi), d, math.exp(eq_lo),

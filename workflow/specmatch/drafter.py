@@ -15,15 +15,19 @@ draft/llama3_eagle.py, specforge/algorithms/eagle3/model.py):
   data, so every draft step's head is small; `d2t` maps a draft id back to the target's
   (target = draft + d2t[draft]), `t2d` marks the target ids the draft can propose.
 
-Only rows marked as seen in training (the cut table's holdout flag is False) are read: the held-out
-rows stay unseen, so a suite of them measures how the drafter generalises. The same seed and
-budget give the same weights. The checkpoint is what SpecForge writes and vLLM loads for
+Training reads only rows marked as seen (the cut table's holdout flag is False): the held-out rows
+stay unseen, so a suite of them measures how the drafter generalises. With `--regenerated DIR` (the
+output of `specmatch.regenerate`) the seen rows' assistant turns are the target's own greedy answers
+(SpecForge's scripts/regenerate_train_data.py recipe), matched to the cut table by file and row, so
+the holdout is that of the original rows. After training, `evaluate` reports top-1 agreement per
+draft step on seen rows and on held-out rows (read then, for that only). The same seed and budget
+give the same weights. The checkpoint is what SpecForge writes and vLLM loads for
 `method: eagle3`: `config.json` (architectures LlamaForCausalLMEagle3, draft_vocab_size,
 eagle_config.eagle_aux_hidden_state_layer_ids) and `model.safetensors` (fc, midlayer.*, norm,
 lm_head, d2t, t2d). A SpecForge drafter goes through the same serving path.
 
     python -m specmatch.drafter --target DIR --manifest manifest.json --cuts cuts.parquet --out DIR
-        [--steps 300] [--train-tokens 40000] [--draft-vocab 4096] [--ttt-length 3] [--seed 0]
+        [--budget JSON] [--aux-layers 2,15,27] [--regenerated DIR]
 """
 from __future__ import annotations
 
@@ -64,6 +68,7 @@ class Budget:
     lr: float = 3e-3
     seed: int = 0
     threads: int = 0                # torch threads (0: all cores)
+    eval_tokens: int = 4000         # after training: agreement on this many tokens of seen and of held-out rows
 
 
 # -- training data -----------------------------------------------------------------------------
@@ -77,19 +82,59 @@ def training_rows(cuts, budget: Budget):
     return seen[order.tolist()]
 
 
-def sequences(rows, template, budget: Budget) -> list[tuple[list[int], list[int]]]:
-    """(token ids, loss mask) per training sequence, read from the chosen rows only."""
+def row_ids_and_mask(row: dict, schema: str, template) -> tuple[list[int], list[int]]:
+    """A training row as the drafter sees it: its token ids and assistant mask (1 = trained token).
+    Tokenized rows keep their ids and their mask (or, without one, the template's assistant spans);
+    conversations are rendered with the chat template and text rows tokenized, both masked by the
+    template's assistant spans (header excluded, end-of-turn token included)."""
+    if schema == "tokenized":
+        ids = list(flat(row["input_ids"]))
+        mask, _ = mask_of(row)
+        if mask is not None:
+            return ids, mask
+    else:
+        text = row["text"] if schema == "text" else template.tok.apply_chat_template(
+            normalise_messages(row.get("conversations", row.get("messages")), row.get("system")),
+            tokenize=False, tools=tools_of(row))
+        ids = template.tok(text, add_special_tokens=False)["input_ids"]
+    mask = [0] * len(ids)
+    for s, e in template.spans_in_array(np.asarray(ids)):
+        mask[s:e] = [1] * (e - s)
+    return ids, mask
+
+
+def sequences(rows, template, budget: Budget, store: dict | None = None, limit: int | None = None,
+              ) -> list[tuple[list[int], list[int]]]:
+    """(token ids, loss mask) per training sequence, read from the chosen rows only, up to `limit`
+    tokens (default: the budget's train_tokens). With `store` ({(file, position): (ids, mask)}, the
+    regenerated rows), a row's content comes from the store and rows absent from it are passed over."""
+    for c in (Cut.from_json(r) for r in rows.iter_rows(named=True)):
+        if c.holdout:  # never: training_rows filters them, and this guards the promise
+            raise SpecmatchError(f"drafter: {c.file}:{c.line} is a held-out row")
+    out = read_sequences(rows, template, budget, store, limit)
+    if not out:
+        raise SpecmatchError("drafter: the training rows hold no assistant tokens to learn from")
+    return out
+
+
+def read_sequences(rows, template, budget: Budget, store: dict | None = None, limit: int | None = None) -> list:
+    """The reading behind `sequences`, without its guard: also reads held-out rows, which only the
+    evaluation after training asks for (agreement on rows the head never trained on)."""
+    limit = budget.train_tokens if limit is None else limit
     out, total = [], 0
     by_file: dict[str, dict] = {}
     picked = []
     for c in (Cut.from_json(r) for r in rows.iter_rows(named=True)):
-        if c.holdout:  # never: training_rows filters them, and this guards the promise
-            raise SpecmatchError(f"drafter: {c.file}:{c.line} is a held-out row")
         pos = c.offset if c.offset is not None else c.row
-        by_file.setdefault(c.file, {})[pos] = None
+        if store is not None:
+            if (c.file, pos) not in store:
+                continue
+            total += len(store[(c.file, pos)][0])
+        else:
+            by_file.setdefault(c.file, {})[pos] = None
+            total += c.prompt_tokens + c.completion_tokens
         picked.append((c.file, pos, c.schema))
-        total += c.prompt_tokens + c.completion_tokens
-        if total >= budget.train_tokens * 1.5:
+        if total >= limit * 1.5:
             break
     loaded = {}
     for path, wanted in by_file.items():
@@ -97,31 +142,14 @@ def sequences(rows, template, budget: Budget) -> list[tuple[list[int], list[int]
             loaded[(path, pos)] = row
     total = 0
     for path, pos, schema in picked:
-        row = loaded[(path, pos)]
-        if schema == "tokenized":
-            ids = flat(row["input_ids"])
-            mask, _ = mask_of(row)
-            if mask is None:
-                mask = [0] * len(ids)
-                for s, e in template.spans_in_array(np.asarray(ids)):
-                    mask[s:e] = [1] * (e - s)
-        else:
-            text = row["text"] if schema == "text" else template.tok.apply_chat_template(
-                normalise_messages(row.get("conversations", row.get("messages")), row.get("system")),
-                tokenize=False, tools=tools_of(row))
-            ids = template.tok(text, add_special_tokens=False)["input_ids"]
-            mask = [0] * len(ids)
-            for s, e in template.spans_in_array(np.asarray(ids)):
-                mask[s:e] = [1] * (e - s)
+        ids, mask = store[(path, pos)] if store is not None else row_ids_and_mask(loaded[(path, pos)], schema, template)
         for start in range(0, len(ids), budget.seq_len):
             seg_ids, seg_mask = ids[start:start + budget.seq_len], mask[start:start + budget.seq_len]
             if len(seg_ids) > budget.ttt_length + 2 and any(seg_mask):
                 out.append((seg_ids, seg_mask))
                 total += len(seg_ids)
-            if total >= budget.train_tokens:
+            if total >= limit:
                 return out
-    if not out:
-        raise SpecmatchError("drafter: the training rows hold no assistant tokens to learn from")
     return out
 
 
@@ -152,14 +180,15 @@ def default_aux_layers(num_layers: int) -> list[int]:
     return [2, num_layers // 2, num_layers - 3]
 
 
-def target_features(target_dir: Path, seqs, aux_layers: list[int], log) -> tuple[list, object]:
+def target_features(target_dir: Path, seqs, aux_layers: list[int], log, model=None) -> tuple[list, object]:
     """Per sequence: the aux hidden states (L x 3H), the target's final normed hidden state (L x H) and
     its greedy next token (L), from the target's own forward pass; also returns the target model (its
     embeddings, head and norm)."""
     import torch
     from transformers import AutoModelForCausalLM
 
-    model = AutoModelForCausalLM.from_pretrained(str(target_dir), dtype=torch.float32)
+    if model is None:
+        model = AutoModelForCausalLM.from_pretrained(str(target_dir), dtype=torch.float32)
     model.eval()
     feats, t0, done = [], time.time(), 0
     total = sum(len(ids) for ids, _ in seqs)
@@ -295,8 +324,10 @@ def ttt_forward(head, embed, aux, ids, theta: float, length: int):
 
 
 # -- training ----------------------------------------------------------------------------------
-def train(target_dir: Path, cuts, template, budget: Budget, aux_layers: list[int] | None = None, log=print) -> dict:
-    """Train the head; returns its state (weights, vocabulary, config, metrics) for `save`."""
+def train(target_dir: Path, cuts, template, budget: Budget, aux_layers: list[int] | None = None, log=print,
+          store: dict | None = None) -> dict:
+    """Train the head; returns its state (weights, vocabulary, config, metrics) for `save`. With `store`
+    (load_regenerated), the seen rows' content is the target's own regenerated answers."""
     import torch
 
     torch.manual_seed(budget.seed)
@@ -307,7 +338,7 @@ def train(target_dir: Path, cuts, template, budget: Budget, aux_layers: list[int
     rope_theta = (cfg.get("rope_parameters") or {}).get("rope_theta") or cfg.get("rope_theta") or 10000.0
     aux_layers = aux_layers or default_aux_layers(cfg["num_hidden_layers"])
     t0 = time.time()
-    seqs = sequences(training_rows(cuts, budget), template, budget)
+    seqs = sequences(training_rows(cuts, budget), template, budget, store)
     used, vocab_info = draft_vocabulary(seqs, budget.draft_vocab, cfg["vocab_size"])
     log(f"training data: {len(seqs)} sequences, {sum(len(s) for s, _ in seqs)} tokens; draft vocabulary "
         f"{budget.draft_vocab} covers {vocab_info['coverage']:.1%} of assistant tokens")
@@ -330,38 +361,12 @@ def train(target_dir: Path, cuts, template, budget: Budget, aux_layers: list[int
         opt, lambda s: min(1.0, (s + 1) / warm) * 0.5 * (1 + math.cos(math.pi * min(1.0, s / budget.steps))))
     rng = np.random.default_rng(budget.seed)
     weights = [0.8 ** k for k in range(budget.ttt_length)]  # EAGLE-3's per-step loss weights
+    ctx = {"embed": embed, "head_w": head_w, "t2d": t2d, "used": torch.from_numpy(used), "cfg": cfg,
+           "rope_theta": rope_theta, "ttt_length": budget.ttt_length}
     t1, tokens, history = time.time(), 0, []
     for step in range(budget.steps):
         batch = rng.choice(len(seqs), size=min(budget.batch_size, len(seqs)), replace=False)
-        L = max(len(seqs[b][0]) for b in batch) - 1
-        ids = torch.zeros(len(batch), L + 1 + budget.ttt_length, dtype=torch.long)
-        mask = torch.zeros(len(batch), L + 1 + budget.ttt_length)
-        aux = torch.zeros(len(batch), L, 3 * cfg["hidden_size"])
-        last = torch.zeros(len(batch), L + 1 + budget.ttt_length, cfg["hidden_size"])
-        greedy = torch.zeros(len(batch), L + 1 + budget.ttt_length, dtype=torch.long)
-        for j, b in enumerate(batch):
-            s_ids, s_mask = seqs[b]
-            n = len(s_ids)
-            ids[j, :n] = torch.tensor(s_ids)
-            mask[j, :n] = torch.tensor(s_mask, dtype=torch.float32)
-            aux[j, :n - 1] = feats[b][0][:n - 1].float()
-            last[j, :n] = feats[b][1].float()
-            greedy[j, :n] = feats[b][2]
-        logits = ttt_forward(head, embed, aux, ids, rope_theta, budget.ttt_length)
-        loss, accs = 0.0, []
-        for k, lg in enumerate(logits):
-            # step k at position i predicts token i+2+k: the target's distribution at position i+1+k
-            with torch.no_grad():
-                tgt_logits = last[:, 1 + k:1 + k + L] @ head_w.T
-                full_argmax = greedy[:, 1 + k:1 + k + L]
-                valid = mask[:, 2 + k:2 + k + L] * t2d[full_argmax].float()
-                p = torch.softmax(tgt_logits, dim=-1)
-            lp = torch.log_softmax(lg, dim=-1)
-            denom = valid.sum().clamp_min(1.0)
-            loss = loss + weights[k] * (-(p * lp).sum(-1) * valid).sum() / denom
-            with torch.no_grad():
-                pred = torch.from_numpy(used)[lg.argmax(-1)]
-                accs.append(float(((pred == full_argmax).float() * valid).sum() / denom))
+        loss, accs, _ = _step(head, ctx, seqs, feats, batch, weights)
         opt.zero_grad()
         loss.backward()
         torch.nn.utils.clip_grad_norm_(head.parameters(), 1.0)
@@ -377,10 +382,112 @@ def train(target_dir: Path, cuts, template, budget: Budget, aux_layers: list[int
     t_train = time.time() - t1
     last_acc = np.mean([h["acc"] for h in history[-max(1, budget.steps // 10):]], axis=0).tolist()
     return {"head": head, "used": used, "t2d": t2d, "cfg": cfg, "aux_layers": aux_layers,
+            "eval": {"ctx": ctx, "seqs": seqs, "feats": feats, "target": target, "target_dir": target_dir},
             "metrics": {**vocab_info, "sequences": len(seqs), "feature_seconds": round(t_feat, 1),
                         "train_seconds": round(t_train, 1), "train_tokens_per_s": round(tokens / max(t_train, 1e-9)),
                         "final_loss": history[-1]["loss"], "final_top1_agreement_by_step": last_acc,
-                        "steps": budget.steps}}
+                        "steps": budget.steps, "training_rows": "regenerated" if store is not None else "original"}}
+
+
+def _step(head, ctx: dict, seqs, feats, batch, weights):
+    """One batch through the unrolled head: (loss, in-vocabulary agreement by step, counts by step).
+    Step k at position i predicts token i+2+k, scored against the target's distribution at position
+    i+1+k; counts are (agreeing, in-vocabulary, all assistant positions) per step, for evaluation."""
+    import torch
+
+    cfg, T = ctx["cfg"], ctx["ttt_length"]
+    L = max(len(seqs[b][0]) for b in batch) - 1
+    ids = torch.zeros(len(batch), L + 1 + T, dtype=torch.long)
+    mask = torch.zeros(len(batch), L + 1 + T)
+    aux = torch.zeros(len(batch), L, 3 * cfg["hidden_size"])
+    last = torch.zeros(len(batch), L + 1 + T, cfg["hidden_size"])
+    greedy = torch.zeros(len(batch), L + 1 + T, dtype=torch.long)
+    for j, b in enumerate(batch):
+        s_ids, s_mask = seqs[b]
+        n = len(s_ids)
+        ids[j, :n] = torch.tensor(s_ids)
+        mask[j, :n] = torch.tensor(s_mask, dtype=torch.float32)
+        aux[j, :n - 1] = feats[b][0][:n - 1].float()
+        last[j, :n] = feats[b][1].float()
+        greedy[j, :n] = feats[b][2]
+    logits = ttt_forward(head, ctx["embed"], aux, ids, ctx["rope_theta"], T)
+    loss, accs, counts = 0.0, [], []
+    for k, lg in enumerate(logits):
+        with torch.no_grad():
+            tgt_logits = last[:, 1 + k:1 + k + L] @ ctx["head_w"].T
+            full_argmax = greedy[:, 1 + k:1 + k + L]
+            asst = mask[:, 2 + k:2 + k + L]
+            valid = asst * ctx["t2d"][full_argmax].float()
+            p = torch.softmax(tgt_logits, dim=-1)
+        lp = torch.log_softmax(lg, dim=-1)
+        denom = valid.sum().clamp_min(1.0)
+        loss = loss + weights[k] * (-(p * lp).sum(-1) * valid).sum() / denom
+        with torch.no_grad():
+            hit = (ctx["used"][lg.argmax(-1)] == full_argmax).float()
+            accs.append(float((hit * valid).sum() / denom))
+            counts.append((float((hit * valid).sum()), float(valid.sum()), float(asst.sum())))
+    return loss, accs, counts
+
+
+def evaluation_rows(cuts, holdout: bool, seed: int):
+    """The rows of one side of the holdout (one per row), in a seeded order."""
+    side = cuts.filter(pl.col("holdout") == holdout).unique(["file", "row"], keep="first").sort(["file", "row"])
+    return side[np.random.default_rng(seed + 1).permutation(side.height).tolist()]
+
+
+def evaluate(state: dict, cuts, template, budget: Budget, store: dict | None = None, log=print) -> dict:
+    """Top-1 agreement by draft step of the trained head, after training, on `eval_tokens` tokens of:
+    `seen` (the sequences it trained on: regenerated rows when it trained on them), `seen_original`
+    (with regenerated training only: the original text of seen rows, the like-for-like comparison
+    for held-out rows) and `held_out` (rows it never trained on; read here only, to evaluate). Each:
+    `top1_agreement_by_step` (share of assistant positions where the head's first choice is the
+    target's greedy token; a target token outside the draft vocabulary counts as a miss, as it does
+    when serving), `top1_agreement_in_vocab_by_step` (the training metric's denominator), tokens."""
+    import torch
+
+    if budget.eval_tokens <= 0:
+        return {}
+    ev = state["eval"]
+    ctx, aux_layers = ev["ctx"], state["aux_layers"]
+    weights = [0.8 ** k for k in range(budget.ttt_length)]
+
+    def score(seqs, feats) -> dict:
+        tot = np.zeros((budget.ttt_length, 3))
+        with torch.no_grad():
+            for i in range(0, len(seqs), budget.batch_size):
+                _, _, counts = _step(state["head"], ctx, seqs, feats, list(range(i, min(len(seqs), i + budget.batch_size))),
+                                     weights)
+                tot += np.array(counts)
+        return {"top1_agreement_by_step": [round(a / max(n, 1.0), 4) for a, _, n in tot],
+                "top1_agreement_in_vocab_by_step": [round(a / max(v, 1.0), 4) for a, v, _ in tot],
+                "assistant_positions": int(tot[0, 2]), "sequences": len(seqs), "tokens": sum(len(s) for s, _ in seqs)}
+
+    def upto(seqs, limit):
+        out, total = [], 0
+        for s in seqs:
+            if total >= limit:
+                break
+            out.append(s)
+            total += len(s[0])
+        return out
+
+    seen = upto(ev["seqs"], budget.eval_tokens)
+    out = {"seen": score(seen, ev["feats"][:len(seen)])}
+    sets = {}
+    if store is not None:
+        sets["seen_original"] = read_sequences(training_rows(cuts, budget), template, budget, None, budget.eval_tokens)
+    held = cuts.filter(pl.col("holdout"))
+    if not held.is_empty():
+        sets["held_out"] = read_sequences(evaluation_rows(cuts, True, budget.seed), template, budget, None,
+                                          budget.eval_tokens)
+    for name, seqs in sets.items():
+        if seqs:
+            feats, _ = target_features(ev["target_dir"], seqs, aux_layers, log, model=ev["target"])
+            out[name] = score(seqs, feats)
+    for name, r in out.items():
+        log(f"agreement on {name} ({r['tokens']} tokens): top-1 by draft step "
+            + " ".join(f"{a:.2f}" for a in r["top1_agreement_by_step"]))
+    return out
 
 
 def checkpoint_config(cfg: dict, budget: Budget, aux_layers: list[int]) -> dict:
@@ -419,17 +526,36 @@ def arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--out", required=True, type=Path)
     p.add_argument("--budget", default="{}", help="the training budget as JSON (see Budget)")
     p.add_argument("--aux-layers", default=None, help="comma-separated target layers (default: vLLM's)")
+    p.add_argument("--regenerated", default=None, type=Path,
+                   help="train on the target's own answers: a `specmatch.regenerate` output folder (its rows "
+                        "replace the seen rows they regenerated; the holdout stays the cut table's)")
 
 
 def execute(a: argparse.Namespace) -> int:
     budget = Budget(**json.loads(a.budget))
     files = Manifest.from_json(read_json(a.manifest)).training_files()
-    rec = Recorder("train_drafter", [a.target, a.cuts, *files], {"budget": asdict(budget)})
-    state = train(a.target, read_cuts(a.cuts), ChatTemplate.of(load_tokenizer(a.tokenizer)), budget,
-                  [int(x) for x in a.aux_layers.split(",")] if a.aux_layers else None,
-                  log=lambda m: print(m, flush=True))
+    store, regen_info = None, None
+    inputs = [a.target, a.cuts, *files]
+    if a.regenerated:
+        from .regenerate import load_regenerated
+
+        store, regen_info = load_regenerated(a.regenerated)
+        inputs.append(a.regenerated)
+    rec = Recorder("train_drafter", inputs, {"budget": asdict(budget), "regenerated": bool(a.regenerated)})
+    cuts = read_cuts(a.cuts)
+    template = ChatTemplate.of(load_tokenizer(a.tokenizer))
+    log = lambda m: print(m, flush=True)  # noqa: E731
+    state = train(a.target, cuts, template, budget,
+                  [int(x) for x in a.aux_layers.split(",")] if a.aux_layers else None, log=log, store=store)
+    t0 = time.time()
+    state["metrics"]["agreement"] = evaluate(state, cuts, template, budget, store, log)
+    state["metrics"]["evaluation_seconds"] = round(time.time() - t0, 1)
+    if regen_info is not None:
+        state["metrics"]["regenerated"] = regen_info
     save(state, a.out, budget, {"target": str(a.target), "training_files": files,
-                                "holdout": "rows whose cut-table holdout flag is true were never read"})
+                                "regenerated": str(a.regenerated) if a.regenerated else None,
+                                "holdout": "rows whose cut-table holdout flag is true were never trained on "
+                                           "(read only after training, to measure agreement)"})
     rec.write([a.out])
     print(json.dumps(state["metrics"]))
     return 0

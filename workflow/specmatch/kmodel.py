@@ -83,11 +83,11 @@ from statistics import NormalDist
 from typing import Optional
 
 from .comparison import compare, decide
-from .deployment import ServerInfo, server_k, validate_schedule
+from .deployment import Reference, ServerInfo, server_k, validate_schedule
 from .measurements import Measurements, Settings
 from .noise import RunToRun
-from .records import Decision, Interval, Record, Verdict
-from .sweep import sweep_of
+from .records import Decision, Interval, Record, Verdict, Verification
+from .sweep import members
 
 
 # -- records ------------------------------------------------------------------------------------
@@ -167,19 +167,23 @@ class KRecommendation(Record):
     max_batch: Optional[int] = None
     boundary_rule: str = "crossover of the two k's speedup curves on log concurrency, else the geometric mean"
     text: str = ""
+    derived_server: Optional[str] = None        # `<parent>__recommended`: the schedule, measured on the grid
+    verified: Optional[Verification] = None     # its measured check against each band's member (references())
+
+    def k_at(self, batch: int) -> Optional[int]:
+        """The k the recommendation deploys at a batch size (None: no band holds it)."""
+        return next((b.k for b in self.bands if b.lo <= batch <= b.hi), None)
 
 
-# -- the sweep's servers --------------------------------------------------------------------------
-def members(parent: str, servers) -> dict[int, str]:
-    """k -> server name of a sweep's members among `servers` (names), in k order."""
-    out = {}
-    for name in servers:
-        got = sweep_of(name)
-        if got is not None and got[0] == parent:
-            out[got[1]] = name
-    return dict(sorted(out.items()))
+@dataclass
+class KSweeps(Record):
+    """`results/summary/k_sweeps.json`: every k sweep's recommendation (with its verification) and every
+    k's predicted against measured speedup."""
+    recommendations: list[KRecommendation] = field(default_factory=list)
+    points: list[KPoint] = field(default_factory=list)
 
 
+# -- intervals ------------------------------------------------------------------------------------
 def _z(confidence: float) -> float:
     return NormalDist().inv_cdf(0.5 + confidence / 2)
 
@@ -629,7 +633,34 @@ def recommend(m: Measurements, rr: RunToRun, info: ServerInfo, parent: str, ks: 
     return rec
 
 
-# -- for the integrator -------------------------------------------------------------------------------
+# -- verification ---------------------------------------------------------------------------------------
+def references(rec: KRecommendation, ks: dict[int, str], baseline: str, concurrencies: list[int]
+               ) -> dict:
+    """What `<parent>__recommended` is checked against at each measured concurrency, fixed by the
+    schedule before its cells are seen (deployment.Reference): the member that runs the band's k there
+    as measured (the baseline for k = 0). Where the choice at c was not decided (undecided at c, so the
+    band's k there follows the neighbouring decided concurrencies), the other candidates the data could
+    not tell apart are alternatives: a cost must show against each of them too."""
+    choices = {ch.concurrency: ch for ch in rec.choices}
+    out = {}
+    for c in concurrencies:
+        k = rec.k_at(c)
+        if k is None:
+            out[c] = Reference(None, f"the schedule does not cover batch size {c}")
+            continue
+        server = baseline if k == 0 else ks.get(k)
+        if server is None:
+            out[c] = Reference(None, f"k={k} was not measured")
+            continue
+        ch = choices.get(c)
+        alts = ()
+        if ch is not None and ch.k is None:
+            alts = tuple(n for n in ((baseline if j == 0 else ks.get(j)) for j in ch.candidates) if n and n != server)
+        out[c] = Reference(server, None, alts)
+    return out
+
+
+# -- the derived server and the report ------------------------------------------------------------------
 def derived_config(member_config: dict, rec: KRecommendation, adaptive_config_path: str | None = None
                    ) -> dict | None:
     """The server config of `<parent>__recommended` (any member's config with the recommended speculative

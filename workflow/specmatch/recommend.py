@@ -23,7 +23,9 @@ from pathlib import Path
 import polars as pl
 
 from .analysis import (RECOMMENDED, Analysis, ServerInfo, Settings, analyse, join_derived, server_k,
-                       verify_recommendations)
+                       verify_k_recommendations, verify_recommendations)
+from .kmodel import KRecommendation, derived_config
+from .sweep import members as sweep_members
 from . import steps
 from .engines.sglang import adaptive_support
 from .files import SpecmatchError, read_json, write_json
@@ -107,6 +109,41 @@ def derived_servers(recs: list[Recommendation], configs: dict, infos: dict[str, 
     return out
 
 
+def derived_k_servers(recs: list[KRecommendation], configs: dict, infos: dict[str, ServerInfo],
+                      adaptive_dir: Path | None = None, taken: set | None = None) -> dict[str, DerivedServer]:
+    """`<parent>__recommended` configurations for k schedules (action `schedule`): the sweep's member
+    config with the recommended speculative config (kmodel.derived_config). One k everywhere is a
+    member as measured and k = 0 the baseline, so those need no new server; a schedule some configured
+    server already deploys is verified against its cells instead (`measured_by` in the text)."""
+    out = {}
+    for r in recs:
+        name = r.parent + SUFFIX
+        ks = sweep_members(r.parent, configs)
+        if r.action != "schedule" or not ks or name in out or name in (taken or ()):
+            continue
+        member = ks[max(ks)]
+        if infos.get(member) is not None and infos[member].engine == "external":
+            continue
+        path = None
+        if r.sglang and r.sglang.get("mechanism") == "speculative-adaptive":
+            if adaptive_dir is None:
+                continue
+            path = str(Path(adaptive_dir) / f"{name}.json")
+            write_json(Path(path), r.sglang["config"])
+        config = derived_config(configs[member], r, path)
+        if config is None:
+            continue
+        twin = next((n for n, c in configs.items() if r.suite in (c.get("suites") or [r.suite])
+                     and same_deployment(config, c, r.max_batch or infos[member].max_batch)), None)
+        if twin:
+            r.derived_server = twin
+            r.text += f" (already measured as {twin})"
+            continue
+        out[name] = DerivedServer(parent=r.parent, suite=r.suite, config=config)
+        r.derived_server = name
+    return out
+
+
 def primary_analysis(cells, baseline: str, settings: Settings, configs: dict, infos: dict,
                      suites: list[str]) -> Analysis:
     """The analysis of the configured servers only: a recommendation must not depend on the
@@ -124,6 +161,7 @@ def verified_analysis(cells, baseline: str, settings: Settings, configs: dict, i
     an = primary_analysis(cells, baseline, settings, configs, infos, suites)
     an = join_derived(an, cells, list(derived))
     an.recommendations = verify_recommendations(an, recs or an.recommendations, derived)
+    an.k_recommendations = verify_k_recommendations(an, an.k_recommendations, derived)
     return an
 
 
@@ -145,6 +183,7 @@ def arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--out", required=True, type=Path)
     p.add_argument("--recommendations", required=True, type=Path)
     p.add_argument("--adaptive-dir", type=Path, help="where SGLang adaptive configs of recommended servers go")
+    p.add_argument("--k-schedules", type=Path, help="where the k sweeps' recommendations go (kmodel.KRecommendation)")
 
 
 def execute(a: argparse.Namespace) -> int:
@@ -156,13 +195,23 @@ def execute(a: argparse.Namespace) -> int:
     if a.adaptive_dir:
         a.adaptive_dir.mkdir(parents=True, exist_ok=True)
     derived = {} if a.no_verify else derived_servers(an.recommendations, configs, infos, a.adaptive_dir)
+    if not a.no_verify:
+        derived.update(derived_k_servers(an.k_recommendations, configs, infos, a.adaptive_dir, set(derived)))
     write_json(a.recommendations, [r.to_json() for r in an.recommendations])
-    write_json(a.out, DerivedServers(derived, {r.server: f"{r.action}: {r.text}" for r in an.recommendations
-                                               if r.derived_server is None}).to_json())
-    rec.write([a.out, a.recommendations])
+    outs = [a.out, a.recommendations]
+    if a.k_schedules:
+        write_json(a.k_schedules, [r.to_json() for r in an.k_recommendations])
+        outs.append(a.k_schedules)
+    why = {r.server: f"{r.action}: {r.text}" for r in an.recommendations if r.derived_server is None}
+    why.update({r.parent: f"{r.action}: {r.text}" for r in an.k_recommendations if r.derived_server is None})
+    write_json(a.out, DerivedServers(derived, why).to_json())
+    rec.write(outs)
     for r in an.recommendations:
         print(f"{r.server} ({r.suite}): {r.text}" + (f" -> measuring {r.derived_server}" if r.derived_server else "")
               + (f" -> already measured as {r.measured_by}" if r.measured_by else ""))
+    for r in an.k_recommendations:
+        print(f"{r.parent} k sweep ({r.suite}): {r.text}" + (f" -> measuring {r.derived_server}"
+                                                             if r.derived_server in derived else ""))
     return 0
 
 

@@ -25,9 +25,11 @@ Every file under `results/` and the record it holds:
                                         per configuration, PlannedCell per cell of repeat R+1)
     recommend/servers.json              DerivedServers (one DerivedServer per `<server>__recommended`)
     recommend/recommendations.json      Recommendation, a list
+    recommend/k_schedules.json          kmodel.KRecommendation, a list (one per k sweep and suite)
     summary/verdicts.json               Verdict, a list
     summary/recommendations.json        Recommendation, a list (with its Verification)
     summary/attribution.json            Attribution, a list
+    summary/k_sweeps.json               kmodel.KSweeps (KRecommendation with its Verification; KPoint)
 
 What a cell sends comes from RequestSettings (the config's `requests`, with the suite's own passes).
 """
@@ -771,7 +773,9 @@ class Continuation(str, enum.Enum):
 @dataclass
 class RoundDecision(Record):
     """One configuration (server against the baseline at a suite and concurrency) after a round, on
-    the design's metric (summary.recommend_metric)."""
+    the design's metric (summary.recommend_metric); or, for a k sweep's undecided choice at a
+    concurrency, the best k's member against another candidate (`against`: that member, or the
+    baseline for off)."""
     server: str
     suite: str
     concurrency: int
@@ -782,6 +786,7 @@ class RoundDecision(Record):
     speedup: Optional[float] = None
     lo: Optional[float] = None
     hi: Optional[float] = None
+    against: Optional[str] = None         # a k choice's comparison: the other candidate (None: the baseline)
 
 
 @dataclass

@@ -22,7 +22,7 @@ from pathlib import Path
 
 from . import steps
 from .analysis import Analysis, Settings
-from .comparison import _split
+from .comparison import _split, compare
 from .files import SpecmatchError, write_json
 from .provenance import Recorder
 from .records import Continuation, Decision, PlannedCell, RoundDecision, RoundPlan
@@ -57,8 +57,42 @@ def plan(an: Analysis, design: Design, round_: int) -> RoundPlan:
             if action == Continuation.CONTINUE:
                 for who in (server, an.baseline):
                     nxt.add((who, suite, cmp.concurrency))
+    for d in k_choices(an, design, round_):
+        decisions.append(d)
+        if d.action == Continuation.CONTINUE:
+            for who in (d.server, d.against):
+                nxt.add((who, d.suite, d.concurrency))
     cells = [PlannedCell(s, u, c, round_ + 1) for s, u, c in sorted(nxt)]
     return RoundPlan(round_, design.to_json(), metric, decisions, cells)
+
+
+def k_choices(an: Analysis, design: Design, round_: int) -> list[RoundDecision]:
+    """The k sweeps' undecided choices (kmodel.best_k) measured in round `round_`: each inconclusive
+    comparison of the best k's member against another candidate continues (both servers get another
+    repeat at that suite and concurrency) where the remaining repeats likely decide it, by the same
+    rule and levels as every configuration."""
+    metric = an.settings.recommend_metric
+    out = []
+    for rec in an.k_recommendations:
+        for ch in rec.choices:
+            if ch.k is not None:
+                continue
+            for v in ch.pairwise:
+                if v.verdict != Decision.INCONCLUSIVE or v.repeats != round_ or v.speedup is None:
+                    continue
+                if round_ >= design.max:
+                    action = Continuation.AT_MAX
+                else:
+                    cmp = compare(an.measurements, an.run_to_run, v.server, v.against, rec.suite, ch.concurrency,
+                                  metric)
+                    w, _, b, _ = _split(cmp)
+                    go = cmp.estimate is not None and continues(
+                        cmp.estimate, w, b, cmp.repeats, design, an.settings.confidence,
+                        math.log(1 + an.settings.min_effect), cmp.dof)
+                    action = Continuation.CONTINUE if go else Continuation.UNLIKELY
+                out.append(RoundDecision(v.server, rec.suite, ch.concurrency, v.repeats, v.verdict, v.confidence,
+                                         action, v.speedup, v.lo, v.hi, against=v.against))
+    return out
 
 
 def describe(p: RoundPlan) -> str:
@@ -86,7 +120,8 @@ def execute(a: argparse.Namespace) -> int:
     rec.write([a.out])
     print(describe(out))
     for d in out.decisions:
-        print(f"  {d.server} {d.suite} c={d.concurrency}: {d.verdict.value} at {d.confidence:.1%} "
+        print(f"  {d.server}" + (f" vs {d.against}" if d.against else "") + f" {d.suite} c={d.concurrency}: "
+              f"{d.verdict.value} at {d.confidence:.1%} "
               f"({d.repeats} repeats) -> {d.action.value}")
     return 0
 

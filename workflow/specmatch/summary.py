@@ -25,7 +25,7 @@ from pathlib import Path
 import numpy as np
 import polars as pl
 
-from . import steps
+from . import kreport, steps
 from .analysis import LABEL, Analysis, Settings
 from .attribution import attribute, launch_differences
 from .controls import OFF, is_control, why_no_control
@@ -240,9 +240,10 @@ def sequential_lines(an: Analysis, plans: list[RoundPlan]) -> list[str]:
     levels = sorted({round(v.confidence, 3) for v in an.verdicts if v.metric == s.recommend_metric
                      and v.run_to_run and not v.server.endswith(SUFFIX)})
     return [f"**Sequential design (repeats {d.min}–{d.max}):** every cell was measured {d.min} times; then, round "
-            f"by round, only the configurations whose {LABEL[s.recommend_metric]} verdict was still inconclusive, "
+            f"by round, only the configurations whose {LABEL[s.recommend_metric]} verdict was still inconclusive "
+            "(and a k sweep's undecided choices: the best k against each candidate it could not be told from), "
             f"and that the remaining repeats would decide with probability at least {d.min_probability:.0%} "
-            "(predicted from the data so far), were measured again (the baseline beside them): "
+            "(predicted from the data so far), were measured again (the baseline, or the other k, beside them): "
             + ("; ".join(rounds) if rounds else "no round ran") + f". {len(primary)} cells measured against "
             f"{fixed} for a fixed design of {d.max} repeats ({1 - len(primary) / fixed:.0%} saved). Stopping when a "
             f"verdict is decided is optional stopping, so each look's verdict is taken at a stricter level "
@@ -497,6 +498,9 @@ def markdown(an: Analysis, recs: list[Recommendation], verified: dict, matches: 
         lines += [""] + why
     if recs:
         lines += ["", "## Recommendation", ""] + recommendation_lines(an, recs, verified, attrs)
+    ksweep = kreport.lines(an, verification_text)
+    if ksweep:
+        lines += [""] + ksweep
     lines += ["", "## Speculation configured but off", ""] + off_lines(an)
     if an.verdicts:
         lines += ["", f"## Speedup over `{an.baseline}` ({s.confidence:.0%} intervals)", "",
@@ -565,6 +569,7 @@ def markdown(an: Analysis, recs: list[Recommendation], verified: dict, matches: 
         lines += [f"| {a['server']} | {a['suite']} | {a['group'].replace('_', '-')} | {a['requests']} | "
                   f"{_fmt(a['acceptance_rate'], '.3f')} | {_fmt(a['acceptance_length'])} |"
                   for a in hold if (a["server"], a["suite"]) in mixed]
+    k_plot, k_json = (", `plots/k_sweep.png`", ", `k_sweeps.json`") if an.k_recommendations else ("", "")
     lines += ["", "## All cells", "",
               "| server | suite | c | repeat | ok | failed | tok/s | TTFT p50 ms | TPOT p50 ms | ITL p99 ms | e2e p50 ms | "
               "acceptance length | held-out share |", "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
@@ -579,8 +584,8 @@ def markdown(an: Analysis, recs: list[Recommendation], verified: dict, matches: 
                   "end-to-end latency the last one, TPOT (e2e - TTFT) / (output tokens - 1) with output tokens from the "
                   "server's usage: vLLM bench serve's definitions. Acceptance follows each engine's own definition.",
               "", "Plots: `plots/throughput.png`, `plots/speedup.png`, `plots/latency_throughput.png`, "
-                  "`plots/acceptance_by_source.png`, `plots/attribution.png`. Machine-readable: `verdicts.json`, "
-                  "`recommendations.json`, `attribution.json`. "
+                  f"`plots/acceptance_by_source.png`, `plots/attribution.png`{k_plot}. Machine-readable: "
+                  f"`verdicts.json`, `recommendations.json`, `attribution.json`{k_json}. "
                   "Every file has a `.prov.json` beside it: `specmatch provenance results/summary/summary.md`."]
     return "\n".join(lines) + "\n"
 
@@ -811,6 +816,7 @@ def plots(an: Analysis, out: Path, attrs: list[Attribution] | None = None) -> li
         fig.suptitle("Why it pays: tokens per step τ against step cost ρ (speculation stops paying where ρ crosses τ)")
         fig.tight_layout(rect=(0, 0.01 + 0.03 * ((n + 3) // 4), 1, 1))
         save(fig, "attribution")
+    kreport.heatmap(an, out, save)
     return made
 
 
@@ -856,11 +862,13 @@ def main(argv: list[str] | None = None) -> int:
     write_json(out / "verdicts.json", [v.to_json() for v in an.verdicts])
     write_json(out / "recommendations.json", [_recommendation_record(r) for r in recs])
     write_json(out / "attribution.json", [x.to_json() for x in attrs])
+    write_json(out / "k_sweeps.json", kreport.records(an))
     made = plots(an, out / "plots", attrs)
     md = markdown(an, recs, verified, matches, training, control, attrs, no_control, plans)
     write_text(out / "summary.md", md)
     rec.write([out / "summary.md", out / "cells.csv", out / "cells.parquet", out / "speedups.csv",
-               out / "verdicts.json", out / "recommendations.json", out / "attribution.json", *made])
+               out / "verdicts.json", out / "recommendations.json", out / "attribution.json", out / "k_sweeps.json",
+               *made])
     print(md.split("\n## Speedup")[0])
     return 0
 

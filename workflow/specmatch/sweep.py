@@ -90,6 +90,22 @@ def sweep_of(name: str) -> Optional[tuple[str, int]]:
     return (m.parent, m.value) if m is not None and m.label == "k" else None
 
 
+def members(parent: str, servers) -> dict[int, str]:
+    """k -> member name of the k sweep `parent` among `servers` (names, e.g. an expanded config's), in
+    k order; empty where `parent` is no sweep."""
+    out = {}
+    for name in servers:
+        got = sweep_of(name)
+        if got is not None and got[0] == parent:
+            out[got[1]] = name
+    return dict(sorted(out.items()))
+
+
+def parents(servers) -> list[str]:
+    """The k sweeps among `servers` (names), by parent, in the order their first member appears."""
+    return list(dict.fromkeys(got[0] for got in map(sweep_of, servers) if got is not None))
+
+
 def _listed(v) -> bool:
     return isinstance(v, (list, tuple))
 

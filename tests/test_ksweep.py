@@ -1,0 +1,219 @@
+"""A k sweep through the workflow's steps (issue 19): the config expands it, the controls take one member,
+the analysis decides the best k per band instead of an on/off call per member, the recommend step derives
+`<parent>__recommended` with the schedule, and the summary verifies it against the member each band runs,
+on simulated sweeps whose truth is known (builders.sweep_cells: specmatch.des servers)."""
+import json
+
+import pytest
+
+from builders import sweep_cells
+from specmatch.analysis import analyse
+from specmatch.config import validate
+from specmatch.controls import with_controls
+from specmatch.deployment import ServerInfo
+from specmatch.files import SpecmatchError
+from specmatch.kmodel import KRecommendation, KSweeps
+from specmatch.measurements import Settings
+from specmatch.records import Decision, Outcome
+from specmatch.recommend import derived_k_servers, verified_analysis
+from specmatch.summary import markdown
+
+# the truth (as in test_kmodel): k=4 best at c=1, k=2 at c=4, the baseline at c=16
+RHO = {1: {1: 1.05, 4: 1.30, 16: 2.0}, 2: {1: 1.10, 4: 1.40, 16: 2.6}, 4: {1: 1.15, 4: 2.0, 16: 4.0}}
+TRUE_K = {1: 4, 4: 2, 16: 0}
+SETTINGS = Settings(bootstrap=200, confidence=0.9, min_effect=0.05)
+
+
+def member_config(k: int) -> dict:
+    return {"engine": "vllm", "model": "/m", "speculative": {"method": "ngram", "num_speculative_tokens": k,
+                                                             "prompt_lookup_max": 4}}
+
+
+CONFIGS = {"base": {"engine": "vllm", "model": "/m"}, **{f"spec@k={k}": member_config(k) for k in RHO}}
+
+
+def infos(names) -> dict:
+    return {n: ServerInfo(n, "vllm", "vllm", CONFIGS[n].get("speculative"), 32) for n in names if n in CONFIGS}
+
+
+def as_scheduled(slow_at: dict | None = None):
+    """The recommended server as its schedule runs it: the member of the band's k at each concurrency
+    (the baseline where it is off), `slow_at` c -> speed factor (a switch that costs)."""
+    def at(c, engines):
+        name = "base" if TRUE_K[c] == 0 else f"spec@k={TRUE_K[c]}"
+        eng = engines[name]
+        return eng.faster((slow_at or {}).get(c, 1.0))
+    return at
+
+
+@pytest.fixture(scope="module")
+def grid():
+    good = sweep_cells(2, RHO, extra={"spec__recommended": as_scheduled()})
+    costly = sweep_cells(2, RHO, extra={"spec__recommended": as_scheduled({4: 0.8})})
+    return good, costly
+
+
+def primary(cells):
+    return [x for x in cells if x[0].server in CONFIGS]
+
+
+def test_the_analysis_decides_k_per_band_and_no_member_gets_an_on_off_call(grid):
+    good, _ = grid
+    names = list(CONFIGS)
+    an = analyse(primary(good), "base", SETTINGS, infos(names), ["s"], names)
+    assert an.recommendations == []            # members are one k of a question about every k
+    [rec] = an.k_recommendations
+    assert isinstance(rec, KRecommendation) and (rec.parent, rec.suite, rec.action) == ("spec", "s", "schedule")
+    assert {ch.concurrency: ch.k for ch in rec.choices} == TRUE_K
+    assert rec.vllm_schedule[0][2] == 4 and rec.vllm_schedule[-1][1:] == [32, 0]
+    assert {(p.k, p.concurrency) for p in an.k_points} >= {(k, c) for k in (1, 2, 4) for c in TRUE_K}
+
+
+def test_the_recommended_schedule_is_derived_measured_and_verified_against_each_bands_member(grid):
+    good, costly = grid
+    names = list(CONFIGS)
+    an = analyse(primary(good), "base", SETTINGS, infos(names), ["s"], names)
+    derived = derived_k_servers(an.k_recommendations, CONFIGS, infos(names))
+    assert list(derived) == ["spec__recommended"]
+    d = derived["spec__recommended"]
+    assert (d.parent, d.suite) == ("spec", "s")
+    spec = d.config["speculative"]
+    assert spec["num_speculative_tokens"] == 4 and spec["num_speculative_tokens_per_batch_size"] == an.k_recommendations[0].vllm_schedule
+    assert d.config["model"] == "/m" and "suites" not in d.config
+    # a name the on/off recommendations took is not derived twice
+    assert derived_k_servers(an.k_recommendations, CONFIGS, infos(names), taken={"spec__recommended"}) == {}
+
+    all_infos = {**infos(names), "spec__recommended": ServerInfo("spec__recommended", "vllm", "vllm", spec, 32)}
+    full = verified_analysis(good, "base", SETTINGS, CONFIGS, all_infos, ["s"], derived)
+    [rec] = full.k_recommendations
+    v = rec.verified
+    assert v is not None and v.server == "spec__recommended"
+    assert {r.concurrency: r.against for r in v.per_concurrency} == {1: "spec@k=4", 4: "spec@k=2", 16: "base"}
+    assert v.outcome == Outcome.VERIFIED, [r.to_json() for r in v.per_concurrency]
+    # the primary grid's decision does not move when the derived server's cells join
+    assert [ch.to_json() for ch in rec.choices] == [ch.to_json() for ch in an.k_recommendations[0].choices]
+
+    bad = verified_analysis(costly, "base", SETTINGS, CONFIGS, all_infos, ["s"], derived).k_recommendations[0].verified
+    assert bad.outcome == Outcome.FAILED
+    assert [r.concurrency for r in bad.per_concurrency if r.verdict == Decision.LOSES] == [4]
+
+
+def test_the_summary_shows_the_sweep_the_bands_predicted_vs_measured_and_the_verification(grid, tmp_path):
+    from specmatch import kreport
+
+    good, _ = grid
+    names = list(CONFIGS)
+    an = analyse(primary(good), "base", SETTINGS, infos(names), ["s"], names)
+    derived = derived_k_servers(an.k_recommendations, CONFIGS, infos(names))
+    all_infos = {**infos(names), "spec__recommended": ServerInfo("spec__recommended", "vllm", "vllm",
+                                                                 derived["spec__recommended"].config["speculative"], 32)}
+    full = verified_analysis(good, "base", SETTINGS, CONFIGS, all_infos, ["s"], derived)
+    md = markdown(full, full.recommendations, {}, [], [], [])
+    sec = md.split("## Which k at which load")[1].split("\n## ")[0]
+    assert "**spec** on `s`" in sec
+    assert "| k | c=1 | c=4 | c=16 |" in sec and "| off (the baseline) |" in sec
+    assert "| **best k** | **k=4** | **k=2** | **k=0** |" in sec
+    assert "Bands: batch 1" in sec and "**Verified:** `spec__recommended`" in sec
+    assert "num_speculative_tokens_per_batch_size" in sec
+    assert "Predicted against measured TPOT speedup" in sec and "| 4 | 1 |" in sec
+    rec = kreport.records(full)
+    assert rec["recommendations"][0]["verified"]["outcome"] == "verified" and rec["points"]
+    back = KSweeps.from_json(json.loads(json.dumps(rec)))   # the file is the record's serialisation
+    assert back.to_json() == rec
+    assert isinstance(back.recommendations[0].verified.outcome, Outcome)
+    assert isinstance(back.recommendations[0].choices[0].pairwise[0].verdict, Decision)
+    made = []
+
+    def save(fig, name):
+        path = tmp_path / f"{name}.png"
+        fig.savefig(path)
+        made.append(path)
+
+    import matplotlib
+
+    matplotlib.use("Agg")
+    kreport.heatmap(full, tmp_path, save)
+    assert made and made[0].stat().st_size > 1000
+
+
+def test_a_config_sweep_expands_and_the_control_takes_the_largest_k():
+    cfg = {"dataset": {"root": "r", "tokenizer": "t"},
+           "suites": {"s": {"kind": "file", "path": "p.jsonl", "size": 8}},
+           "servers": {"base": {"engine": "vllm", "model": "/m"},
+                       "ngram": {"engine": "vllm", "model": "/m",
+                                 "speculative": {"method": "ngram", "num_speculative_tokens": [2, 4],
+                                                 "prompt_lookup_max": 4}}},
+           "baseline": "base", "concurrency": [1, 4], "summary": {"controls": {"configured_off": True}}}
+    out = with_controls(validate(cfg))
+    assert list(out["servers"]) == ["base", "ngram@k=2", "ngram@k=4", "ngram@k=4__off"]
+    assert out["servers"]["ngram@k=2"]["speculative"]["num_speculative_tokens"] == 2
+    off = out["servers"]["ngram@k=4__off"]["speculative"]
+    assert off["num_speculative_tokens"] == 4 and off["num_speculative_tokens_per_batch_size"][0][2] == 0
+    # naming the sweep in controls.servers means its member of the largest k; a member by name is itself
+    named = {**cfg, "summary": {"controls": {"configured_off": True, "servers": ["ngram"]}}}
+    assert [n for n in with_controls(validate(named))["servers"] if n.endswith("__off")] == ["ngram@k=4__off"]
+    named["summary"]["controls"]["servers"] = ["ngram@k=2"]
+    assert [n for n in with_controls(validate(named))["servers"] if n.endswith("__off")] == ["ngram@k=2__off"]
+    bad = {**cfg, "servers": {**cfg["servers"], "ngram": {**cfg["servers"]["ngram"],
+                                                          "speculative": {"method": "ngram", "num_speculative_tokens": [2, 0]}}}}
+    with pytest.raises(SpecmatchError, match="servers.ngram.speculative.num_speculative_tokens"):
+        validate(bad)
+
+
+def test_a_sweep_measured_once_decides_nothing_and_derives_nothing(grid):
+    good, _ = grid
+    names = list(CONFIGS)
+    once = [x for x in primary(good) if x[0].repeat == 1]
+    an = analyse(once, "base", SETTINGS, infos(names), ["s"], names)
+    [rec] = an.k_recommendations
+    assert rec.action == "undecided" and all(ch.k is None for ch in rec.choices)
+    assert derived_k_servers(an.k_recommendations, CONFIGS, infos(names)) == {}
+    md = markdown(an, [], {}, [], [], [])
+    assert "undecided" in md.split("## Which k at which load")[1]
+
+
+@pytest.mark.slow  # 16 simulated grids, about 40 s
+def test_verification_of_k_schedules_is_calibrated_over_seeds():
+    """A correct schedule (the band's member at each concurrency) is verified often and failed rarely
+    (P(failed | correct) <= alpha = 10%); one whose switch costs 20% at c=4 fails. The check has the power
+    of its data: with 24 prompts and 3 repeats a correct schedule is left undecided now and then."""
+    names = list(CONFIGS)
+    outcomes = {"good": [], "costly": []}
+    for seed in range(1, 9):
+        for kind, slow in (("good", None), ("costly", {4: 0.8})):
+            cells = sweep_cells(seed, RHO, extra={"spec__recommended": as_scheduled(slow)})
+            an = analyse(primary(cells), "base", SETTINGS, infos(names), ["s"], names)
+            assert {ch.concurrency: ch.k for ch in an.k_recommendations[0].choices} == TRUE_K
+            derived = derived_k_servers(an.k_recommendations, CONFIGS, infos(names))
+            spec = derived["spec__recommended"].config["speculative"]
+            all_infos = {**infos(names), "spec__recommended": ServerInfo("spec__recommended", "vllm", "vllm", spec, 32)}
+            full = verified_analysis(cells, "base", SETTINGS, CONFIGS, all_infos, ["s"], derived)
+            outcomes[kind].append(full.k_recommendations[0].verified.outcome)
+    assert outcomes["good"].count(Outcome.VERIFIED) >= 4 and outcomes["good"].count(Outcome.FAILED) <= 1, outcomes
+    assert outcomes["costly"].count(Outcome.FAILED) >= 7 and Outcome.VERIFIED not in outcomes["costly"], outcomes
+
+
+def test_a_round_of_the_sequential_design_continues_undecided_k_choices():
+    """Two k that the data cannot tell apart at c=4 after two repeats: the round measures both members
+    again there (and only what continues); decided choices stop."""
+    from specmatch.records import Continuation
+    from specmatch.rounds import plan
+    from specmatch.sequential import Design
+
+    close = {2: {1: 1.10, 4: 1.40, 16: 2.6}, 4: {1: 1.15, 4: 1.62, 16: 4.0}}   # c=4: k=2 and k=4 within ~2%
+    cells = [x for x in sweep_cells(3, close, repeats=2) if x[0].repeat <= 2]
+    names = ["base", "spec@k=2", "spec@k=4"]
+    s = Settings(bootstrap=200, confidence=0.9, min_effect=0.05,
+                 repeats={"min": 2, "max": 3, "min_probability": 0})
+    an = analyse(cells, "base", s, infos(names), ["s"], names)
+    [rec] = an.k_recommendations
+    undecided = [ch.concurrency for ch in rec.choices if ch.k is None]
+    p = plan(an, Design(2, 3, 0), 2)
+    ks = [d for d in p.decisions if d.against is not None]
+    assert {d.concurrency for d in ks} == set(undecided)
+    for d in ks:
+        assert d.verdict == Decision.INCONCLUSIVE and d.action == Continuation.CONTINUE
+        assert {(c.server, c.concurrency) for c in p.next} >= {(d.server, d.concurrency), (d.against, d.concurrency)}
+    assert 4 in undecided, [ch.to_json() for ch in rec.choices]
+    # at the last look nothing continues
+    assert all(d.action != Continuation.CONTINUE for d in plan(an, Design(2, 2, 0), 2).decisions)
