@@ -20,7 +20,13 @@ def default():
 
 
 def test_the_default_controls_every_speculative_server_on_the_recommendation_suite():
-    cfg = with_controls(default())
+    # the default measures none (its time budget); switched on, every speculative server gets one
+    assert not [n for n in with_controls(default())["servers"] if n.endswith(OFF)]
+    raw = default()
+    raw["summary"]["controls"] = {"configured_off": True, "servers": ["eagle3"]}
+    assert {n for n in with_controls(copy.deepcopy(raw))["servers"] if n.endswith(OFF)} == {"eagle3__off"}
+    raw["summary"]["controls"]["servers"] = None
+    cfg = with_controls(raw)
     offs = {n: s for n, s in cfg["servers"].items() if n.endswith(OFF)}
     assert set(offs) == {"ngram@k=4__off", "eagle3__off"}   # the ngram sweep's control: its largest k
     for name, srv in offs.items():
@@ -58,6 +64,7 @@ def test_controls_follow_the_config():
 ])
 def test_bad_controls_name_the_key(mutate, message):
     cfg = copy.deepcopy(default())
+    cfg["summary"]["controls"]["configured_off"] = True
     mutate(cfg)
     with pytest.raises(SpecmatchError, match=message):
         with_controls(cfg)
@@ -66,6 +73,7 @@ def test_bad_controls_name_the_key(mutate, message):
 def test_sglang_and_external_servers_cannot_express_the_control():
     cfg = copy.deepcopy(default())
     cfg["servers"]["sg"] = {"engine": "sglang", "model": "m", "speculative": {"method": "eagle3", "model": "d"}}
+    cfg["summary"]["controls"] = {"configured_off": True}  # every speculative server
     extra, why = control_plan(cfg)
     assert "sg__off" not in extra and "SGLang" in why["sg"]
 
@@ -80,10 +88,17 @@ def test_recommendation_suites_without_a_training_suite_stand_on_the_first_suite
 
 
 def test_the_default_workflow_measures_the_controls_and_the_long_control(tmp_path):
-    """A dry run of the shipped default: the controls are launched and measured on the recommendation
-    suite only, the long encyclopedic control is built from train_holdout's prompts, and the old
-    hand-written schedule server is gone."""
-    out = run(snakemake_cmd() + ["-n", "--cores", "2"], copy_workflow(tmp_path)).stdout
+    """A dry run of the shipped default with every speculative server controlled and the long
+    encyclopedic control added back (the default leaves both out for its time budget): the controls
+    are launched and measured on the recommendation suite only, the long encyclopedic control is built
+    from train_holdout's prompts, and the old hand-written schedule server is gone."""
+    wd = copy_workflow(tmp_path)
+    cfg = yaml.safe_load((wd / "config.yaml").read_text())
+    cfg["summary"]["controls"] = {"configured_off": True}
+    cfg["suites"]["generic_long"] = {"kind": "file", "path": "resources/prompts/generic.jsonl", "size": 16,
+                                     "seed": 0, "length_like": "train_holdout"}
+    (wd / "full.yaml").write_text(yaml.safe_dump(cfg))
+    out = run(snakemake_cmd() + ["-n", "--cores", "2", "--configfile", "full.yaml"], wd).stdout
     counts = job_counts(out)
     assert counts["launch"] == 12 and counts["prompts"] == 4
     # baseline 4 suites, the ngram sweep's two members 1 each, eagle3 4, two controls (the sweep's of its

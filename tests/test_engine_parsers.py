@@ -51,6 +51,7 @@ SGLANG_CASES = {
                     "num_draft_tokens": 4}, {}),
     "ngram": ({"method": "ngram"}, {}),
     "tensor parallel": (EAGLE3, {"tensor_parallel_size": 8}),
+    "float32": (EAGLE3, {"dtype": "float32"}),
     "max running requests": (EAGLE3, {"max_running_requests": 512}),
     "adaptive": ({**EAGLE3, "adaptive": True}, {}),
     "adaptive with its config": ({**EAGLE3, "adaptive": "/configs/adaptive.json"}, {}),
@@ -68,6 +69,7 @@ def test_every_sglang_argv_parses_and_validates_with_sglang_itself():
         assert parsed["model_path"] == "/models/target" and parsed["cuda_graph_max_bs_decode"] >= 256
         assert parsed["max_running_requests"] >= 256
     assert results["eagle3 topk 1"]["parsed"]["speculative_algorithm"] == "EAGLE3"
+    assert results["float32"]["parsed"]["dtype"] == "float32" and results["baseline"]["parsed"]["dtype"] == "auto"
     assert results["eagle3 topk 4"]["parsed"]["speculative_eagle_topk"] == 4
     assert results["standalone"]["parsed"]["speculative_algorithm"] == "STANDALONE"
     assert results["ngram"]["parsed"]["speculative_algorithm"] == "NGRAM"
@@ -208,6 +210,7 @@ def test_every_vllm_gpu_argv_passes_vllms_own_checks(tiny_target, tmp_path, tok)
     t = str(tiny_target)
     cases = {
         "tensor parallel": ({"model": t, "tensor_parallel_size": 8}, None),
+        "float32": ({"model": t, "dtype": "float32"}, None),
         "eagle3 with a drafter": ({"model": t, "speculative": {"method": "eagle3", "model": str(head),
                                                                "num_speculative_tokens": 3}}, "eagle3"),
         "draft model": ({"model": t, "speculative": {"method": "draft_model", "model": t,
@@ -222,6 +225,7 @@ def test_every_vllm_gpu_argv_passes_vllms_own_checks(tiny_target, tmp_path, tok)
         assert args.max_num_seqs == 512 and "-O0" not in plan.argv, name
         if name == "tensor parallel":
             assert args.tensor_parallel_size == 8
+        assert args.dtype == ("float32" if name == "float32" else "auto"), name
         if method:
             assert spec.method == method and spec.num_speculative_tokens in (3, 4), name
     bad = vllm_plan({"model": t, "speculative": {"method": "ngram", "num_speculative_tokens": 4, "prompt_lookup_max": 4,

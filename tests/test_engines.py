@@ -44,6 +44,15 @@ def test_vllm_gpu_argv_high_concurrency_and_tp():
     assert plan.argv[plan.argv.index("--max-num-seqs") + 1] == "512"
 
 
+def test_dtype_reaches_both_engines_and_is_left_to_them_when_unset():
+    """`dtype` is the engines' own `--dtype` (the embedded default serves float32: this CPU class
+    emulates bfloat16); unset, no flag, so the engine's default stands."""
+    for cfg in ({"engine": "vllm", "model": "m"}, {"engine": "sglang", "model": "m", "sglang_version": "0.5.23"}):
+        a = get_engine({**cfg, "dtype": "float32"}).launch_plan(port=1, max_batch=16).argv
+        assert a[a.index("--dtype") + 1] == "float32"
+        assert "--dtype" not in get_engine(cfg).launch_plan(port=1, max_batch=16).argv
+
+
 def test_sglang_eagle3_argv_sets_running_cap():
     cfg = {"engine": "sglang", "model": "T", "tensor_parallel_size": 8, "sglang_version": "0.5.23",
            "speculative": {"method": "eagle3", "model": "D", "num_steps": 3, "eagle_topk": 1, "num_draft_tokens": 4,

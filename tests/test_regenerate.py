@@ -92,6 +92,10 @@ def test_settings_of_config_entries():
     assert (s.max_tokens, s.max_rows, s.seed) == (48, 10, 1)
     with pytest.raises(SpecmatchError, match="unknown keys"):
         settings_of({"regenerate": {"max_token": 48}})
+    # dtype auto is the dtype the baseline is served in; an explicit one stays
+    assert settings_of({"regenerate": True}, "float32").dtype == "float32"
+    assert settings_of({"regenerate": True}).dtype == "auto"
+    assert settings_of({"regenerate": {"dtype": "bfloat16"}}, "float32").dtype == "bfloat16"
 
 
 def test_turns_are_spliced_token_exact_and_closed():

@@ -12,7 +12,7 @@ from sglang.srt.server_args import ServerArgs
 KEEP = ("model_path", "tp_size", "max_running_requests", "cuda_graph_max_bs", "cuda_graph_max_bs_decode",
         "speculative_algorithm", "speculative_draft_model_path", "speculative_num_steps", "speculative_eagle_topk",
         "speculative_num_draft_tokens", "speculative_adaptive", "speculative_adaptive_config", "enable_metrics",
-        "host", "port")
+        "host", "port", "dtype")
 out = []
 for argv in json.loads(sys.stdin.read()):
     parser = argparse.ArgumentParser(prog="sglang.launch_server", exit_on_error=False)

@@ -205,7 +205,9 @@ def drafter_regenerate(name):
     """The regeneration settings of drafter `name` (specmatch.regenerate.Settings), or None when off."""
     from specmatch.regenerate import settings_of
 
-    return settings_of(CFG["models"]["eagle3"][name])
+    return settings_of(
+        CFG["models"]["eagle3"][name], CFG["servers"][CFG["baseline"]].get("dtype")
+    )
 
 
 def drafter_regenerated(wildcards):

@@ -71,15 +71,17 @@ class Settings:
     kv_cache_gib: float = 2.0       # VLLM_CPU_KVCACHE_SPACE
 
 
-def settings_of(spec: dict) -> Settings | None:
+def settings_of(spec: dict, served_dtype: str | None = None) -> Settings | None:
     """The regeneration settings of one `models.eagle3.<name>` entry, or None when it is off.
     `regenerate: true` takes the defaults; `regenerate: {enabled: true, max_tokens: 96, max_rows: 200}`
-    sets them; absent, false or `{enabled: false}` is off."""
+    sets them; absent, false or `{enabled: false}` is off. `served_dtype` is the dtype the baseline is
+    served in (its server config's `dtype`): dtype `auto` becomes it, because the head must learn the
+    answers the served target gives, and greedy answers in another dtype drift apart within tokens."""
     r = spec.get("regenerate")
     if not r:
         return None
     if r is True:
-        return Settings(seed=spec.get("seed", 0))
+        r = {}
     if not isinstance(r, dict):
         raise SpecmatchError(f"regenerate: expected true/false or a mapping, got {r!r}")
     if not r.get("enabled", True):
@@ -88,7 +90,10 @@ def settings_of(spec: dict) -> Settings | None:
     bad = set(known) - set(Settings.__dataclass_fields__) - {"seed"}
     if bad:
         raise SpecmatchError(f"regenerate: unknown keys {sorted(bad)}")
-    return Settings(**{**known, "seed": spec.get("seed", 0)})
+    out = Settings(**{**known, "seed": spec.get("seed", 0)})
+    if out.dtype == "auto" and served_dtype:
+        out.dtype = served_dtype
+    return out
 
 
 @dataclass

@@ -102,6 +102,8 @@ class SGLangEngine(Engine):
             argv += ["--served-model-name", self.cfg["served_model_name"]]
         if self.cfg.get("tensor_parallel_size"):
             argv += ["--tensor-parallel-size", str(self.cfg["tensor_parallel_size"])]  # never an abbreviation
+        if self.cfg.get("dtype"):
+            argv += ["--dtype", self.cfg["dtype"]]
         env = {"HF_HUB_OFFLINE": "1"}
         cap = self.cfg.get("max_running_requests") or running_cap(max_batch)
         spec = self.cfg.get("speculative")
