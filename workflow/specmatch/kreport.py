@@ -79,7 +79,7 @@ def points_table(points: list[KPoint]) -> list[str]:
         within = {True: "yes", False: "**no**", None: "no check"}[p.within]
         lines.append(f"| {p.k} | {p.concurrency} | {_iv(p.tokens_per_step)} ({p.tau_from or '—'}) | "
                      f"{_iv(p.step_cost)} ({rho_from}) | {_iv(p.predicted)} | {_iv(p.measured)} | {within} | "
-                     f"{', '.join(p.held_out) or 'nothing'} |" + (f" {p.note}" if p.note else ""))
+                     f"{', '.join(p.held_out) or 'nothing'}" + (f" ({p.note})" if p.note else "") + " |")
     return lines
 
 
@@ -146,7 +146,8 @@ def heatmap(an, out: Path, save) -> None:
                 x = ch.speedups.get(str(k))
                 if x and x.get("speedup"):
                     grid[i, j] = math.log(x["speedup"])
-        lim = max(0.05, float(np.nanmax(np.abs(grid))) if np.isfinite(grid).any() else 0.05)
+        # a fixed floor on the scale (1.5x): an inconclusive 0.93x stays pale instead of taking the darkest red
+        lim = max(math.log(1.5), float(np.nanmax(np.abs(grid))) if np.isfinite(grid).any() else 0.0)
         ax.imshow(grid, cmap="RdBu", vmin=-lim, vmax=lim, aspect="auto", origin="lower")
         for j, ch in enumerate(rec.choices):
             for i, k in enumerate(ks):
