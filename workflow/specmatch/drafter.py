@@ -122,24 +122,18 @@ def read_sequences(rows, template, budget: Budget, store: dict | None = None, li
     evaluation after training asks for (agreement on rows the head never trained on)."""
     limit = budget.train_tokens if limit is None else limit
     out, total = [], 0
-    by_file: dict[str, dict] = {}
     picked = []
     for c in (Cut.from_json(r) for r in rows.iter_rows(named=True)):
-        pos = c.offset if c.offset is not None else c.row
         if store is not None:
-            if (c.file, pos) not in store:
+            if (c.file, c.position) not in store:
                 continue
-            total += len(store[(c.file, pos)][0])
+            total += len(store[(c.file, c.position)][0])
         else:
-            by_file.setdefault(c.file, {})[pos] = None
             total += c.prompt_tokens + c.completion_tokens
-        picked.append((c.file, pos, c.schema))
+        picked.append((c.file, c.position, c.schema))
         if total >= limit * 1.5:
             break
-    loaded = {}
-    for path, wanted in by_file.items():
-        for pos, row in readers.read_rows(readers.sniff(Path(path)), wanted).items():
-            loaded[(path, pos)] = row
+    loaded = {} if store is not None else readers.read_located((path, pos) for path, pos, _ in picked)
     total = 0
     for path, pos, schema in picked:
         ids, mask = store[(path, pos)] if store is not None else row_ids_and_mask(loaded[(path, pos)], schema, template)

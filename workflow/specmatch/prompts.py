@@ -19,7 +19,7 @@ import argparse
 import json
 import random
 import sys
-from collections import Counter, defaultdict
+from collections import Counter
 from pathlib import Path
 
 import polars as pl
@@ -132,17 +132,11 @@ def sample(pool: pl.DataFrame, size: int, weights: dict[str, float], seed: int
 
 def load_prompts(name: str, chosen: pl.DataFrame, template: ChatTemplate, need_messages: bool) -> list[Prompt]:
     """Read back only the chosen rows (one seek each in plain JSON Lines) and rebuild their prompts."""
-    by_file: dict[str, dict] = defaultdict(dict)
     cuts = [Cut.from_json(r) for r in chosen.to_dicts()]
-    for c in cuts:
-        by_file[c.file][c.offset if c.offset is not None else c.row] = None
-    rows: dict[tuple, dict] = {}
-    for path, wanted in by_file.items():
-        for pos, row in readers.read_rows(readers.sniff(Path(path)), wanted).items():
-            rows[(path, pos)] = row
+    rows = readers.read_located((c.file, c.position) for c in cuts)
     ids_of, out = {}, []
     for i, c in enumerate(cuts):
-        row = rows[(c.file, c.offset if c.offset is not None else c.row)]
+        row = rows[(c.file, c.position)]
         ids, messages, tools = prompt_of(template, row, c.schema, c.turn)
         if ids is not None:
             if len(ids) != c.prompt_tokens:

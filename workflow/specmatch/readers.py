@@ -264,6 +264,19 @@ def iter_batches(df: DataFile, batch_lines: int = BATCH_LINES) -> Iterator[Batch
             raise SpecmatchError(f"{name}: unreadable or truncated {df.format}: {exc}") from None
 
 
+def read_located(locations) -> dict[tuple[str, int], dict]:
+    """The rows at (file, position) pairs (records.Cut.position), each file read once by read_rows.
+    Returns {(file, position): row}."""
+    by_file: dict[str, dict] = {}
+    for path, pos in locations:
+        by_file.setdefault(path, {})[pos] = None
+    out = {}
+    for path, wanted in by_file.items():
+        for pos, row in read_rows(sniff(Path(path)), wanted).items():
+            out[(path, pos)] = row
+    return out
+
+
 def read_rows(df: DataFile, wanted: dict[int, object]) -> dict[int, dict]:
     """The rows at the given positions of a file, reading no more than needed: a position is a byte
     offset for uncompressed JSON Lines (one seek each), else a 0-based row index (streamed up to the

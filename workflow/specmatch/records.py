@@ -178,6 +178,12 @@ class Cut(Record):
     def origin(self) -> str:
         return location(self.file, self.line, self.row)
 
+    @property
+    def position(self) -> int:
+        """Where readers.read_rows finds the row in its file: the byte offset in plain JSON Lines,
+        else the row index."""
+        return self.offset if self.offset is not None else self.row
+
 
 @dataclass
 class Prompt(Record):

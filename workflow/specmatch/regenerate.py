@@ -51,7 +51,7 @@ from . import readers, steps
 from .files import SpecmatchError, atomic_dir, read_json, read_jsonl
 from .inspection import read_cuts
 from .provenance import Recorder
-from .records import Cut, Manifest, location
+from .records import Cut, Manifest
 from .rows import ChatTemplate, spans_from_mask
 from .tokenizer import load_tokenizer
 
@@ -148,7 +148,7 @@ class RowState:
         for t in range(upto + 1):
             seg = list(self.segs[t])
             if t > 0:
-                g, finish = self.gens[t - 1], self.finishes[t - 1]
+                g = self.gens[t - 1]
                 ends = bool(g) and end_id is not None and g[-1] == end_id
                 if ends and seg and seg[0] == end_id:
                     seg = seg[1:]        # the data's end-of-turn token sat outside the span: keep one
@@ -220,18 +220,13 @@ def load_states(chosen: pl.DataFrame, template: ChatTemplate, skips: Skips) -> l
     from .drafter import row_ids_and_mask
 
     cuts = [Cut.from_json(r) for r in chosen.iter_rows(named=True)]
-    by_file: dict[str, dict] = defaultdict(dict)
     for c in cuts:
         if c.holdout:  # never: select() takes seen rows only, and this guards the promise
             raise SpecmatchError(f"regenerate: {c.origin} is a held-out row")
-        by_file[c.file][c.offset if c.offset is not None else c.row] = None
-    loaded = {}
-    for path, wanted in by_file.items():
-        for pos, row in readers.read_rows(readers.sniff(Path(path)), wanted).items():
-            loaded[(path, pos)] = row
+    loaded = readers.read_located((c.file, c.position) for c in cuts)
     states = []
     for c in cuts:
-        row = loaded.get((c.file, c.offset if c.offset is not None else c.row))
+        row = loaded.get((c.file, c.position))
         if row is None:
             skips.add("row not found where the cut table says (the data changed since inspection)", c)
             continue
