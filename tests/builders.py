@@ -21,6 +21,25 @@ from specmatch.records import CellResult, LaunchRecord, Prompt, RequestSettings 
 
 
 # -- Snakemake ------------------------------------------------------------------------------------
+NGRAM = {"engine": "vllm", "model": "results/models/smollm2-135m", "dtype": "float32", "suites": ["train_holdout"],
+         "speculative": {"method": "ngram", "num_speculative_tokens": 4, "prompt_lookup_max": 4, "prompt_lookup_min": 2}}
+
+
+def shipped_config(ngram=None) -> dict:
+    """The shipped config.yaml as written (its eagle3 k sweep included). `ngram`: also an n-gram server
+    `ngram` on train_holdout drafting that k (a list: a sweep), for tests that need a second speculative
+    server or one that is not a sweep."""
+    import copy
+
+    import yaml
+
+    cfg = yaml.safe_load((REPO / "config.yaml").read_text())
+    if ngram is not None:
+        cfg["servers"]["ngram"] = copy.deepcopy(NGRAM)
+        cfg["servers"]["ngram"]["speculative"]["num_speculative_tokens"] = ngram
+    return cfg
+
+
 def snakemake_cmd() -> list[str]:
     exe = Path(sys.executable).parent / "snakemake"
     return [str(exe)] if exe.exists() else [sys.executable, "-m", "snakemake"]

@@ -123,6 +123,22 @@ def test_keep_on_for_a_server_whose_schedule_switches_off_is_a_new_deployment():
     from specmatch.recommend import derived_servers
     assert derived_servers([rec], {"spec": {"engine": "vllm", "speculative": sched.speculative}},
                            {"spec": sched}) == {}
+    # two recommendation suites with new schedules: one recommended server, the first suite's
+    first = recommend(sched, "s", *verdicts({1: (1.5, Decision.PAYS), 4: (1.4, Decision.PAYS),
+                                             16: (0.7, Decision.LOSES)}), S)
+    second = recommend(sched, "t", *verdicts({1: (1.5, Decision.PAYS), 4: (0.7, Decision.LOSES),
+                                              16: (0.7, Decision.LOSES)}), S)
+    got = derived_servers([first, second], {"spec": {"engine": "vllm", "speculative": sched.speculative}},
+                          {"spec": sched})
+    assert list(got) == ["spec__recommended"] and got["spec__recommended"].suite == "s"
+    assert first.derived_server == "spec__recommended" and second.derived_server is None
+    from types import SimpleNamespace
+
+    from specmatch.analysis import verify_recommendations
+    from specmatch.records import Outcome
+    an = SimpleNamespace(settings=S, servers=["baseline", "spec"], concurrencies=[1, 4, 16])
+    verify_recommendations(an, [second], got)
+    assert second.verified.outcome == Outcome.NOT_MEASURED and "decided on `s`" in second.verified.reason
 
 
 def test_non_monotone_shapes_are_regions():

@@ -3,23 +3,22 @@ import copy
 import pytest
 import yaml
 
-from builders import REPO
+from builders import REPO, shipped_config
 from specmatch.config import deep_merge, load, validate
 from specmatch.files import SpecmatchError
 
 
 def base():
-    """The shipped config with its ngram k sweep as one server (k=4): these tests edit `servers.ngram`."""
-    cfg = yaml.safe_load((REPO / "config.yaml").read_text())
-    cfg["servers"]["ngram"]["speculative"]["num_speculative_tokens"] = 4
-    return cfg
+    """The shipped config with an n-gram server of one k (builders.shipped_config): these tests edit `servers.ngram`."""
+    return shipped_config(ngram=4)
 
 
 def test_shipped_config_is_valid_and_gets_defaults():
     cfg = load(REPO / "config.yaml")
     assert cfg["baseline"] == "baseline"
-    assert cfg["servers"]["ngram@k=2"]["host"] == "127.0.0.1"   # the default's k sweep, expanded
-    assert cfg["servers"]["ngram@k=4"]["startup_timeout_s"] == 1200 and "ngram" not in cfg["servers"]
+    assert cfg["servers"]["eagle3@k=3"]["host"] == "127.0.0.1"   # the default's k sweep, expanded
+    assert cfg["servers"]["eagle3@k=5"]["startup_timeout_s"] == 1200 and "eagle3" not in cfg["servers"]
+    assert cfg["servers"]["eagle3@k=5"]["speculative"]["num_speculative_tokens"] == 5
     assert cfg["suites"]["train_mix"]["turn"] == "last"
     assert cfg["requests"]["request_rate"] is None
     assert cfg["requests"]["passes"] == 1 and cfg["repeats"]["min"] >= 2 and cfg["repeats"]["max"] >= cfg["repeats"]["min"]
@@ -32,6 +31,8 @@ def test_shipped_config_is_valid_and_gets_defaults():
     (lambda c: c.update(baseline="nope"), "baseline: 'nope' is not a server"),
     (lambda c: c["servers"]["baseline"].update(speculative={"method": "ngram"}), "the baseline must not speculate"),
     (lambda c: c["servers"]["eagle3"]["speculative"].pop("model"), "servers.eagle3.speculative.model"),
+    (lambda c: c["servers"]["eagle3"]["speculative"].update(num_speculative_tokens=[3, 0]),
+     "servers.eagle3.speculative.num_speculative_tokens.1: 0 is less than the minimum of 1"),
     (lambda c: c["servers"].update(ext={"engine": "external"}), "servers.ext.base_url"),
     (lambda c: c["servers"].update(ext={"engine": "external", "base_url": "10.0.0.5:8000"}), "servers.ext.base_url"),
     (lambda c: c["suites"]["generic"].pop("path"), "suites.generic.path"),

@@ -6,7 +6,7 @@ import json
 import pytest
 import yaml
 
-from builders import REPO, copy_workflow, job_counts, run, snakemake_cmd
+from builders import copy_workflow, job_counts, run, shipped_config, snakemake_cmd
 from specmatch.config import validate
 from specmatch.controls import OFF, control_plan, recommendation_suites, with_controls
 from specmatch.files import SpecmatchError
@@ -16,44 +16,46 @@ from specmatch.rows import ChatTemplate
 
 
 def default():
-    return validate(yaml.safe_load((REPO / "config.yaml").read_text()))
+    """The shipped config (its eagle3 k sweep) with an n-gram server of one k beside it."""
+    return validate(shipped_config(ngram=4))
 
 
 def test_the_default_controls_every_speculative_server_on_the_recommendation_suite():
     # the default measures none (its time budget); switched on, every speculative server gets one
     assert not [n for n in with_controls(default())["servers"] if n.endswith(OFF)]
     raw = default()
-    raw["summary"]["controls"] = {"configured_off": True, "servers": ["eagle3"]}
-    assert {n for n in with_controls(copy.deepcopy(raw))["servers"] if n.endswith(OFF)} == {"eagle3__off"}
+    raw["summary"]["controls"] = {"configured_off": True, "servers": ["ngram"]}
+    assert {n for n in with_controls(copy.deepcopy(raw))["servers"] if n.endswith(OFF)} == {"ngram__off"}
     raw["summary"]["controls"]["servers"] = None
     cfg = with_controls(raw)
     offs = {n: s for n, s in cfg["servers"].items() if n.endswith(OFF)}
-    assert set(offs) == {"ngram@k=4__off", "eagle3__off"}   # the ngram sweep's control: its largest k
+    assert set(offs) == {"ngram__off", "eagle3@k=5__off"}   # the eagle3 sweep's control: its largest k
     for name, srv in offs.items():
         parent = cfg["servers"][name[: -len(OFF)]]
         # the parent's configuration exactly, drafting nothing at every batch size up to the launch's cap
         assert srv["speculative"] == {**parent["speculative"], "num_speculative_tokens_per_batch_size": [[1, 256, 0]]}
         assert {k: v for k, v in srv.items() if k not in ("speculative", "suites")} == \
             {k: v for k, v in parent.items() if k not in ("speculative", "suites")}
-        assert srv["suites"] == ["train_holdout"]
+        # the recommendation suites the parent is measured on
+        assert srv["suites"] == (["train_holdout"] if name == "ngram__off" else ["train_holdout", "train_mix"])
     assert "ngram_off_above_4" not in cfg["servers"]  # the hand-written control it replaces
 
 
 def test_controls_follow_the_config():
     cfg = default()
-    cfg["summary"]["controls"] = {"configured_off": True, "servers": ["eagle3"], "suites": ["generic"]}
+    cfg["summary"]["controls"] = {"configured_off": True, "servers": ["eagle3@k=5"], "suites": ["generic"]}
     cfg["concurrency"] = [1, 512]
     cfg["suites"]["generic"]["size"] = 512
     extra, why = control_plan(cfg)
-    assert list(extra) == ["eagle3__off"] and extra["eagle3__off"]["suites"] == ["generic"]
-    assert extra["eagle3__off"]["speculative"]["num_speculative_tokens_per_batch_size"] == [[1, 512, 0]]
+    assert list(extra) == ["eagle3@k=5__off"] and extra["eagle3@k=5__off"]["suites"] == ["generic"]
+    assert extra["eagle3@k=5__off"]["speculative"]["num_speculative_tokens_per_batch_size"] == [[1, 512, 0]]
     cfg["summary"]["controls"] = {"configured_off": False}
     assert with_controls(cfg)["servers"].keys() == cfg["servers"].keys()
     # a server restricted to other suites gets no control there, and says why
     cfg["summary"]["controls"] = {"configured_off": True, "suites": ["train_mix"]}
-    cfg["servers"]["ngram@k=4"]["suites"] = ["generic"]
+    cfg["servers"]["ngram"]["suites"] = ["generic"]
     extra, why = control_plan(cfg)
-    assert "ngram@k=4__off" not in extra and "train_mix" in why["ngram@k=4"]
+    assert "ngram__off" not in extra and "train_mix" in why["ngram"]
 
 
 @pytest.mark.parametrize("mutate, message", [
@@ -80,7 +82,7 @@ def test_sglang_and_external_servers_cannot_express_the_control():
 
 def test_recommendation_suites_without_a_training_suite_stand_on_the_first_suite():
     cfg = default()
-    assert recommendation_suites(cfg) == ["train_holdout"]
+    assert recommendation_suites(cfg) == ["train_holdout", "train_mix"]
     cfg["summary"]["recommend_suites"] = None
     assert recommendation_suites(cfg) == ["train_mix"]
     cfg["suites"] = {k: v for k, v in cfg["suites"].items() if v["kind"] == "file"}
@@ -100,15 +102,15 @@ def test_the_default_workflow_measures_the_controls_and_the_long_control(tmp_pat
     (wd / "full.yaml").write_text(yaml.safe_dump(cfg))
     out = run(snakemake_cmd() + ["-n", "--cores", "2", "--configfile", "full.yaml"], wd).stdout
     counts = job_counts(out)
-    assert counts["launch"] == 12 and counts["prompts"] == 4
-    # baseline 4 suites, the ngram sweep's two members 1 each, eagle3 4, two controls (the sweep's of its
-    # largest k) on one suite; x 3 concurrencies x 2 repeats (the sequential design's minimum; the round
+    assert counts["launch"] == 8 and counts["prompts"] == 4
+    # baseline 4 suites, the eagle3 sweep's two members 4 each, its control (of its largest k) on the two
+    # recommendation suites; x 3 concurrencies x 2 repeats (the sequential design's minimum; the round
     # after them adds a third repeat where verdicts stay open)
-    assert counts["cell"] == (4 + 1 + 1 + 4 + 1 + 1) * 3 * 2 and counts["sequential_round"] == 1
-    assert "results/cells/eagle3__off/train_holdout/r2/c16.json" in out
-    assert "results/cells/ngram@k=2/train_holdout/r2/c16.json" in out
-    assert "results/cells/ngram@k=4__off/train_holdout/r1/c1.json" in out and "ngram@k=2__off" not in out
-    assert "results/cells/eagle3__off/generic/" not in out and "ngram_off_above_4" not in out
+    assert counts["cell"] == (4 + 4 + 4 + 2) * 3 * 2 and counts["sequential_round"] == 1
+    assert "results/cells/eagle3@k=5__off/train_holdout/r2/c16.json" in out
+    assert "results/cells/eagle3@k=5__off/train_mix/r1/c1.json" in out and "eagle3@k=3__off" not in out
+    assert "results/cells/eagle3@k=3/generic/r2/c16.json" in out
+    assert "results/cells/eagle3@k=5__off/generic/" not in out and "ngram_off_above_4" not in out
     assert "--like results/prompts/train_holdout.jsonl" in out
 
 

@@ -264,3 +264,33 @@ def test_a_renamed_schedule_key_is_refused_clearly():
         eng.validate()
     get_engine({"engine": "vllm", "model": "m", "speculative": {
         "method": "ngram", "num_speculative_tokens": 4, "num_speculative_tokens_per_batch_size": [[1, 4, 4]]}}).validate()
+
+
+def test_vllms_speculative_fields_are_read_once_per_vllm(tmp_path, monkeypatch):
+    """validate() imports vLLM in the server's python (about 10 s) before every launch; with the server
+    state folder the answer is kept, keyed by the interpreter and vLLM's own speculative config module,
+    so a change of that module (an upgrade) reads it again."""
+    from specmatch.engines import vllm as vllm_engine
+
+    env = tmp_path / "venv"
+    module = env / "lib" / "python3.11" / "site-packages" / "vllm" / "config" / "speculative.py"
+    module.parent.mkdir(parents=True)
+    module.write_text("class SpeculativeConfig: ...\n")
+    python = str(env / "bin" / "python")
+    reads = []
+
+    def read(py):
+        reads.append(py)
+        return "0.32.0", frozenset({"method", "num_speculative_tokens"}), ""
+
+    monkeypatch.setattr(vllm_engine, "_read_speculative_fields", read)
+    state = tmp_path / "state"
+    first = vllm_engine.speculative_fields(python, state)
+    assert first == ("0.32.0", frozenset({"method", "num_speculative_tokens"}), "")
+    assert vllm_engine.speculative_fields(python, state) == first and len(reads) == 1
+    module.write_text("class SpeculativeConfig: ...  # upgraded\n")
+    vllm_engine.speculative_fields(python, state)
+    assert len(reads) == 2
+    vllm_engine.speculative_fields(python, None)            # no state folder: nothing kept
+    vllm_engine.speculative_fields(str(tmp_path / "elsewhere" / "python"), state)   # no venv layout
+    assert len(reads) == 4

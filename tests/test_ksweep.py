@@ -160,14 +160,21 @@ def test_a_config_sweep_expands_and_the_control_takes_the_largest_k():
         validate(bad)
 
 
-def test_a_sweep_measured_once_decides_nothing_and_derives_nothing(grid):
+def test_a_sweep_measured_once_decides_only_what_clears_min_effect(grid):
+    """One repeat measures no run-to-run variation, so a verdict needs its whole interval beyond
+    +/-min_effect: every k beats off by far at c=1 and c=4 (speculation decided there), no two k are
+    told apart (k is not: the smallest that pays), and at c=16 the neighbours' k was shown worse than
+    off, so the schedule is off there (the truth: k=4, 2, off)."""
     good, _ = grid
     names = list(CONFIGS)
     once = [x for x in primary(good) if x[0].repeat == 1]
     an = analyse(once, "base", SETTINGS, infos(names), ["s"], names)
     [rec] = an.k_recommendations
-    assert rec.action == "undecided" and all(ch.k is None for ch in rec.choices)
-    assert derived_k_servers(an.k_recommendations, CONFIGS, infos(names)) == {}
+    got = {ch.concurrency: (ch.k, ch.how) for ch in rec.choices}
+    assert got == {1: (2, "smallest that pays"), 4: (1, "smallest that pays"), 16: (None, "undecided")}, got
+    assert rec.k_at(1) == 2 and rec.k_at(4) == 1 and rec.k_at(16) == 0
+    assert [c for b in rec.bands for c in b.pinned_at] == [16]
+    assert "at c=16 speculation is off" in rec.text
     md = markdown(an, [], {}, [], [], [])
     assert "undecided" in md.split("## Which k at which load")[1]
 
@@ -194,8 +201,9 @@ def test_verification_of_k_schedules_is_calibrated_over_seeds():
 
 
 def test_a_round_of_the_sequential_design_continues_undecided_k_choices():
-    """Two k that the data cannot tell apart at c=4 after two repeats: the round measures both members
-    again there (and only what continues); decided choices stop."""
+    """Two k that the data cannot tell apart at c=4 after two repeats (both pay: speculation is decided
+    there, k is not): the round measures both members again there (and only what continues); decided
+    choices stop."""
     from specmatch.records import Continuation
     from specmatch.rounds import plan
     from specmatch.sequential import Design
@@ -207,7 +215,7 @@ def test_a_round_of_the_sequential_design_continues_undecided_k_choices():
                  repeats={"min": 2, "max": 3, "min_probability": 0})
     an = analyse(cells, "base", s, infos(names), ["s"], names)
     [rec] = an.k_recommendations
-    undecided = [ch.concurrency for ch in rec.choices if ch.k is None]
+    undecided = [ch.concurrency for ch in rec.choices if ch.candidates]      # k still open
     p = plan(an, Design(2, 3, 0), 2)
     ks = [d for d in p.decisions if d.against is not None]
     assert {d.concurrency for d in ks} == set(undecided)
@@ -215,5 +223,49 @@ def test_a_round_of_the_sequential_design_continues_undecided_k_choices():
         assert d.verdict == Decision.INCONCLUSIVE and d.action == Continuation.CONTINUE
         assert {(c.server, c.concurrency) for c in p.next} >= {(d.server, d.concurrency), (d.against, d.concurrency)}
     assert 4 in undecided, [ch.to_json() for ch in rec.choices]
+    assert next(ch for ch in rec.choices if ch.concurrency == 4).how == "smallest that pays"
     # at the last look nothing continues
     assert all(d.action != Continuation.CONTINUE for d in plan(an, Design(2, 2, 0), 2).decisions)
+
+
+def test_the_report_names_ks_it_cannot_predict_in_one_sentence_and_flags_in_sample_suites(grid):
+    """A k below the smallest measured one has τ but no step cost (never extrapolated): no row of dashes
+    for it, one sentence; a sweep on a suite of seen rows carries the in-sample caveat."""
+    from specmatch import kreport
+    from specmatch.kmodel import KPoint
+    from specmatch.records import Interval
+
+    iv = Interval(1.2, 1.1, 1.3)
+    pts = [KPoint("spec", "s", c, k, None, iv, "rates", None, None, None, None) for k in (1, 2) for c in (1, 16)]
+    pts += [KPoint("spec", "s", 1, 3, "spec@k=3", iv, "rates", iv, "measured", None, iv, ["tokens per step"],
+                   measured=iv, within=True)]
+    text = "\n".join(kreport.points_table(pts))
+    assert text.count("\n| 3 | 1 |") == 1 and "| 1 | 1 |" not in text and "| 2 | 16 |" not in text
+    assert "k=1, k=2: τ is known from the per-position acceptance" in text
+    good, _ = grid
+    names = list(CONFIGS)
+    an = analyse(primary(good), "base", SETTINGS, infos(names), ["s"], names)
+    assert "(in-sample:" in "\n".join(kreport.lines(an, lambda an, r: " verified", {"s"}))
+    assert "(in-sample:" not in "\n".join(kreport.lines(an, lambda an, r: " verified", set()))
+
+
+def test_with_two_recommendation_suites_each_schedule_is_checked_by_its_own_server_only(grid):
+    """`<parent>__recommended` deploys one suite's schedule. Another suite's undecided recommendation is not
+    "not verified" against it, and another suite's schedule says which suite's schedule that server runs."""
+    import copy
+
+    from specmatch.analysis import verify_k_recommendations
+    from specmatch.records import DerivedServer
+
+    good, _ = grid
+    names = list(CONFIGS)
+    an = analyse(primary(good), "base", SETTINGS, infos(names), ["s"], names)
+    [rec] = an.k_recommendations
+    other = copy.deepcopy(rec)
+    other.suite = "t"
+    undecided = copy.deepcopy(rec)
+    undecided.suite, undecided.action = "t", "undecided"
+    derived = {"spec__recommended": DerivedServer(parent="spec", suite="s", config={})}
+    verify_k_recommendations(an, [other, undecided], derived)
+    assert undecided.verified is None
+    assert other.verified.outcome == Outcome.NOT_MEASURED and "decided on `s`" in other.verified.reason

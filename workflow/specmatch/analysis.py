@@ -208,22 +208,47 @@ def verify_recommendations(an: Analysis, recs: list[Recommendation], derived: di
     for r in recs:
         name = r.derived_server or r.measured_by or next(
             (n for n, d in derived.items() if d.parent == r.server and d.suite == r.suite), None) or (
-            r.server + RECOMMENDED if r.server + RECOMMENDED in an.servers else None)
+            r.server + RECOMMENDED if measured_on(an, r.server + RECOMMENDED, r.suite) else None)
         if name and name in an.servers:
             r.verified = verify(an, r, name)
         elif name and r.verified is None:
             r.verified = Verification(name, Outcome.NOT_MEASURED, an.settings.recommend_metric, an.settings.confidence,
                                       min_effect=an.settings.min_effect, reason=f"no cell of `{name}` was measured")
+        elif name is None and r.action in ("schedule", "keep") and not r.as_configured:
+            r.verified = deployed_elsewhere(an, r.server, r.suite, derived) or r.verified
     return recs
+
+
+def deployed_elsewhere(an: Analysis, parent: str, suite: str, derived: dict[str, DerivedServer]) -> Verification | None:
+    """NOT_MEASURED, saying why, for a new deployment decided on `suite` whose `<parent>__recommended`
+    deploys another suite's (one recommended server per server); None where that is not the case."""
+    other = derived.get(parent + RECOMMENDED)
+    if other is None or other.suite == suite:
+        return None
+    return Verification(parent + RECOMMENDED, Outcome.NOT_MEASURED, an.settings.recommend_metric, an.settings.confidence,
+                        min_effect=an.settings.min_effect,
+                        reason=f"one recommended server per server: `{parent + RECOMMENDED}` deploys what was decided "
+                               f"on `{other.suite}`")
+
+
+def measured_on(an: Analysis, server: str, suite: str) -> bool:
+    """Whether `server` has a cell on `suite` (a derived server is measured on its recommendation's suite only)."""
+    return server in an.servers and any(an.measurements.repeats(server, suite, c) for c in an.concurrencies)
 
 
 def verify_k_recommendations(an: Analysis, recs: list, derived: dict[str, DerivedServer]) -> list:
     """Each k schedule's measured check (verify_k) as its `verified` record, by the server that deploys it
-    (`<parent>__recommended`)."""
+    (`<parent>__recommended`). Only a schedule is checked (one k everywhere is a member as measured, off
+    the baseline), and only by a server that deploys this suite's schedule: with several recommendation
+    suites, `<parent>__recommended` deploys one of them."""
     for r in recs:
+        if r.action != "schedule":
+            continue
         name = r.derived_server or next((n for n, d in derived.items() if d.parent == r.parent and d.suite == r.suite),
-                                        None) or (r.parent + RECOMMENDED if r.parent + RECOMMENDED in an.servers else None)
+                                        None) or (r.parent + RECOMMENDED if measured_on(an, r.parent + RECOMMENDED, r.suite)
+                                                  else None)
         if name is None:
+            r.verified = deployed_elsewhere(an, r.parent, r.suite, derived) or r.verified
             continue
         r.derived_server = name
         if name in an.servers:

@@ -45,12 +45,20 @@ same estimator and interval as every verdict, between any two measured servers) 
 - decisively better than every other (pays against each): that k;
 - equivalent (within +/-min_effect) to some and decisively better than the rest: the SMALLEST of it and
   its equivalents (it costs less at higher load, and the difference is one no team would act on);
-- otherwise (inconclusive against some candidate): undecided, with the candidates the data cannot tell
-  from the best (`KChoice.candidates`) and what would decide it.
+- otherwise, where the best pays against the baseline (so k = 0 is not among the candidates the data
+  cannot tell from it, `KChoice.candidates`): whether to speculate is decided, which k is not. The
+  smallest candidate that itself pays against the baseline is deployed (`how` "smallest that pays"):
+  the data cannot rank the candidates, and the smaller costs less at higher load (the tie-break of
+  equivalence). Its verification holds it against the other candidates too (references). Deploying
+  off here would run the one option every candidate was shown to beat;
+- otherwise (inconclusive against some candidate, off among them): undecided, with the candidates the
+  data cannot tell from the best (`KChoice.candidates`) and what would decide it.
 
 Asking the best to beat every candidate (not only the runner-up by point estimate) is an
 intersection-union test: calling k best when it is not (by more than min_effect) has probability at
-most alpha at each concurrency, with no multiplicity correction.
+most alpha at each concurrency, with no multiplicity correction. "Smallest that pays" claims only that
+its k beats off (one test at alpha: speculating where off is as good has probability at most alpha)
+and that no candidate was shown better than it.
 
 **Bands** (bands). Batch sizes 1..max_batch, from the decided concurrencies only (as
 deployment.on_per_batch does for on/off). Between two decided concurrencies whose k differ, the switch
@@ -59,7 +67,9 @@ points; for k = 0 the curve is 1): the generalisation of today's on/off switch a
 Where they do not cross inside the bracket (an equivalence choice: the smaller k was chosen though its
 point estimate was lower), the switch is the geometric mean of the two concurrencies (the midpoint in
 log space). Undecided concurrencies between decided ones do not move it (the band lists them in
-`undecided_at`). Below the first decided concurrency its k holds, above the last decided one its k
+`undecided_at`), unless the k it gives them is one the data excluded there (decisively worse than
+their best): then they are pinned to off, a candidate of every undecided concurrency, and count as
+decided points (`pinned_at`), so no band deploys a k its own measurements ruled out. Below the first decided concurrency its k holds, above the last decided one its k
 holds up to the largest measured concurrency. Beyond the measured concurrencies nothing was measured:
 batch sizes above the largest (and below the smallest, where it is not 1) form bands of their own
 (`KBand.extrapolated` = "above" / "below"), the record's `extrapolated_above` / `extrapolated_below`
@@ -125,9 +135,10 @@ class KChoice(Record):
     metric: str
     k: Optional[int]                            # the chosen k (0: off); None: undecided
     server: Optional[str]                       # the server that runs it (the baseline for 0)
-    how: str                                    # best | smallest equivalent | undecided | none (nothing to compare)
+    how: str                                    # best | smallest equivalent | smallest that pays | undecided | none
     best: Optional[int]                         # the k with the largest estimated speedup
-    candidates: list = field(default_factory=list)   # undecided: the k the data cannot tell from the best
+    candidates: list = field(default_factory=list)   # undecided / smallest that pays: the k the data cannot tell
+                                                     # from the best (the best among them)
     equivalent: list = field(default_factory=list)   # k within +/-min_effect of the best
     speedups: dict = field(default_factory=dict)     # str(k) -> {speedup, lo, hi, verdict} against the baseline
     pairwise: list[Verdict] = field(default_factory=list)  # the best against every other candidate
@@ -143,6 +154,8 @@ class KBand(Record):
     k: int
     decided_at: list = field(default_factory=list)    # decided concurrencies inside the band
     undecided_at: list = field(default_factory=list)  # measured but undecided concurrencies inside it
+    pinned_at: list = field(default_factory=list)     # undecided ones whose neighbours' k the data excluded there:
+                                                      # pinned to off (bands)
     boundary: str = "start"                     # how lo was placed: start | crossover | geometric mean | measured range
     extrapolated: Optional[str] = None          # "above" / "below": beyond the largest / under the smallest measured
                                                 # concurrency (not measured there)
@@ -404,12 +417,17 @@ def best_k(m: Measurements, rr: RunToRun, parent: str, ks: dict[int, str], basel
             loses.append(j)
     choice.equivalent = sorted(equivalent)
     if inconclusive or loses:
-        choice.how = "undecided"
         choice.candidates = sorted({best, *inconclusive, *loses, *equivalent})
         open_ = sorted(inconclusive + loses)
         why = next((v.decide for v in choice.pairwise if v.verdict == Decision.INCONCLUSIVE and v.decide), None)
         choice.decide = (f"k={best} against k={', '.join(map(str, open_))}: "
                          + (why or "the paired comparison contradicts the order of the estimates"))
+        paying = [j for j in choice.candidates if j > 0 and (choice.speedups.get(str(j)) or {}).get("verdict")
+                  == Decision.PAYS.value]
+        if 0 not in choice.candidates and paying:   # speculation decided, k not: the smallest that pays
+            choice.k, choice.server, choice.how = paying[0], servers[paying[0]], "smallest that pays"
+        else:
+            choice.how = "undecided"
         return choice, cmps
     k = min([best, *equivalent])
     choice.k, choice.server = k, servers[k]
@@ -444,19 +462,11 @@ def _switch(cmps_by_c: dict, lo: int, hi: int, ka: int, kb: int) -> tuple[float,
     return math.sqrt(lo * hi), "geometric mean"
 
 
-def bands(choices: list[KChoice], cmps_by_c: dict, max_batch: int, beyond: str = "extend") -> list[KBand]:
-    """Batch bands 1..max_batch with their k, from the decided concurrencies (module docstring).
-    `beyond`: "extend" (the last decided k holds above the largest measured concurrency, flagged) or
-    "off" (k = 0 there). Empty where no concurrency is decided."""
-    if beyond not in ("extend", "off"):
-        raise ValueError(f"beyond: 'extend' or 'off', not {beyond!r}")
-    dec = {ch.concurrency: ch.k for ch in choices if ch.k is not None}
-    undecided = sorted(ch.concurrency for ch in choices if ch.k is None)
-    if not dec:
-        return []
+def _per_batch(dec: dict[int, int], top: int, cmps_by_c: dict, max_batch: int, beyond: str
+               ) -> tuple[list[int], dict]:
+    """The k at every batch size 1..max_batch from decided concurrencies `dec` (c -> k), and the
+    switches between neighbours whose k differ ((lo, hi) -> (where, how))."""
     known = sorted(dec)
-    top = max(ch.concurrency for ch in choices)
-    bottom = min(ch.concurrency for ch in choices)
     switches = {}
     for a, b in zip(known, known[1:]):
         if dec[a] != dec[b]:
@@ -465,8 +475,7 @@ def bands(choices: list[KChoice], cmps_by_c: dict, max_batch: int, beyond: str =
     for b in range(1, max_batch + 1):
         if b > top:
             per_batch.append(dec[known[-1]] if beyond == "extend" else 0)
-            continue
-        if b <= known[0]:
+        elif b <= known[0]:
             per_batch.append(dec[known[0]])
         elif b >= known[-1]:
             per_batch.append(dec[known[-1]])
@@ -478,6 +487,38 @@ def bands(choices: list[KChoice], cmps_by_c: dict, max_batch: int, beyond: str =
             else:
                 x, _ = switches[(lo, hi)]
                 per_batch.append(dec[lo] if b < x else dec[hi])
+    return per_batch, switches
+
+
+def bands(choices: list[KChoice], cmps_by_c: dict, max_batch: int, beyond: str = "extend") -> list[KBand]:
+    """Batch bands 1..max_batch with their k, from the decided concurrencies (module docstring).
+    `beyond`: "extend" (the last decided k holds above the largest measured concurrency, flagged) or
+    "off" (k = 0 there). Empty where no concurrency is decided.
+
+    An undecided concurrency takes the k its decided neighbours give it, unless that k is not among
+    its candidates (the data showed it worse than the best there): then it is pinned to off, always
+    a candidate of an undecided concurrency (were off shown worse, the best would pay and the choice
+    would be "smallest that pays"), else to its smallest candidate; and the bands are drawn again
+    with it as a decided point (`KBand.pinned_at`)."""
+    if beyond not in ("extend", "off"):
+        raise ValueError(f"beyond: 'extend' or 'off', not {beyond!r}")
+    dec = {ch.concurrency: ch.k for ch in choices if ch.k is not None}
+    if not dec:
+        return []
+    top = max(ch.concurrency for ch in choices)
+    bottom = min(ch.concurrency for ch in choices)
+    pinned: list[int] = []
+    while True:
+        per_batch, switches = _per_batch(dec, top, cmps_by_c, max_batch, beyond)
+        clash = next((ch for ch in sorted(choices, key=lambda ch: ch.concurrency)
+                      if ch.concurrency not in dec and ch.candidates and ch.concurrency <= max_batch
+                      and per_batch[ch.concurrency - 1] not in ch.candidates), None)
+        if clash is None:
+            break
+        dec[clash.concurrency] = 0 if 0 in clash.candidates else min(clash.candidates)
+        pinned.append(clash.concurrency)
+    known = sorted(dec)
+    undecided = sorted(ch.concurrency for ch in choices if ch.concurrency not in dec)
     out: list[KBand] = []
     for b, k in enumerate(per_batch, 1):
         ext = "above" if b > top else "below" if b < bottom else None
@@ -493,8 +534,9 @@ def bands(choices: list[KChoice], cmps_by_c: dict, max_batch: int, beyond: str =
             why = switches[pair][1] if pair else "measured range"
         out.append(KBand(b, b, k, boundary=why, extrapolated=ext))
     for band in out:
-        band.decided_at = [c for c in known if band.lo <= c <= band.hi]
-        band.undecided_at = [c for c in undecided if band.lo <= c <= band.hi]
+        band.decided_at = [c for c in known if band.lo <= c <= band.hi and c not in pinned]
+        band.undecided_at = sorted(c for c in undecided + pinned if band.lo <= c <= band.hi)
+        band.pinned_at = [c for c in sorted(pinned) if band.lo <= c <= band.hi]
     return out
 
 
@@ -588,9 +630,16 @@ def recommend(m: Measurements, rr: RunToRun, info: ServerInfo, parent: str, ks: 
     bottom = min(ch.concurrency for ch in choices)
     if bottom > 1:
         rec.extrapolated_below = bottom
-    undecided = [ch for ch in choices if ch.k is None]
+    pinned = {c for b in bs for c in b.pinned_at}
+    undecided = [ch for ch in choices if ch.k is None and ch.concurrency not in pinned]
     und_text = "; ".join(f"undecided at c={ch.concurrency} between k={', '.join(map(str, ch.candidates))}"
                          for ch in undecided)
+    pin_text = "; ".join(f"at c={ch.concurrency} speculation is off: undecided between "
+                         f"k={', '.join(map(str, ch.candidates))}, and the k the neighbouring bands run "
+                         "was shown worse than the best there" for ch in choices if ch.concurrency in pinned)
+    part_text = "; ".join(f"at c={ch.concurrency} speculation pays but k is undecided between "
+                          f"k={', '.join(map(str, ch.candidates))}: k={ch.k}, the smallest that pays"
+                          for ch in choices if ch.how == "smallest that pays")
     if not bs:
         rec.text = "no recommendation: no concurrency is decided" + (f" ({und_text})" if und_text else "")
         return rec
@@ -619,6 +668,10 @@ def recommend(m: Measurements, rr: RunToRun, info: ServerInfo, parent: str, ks: 
             rec.sglang = sglang_deployment(info, bs)
             if rec.sglang.get("mechanism"):
                 rec.speculative = rec.sglang["speculative"]
+    if part_text:
+        rec.text += f"; {part_text}"
+    if pin_text:
+        rec.text += f"; {pin_text}"
     if und_text:
         rec.text += f"; {und_text} (the bands follow the decided concurrencies)"
     if rec.extrapolated_above is not None:
@@ -639,8 +692,9 @@ def references(rec: KRecommendation, ks: dict[int, str], baseline: str, concurre
     """What `<parent>__recommended` is checked against at each measured concurrency, fixed by the
     schedule before its cells are seen (deployment.Reference): the member that runs the band's k there
     as measured (the baseline for k = 0). Where the choice at c was not decided (undecided at c, so the
-    band's k there follows the neighbouring decided concurrencies), the other candidates the data could
-    not tell apart are alternatives: a cost must show against each of them too."""
+    band's k there follows the neighbouring decided concurrencies; or "smallest that pays", where k was
+    not decided), the other candidates the data could not tell apart are alternatives: a cost must show
+    against each of them too."""
     choices = {ch.concurrency: ch for ch in rec.choices}
     out = {}
     for c in concurrencies:
@@ -654,7 +708,7 @@ def references(rec: KRecommendation, ks: dict[int, str], baseline: str, concurre
             continue
         ch = choices.get(c)
         alts = ()
-        if ch is not None and ch.k is None:
+        if ch is not None and ch.candidates:
             alts = tuple(n for n in ((baseline if j == 0 else ks.get(j)) for j in ch.candidates) if n and n != server)
         out[c] = Reference(server, None, alts)
     return out

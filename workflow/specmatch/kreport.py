@@ -31,7 +31,8 @@ def _ks(rec: KRecommendation) -> list[int]:
 
 def _choice_cell(ch) -> str:
     if ch.k is not None:
-        return f"**k={ch.k}**" + ("" if ch.how == "best" else f" ({ch.how})")
+        among = f" of k={', '.join(map(str, ch.candidates))}" if ch.candidates else ""
+        return f"**k={ch.k}**" + ("" if ch.how == "best" else f" ({ch.how}{among})")
     if ch.candidates:
         return f"undecided (k={', '.join(map(str, ch.candidates))})"
     return "—"
@@ -60,14 +61,21 @@ def band_text(rec: KRecommendation) -> str:
         how = {"crossover": "from the crossing of the two k's speedup curves",
                "geometric mean": "at the geometric mean of the two concurrencies (the curves do not cross)"
                }.get(b.boundary)
+        pinned = ", ".join(f"c={c}" for c in b.pinned_at)
         parts.append(f"batch {span}: **{'off' if b.k == 0 else f'k={b.k}'}**"
                      + (f" (starts {how})" if how and b.lo > 1 else "")
+                     + (f" (off at {pinned}: undecided there, and the neighbouring k was shown worse)" if pinned else "")
                      + (f" (extrapolated {b.extrapolated} the measured concurrencies)" if b.extrapolated else ""))
     return "; ".join(parts)
 
 
 def points_table(points: list[KPoint]) -> list[str]:
-    """Predicted against measured TPOT speedup per k and concurrency (the model is checked, not trusted)."""
+    """Predicted against measured TPOT speedup per k and concurrency (the model is checked, not trusted).
+    A k the model cannot predict and nobody measured (below the smallest measured k: the step cost is
+    never extrapolated) gets one sentence, not a row of dashes."""
+    blank = sorted({p.k for p in points if p.predicted is None and p.measured is None})
+    blank = [k for k in blank if all(p.predicted is None and p.measured is None for p in points if p.k == k)]
+    points = [p for p in points if p.k not in blank]
     if not points:
         return []
     lines = ["| k | c | τ used (tokens/step) | ρ used (plain steps/step) | predicted TPOT speedup | measured | "
@@ -80,22 +88,32 @@ def points_table(points: list[KPoint]) -> list[str]:
         lines.append(f"| {p.k} | {p.concurrency} | {_iv(p.tokens_per_step)} ({p.tau_from or '—'}) | "
                      f"{_iv(p.step_cost)} ({rho_from}) | {_iv(p.predicted)} | {_iv(p.measured)} | {within} | "
                      f"{', '.join(p.held_out) or 'nothing'}" + (f" ({p.note})" if p.note else "") + " |")
+    if blank:
+        ks = ", ".join(f"k={k}" for k in blank)
+        lines += ["", f"{ks}: τ is known from the per-position acceptance, but the step cost was neither measured nor "
+                      "lies between two measured k, and it is not extrapolated: no prediction (add the value to the "
+                      "sweep to have one)."]
     return lines
 
 
-def lines(an, verification_text) -> list[str]:
+def lines(an, verification_text, seen: set | None = None) -> list[str]:
     """The section: per sweep and suite, the k x c table, the bands, the deployment, its verification
-    (rendered by summary.verification_text) and predicted vs measured."""
+    (rendered by summary.verification_text) and predicted vs measured. `seen`: suites drawn only from
+    rows the drafter trained on (their schedule is flagged: acceptance there overstates unseen traffic's)."""
     if not an.k_recommendations:
         return []
     out = ["## Which k at which load", "",
            f"Each k of a sweep against the baseline on {LABEL.get(an.settings.recommend_metric, 'throughput')} "
            f"({an.settings.confidence:.0%} intervals). The best k at a concurrency is decided only where the data "
            "decide it: better than every other candidate (off included), or equivalent within "
-           f"±{an.settings.min_effect:.0%} to the best (then the smaller k); otherwise undecided. Bands switch where "
+           f"±{an.settings.min_effect:.0%} to the best (then the smaller k); where the best pays against the baseline "
+           "but the data cannot tell it from another k, speculation is decided and k is not: the smallest k that "
+           "pays is deployed (\"smallest that pays\"), checked against the others; otherwise undecided. Bands switch where "
            "the two k's measured speedup curves cross."]
     for rec in an.k_recommendations:
-        out += ["", f"**{rec.parent}** on `{rec.suite}`:", ""] + table(rec)
+        flag = (" (in-sample: no prompt is held out of the drafter's training rows, so acceptance here can "
+                "overstate what unseen traffic gets; deploy what held-out rows decide)") if rec.suite in (seen or ()) else ""
+        out += ["", f"**{rec.parent}** on `{rec.suite}`{flag}:", ""] + table(rec)
         out += ["", f"- Bands: {band_text(rec) or 'none (nothing decided)'}.",
                 f"- Recommendation ({rec.action}): {rec.text}."]
         if rec.vllm_schedule:
@@ -109,9 +127,12 @@ def lines(an, verification_text) -> list[str]:
             out.append(f"- The recommended deployment is one already measured (the baseline `{an.baseline}`).")
         if rec.verified is not None:
             out.append("-" + verification_text(an, rec))
-        undecided = [ch for ch in rec.choices if ch.k is None and ch.decide]
-        for ch in undecided:
-            out.append(f"- Undecided at c={ch.concurrency}: {ch.decide}.")
+        for ch in rec.choices:
+            if ch.decide and ch.k is None:
+                out.append(f"- Undecided at c={ch.concurrency}: {ch.decide}.")
+            elif ch.decide:
+                out.append(f"- k undecided at c={ch.concurrency} (speculation pays with each candidate; k={ch.k}, "
+                           f"the smallest that pays, is deployed): {ch.decide}.")
         pts = [p for p in an.k_points if (p.parent, p.suite) == (rec.parent, rec.suite)]
         if pts:
             out += ["", "Predicted against measured TPOT speedup (τ from the largest k's per-position acceptance, ρ the "

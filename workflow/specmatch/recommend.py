@@ -104,6 +104,8 @@ def derived_servers(recs: list[Recommendation], configs: dict, infos: dict[str, 
             r.measured_by = twin
             continue
         name = r.server + SUFFIX
+        if name in out:   # one recommended server per server: the first recommendation suite's deployment
+            continue
         out[name] = DerivedServer(parent=r.server, suite=r.suite, config=config)
         r.derived_server = name
     return out

@@ -67,15 +67,16 @@ def plan(an: Analysis, design: Design, round_: int) -> RoundPlan:
 
 
 def k_choices(an: Analysis, design: Design, round_: int) -> list[RoundDecision]:
-    """The k sweeps' undecided choices (kmodel.best_k) measured in round `round_`: each inconclusive
-    comparison of the best k's member against another candidate continues (both servers get another
-    repeat at that suite and concurrency) where the remaining repeats likely decide it, by the same
-    rule and levels as every configuration."""
+    """The k sweeps' undecided choices (kmodel.best_k) measured in round `round_`, the ones where only
+    k is open ("smallest that pays") included: each inconclusive comparison of the best k's member
+    against another candidate continues (both servers get another repeat at that suite and
+    concurrency) where the remaining repeats likely decide it, by the same rule and levels as every
+    configuration."""
     metric = an.settings.recommend_metric
     out = []
     for rec in an.k_recommendations:
         for ch in rec.choices:
-            if ch.k is not None:
+            if not ch.candidates:   # decided (or nothing to compare)
                 continue
             for v in ch.pairwise:
                 if v.verdict != Decision.INCONCLUSIVE or v.repeats != round_ or v.speedup is None:

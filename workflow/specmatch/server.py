@@ -198,7 +198,7 @@ class Manager:
         return self._start(name, server_cfg, engine, chash, max_batch, log_path, session)
 
     def _start(self, name, server_cfg, engine, chash, max_batch, log_path, session) -> Attached:
-        engine.validate()  # what needs the engine's own code: before anything is allocated
+        engine.validate(self.dir)  # what needs the engine's own code: before anything is allocated
         host = server_cfg.get("host", "127.0.0.1")
         port = server_cfg.get("port") or free_port(host)
         plan: LaunchPlan = engine.launch_plan(port=port, max_batch=max_batch)

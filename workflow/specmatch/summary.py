@@ -498,7 +498,8 @@ def markdown(an: Analysis, recs: list[Recommendation], verified: dict, matches: 
         lines += [""] + why
     if recs:
         lines += ["", "## Recommendation", ""] + recommendation_lines(an, recs, verified, attrs)
-    ksweep = kreport.lines(an, verification_text)
+    seen = {m.suite for m in matches if m.kind == "training" and m.holdout_share == 0}
+    ksweep = kreport.lines(an, verification_text, seen)
     if ksweep:
         lines += [""] + ksweep
     lines += ["", "## Speculation configured but off", ""] + off_lines(an)

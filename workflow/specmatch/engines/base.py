@@ -4,6 +4,7 @@ from __future__ import annotations
 import re
 import sys
 from dataclasses import dataclass, field
+from pathlib import Path
 
 from ..files import SpecmatchError
 from ..records import Acceptance, CellAcceptance
@@ -89,8 +90,9 @@ class Engine:
     def launch_plan(self, port: int, max_batch: int) -> LaunchPlan:
         raise NotImplementedError
 
-    def validate(self) -> None:
-        """Checks that need the engine's own code, run once before a server starts (not per cell)."""
+    def validate(self, cache_dir: Path | None = None) -> None:
+        """Checks that need the engine's own code, run once before a server starts (not per cell);
+        `cache_dir` (the server state folder) may keep what they read of the engine's code."""
 
     def served_model(self) -> str:
         return self.cfg.get("served_model_name") or self.cfg.get("model") or ""

@@ -16,16 +16,52 @@ import subprocess
 from pathlib import Path
 
 from ..metrics import parse_prometheus
-from ..files import SpecmatchError
+from ..files import SpecmatchError, read_json, stable_hash, write_json
 from ..records import Acceptance, CellAcceptance
 from .base import Engine, LaunchPlan
 
 DEFAULT_MAX_NUM_SEQS = 256
 
 
+def _speculative_source(python: str) -> Path | None:
+    """vLLM's speculative config module in the environment of `python` (a venv or conda layout), or
+    None where it is not found there."""
+    root = Path(python).parent.parent
+    for pattern in ("lib/python3*/site-packages/vllm/config/speculative.py",
+                    "Lib/site-packages/vllm/config/speculative.py"):
+        found = sorted(root.glob(pattern))
+        if found:
+            return found[0]
+    return None
+
+
+def speculative_fields(python: str, cache_dir: Path | None = None) -> tuple[str | None, frozenset | None, str]:
+    """(vLLM version, SpeculativeConfig's field names, error) in a server's python.
+
+    Reading them imports vLLM in that python (about 10 s on 2 cores), once per server launch; with
+    `cache_dir` (the server state folder) the answer is kept, keyed by the interpreter and the size and
+    modification time of vLLM's own speculative config module, so an upgrade or an edit of that
+    module reads it again. Without that module where a venv keeps it, nothing is cached."""
+    src = _speculative_source(python) if cache_dir is not None else None
+    key = None
+    if src is not None:
+        st = src.stat()
+        key = stable_hash([str(Path(python).absolute()), str(src), st.st_size, st.st_mtime_ns])
+        cached = Path(cache_dir) / f"vllm-speculative-fields-{key}.json"
+        try:
+            version, fields = read_json(cached)
+            return version, frozenset(fields), ""
+        except (FileNotFoundError, SpecmatchError, ValueError, TypeError):
+            pass
+    version, fields, error = _read_speculative_fields(python)
+    if key is not None and fields is not None:
+        write_json(Path(cache_dir) / f"vllm-speculative-fields-{key}.json", [version, sorted(fields)])
+    return version, fields, error
+
+
 @functools.lru_cache(maxsize=8)
-def speculative_fields(python: str) -> tuple[str | None, frozenset | None, str]:
-    """(vLLM version, SpeculativeConfig's field names, error) in a server's python."""
+def _read_speculative_fields(python: str) -> tuple[str | None, frozenset | None, str]:
+    """speculative_fields, read by importing vLLM in `python`."""
     code = ("import dataclasses, json, importlib.metadata as m\n"
             "from vllm.config import SpeculativeConfig\n"
             "v = None\n"
@@ -83,10 +119,12 @@ class VLLMEngine(Engine):
             # -O0: start-up 33 s instead of ~140 s for the same throughput (measured, engines.md).
             argv += ["-O0", "--max-model-len", "2048"]
             env["VLLM_CPU_KVCACHE_SPACE"] = "4"
-            # The engine core in the API server's process, not a second one: on 2 cores the two
-            # processes compete for the cores. Measured side by side (SmolLM2-135M, float32, 16
-            # prompts x 32 tokens): ready in 29 s instead of 42 s; c=1/4/16 17.2/53.0/94.0 tok/s
-            # instead of 13.8/37.1/58.6. The `env` key overrides it.
+            # The model worker inside the engine core's process (vLLM CPU's "uni" executor), not a
+            # third process (its "mp" executor, which vLLM CPU picks when this is 1): on 2 cores the
+            # processes compete for the cores. The API server and the engine core stay two processes
+            # (an asyncio server always runs its engine core in a process of its own). Measured side
+            # by side (SmolLM2-135M, float32, 16 prompts x 32 tokens): ready in 29 s instead of 42 s;
+            # c=1/4/16 17.2/53.0/94.0 tok/s instead of 13.8/37.1/58.6. The `env` key overrides it.
             env["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
             iomp = Path(self.python()).resolve().parent.parent / "lib" / "libiomp5.so"
             venv_iomp = Path(self.python()).parent.parent / "lib" / "libiomp5.so"
@@ -98,7 +136,7 @@ class VLLMEngine(Engine):
         env.update(self.user_env())
         return LaunchPlan(argv=argv, env=env, host=host, port=port)
 
-    def validate(self) -> None:
+    def validate(self, cache_dir: Path | None = None) -> None:
         """Before a server starts: every key of the speculative config is one this vLLM reads. A key
         it does not know (e.g. a schedule under a name from another release: an open proposal renames
         num_speculative_tokens_per_batch_size to speculative_token_schedule) would make vLLM refuse
@@ -106,7 +144,7 @@ class VLLMEngine(Engine):
         spec = self.cfg.get("speculative")
         if not spec:
             return
-        version, fields, error = speculative_fields(self.python())
+        version, fields, error = speculative_fields(self.python(), cache_dir)
         if fields is None:
             raise SpecmatchError(f"servers: cannot read vLLM's speculative config in {self.python()}: {error}")
         unknown = sorted(set(spec) - fields)
