@@ -104,9 +104,9 @@ def test_the_default_workflow_measures_the_controls_and_the_long_control(tmp_pat
     counts = job_counts(out)
     assert counts["launch"] == 8 and counts["prompts"] == 4
     # baseline 4 suites, the eagle3 sweep's two members 4 each, its control (of its largest k) on the two
-    # recommendation suites; x 3 concurrencies x 2 repeats (the sequential design's minimum; the round
+    # recommendation suites; x 2 concurrencies x 2 repeats (the sequential design's minimum; the round
     # after them adds a third repeat where verdicts stay open)
-    assert counts["cell"] == (4 + 4 + 4 + 2) * 3 * 2 and counts["sequential_round"] == 1
+    assert counts["cell"] == (4 + 4 + 4 + 2) * 2 * 2 and counts["sequential_round"] == 1
     assert "results/cells/eagle3@k=5__off/train_holdout/r2/c16.json" in out
     assert "results/cells/eagle3@k=5__off/train_mix/r1/c1.json" in out and "eagle3@k=3__off" not in out
     assert "results/cells/eagle3@k=3/generic/r2/c16.json" in out
