@@ -190,10 +190,10 @@ P, L, I = Decision.PAYS, Decision.LOSES, Decision.INCONCLUSIVE
 
 
 @pytest.mark.parametrize("vs_base, best_vs_other, want", [
-    # both pay, the two cannot be told apart: speculate (decided), k not: the smaller that pays
-    ({2: (1.30, P), 4: (1.40, P)}, (1.08, I), (2, "smallest that pays", [2, 4])),
-    # the best pays, the other k cannot be told from it but not from off either: the best is the one that pays
-    ({2: (1.10, I), 4: (1.40, P)}, (1.27, I), (4, "smallest that pays", [2, 4])),
+    # both pay, the two cannot be told apart: speculate (decided), k not: the best estimate
+    ({2: (1.30, P), 4: (1.40, P)}, (1.08, I), (4, "pays, k open", [2, 4])),
+    # the best pays, the other k cannot be told from it nor from off: speculate with the best
+    ({2: (1.10, I), 4: (1.40, P)}, (1.27, I), (4, "pays, k open", [2, 4])),
     # the best does not pay: off is among the candidates, nothing is decided
     ({2: (1.02, I), 4: (1.06, I)}, (1.04, I), (None, "undecided", [0, 2, 4])),
     # the best pays and beats the other k: decided as before
@@ -212,38 +212,39 @@ def test_speculation_decided_and_k_not(monkeypatch, vs_base, best_vs_other, want
         table[(f"spec@k={best}", "base")] = vs_base[best]
     ch = scripted_choice(monkeypatch, table)
     assert (ch.k, ch.how, ch.candidates) == want, ch.to_json()
-    if ch.how == "smallest that pays":
+    if ch.how == "pays, k open":
         assert ch.server == f"spec@k={ch.k}" and ch.decide.startswith("k=4 against k=2")
 
 
-def test_a_band_where_speculation_pays_with_every_k_speculates_with_the_smallest():
-    """Both k pay at c=1 by about 1.6-1.7x and the data cannot rank them; off is best at c=16. Before, the
-    undecided c=1 took c=16's off (the one option both k were shown to beat there); now c=1 deploys the
-    smaller k, and the verification holds that band against the other k as well."""
+def test_a_band_where_speculation_pays_but_k_is_open_speculates_with_the_best_estimate():
+    """Both k pay at c=1 (k=4 truly about 8% faster) and the data cannot rank them; off is best at c=16.
+    Before, the undecided c=1 took c=16's off (the one option both k were shown to beat there); now c=1
+    deploys the best estimate, and its verification calls a cost there only against both k."""
     from specmatch.kmodel import references
 
     rho = {2: {1: 1.10, 16: 3.5}, 4: {1: 1.16, 16: 5.0}}
-    cells = sweep_cells(2, rho, concurrencies=(1, 16), repeats=2, session_sd=0.04, cell_sd=0.03)
+    cells = sweep_cells(3, rho, concurrencies=(1, 16), repeats=2, session_sd=0.04, cell_sd=0.03)
     m = Measurements.of(cells, Settings(**SETTINGS))
     rr = run_to_run(m)
     ks = members("spec", m.servers())
     rec = recommend(m, rr, info(32), "spec", ks, "base", "s", m.settings)
     c1, c16 = rec.choices
-    assert (c1.k, c1.how, c1.candidates) == (2, "smallest that pays", [2, 4]), c1.to_json()
+    assert (c1.k, c1.how, c1.candidates) == (4, "pays, k open", [2, 4]), c1.to_json()
+    assert c1.speedups["4"]["speedup"] > c1.speedups["2"]["speedup"] > 1
     assert {x["verdict"] for k, x in c1.speedups.items() if k != "0"} == {"pays"}
     assert (c16.k, c16.how) == (0, "best")
-    assert rec.action == "schedule" and rec.vllm_schedule[0][2] == 2 and rec.vllm_schedule[-1][1:] == [32, 0]
-    assert "k is undecided between k=2, 4: k=2, the smallest that pays" in rec.text
+    assert rec.action == "schedule" and rec.vllm_schedule[0][2] == 4 and rec.vllm_schedule[-1][1:] == [32, 0]
+    assert "k is undecided between k=2, 4: k=4, the best estimate, is deployed" in rec.text
     refs = references(rec, ks, "base", [1, 16])
-    assert refs[1].server == "spec@k=2" and refs[1].alternatives == ("spec@k=4",)
+    assert refs[1].server == "spec@k=4" and refs[1].alternatives == ("spec@k=2",)
     assert refs[16].server == "base" and refs[16].alternatives == ()
 
 
 @pytest.mark.slow  # 100 simulated sweeps, about 30 s
 def test_speculating_where_every_k_is_as_good_as_off_is_rare():
-    """The null: k=2 and k=4 as fast as the baseline at c=1 (step cost = tokens per step). Choosing the
-    best of two k and deploying it where it pays is a selection (at most 2 alpha by Bonferroni); with the
-    baseline shared by both comparisons it stays near alpha (measured: 3% of 160 at 90%)."""
+    """The null: k=2 and k=4 as fast as the baseline at c=1 (step cost = tokens per step). The best of two
+    k is a selection, so it must pay at alpha / 2 (Bonferroni): a false "speculate" then stays under
+    alpha / 2 = 5% one-sided (at the plain level it was 6.5% of 400 in an independent audit)."""
     rho = {2: {1: 1.92}, 4: {1: 2.24}}
     calls, speedups = 0, []
     for seed in range(100, 200):
@@ -254,7 +255,7 @@ def test_speculating_where_every_k_is_as_good_as_off_is_rare():
         speedups += [x["speedup"] for k, x in ch.speedups.items() if k != "0"]
     import statistics
     assert 0.95 < statistics.geometric_mean(speedups) < 1.02     # the null holds in the simulation
-    assert calls <= 10, calls
+    assert calls <= 6, calls
 
 
 # -- bands and schedules, every pattern ---------------------------------------------------------------
@@ -273,23 +274,33 @@ def test_bands_without_crossings_switch_at_the_geometric_mean():
 
 
 def test_an_undecided_concurrency_never_runs_a_k_its_data_excluded():
-    """c=4 undecided between off and k=2 (k=4 shown worse there): the neighbours' k=4 would run at c=4, so
-    it is pinned to off and the bands are drawn around it; where the neighbours' k is a candidate, nothing
-    moves."""
+    """c=4 undecided between off and k=2, k=4 shown worse there: the neighbours' k=4 would run at c=4, so it
+    is pinned to off and the bands are drawn around it. Nothing moves where the neighbours' k is a
+    candidate, or has no figure there (never measured, or its cells failed: that excludes nothing); where
+    some k pays against off there, the pin runs it instead of off."""
     def at(dec, und):
         out = choices(dec)
-        out += [KChoice("spec", "s", c, "output_throughput", None, None, "undecided", None, cands) for c, cands in und]
+        for c, cands, speedups in und:
+            ch = KChoice("spec", "s", c, "output_throughput", None, None, "undecided", None, cands)
+            ch.speedups = {str(k): {"speedup": x, "verdict": v} for k, (x, v) in speedups.items()}
+            out.append(ch)
         return sorted(out, key=lambda ch: ch.concurrency)
 
-    bs = bands(at({1: 4, 16: 4}, [(4, [0, 2])]), {}, 16)
+    measured = {2: (1.05, "inconclusive"), 4: (0.9, "inconclusive")}
+    bs = bands(at({1: 4, 16: 4}, [(4, [0, 2], measured)]), {}, 16)
     assert [(b.lo, b.hi, b.k) for b in bs] == [(1, 1, 4), (2, 7, 0), (8, 16, 4)]   # geometric means 2 and 8
     assert bs[1].pinned_at == [4] and bs[1].undecided_at == [4] and bs[1].decided_at == []
     ranges, spec = vllm_deployment({"method": "ngram"}, bs, 16)
     assert ranges == [[1, 1, 4], [2, 7, 0], [8, 16, 4]] and spec["num_speculative_tokens"] == 4
-    kept = bands(at({1: 4, 16: 4}, [(4, [0, 4])]), {}, 16)
+    kept = bands(at({1: 4, 16: 4}, [(4, [0, 4], measured)]), {}, 16)
     assert [(b.lo, b.hi, b.k) for b in kept] == [(1, 16, 4)] and kept[0].pinned_at == []
+    unmeasured = bands(at({1: 4, 16: 4}, [(4, [0, 2], {2: (1.05, "inconclusive")})]), {}, 16)
+    assert [(b.lo, b.hi, b.k) for b in unmeasured] == [(1, 16, 4)] and unmeasured[0].pinned_at == []
+    paying = {1: (1.3, "pays"), 2: (1.4, "inconclusive"), 4: (0.9, "loses")}
+    to_k1 = bands(at({1: 4, 16: 4}, [(4, [0, 2], paying)]), {}, 16)
+    assert [b.k for b in to_k1] == [4, 1, 4] and to_k1[1].pinned_at == [4]
     # the last decided k no longer extends over an undecided top concurrency that excluded it
-    top = bands(at({1: 2}, [(16, [0, 4])]), {}, 32)
+    top = bands(at({1: 2}, [(16, [0, 4], {2: (0.8, "loses"), 4: (0.97, "inconclusive")})]), {}, 32)
     assert [(b.lo, b.hi, b.k) for b in top] == [(1, 3, 2), (4, 16, 0), (17, 32, 0)] and top[1].pinned_at == [16]
 
 

@@ -45,20 +45,22 @@ same estimator and interval as every verdict, between any two measured servers) 
 - decisively better than every other (pays against each): that k;
 - equivalent (within +/-min_effect) to some and decisively better than the rest: the SMALLEST of it and
   its equivalents (it costs less at higher load, and the difference is one no team would act on);
-- otherwise, where the best pays against the baseline (so k = 0 is not among the candidates the data
-  cannot tell from it, `KChoice.candidates`): whether to speculate is decided, which k is not. The
-  smallest candidate that itself pays against the baseline is deployed (`how` "smallest that pays"):
-  the data cannot rank the candidates, and the smaller costs less at higher load (the tie-break of
-  equivalence). Its verification holds it against the other candidates too (references). Deploying
-  off here would run the one option every candidate was shown to beat;
+- otherwise, where the best pays against the baseline at the Bonferroni level over the K speculative
+  k measured there (alpha / K: any of them could have come out best), k = 0 is not among the
+  candidates the data cannot tell from it (`KChoice.candidates`): whether to speculate is decided,
+  which k is not. The best is deployed (`how` "pays, k open"): it has the largest estimate, and the
+  smaller k's lower cost at higher load is no reason at a concurrency that was measured (that
+  tie-break is for equivalence only). Deploying off here would run the one option the best was
+  shown to beat. Its verification calls a cost only where one shows against every candidate
+  (references);
 - otherwise (inconclusive against some candidate, off among them): undecided, with the candidates the
   data cannot tell from the best (`KChoice.candidates`) and what would decide it.
 
 Asking the best to beat every candidate (not only the runner-up by point estimate) is an
 intersection-union test: calling k best when it is not (by more than min_effect) has probability at
-most alpha at each concurrency, with no multiplicity correction. "Smallest that pays" claims only that
-its k beats off (one test at alpha: speculating where off is as good has probability at most alpha)
-and that no candidate was shown better than it.
+most alpha at each concurrency, with no multiplicity correction. "Pays, k open" claims only that the
+deployed k beats off; it is the best of K, so its test is at alpha / K (Bonferroni): speculating where
+every k is as fast as off has probability at most alpha / 2 (one-sided), whatever K.
 
 **Bands** (bands). Batch sizes 1..max_batch, from the decided concurrencies only (as
 deployment.on_per_batch does for on/off). Between two decided concurrencies whose k differ, the switch
@@ -67,9 +69,11 @@ points; for k = 0 the curve is 1): the generalisation of today's on/off switch a
 Where they do not cross inside the bracket (an equivalence choice: the smaller k was chosen though its
 point estimate was lower), the switch is the geometric mean of the two concurrencies (the midpoint in
 log space). Undecided concurrencies between decided ones do not move it (the band lists them in
-`undecided_at`), unless the k it gives them is one the data excluded there (decisively worse than
-their best): then they are pinned to off, a candidate of every undecided concurrency, and count as
-decided points (`pinned_at`), so no band deploys a k its own measurements ruled out. Below the first decided concurrency its k holds, above the last decided one its k
+`undecided_at`), unless the k it gives them was measured there and excluded (decisively worse than
+their best): then they are pinned to the k that pays against the baseline there with the largest
+estimate, else to off (a candidate of every undecided concurrency), and count as decided points
+(`pinned_at`), so no band deploys a k its own measurements ruled out. Below the first decided
+concurrency its k holds, above the last decided one its k
 holds up to the largest measured concurrency. Beyond the measured concurrencies nothing was measured:
 batch sizes above the largest (and below the smallest, where it is not 1) form bands of their own
 (`KBand.extrapolated` = "above" / "below"), the record's `extrapolated_above` / `extrapolated_below`
@@ -87,6 +91,7 @@ num_steps the largest k, eagle_topk 1.
 from __future__ import annotations
 
 import copy
+import dataclasses
 import math
 from dataclasses import dataclass, field
 from statistics import NormalDist
@@ -135,10 +140,10 @@ class KChoice(Record):
     metric: str
     k: Optional[int]                            # the chosen k (0: off); None: undecided
     server: Optional[str]                       # the server that runs it (the baseline for 0)
-    how: str                                    # best | smallest equivalent | smallest that pays | undecided | none
+    how: str                                    # best | smallest equivalent | pays, k open | undecided | none
     best: Optional[int]                         # the k with the largest estimated speedup
-    candidates: list = field(default_factory=list)   # undecided / smallest that pays: the k the data cannot tell
-                                                     # from the best (the best among them)
+    candidates: list = field(default_factory=list)   # undecided / pays, k open: the k the data cannot tell from
+                                                     # the best (the best among them)
     equivalent: list = field(default_factory=list)   # k within +/-min_effect of the best
     speedups: dict = field(default_factory=dict)     # str(k) -> {speedup, lo, hi, verdict} against the baseline
     pairwise: list[Verdict] = field(default_factory=list)  # the best against every other candidate
@@ -155,7 +160,7 @@ class KBand(Record):
     decided_at: list = field(default_factory=list)    # decided concurrencies inside the band
     undecided_at: list = field(default_factory=list)  # measured but undecided concurrencies inside it
     pinned_at: list = field(default_factory=list)     # undecided ones whose neighbours' k the data excluded there:
-                                                      # pinned to off (bands)
+                                                      # pinned to a k that pays there, else off (bands)
     boundary: str = "start"                     # how lo was placed: start | crossover | geometric mean | measured range
     extrapolated: Optional[str] = None          # "above" / "below": beyond the largest / under the smallest measured
                                                 # concurrency (not measured there)
@@ -422,10 +427,8 @@ def best_k(m: Measurements, rr: RunToRun, parent: str, ks: dict[int, str], basel
         why = next((v.decide for v in choice.pairwise if v.verdict == Decision.INCONCLUSIVE and v.decide), None)
         choice.decide = (f"k={best} against k={', '.join(map(str, open_))}: "
                          + (why or "the paired comparison contradicts the order of the estimates"))
-        paying = [j for j in choice.candidates if j > 0 and (choice.speedups.get(str(j)) or {}).get("verdict")
-                  == Decision.PAYS.value]
-        if 0 not in choice.candidates and paying:   # speculation decided, k not: the smallest that pays
-            choice.k, choice.server, choice.how = paying[0], servers[paying[0]], "smallest that pays"
+        if best > 0 and 0 not in choice.candidates and _pays_among(cmps[best], s, len(cmps)):
+            choice.k, choice.server, choice.how = best, servers[best], "pays, k open"   # speculate; k not decided
         else:
             choice.how = "undecided"
         return choice, cmps
@@ -433,6 +436,13 @@ def best_k(m: Measurements, rr: RunToRun, parent: str, ks: dict[int, str], basel
     choice.k, choice.server = k, servers[k]
     choice.how = "best" if k == best else "smallest equivalent"
     return choice, cmps
+
+
+def _pays_among(cmp, s: Settings, k: int) -> bool:
+    """Whether the best of `k` speculative k pays against the baseline at the Bonferroni level
+    (alpha / k; the sequential design's spending applies on top, comparison.look_level)."""
+    strict = dataclasses.replace(s, confidence=1 - (1 - s.confidence) / max(k, 1))
+    return decide(cmp, strict).verdict == Decision.PAYS
 
 
 # -- bands -----------------------------------------------------------------------------------------
@@ -495,11 +505,12 @@ def bands(choices: list[KChoice], cmps_by_c: dict, max_batch: int, beyond: str =
     `beyond`: "extend" (the last decided k holds above the largest measured concurrency, flagged) or
     "off" (k = 0 there). Empty where no concurrency is decided.
 
-    An undecided concurrency takes the k its decided neighbours give it, unless that k is not among
-    its candidates (the data showed it worse than the best there): then it is pinned to off, always
-    a candidate of an undecided concurrency (were off shown worse, the best would pay and the choice
-    would be "smallest that pays"), else to its smallest candidate; and the bands are drawn again
-    with it as a decided point (`KBand.pinned_at`)."""
+    An undecided concurrency takes the k its decided neighbours give it, unless that k was measured
+    there and is not among its candidates (the data showed it worse than the best there; a k without
+    a figure there, never measured or failed, excludes nothing): then it is pinned, to the k with the
+    largest estimate among those that pay against the baseline there, else to off (a candidate of
+    every undecided concurrency), and the bands are drawn again with it as a decided point
+    (`KBand.pinned_at`)."""
     if beyond not in ("extend", "off"):
         raise ValueError(f"beyond: 'extend' or 'off', not {beyond!r}")
     dec = {ch.concurrency: ch.k for ch in choices if ch.k is not None}
@@ -512,10 +523,14 @@ def bands(choices: list[KChoice], cmps_by_c: dict, max_batch: int, beyond: str =
         per_batch, switches = _per_batch(dec, top, cmps_by_c, max_batch, beyond)
         clash = next((ch for ch in sorted(choices, key=lambda ch: ch.concurrency)
                       if ch.concurrency not in dec and ch.candidates and ch.concurrency <= max_batch
-                      and per_batch[ch.concurrency - 1] not in ch.candidates), None)
+                      and per_batch[ch.concurrency - 1] not in ch.candidates
+                      and per_batch[ch.concurrency - 1] > 0 and str(per_batch[ch.concurrency - 1]) in ch.speedups),
+                     None)
         if clash is None:
             break
-        dec[clash.concurrency] = 0 if 0 in clash.candidates else min(clash.candidates)
+        paying = [(x["speedup"], int(k)) for k, x in clash.speedups.items()
+                  if int(k) > 0 and x.get("verdict") == Decision.PAYS.value]
+        dec[clash.concurrency] = max(paying)[1] if paying else 0
         pinned.append(clash.concurrency)
     known = sorted(dec)
     undecided = sorted(ch.concurrency for ch in choices if ch.concurrency not in dec)
@@ -634,12 +649,13 @@ def recommend(m: Measurements, rr: RunToRun, info: ServerInfo, parent: str, ks: 
     undecided = [ch for ch in choices if ch.k is None and ch.concurrency not in pinned]
     und_text = "; ".join(f"undecided at c={ch.concurrency} between k={', '.join(map(str, ch.candidates))}"
                          for ch in undecided)
-    pin_text = "; ".join(f"at c={ch.concurrency} speculation is off: undecided between "
-                         f"k={', '.join(map(str, ch.candidates))}, and the k the neighbouring bands run "
-                         "was shown worse than the best there" for ch in choices if ch.concurrency in pinned)
+    pin_text = "; ".join(f"at c={ch.concurrency} (undecided between k={', '.join(map(str, ch.candidates))}) the k "
+                         f"the neighbouring bands run was shown worse than the best there, so it runs "
+                         + (f"k={rec_k}" if rec_k else "off") for ch in choices if ch.concurrency in pinned
+                         for rec_k in [next(b.k for b in bs if ch.concurrency in b.pinned_at)])
     part_text = "; ".join(f"at c={ch.concurrency} speculation pays but k is undecided between "
-                          f"k={', '.join(map(str, ch.candidates))}: k={ch.k}, the smallest that pays"
-                          for ch in choices if ch.how == "smallest that pays")
+                          f"k={', '.join(map(str, ch.candidates))}: k={ch.k}, the best estimate, is deployed"
+                          for ch in choices if ch.how == "pays, k open" and ch.concurrency <= info.max_batch)
     if not bs:
         rec.text = "no recommendation: no concurrency is decided" + (f" ({und_text})" if und_text else "")
         return rec
@@ -692,9 +708,9 @@ def references(rec: KRecommendation, ks: dict[int, str], baseline: str, concurre
     """What `<parent>__recommended` is checked against at each measured concurrency, fixed by the
     schedule before its cells are seen (deployment.Reference): the member that runs the band's k there
     as measured (the baseline for k = 0). Where the choice at c was not decided (undecided at c, so the
-    band's k there follows the neighbouring decided concurrencies; or "smallest that pays", where k was
-    not decided), the other candidates the data could not tell apart are alternatives: a cost must show
-    against each of them too."""
+    band's k there follows the neighbouring decided concurrencies; or "pays, k open", where k was not
+    decided), the other candidates the data could not tell apart are alternatives: a cost must show
+    against each of them too before the verification calls it one."""
     choices = {ch.concurrency: ch for ch in rec.choices}
     out = {}
     for c in concurrencies:

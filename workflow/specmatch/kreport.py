@@ -64,7 +64,7 @@ def band_text(rec: KRecommendation) -> str:
         pinned = ", ".join(f"c={c}" for c in b.pinned_at)
         parts.append(f"batch {span}: **{'off' if b.k == 0 else f'k={b.k}'}**"
                      + (f" (starts {how})" if how and b.lo > 1 else "")
-                     + (f" (off at {pinned}: undecided there, and the neighbouring k was shown worse)" if pinned else "")
+                     + (f" (at {pinned}: undecided, and the neighbouring bands' k was shown worse there)" if pinned else "")
                      + (f" (extrapolated {b.extrapolated} the measured concurrencies)" if b.extrapolated else ""))
     return "; ".join(parts)
 
@@ -107,8 +107,10 @@ def lines(an, verification_text, seen: set | None = None) -> list[str]:
            f"({an.settings.confidence:.0%} intervals). The best k at a concurrency is decided only where the data "
            "decide it: better than every other candidate (off included), or equivalent within "
            f"±{an.settings.min_effect:.0%} to the best (then the smaller k); where the best pays against the baseline "
-           "but the data cannot tell it from another k, speculation is decided and k is not: the smallest k that "
-           "pays is deployed (\"smallest that pays\"), checked against the others; otherwise undecided. Bands switch where "
+           "(at the Bonferroni level over the k measured) but the data cannot tell it from another k, speculation is "
+           "decided and k is not: the best estimate is deployed (\"pays, k open\"; its verification calls a cost only "
+           "where one shows against every candidate); otherwise undecided. An undecided concurrency runs its "
+           "neighbours' k unless its own data excluded that k (then off, or a k that pays there). Bands switch where "
            "the two k's measured speedup curves cross."]
     for rec in an.k_recommendations:
         flag = (" (in-sample: no prompt is held out of the drafter's training rows, so acceptance here can "
@@ -131,8 +133,8 @@ def lines(an, verification_text, seen: set | None = None) -> list[str]:
             if ch.decide and ch.k is None:
                 out.append(f"- Undecided at c={ch.concurrency}: {ch.decide}.")
             elif ch.decide:
-                out.append(f"- k undecided at c={ch.concurrency} (speculation pays with each candidate; k={ch.k}, "
-                           f"the smallest that pays, is deployed): {ch.decide}.")
+                out.append(f"- k undecided at c={ch.concurrency} (speculation pays; k={ch.k}, the best estimate, is "
+                           f"deployed): {ch.decide}.")
         pts = [p for p in an.k_points if (p.parent, p.suite) == (rec.parent, rec.suite)]
         if pts:
             out += ["", "Predicted against measured TPOT speedup (τ from the largest k's per-position acceptance, ρ the "

@@ -68,7 +68,7 @@ def plan(an: Analysis, design: Design, round_: int) -> RoundPlan:
 
 def k_choices(an: Analysis, design: Design, round_: int) -> list[RoundDecision]:
     """The k sweeps' undecided choices (kmodel.best_k) measured in round `round_`, the ones where only
-    k is open ("smallest that pays") included: each inconclusive comparison of the best k's member
+    k is open ("pays, k open") included: each inconclusive comparison of the best k's member
     against another candidate continues (both servers get another repeat at that suite and
     concurrency) where the remaining repeats likely decide it, by the same rule and levels as every
     configuration."""
