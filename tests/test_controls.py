@@ -112,6 +112,8 @@ def test_the_default_workflow_measures_the_controls_and_the_long_control(tmp_pat
     assert "results/cells/eagle3@k=3/generic/r2/c16.json" in out
     assert "results/cells/eagle3@k=5__off/generic/" not in out and "ngram_off_above_4" not in out
     assert "--like results/prompts/train_holdout.jsonl" in out
+    # the round plans the k sweep's undecided choices on the suites its k is decided on
+    assert "--suites train_holdout train_mix --out results/rounds/r2.json" in out
 
 
 def test_length_like_composes_control_prompts_as_long_as_the_training_suites(tmp_path, tok):

@@ -218,6 +218,7 @@ def test_a_round_of_the_sequential_design_continues_undecided_k_choices():
     undecided = [ch.concurrency for ch in rec.choices if ch.candidates]      # k still open
     p = plan(an, Design(2, 3, 0), 2)
     ks = [d for d in p.decisions if d.against is not None]
+    assert all(d.against is not None for d in p.decisions)   # on the sweep's suite its question is the k choice
     assert {d.concurrency for d in ks} == set(undecided)
     for d in ks:
         assert d.verdict == Decision.INCONCLUSIVE and d.action == Continuation.CONTINUE

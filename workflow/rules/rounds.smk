@@ -25,7 +25,10 @@ checkpoint sequential_round:
         baseline=CFG["baseline"],
         settings=analysis_settings(),
         servers=to_json(CFG["servers"]),
+        # the k sweeps' undecided choices are planned on the suites their k is decided on
+        suites=RECOMMEND_SUITES,
     shell:
         "python -m specmatch.rounds --round {wildcards.round} --baseline {params.baseline}"
         " --settings {params.settings:q} --servers {params.servers:q} --cells {input.cells}"
-        " --requests {input.requests} --launches {input.launches} --out {output.plan} > {log} 2>&1"
+        " --requests {input.requests} --launches {input.launches} --suites {params.suites}"
+        " --out {output.plan} > {log} 2>&1"

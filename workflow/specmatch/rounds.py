@@ -9,8 +9,12 @@ continues. The plan
 (records.RoundPlan) lists the cells repeat R+1 measures; the workflow then launches only the servers
 that have such cells, in fresh sessions, and never reruns a finished cell.
 
+A k sweep's members are planned by their question: on the suites the sweep's k is decided on
+(`--suites`, the recommendation suites), the best k's comparisons with the candidates it could not
+be told from (k_choices); elsewhere each member's own verdict, as any server's.
+
     python -m specmatch.rounds --round R --baseline B --settings JSON --servers JSON --cells c*.json
-        --requests c*.requests.parquet --launches launch.json... --out results/rounds/rR.json
+        --requests c*.requests.parquet --launches launch.json... --suites S... --out results/rounds/rR.json
 """
 from __future__ import annotations
 
@@ -28,14 +32,19 @@ from .provenance import Recorder
 from .records import Continuation, Decision, PlannedCell, RoundDecision, RoundPlan
 from .recommend import analysis_arguments, load, primary_analysis, server_infos
 from .sequential import Design, continues
+from .sweep import members as sweep_members
 
 
 def plan(an: Analysis, design: Design, round_: int) -> RoundPlan:
     """The decisions after round `round_` and the cells of the next repeat (module docstring)."""
     metric = an.settings.recommend_metric
     decisions, nxt = [], set()
+    # a k sweep's member on a suite its k is decided on: its question there is the k choice (k_choices),
+    # not its own verdict against the baseline
+    k_asked = {(name, rec.suite) for rec in an.k_recommendations
+               for name in sweep_members(rec.parent, an.servers).values()}
     for (server, suite, m), cmps in sorted(an.comparisons.items()):
-        if m != metric or server == an.baseline:
+        if m != metric or server == an.baseline or (server, suite) in k_asked:
             continue
         for cmp in cmps:
             if cmp.repeats != round_:
@@ -110,7 +119,8 @@ def arguments(p: argparse.ArgumentParser) -> None:
 def execute(a: argparse.Namespace) -> int:
     settings, configs = Settings.of(json.loads(a.settings)), json.loads(a.servers)
     rec = Recorder("sequential_round", a.cells + a.requests + a.launches,
-                   {"baseline": a.baseline, "summary": settings.__dict__, "round": a.round})
+                   {"baseline": a.baseline, "summary": settings.__dict__, "round": a.round,
+                    "suites": a.suites})
     design = settings.design
     if not design.sequential:
         raise SpecmatchError("rounds: the configured repeats are a fixed design (no rounds to plan)")
