@@ -169,3 +169,43 @@ def test_a_gain_the_configuration_gives_without_drafting():
     assert a.configured_off.verdict == "pays" and a.drafting_effect.verdict in ("equivalent", "inconclusive")
     assert inside(a.step_cost_vs_configured_off, 1.5) and a.step_cost_vs_configured_off.lo > 1
     assert inside(a.step_cost_ratio, 0.75) and a.explained_by_drafting is False
+
+
+def test_a_schedule_that_runs_plain_steps_is_decomposed_over_all_its_decode_steps():
+    """A derived batch-size schedule (k=3 at batches 1-4, off above). At c=16 the engine drafts only as
+    the batch drains: one request, one step accepting 3, an acceptance length of 4.0 over speculative
+    steps, while every other step was plain. TPOT = step time / tokens per step holds over all decode
+    steps: tau is about 1 and rho about one plain step, not 4 and 4. At c=1, where every step speculates,
+    tau is the tokens per decode step (the engine's acceptance length less what max_tokens cut off)."""
+    from specmatch.deployment import ServerInfo
+    from specmatch.simulate import decomposed_experiment
+
+    rng = np.random.default_rng(11)
+    suites = {"s": (200, 700)}
+    low = decomposed_experiment(rng, {"baseline": (None, 1.0), "sched": (2.0, 1.3)}, suites, concurrencies=(1,))
+    high = decomposed_experiment(rng, {"baseline": (None, 1.0), "sched": (None, 1.0)}, suites, concurrencies=(16,))
+    cells = []
+    for res, req in low + high:
+        if res.server == "sched" and res.concurrency == 16:      # the tail of the batch speculated once
+            n = req.height
+            req = req.with_columns(num_spec_steps=np.array([1.0] + [0.0] * (n - 1)),
+                                   num_accepted_tokens=np.array([3.0] + [0.0] * (n - 1)))
+            res.spec_decode_num_drafts = 1
+        cells.append((res, req))
+    spec = {"method": "eagle3", "model": "d", "num_speculative_tokens": 3,
+            "num_speculative_tokens_per_batch_size": [[1, 4, 3], [5, 256, 0]]}
+    infos = {"sched": ServerInfo("sched", "vllm", "vllm", spec, 256),
+             "baseline": ServerInfo("baseline", "vllm", "vllm", None, 256)}
+    attrs = attribute(analyse(cells, "baseline", S, infos), "s")
+    hi = by(attrs, "sched", "s", 16)
+    assert inside(hi.tokens_per_step, 1.0) and hi.tokens_per_step.hi < 1.05, hi.tokens_per_step
+    assert inside(hi.step_cost_ratio, 1.0) and hi.step_cost_ratio.hi < 1.3, hi.step_cost_ratio
+    assert "tokens per decode step" in hi.acceptance_source
+    lo = by(attrs, "sched", "s", 1)
+    assert inside(lo.tokens_per_step, 2.0) and inside(lo.step_cost_ratio, 1.3)
+    # the same cells without the schedule on record: the speculative steps alone (the selection)
+    plain_attrs = attribute(analyse(cells, "baseline", S, {"sched": ServerInfo("sched", "vllm", "vllm",
+                                                                               {"num_speculative_tokens": 3}, 256)}), "s")
+    assert by(plain_attrs, "sched", "s", 16).tokens_per_step.value == pytest.approx(4.0)
+    lines = "\n".join(why_lines(analyse(cells, "baseline", S, infos), attrs))
+    assert "tokens per decode step" in lines and "`sched`" in lines

@@ -56,6 +56,8 @@ class PerPrompt:
     out: np.ndarray
     prompt_tokens: np.ndarray  # mean over the prompt's requests (NaN when unknown)
     per_request: bool        # whether per-request spec-decode metrics were reported
+    decoded: np.ndarray | None = None        # every request's tokens after the first (decode steps' output)
+    decode_steps: np.ndarray | None = None   # every request's decode steps, speculative and plain
 
     @classmethod
     def of(cls, a: Arrays, prompts: list[str]) -> "PerPrompt":
@@ -79,9 +81,10 @@ class PerPrompt:
             ptok = np.bincount(g, np.nan_to_num(pt[keep], nan=0.0), minlength=n) / cnt
         ptok[~np.isfinite(ptok) | (ptok <= 0)] = np.nan
         acc = np.nan_to_num(a.spec.get("num_accepted_tokens", np.zeros(len(a.out))), nan=0.0)
+        decoded = np.maximum(np.asarray(a.out, float) - 1, 0.0)
         dr = np.nan_to_num(a.spec.get("num_draft_tokens", np.zeros(len(a.out))), nan=0.0)
         return cls(s(np.where(finite, tp, 0.0), finite), s(finite.astype(float)), s(steps, spec), s(dr, spec),
-                   s(acc, spec), s(a.out, spec), ptok, bool(spec.any()))
+                   s(acc, spec), s(a.out, spec), ptok, bool(spec.any()), s(decoded), s(steps + plain_steps(decoded, steps, acc)))
 
 
 def common_prompts(m: Measurements, server: str, baseline: str, suite: str, c: int, reps: list[int]) -> list[str]:
@@ -99,6 +102,29 @@ def _tau(flavor: str, steps, drafted, accepted, out) -> np.ndarray:
         acc = eng.figures(0, float(steps[i]), float(drafted[i]), float(accepted[i]), float(out[i]))
         if acc is not None and acc.acceptance_length is not None:
             res[i] = acc.acceptance_length
+    return res
+
+
+def mixed_schedule(spec: dict | None) -> bool:
+    """Whether a server's batch-size schedule runs plain steps at some batch sizes and speculative
+    steps at others (vLLM's num_speculative_tokens_per_batch_size with k=0 and k>0 bands)."""
+    ks = {int(k) for _, _, k in (spec or {}).get("num_speculative_tokens_per_batch_size") or []}
+    return 0 in ks and any(ks)
+
+
+def plain_steps(decoded, spec_steps, accepted) -> np.ndarray:
+    """A request's plain decode steps: its tokens after the first that no speculative step produced (a
+    speculative step yields 1 + its accepted tokens). Never below 0: the engines count accepted tokens
+    that max_tokens then cut off, so a request that speculated at every step can appear to have more."""
+    return np.maximum(np.asarray(decoded, float) - np.asarray(spec_steps, float) - np.asarray(accepted, float), 0.0)
+
+
+def _per_decode_step(decoded, decode_steps) -> np.ndarray:
+    """Tokens per decode step, plain steps included: what TPOT = step time / tokens per step divides by."""
+    decoded, decode_steps = np.atleast_1d(np.asarray(decoded, float)), np.atleast_1d(np.asarray(decode_steps, float))
+    with np.errstate(invalid="ignore", divide="ignore"):
+        res = decoded / decode_steps
+    res[~np.isfinite(res) | (decode_steps <= 0)] = np.nan
     return res
 
 
@@ -157,9 +183,14 @@ class Decomposition:
     note: str | None = None
 
 
-def decompose(m: Measurements, rr: RunToRun, acc_rr: tuple, server: str, baseline: str, suite: str, c: int
-              ) -> Decomposition:
-    """tau, rho and the TPOT speedup (= tau / rho) of `server` against `baseline` at (suite, c)."""
+def decompose(m: Measurements, rr: RunToRun, acc_rr: tuple, server: str, baseline: str, suite: str, c: int,
+              per_decode_step: bool = False) -> Decomposition:
+    """tau, rho and the TPOT speedup (= tau / rho) of `server` against `baseline` at (suite, c).
+
+    `per_decode_step` (a server whose schedule runs plain steps at some batch sizes): tau is the tokens
+    per decode step, plain steps included. Its speculative steps alone are a selection (those taken
+    while the batch was small: at c=16 a schedule off above batch 4 drafts only as the batch drains),
+    and TPOT = step time / tokens per step holds only over all the steps."""
     s = m.settings
     cmp = compare(m, rr, server, baseline, suite, c, "tpot")
     tpot = None
@@ -181,7 +212,19 @@ def decompose(m: Measurements, rr: RunToRun, acc_rr: tuple, server: str, baselin
             log_tpot.append(math.log(pb.tpot_sum.sum() / pb.tpot_n.sum()) - math.log(ps.tpot_sum.sum() / ps.tpot_n.sum()))
             boot_tpot.append(np.log(pb.tpot_sum[draw].sum(1) / pb.tpot_n[draw].sum(1))
                              - np.log(ps.tpot_sum[draw].sum(1) / ps.tpot_n[draw].sum(1)))
-        if ps.per_request:
+        if per_decode_step:
+            cell = m.cells[(server, suite, c, r)]
+            if ps.per_request:
+                sources.add("per-request metrics, tokens per decode step")
+                t = _per_decode_step(ps.decoded.sum(), ps.decode_steps.sum())[0]
+                bt = _per_decode_step(ps.decoded[draw].sum(1), ps.decode_steps[draw].sum(1))
+            else:
+                sources.add("cell counters, tokens per decode step")
+                dec = float(np.maximum(m.arrays[(server, suite, c, r)].out - 1, 0).sum())
+                drafts = float(cell.spec_decode_num_drafts or 0)
+                t = _per_decode_step(dec, drafts + plain_steps(dec, drafts, cell.spec_decode_num_accepted_tokens or 0))[0]
+                bt = np.full(s.bootstrap, t)
+        elif ps.per_request:
             sources.add("per-request metrics")
             t = _tau(flavor, ps.steps.sum(), ps.drafted.sum(), ps.accepted.sum(), ps.out.sum())[0]
             bt = _tau(flavor, ps.steps[draw].sum(1), ps.drafted[draw].sum(1), ps.accepted[draw].sum(1),
@@ -379,7 +422,9 @@ def attribute(an: Analysis, reference_suite: str | None = None) -> list[Attribut
     """The decomposition for every speculative server (controls and recommended servers included)
     at every (suite, concurrency) it shares with the baseline."""
     m, s, rr = an.measurements, an.settings, an.run_to_run
-    acc_rr = acceptance_run_to_run(m)
+    mixed = {x for x, i in an.infos.items() if mixed_schedule(getattr(i, "speculative", None))}
+    # the session-to-session spread of acceptance, from servers whose every step speculates
+    acc_rr = acceptance_run_to_run(m, [x for x in m.servers() if x not in mixed])
     ref = reference_suite if reference_suite in an.suites else (an.suites[0] if an.suites else None)
     ref_tokens = median_prompt_tokens(m, an.baseline, ref) if ref else None
     out = []
@@ -390,7 +435,7 @@ def attribute(an: Analysis, reference_suite: str | None = None) -> list[Attribut
             suites = [u for u in an.suites if m.repeats(server, u, c) and m.repeats(an.baseline, u, c)]
             lm = length_model(m, server, an.baseline, c, suites, ref_tokens) if ref_tokens else None
             for u in suites:
-                d = decompose(m, rr, acc_rr, server, an.baseline, u, c)
+                d = decompose(m, rr, acc_rr, server, an.baseline, u, c, server in mixed)
                 a = Attribution(server, u, c, d.tau, d.rho, d.tpot, d.explained, confidence=s.confidence,
                                 repeats=d.repeats, run_to_run=d.run_to_run, acceptance_source=d.source, note=d.note)
                 off = server + OFF
@@ -400,7 +445,7 @@ def attribute(an: Analysis, reference_suite: str | None = None) -> list[Attribut
                         a.configured_off = Effect(off, an.baseline, v.metric, v.speedup, v.lo, v.hi, v.verdict)
                     dv = decide(compare(m, rr, server, off, u, c, s.recommend_metric), s)
                     a.drafting_effect = Effect(server, off, dv.metric, dv.speedup, dv.lo, dv.hi, dv.verdict)
-                    d_off = decompose(m, rr, acc_rr, server, off, u, c)
+                    d_off = decompose(m, rr, acc_rr, server, off, u, c, server in mixed)
                     a.step_cost_vs_configured_off = d_off.rho
                     a.explained_by_drafting = both(a.explained_by_drafting, d_off.explained)
                 if lm is not None and u in lm.adjusted:

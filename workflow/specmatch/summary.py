@@ -344,6 +344,13 @@ def why_lines(an: Analysis, attrs: list[Attribution], no_control: dict[str, str]
                      f"{_iv(a.step_cost_ratio)} | {expl} | {off} | {dr} | {lat} |")
     lines += ["", "Configured off and drafting are throughput ratios (the verdicts' metric); their product is the "
                   "server's throughput speedup over the baseline.", ""]
+    scheduled = list(dict.fromkeys(a.server for a in attrs if "decode step" in (a.acceptance_source or "")))
+    if scheduled:
+        lines += [f"{', '.join(f'`{x}`' for x in scheduled)}: a batch-size schedule that runs plain steps at some "
+                  "batch sizes, so its τ is the tokens per decode step, plain steps included (a plain step yields 1). "
+                  "The engine's acceptance length, elsewhere in this file, counts only its speculative steps: those "
+                  "taken while the batch was small enough, a selection (at a concurrency above the speculative "
+                  "bands, only as the batch drains).", ""]
     findings = []
     for server in dict.fromkeys(a.server for a in attrs):
         bad = [a for a in attrs if a.server == server and a.explained_by_drafting is False]
