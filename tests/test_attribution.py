@@ -3,6 +3,8 @@
 Each synthetic server takes `rho` plain decode steps of the baseline's time per speculative step and
 yields `tau` tokens per step (vLLM's definition: 1 + accepted / steps); a plain decode step costs
 more over a longer prompt. The analysis sees only cells and request records, as in a real run."""
+import json
+
 import numpy as np
 import pytest
 
@@ -171,6 +173,50 @@ def test_a_gain_the_configuration_gives_without_drafting():
     assert inside(a.step_cost_ratio, 0.75) and a.explained_by_drafting is False
 
 
+SCHEDULE = {"method": "eagle3", "model": "d", "num_speculative_tokens": 3,
+            "num_speculative_tokens_per_batch_size": [[1, 4, 3], [5, 256, 0]]}
+
+
+def schedule_cells(seed: int = 11):
+    """A derived batch-size schedule (k=3 at batches 1-4, off above): tau 2 at 1.3 plain steps at
+    c=1; at c=16 plain steps, except that the engine drafts once as the batch drains (one request,
+    one step accepting 3: an acceptance length of 4.0 over speculative steps)."""
+    from specmatch.deployment import ServerInfo
+    from specmatch.simulate import decomposed_experiment
+
+    rng = np.random.default_rng(seed)
+    suites = {"s": (200, 700)}
+    low = decomposed_experiment(rng, {"baseline": (None, 1.0), "sched": (2.0, 1.3)}, suites, concurrencies=(1,))
+    high = decomposed_experiment(rng, {"baseline": (None, 1.0), "sched": (None, 1.0)}, suites, concurrencies=(16,))
+    cells = []
+    for res, req in low + high:
+        if res.server == "sched":
+            if res.concurrency == 16:
+                n = req.height
+                req = req.with_columns(num_spec_steps=np.array([1.0] + [0.0] * (n - 1)),
+                                       num_accepted_tokens=np.array([3.0] + [0.0] * (n - 1)))
+            res.spec_decode_num_drafts = int(req["num_spec_steps"].sum())
+            res.spec_decode_num_accepted_tokens = int(req["num_accepted_tokens"].sum())
+        cells.append((res, req))
+    infos = {"sched": ServerInfo("sched", "vllm", "vllm", SCHEDULE, 256),
+             "baseline": ServerInfo("baseline", "vllm", "vllm", None, 256)}
+    return cells, infos
+
+
+def without_request_metrics(cells, share: float = 1.0):
+    """The schedule's cells with the first `share` of each cell's per-request spec metrics missing."""
+    import polars as pl
+
+    out = []
+    for res, req in cells:
+        if res.server == "sched":
+            gone = np.arange(req.height) < round(share * req.height)
+            req = req.with_columns(**{k: pl.when(pl.Series(gone)).then(None).otherwise(pl.col(k))
+                                      for k in ("num_spec_steps", "num_accepted_tokens")})
+        out.append((res, req))
+    return out
+
+
 def test_a_schedule_that_runs_plain_steps_is_decomposed_over_all_its_decode_steps():
     """A derived batch-size schedule (k=3 at batches 1-4, off above). At c=16 the engine drafts only as
     the batch drains: one request, one step accepting 3, an acceptance length of 4.0 over speculative
@@ -178,24 +224,8 @@ def test_a_schedule_that_runs_plain_steps_is_decomposed_over_all_its_decode_step
     steps: tau is about 1 and rho about one plain step, not 4 and 4. At c=1, where every step speculates,
     tau is the tokens per decode step (the engine's acceptance length less what max_tokens cut off)."""
     from specmatch.deployment import ServerInfo
-    from specmatch.simulate import decomposed_experiment
 
-    rng = np.random.default_rng(11)
-    suites = {"s": (200, 700)}
-    low = decomposed_experiment(rng, {"baseline": (None, 1.0), "sched": (2.0, 1.3)}, suites, concurrencies=(1,))
-    high = decomposed_experiment(rng, {"baseline": (None, 1.0), "sched": (None, 1.0)}, suites, concurrencies=(16,))
-    cells = []
-    for res, req in low + high:
-        if res.server == "sched" and res.concurrency == 16:      # the tail of the batch speculated once
-            n = req.height
-            req = req.with_columns(num_spec_steps=np.array([1.0] + [0.0] * (n - 1)),
-                                   num_accepted_tokens=np.array([3.0] + [0.0] * (n - 1)))
-            res.spec_decode_num_drafts = 1
-        cells.append((res, req))
-    spec = {"method": "eagle3", "model": "d", "num_speculative_tokens": 3,
-            "num_speculative_tokens_per_batch_size": [[1, 4, 3], [5, 256, 0]]}
-    infos = {"sched": ServerInfo("sched", "vllm", "vllm", spec, 256),
-             "baseline": ServerInfo("baseline", "vllm", "vllm", None, 256)}
+    cells, infos = schedule_cells()
     attrs = attribute(analyse(cells, "baseline", S, infos), "s")
     hi = by(attrs, "sched", "s", 16)
     assert inside(hi.tokens_per_step, 1.0) and hi.tokens_per_step.hi < 1.05, hi.tokens_per_step
@@ -203,9 +233,63 @@ def test_a_schedule_that_runs_plain_steps_is_decomposed_over_all_its_decode_step
     assert "tokens per decode step" in hi.acceptance_source
     lo = by(attrs, "sched", "s", 1)
     assert inside(lo.tokens_per_step, 2.0) and inside(lo.step_cost_ratio, 1.3)
+    # exactly TPOT's tokens (all but the first) over the decode steps (a step yields 1 + its accepted
+    # tokens; what the speculative steps did not produce took plain steps), per repeat (geometric mean)
+    def ratio(req):
+        dec, st, acc = ((req["output_tokens"] - 1).to_numpy(), req["num_spec_steps"].to_numpy(),
+                        req["num_accepted_tokens"].to_numpy())
+        return dec.sum() / (st + np.maximum(dec - st - acc, 0)).sum()
+
+    per_repeat = [ratio(req) for res, req in cells if (res.server, res.concurrency) == ("sched", 1)]
+    assert lo.tokens_per_step.value == pytest.approx(float(np.exp(np.mean(np.log(per_repeat)))), rel=1e-9)
     # the same cells without the schedule on record: the speculative steps alone (the selection)
     plain_attrs = attribute(analyse(cells, "baseline", S, {"sched": ServerInfo("sched", "vllm", "vllm",
                                                                                {"num_speculative_tokens": 3}, 256)}), "s")
     assert by(plain_attrs, "sched", "s", 16).tokens_per_step.value == pytest.approx(4.0)
     lines = "\n".join(why_lines(analyse(cells, "baseline", S, infos), attrs))
     assert "tokens per decode step" in lines and "`sched`" in lines
+
+
+def test_a_schedule_without_per_request_metrics_uses_the_cells_counters_and_nothing_unknown_is_plain():
+    """Without per-request metrics the cell's counters give the plain steps (tokens after the first less
+    what the speculative steps produced); without counters either, tau is unknown (no decomposition),
+    never 1.0; with half the requests' metrics missing (and the rest not adding up to the counters) the
+    missing ones are not counted as plain: the counters stand in."""
+    cells, infos = schedule_cells()
+    counters = attribute(analyse(without_request_metrics(cells), "baseline", S, infos), "s")
+    for c, tau in ((1, 2.0), (16, 1.0)):
+        a = by(counters, "sched", "s", c)
+        assert a.acceptance_source == "cell counters, tokens per decode step"
+        assert a.tokens_per_step.value == pytest.approx(tau, rel=0.1), (c, a.tokens_per_step)
+    half = attribute(analyse(without_request_metrics(cells, 0.5), "baseline", S, infos), "s")
+    a = by(half, "sched", "s", 1)
+    assert a.acceptance_source == "cell counters, tokens per decode step"
+    assert a.tokens_per_step.value == pytest.approx(2.0, rel=0.1) and a.explained_by_drafting is not False
+    bare = []
+    for res, req in without_request_metrics(cells):
+        if res.server == "sched":
+            res.spec_decode_num_drafts = res.spec_decode_num_accepted_tokens = None
+        bare.append((res, req))
+    for c in (1, 16):
+        a = by(attribute(analyse(bare, "baseline", S, infos), "s"), "sched", "s", c)
+        assert a.tokens_per_step is None and a.step_cost_ratio is None and a.explained_by_drafting is None
+
+
+def test_which_schedules_run_plain_steps(tmp_path):
+    """vLLM: k=0 beside k>0 bands; a configured-off control (k=0 everywhere) and one k everywhere are
+    not mixed. SGLang: the adaptive config's candidate steps, read from its file; a file that cannot be
+    read counts as mixed (tokens per decode step is right for any server)."""
+    from specmatch.attribution import mixed_schedule
+    from specmatch.engines.sglang import adaptive_config
+
+    assert mixed_schedule(SCHEDULE)
+    assert not mixed_schedule({"num_speculative_tokens_per_batch_size": [[1, 256, 0]]})
+    assert not mixed_schedule({"num_speculative_tokens_per_batch_size": [[1, 4, 5], [5, 256, 3]]})
+    assert not mixed_schedule({"num_speculative_tokens": 3}) and not mixed_schedule(None)
+    off_above = tmp_path / "adaptive.json"
+    off_above.write_text(json.dumps(adaptive_config({"num_steps": 3}, 4)))
+    assert mixed_schedule({"algorithm": "EAGLE3", "adaptive": str(off_above)})
+    steps_only = tmp_path / "steps.json"
+    steps_only.write_text(json.dumps({"1": {"candidate_steps": [5]}, "8": {"candidate_steps": [2]}}))
+    assert not mixed_schedule({"adaptive": str(steps_only)})
+    assert mixed_schedule({"adaptive": str(tmp_path / "missing.json")})

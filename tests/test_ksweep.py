@@ -217,16 +217,44 @@ def test_a_round_of_the_sequential_design_continues_undecided_k_choices():
     [rec] = an.k_recommendations
     undecided = [ch.concurrency for ch in rec.choices if ch.candidates]      # k still open
     p = plan(an, Design(2, 3, 0), 2)
-    ks = [d for d in p.decisions if d.against is not None]
     assert all(d.against is not None for d in p.decisions)   # on the sweep's suite its question is the k choice
+    ks = [d for d in p.decisions if d.action != Continuation.DECIDED]
     assert {d.concurrency for d in ks} == set(undecided)
     for d in ks:
         assert d.verdict == Decision.INCONCLUSIVE and d.action == Continuation.CONTINUE
         assert {(c.server, c.concurrency) for c in p.next} >= {(d.server, d.concurrency), (d.against, d.concurrency)}
+    # every decided comparison a choice rests on is on record as decided (the round log says why it stopped)
+    decided = {(d.server, d.against, d.concurrency) for d in p.decisions if d.action == Continuation.DECIDED}
+    assert decided == {(v.server, v.against, ch.concurrency) for ch in rec.choices for v in ch.pairwise
+                       if v.verdict != Decision.INCONCLUSIVE}
+    assert {c.concurrency for c in p.next} == set(undecided)
     assert 4 in undecided, [ch.to_json() for ch in rec.choices]
     assert next(ch for ch in rec.choices if ch.concurrency == 4).how == "pays, k open"
     # at the last look nothing continues
     assert all(d.action != Continuation.CONTINUE for d in plan(an, Design(2, 2, 0), 2).decisions)
+
+
+def test_a_k_choice_whose_best_changed_is_looked_at_although_one_side_missed_the_round():
+    """Round 2 continued k=2 against k=4 at c=4 (the baseline was not measured again there). If at round 3
+    the best's comparison is with the baseline, its pair has 2 common repeats: it is still this round's
+    question (one side was measured), not a pair that stopped earlier."""
+    from specmatch.rounds import k_choices
+    from specmatch.sequential import Design
+
+    close = {2: {1: 1.10, 4: 1.40, 16: 2.6}, 4: {1: 1.15, 4: 1.62, 16: 4.0}}
+    cells = [x for x in sweep_cells(3, close, repeats=3)
+             if x[0].repeat <= 2 or (x[0].concurrency == 4 and x[0].server != "base")]
+    names = ["base", "spec@k=2", "spec@k=4"]
+    s = Settings(bootstrap=200, confidence=0.9, min_effect=0.05,
+                 repeats={"min": 2, "max": 4, "min_probability": 0})
+    an = analyse(cells, "base", s, infos(names), ["s"], names)
+    [rec] = an.k_recommendations
+    ch = next(ch for ch in rec.choices if ch.concurrency == 4)
+    got = {(d.server, d.against) for d in k_choices(an, Design(2, 4, 0), 3) if d.concurrency == 4}
+    assert got == {(v.server, v.against) for v in ch.pairwise}, (got, [v.to_json() for v in ch.pairwise])
+    assert any("base" in pair for pair in got)
+    # at c=1 and c=16 nothing was measured in round 3: those pairs stopped at round 2
+    assert all(d.concurrency == 4 for d in k_choices(an, Design(2, 4, 0), 3))
 
 
 def test_the_report_names_ks_it_cannot_predict_in_one_sentence_and_flags_in_sample_suites(grid):

@@ -1,7 +1,9 @@
 """Explaining: why a speedup happens (DESIGN.md, "Explaining").
 
 A speculative step yields tau tokens (the engine's acceptance length) and costs rho plain decode
-steps of the baseline, so the TPOT speedup is tau / rho:
+steps of the baseline, so the TPOT speedup is tau / rho. For a server whose batch-size schedule
+runs plain steps at some batch sizes, tau is the tokens per decode step, plain steps included
+(decompose: its speculative steps alone are a selection):
 
     rho = tau x TPOT(server) / TPOT(baseline)      (the time of one speculative step, in plain steps)
 
@@ -28,8 +30,10 @@ correlation), plus the measured run-to-run variance of TPOT and of tau across se
 """
 from __future__ import annotations
 
+import json
 import math
 from dataclasses import dataclass
+from pathlib import Path
 
 import numpy as np
 
@@ -107,9 +111,30 @@ def _tau(flavor: str, steps, drafted, accepted, out) -> np.ndarray:
 
 def mixed_schedule(spec: dict | None) -> bool:
     """Whether a server's batch-size schedule runs plain steps at some batch sizes and speculative
-    steps at others (vLLM's num_speculative_tokens_per_batch_size with k=0 and k>0 bands)."""
-    ks = {int(k) for _, _, k in (spec or {}).get("num_speculative_tokens_per_batch_size") or []}
+    steps at others: vLLM's num_speculative_tokens_per_batch_size with k=0 and k>0 bands, or an SGLang
+    --speculative-adaptive config (`adaptive`: its file) with 0 and non-zero candidate steps. An
+    adaptive config that cannot be read counts as mixed: tokens per decode step is right for any
+    server, the engine's acceptance length only for one whose every step speculates."""
+    spec = spec or {}
+    ks = {int(k) for _, _, k in spec.get("num_speculative_tokens_per_batch_size") or []}
+    if not ks and spec.get("adaptive"):
+        try:
+            cfg = json.loads(Path(spec["adaptive"]).read_text())
+            ks = {int(x) for slot in cfg.values() if isinstance(slot, dict) for x in slot.get("candidate_steps", [])}
+        except (OSError, ValueError, TypeError, AttributeError):
+            return True
     return 0 in ks and any(ks)
+
+
+def every_request_counted(a: Arrays, cell) -> bool:
+    """Whether the per-request metrics account for every decode step: each request reported its
+    speculative steps, or the ones missing drafted nothing (the reported steps add up to the cell's
+    counter). A request without metrics is otherwise unknown, not plain: counting it as plain would
+    lower tau by the share of requests whose metrics are missing."""
+    steps = np.asarray(a.spec.get("num_spec_steps", np.full(len(a.out), np.nan)), float)
+    if np.isfinite(steps).all():
+        return True
+    return cell.spec_decode_num_drafts is not None and float(np.nansum(steps)) == float(cell.spec_decode_num_drafts)
 
 
 def plain_steps(decoded, spec_steps, accepted) -> np.ndarray:
@@ -213,17 +238,19 @@ def decompose(m: Measurements, rr: RunToRun, acc_rr: tuple, server: str, baselin
             boot_tpot.append(np.log(pb.tpot_sum[draw].sum(1) / pb.tpot_n[draw].sum(1))
                              - np.log(ps.tpot_sum[draw].sum(1) / ps.tpot_n[draw].sum(1)))
         if per_decode_step:
-            cell = m.cells[(server, suite, c, r)]
-            if ps.per_request:
+            cell, a = m.cells[(server, suite, c, r)], m.arrays[(server, suite, c, r)]
+            if ps.per_request and every_request_counted(a, cell):
                 sources.add("per-request metrics, tokens per decode step")
                 t = _per_decode_step(ps.decoded.sum(), ps.decode_steps.sum())[0]
                 bt = _per_decode_step(ps.decoded[draw].sum(1), ps.decode_steps[draw].sum(1))
-            else:
+            elif cell.spec_decode_num_drafts is not None and cell.spec_decode_num_accepted_tokens is not None:
                 sources.add("cell counters, tokens per decode step")
-                dec = float(np.maximum(m.arrays[(server, suite, c, r)].out - 1, 0).sum())
-                drafts = float(cell.spec_decode_num_drafts or 0)
-                t = _per_decode_step(dec, drafts + plain_steps(dec, drafts, cell.spec_decode_num_accepted_tokens or 0))[0]
+                dec = float(np.maximum(a.out - 1, 0).sum())
+                drafts = float(cell.spec_decode_num_drafts)
+                t = _per_decode_step(dec, drafts + plain_steps(dec, drafts, cell.spec_decode_num_accepted_tokens))[0]
                 bt = np.full(s.bootstrap, t)
+            else:   # neither every request's steps nor the cell's counters: the plain steps are unknown
+                t, bt = float("nan"), np.full(s.bootstrap, np.nan)
         elif ps.per_request:
             sources.add("per-request metrics")
             t = _tau(flavor, ps.steps.sum(), ps.drafted.sum(), ps.accepted.sum(), ps.out.sum())[0]

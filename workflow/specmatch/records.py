@@ -737,8 +737,10 @@ class Attribution(Record):
     """Why a speculative server's TPOT differs from the baseline's at one (suite, concurrency)
     (`results/summary/attribution.json`, specmatch.attribution).
 
-    A speculative step yields tau tokens (`tokens_per_step`, the engine's acceptance length) and costs
-    rho plain decode steps of the baseline (`step_cost_ratio`), so `tpot_speedup` = tau / rho.
+    A speculative step yields tau tokens (`tokens_per_step`, the engine's acceptance length; for a
+    batch-size schedule with plain steps at some batch sizes, tokens per decode step, plain steps
+    included: `acceptance_source` says which) and costs rho plain decode steps of the baseline
+    (`step_cost_ratio`), so `tpot_speedup` = tau / rho.
     rho < 1 decisively means the speculative server's step was cheaper than a plain decode step:
     the gain is the engine's path, not the drafter's (`explained_by_drafting` false; also when the
     step is decisively cheaper than a plain step of the configured-off control). `configured_off`

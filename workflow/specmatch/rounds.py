@@ -76,25 +76,33 @@ def plan(an: Analysis, design: Design, round_: int) -> RoundPlan:
 
 
 def k_choices(an: Analysis, design: Design, round_: int) -> list[RoundDecision]:
-    """The k sweeps' undecided choices (kmodel.best_k) measured in round `round_`, the ones where only
-    k is open ("pays, k open") included: each inconclusive comparison of the best k's member
-    against another candidate continues (both servers get another repeat at that suite and
+    """The k sweeps' choices (kmodel.best_k) at round `round_`: the best k's comparison with every other
+    candidate. One still open (inconclusive, or contradicting the estimates' order) while k is not
+    decided, "pays, k open" included, continues (both servers get another repeat at that suite and
     concurrency) where the remaining repeats likely decide it, by the same rule and levels as every
-    configuration."""
+    configuration; a decided one is recorded as decided. A pair is looked at while either side was
+    measured in this round: the best k can change between rounds, and its new pair must not stop
+    for the one repeat its other side was not measured in."""
     metric = an.settings.recommend_metric
+    m = an.measurements
     out = []
     for rec in an.k_recommendations:
         for ch in rec.choices:
-            if not ch.candidates:   # decided (or nothing to compare)
-                continue
             for v in ch.pairwise:
-                if v.verdict != Decision.INCONCLUSIVE or v.repeats != round_ or v.speedup is None:
-                    continue
-                if round_ >= design.max:
+                if v.speedup is None or not any(round_ in m.repeats(x, rec.suite, ch.concurrency)
+                                                for x in (v.server, v.against)):
+                    continue   # nothing to decide, or neither side measured this round (it stopped earlier)
+                open_ = bool(ch.candidates) and v.verdict in (Decision.INCONCLUSIVE, Decision.LOSES)
+                if not open_:
+                    action = Continuation.DECIDED if v.verdict != Decision.INCONCLUSIVE else None
+                    if action is None:
+                        continue   # inconclusive against a k the choice does not hinge on
+                elif round_ >= design.max:
                     action = Continuation.AT_MAX
+                elif v.verdict == Decision.LOSES:   # the paired comparison contradicts the estimates' order
+                    action = Continuation.CONTINUE
                 else:
-                    cmp = compare(an.measurements, an.run_to_run, v.server, v.against, rec.suite, ch.concurrency,
-                                  metric)
+                    cmp = compare(m, an.run_to_run, v.server, v.against, rec.suite, ch.concurrency, metric)
                     w, _, b, _ = _split(cmp)
                     go = cmp.estimate is not None and continues(
                         cmp.estimate, w, b, cmp.repeats, design, an.settings.confidence,

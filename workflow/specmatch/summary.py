@@ -27,7 +27,7 @@ import polars as pl
 
 from . import kreport, steps
 from .analysis import LABEL, Analysis, Settings
-from .attribution import attribute, launch_differences
+from .attribution import attribute, launch_differences, mixed_schedule
 from .controls import OFF, is_control, why_no_control
 from .engines import definitions
 from .files import SpecmatchError, atomic_path, read_json, write_json, write_text
@@ -483,6 +483,7 @@ def markdown(an: Analysis, recs: list[Recommendation], verified: dict, matches: 
              plans: list[RoundPlan] | None = None) -> str:
     s = an.settings
     attrs = attrs or []
+    mixed = {x for x, i in an.infos.items() if mixed_schedule(getattr(i, "speculative", None))}
     reps = max((v.repeats for v in an.verdicts), default=1)
     design = s.design
     reps_text = (f"{design.min}–{design.max} repeats, sequential" if design.sequential
@@ -530,6 +531,8 @@ def markdown(an: Analysis, recs: list[Recommendation], verified: dict, matches: 
                     drafts = [x.spec_decode_num_drafts for x in acc]
                     acc_txt = "off (0 drafts)" if drafts and all(d == 0 for d in drafts) else _fmt(
                         float(np.mean(length)) if length else None)
+                    if server in mixed and length:   # a schedule with plain steps: its speculative steps only
+                        acc_txt += f" over {sum(d or 0 for d in drafts)} speculative steps"
                     cols = [_ci(an.verdict(server, suite, c, m)) for m in ("output_throughput", "tpot", "e2el")]
                     if s.slo:
                         cols.append(_ci(an.verdict(server, suite, c, "goodput")))
@@ -585,7 +588,9 @@ def markdown(an: Analysis, recs: list[Recommendation], verified: dict, matches: 
         lines.append(f"| {server} | {suite} | {c} | {r} | {x.completed} | {x.failed} | {_fmt(x.output_throughput, '.1f')} | "
                      f"{_fmt(x.median_ttft_ms, '.0f')} | {_fmt(x.median_tpot_ms, '.1f')} | {_fmt(x.p99_itl_ms, '.1f')} | "
                      f"{_fmt(x.median_e2el_ms, '.0f')} | " + ("off (0 drafts)" if x.spec_decode_num_drafts == 0 else
-                                                            _fmt(x.spec_decode_acceptance_length)) +
+                                                            _fmt(x.spec_decode_acceptance_length)
+                                                            + (f" over {x.spec_decode_num_drafts} speculative steps"
+                                                               if server in mixed and x.spec_decode_num_drafts else "")) +
                      f" | {_fmt(x.holdout_share, '.0%')} |")
     lines += load_generator_lines(list(an.measurements.cells.values()))
     lines += ["", "Definitions (every cell's `definitions` field): TTFT is the first stream chunk carrying choices, "
