@@ -126,6 +126,11 @@ def mixed_schedule(spec: dict | None) -> bool:
     return 0 in ks and any(ks)
 
 
+def mixed_servers(infos: dict) -> set[str]:
+    """The servers (name -> deployment.ServerInfo) whose schedule runs plain steps at some batch sizes."""
+    return {x for x, i in infos.items() if mixed_schedule(getattr(i, "speculative", None))}
+
+
 def every_request_counted(a: Arrays, cell) -> bool:
     """Whether the per-request metrics account for every decode step: each request reported its
     speculative steps, or the ones missing drafted nothing (the reported steps add up to the cell's
@@ -449,7 +454,7 @@ def attribute(an: Analysis, reference_suite: str | None = None) -> list[Attribut
     """The decomposition for every speculative server (controls and recommended servers included)
     at every (suite, concurrency) it shares with the baseline."""
     m, s, rr = an.measurements, an.settings, an.run_to_run
-    mixed = {x for x, i in an.infos.items() if mixed_schedule(getattr(i, "speculative", None))}
+    mixed = mixed_servers(an.infos)
     # the session-to-session spread of acceptance, from servers whose every step speculates
     acc_rr = acceptance_run_to_run(m, [x for x in m.servers() if x not in mixed])
     ref = reference_suite if reference_suite in an.suites else (an.suites[0] if an.suites else None)

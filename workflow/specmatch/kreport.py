@@ -73,8 +73,7 @@ def points_table(points: list[KPoint]) -> list[str]:
     """Predicted against measured TPOT speedup per k and concurrency (the model is checked, not trusted).
     A k the model cannot predict and nobody measured (below the smallest measured k: the step cost is
     never extrapolated) gets one sentence, not a row of dashes."""
-    blank = sorted({p.k for p in points if p.predicted is None and p.measured is None})
-    blank = [k for k in blank if all(p.predicted is None and p.measured is None for p in points if p.k == k)]
+    blank = sorted({p.k for p in points} - {p.k for p in points if p.predicted is not None or p.measured is not None})
     points = [p for p in points if p.k not in blank]
     if not points:
         return []

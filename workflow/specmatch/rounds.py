@@ -93,10 +93,10 @@ def k_choices(an: Analysis, design: Design, round_: int) -> list[RoundDecision]:
                                                 for x in (v.server, v.against)):
                     continue   # nothing to decide, or neither side measured this round (it stopped earlier)
                 open_ = bool(ch.candidates) and v.verdict in (Decision.INCONCLUSIVE, Decision.LOSES)
+                if not open_ and v.verdict == Decision.INCONCLUSIVE:
+                    continue   # inconclusive against a k the choice does not hinge on
                 if not open_:
-                    action = Continuation.DECIDED if v.verdict != Decision.INCONCLUSIVE else None
-                    if action is None:
-                        continue   # inconclusive against a k the choice does not hinge on
+                    action = Continuation.DECIDED
                 elif round_ >= design.max:
                     action = Continuation.AT_MAX
                 elif v.verdict == Decision.LOSES:   # the paired comparison contradicts the estimates' order

@@ -27,7 +27,7 @@ import polars as pl
 
 from . import kreport, steps
 from .analysis import LABEL, Analysis, Settings
-from .attribution import attribute, launch_differences, mixed_schedule
+from .attribution import attribute, launch_differences, mixed_servers
 from .controls import OFF, is_control, why_no_control
 from .engines import definitions
 from .files import SpecmatchError, atomic_path, read_json, write_json, write_text
@@ -483,7 +483,7 @@ def markdown(an: Analysis, recs: list[Recommendation], verified: dict, matches: 
              plans: list[RoundPlan] | None = None) -> str:
     s = an.settings
     attrs = attrs or []
-    mixed = {x for x, i in an.infos.items() if mixed_schedule(getattr(i, "speculative", None))}
+    mixed = mixed_servers(an.infos)
     reps = max((v.repeats for v in an.verdicts), default=1)
     design = s.design
     reps_text = (f"{design.min}–{design.max} repeats, sequential" if design.sequential

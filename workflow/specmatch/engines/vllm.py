@@ -43,7 +43,7 @@ def speculative_fields(python: str, cache_dir: Path | None = None) -> tuple[str 
     modification time of vLLM's own speculative config module, so an upgrade or an edit of that
     module reads it again. Without that module where a venv keeps it, nothing is cached."""
     src = _speculative_source(python) if cache_dir is not None else None
-    key = None
+    cached = None
     if src is not None:
         st = src.stat()
         key = stable_hash([str(Path(python).absolute()), str(src), st.st_size, st.st_mtime_ns])
@@ -54,8 +54,8 @@ def speculative_fields(python: str, cache_dir: Path | None = None) -> tuple[str 
         except (FileNotFoundError, SpecmatchError, ValueError, TypeError):
             pass
     version, fields, error = _read_speculative_fields(python)
-    if key is not None and fields is not None:
-        write_json(Path(cache_dir) / f"vllm-speculative-fields-{key}.json", [version, sorted(fields)])
+    if cached is not None and fields is not None:
+        write_json(cached, [version, sorted(fields)])
     return version, fields, error
 
 
