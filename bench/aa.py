@@ -134,7 +134,7 @@ def reanalyse(run: Path) -> dict:
     import polars as pl
 
     sys.path.insert(0, str(REPO / "workflow"))
-    from specmatch.analysis import Settings, analyse
+    from specmatch.deciding.analysis import Settings, analyse
     from specmatch.records import CellResult
 
     cfg = yaml.safe_load((run / "aa.yaml").read_text())

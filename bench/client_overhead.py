@@ -28,9 +28,9 @@ import numpy as np
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO / "workflow"))
 
-from specmatch import transport  # noqa: E402
-from specmatch.client import Request, run, run_load  # noqa: E402
-from specmatch.protocols import protocol  # noqa: E402
+from specmatch.measuring import transport  # noqa: E402
+from specmatch.measuring.client import Request, run, run_load  # noqa: E402
+from specmatch.measuring.protocols import protocol  # noqa: E402
 from specmatch.records import Prompt, RequestSettings  # noqa: E402
 
 

@@ -57,8 +57,8 @@ CHILD = """
 import sys, time, resource, json
 sys.path.insert(0, {pkg!r})
 from pathlib import Path
-from specmatch.inspection import inspect_root
-from specmatch.tokenizer import load_tokenizer
+from specmatch.data.inspection import inspect_root
+from specmatch.data.tokenizer import load_tokenizer
 load_tokenizer({tok!r})
 base = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
 t0 = time.perf_counter()

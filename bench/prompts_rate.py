@@ -43,10 +43,10 @@ def main() -> None:
     p.add_argument("--tokenizer", default=str(REPO / "results" / "models" / "smollm2-135m"))
     p.add_argument("--workers", type=int, default=os.cpu_count() or 1)
     a = p.parse_args()
-    from specmatch.inspection import inspect_root, read_cuts, write_cuts
-    from specmatch.prompts import training_suite
-    from specmatch.rows import ChatTemplate
-    from specmatch.tokenizer import load_tokenizer
+    from specmatch.data.inspection import inspect_root, read_cuts, write_cuts
+    from specmatch.data.prompts import training_suite
+    from specmatch.data.rows import ChatTemplate
+    from specmatch.data.tokenizer import load_tokenizer
 
     tok = load_tokenizer(a.tokenizer)
     template = ChatTemplate.of(tok)

@@ -21,7 +21,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "workflow"))
 
-from specmatch.transport import enable_kernel_stamps, realtime_offset_ns, recv_stamped  # noqa: E402
+from specmatch.measuring.transport import enable_kernel_stamps, realtime_offset_ns, recv_stamped  # noqa: E402
 
 
 def event(obj: dict | bytes) -> bytes:

@@ -7,7 +7,7 @@ same shape:
   bare       one forward and backward pass of the head (fc, the decoder layer, norm, lm_head) with a
              plain cross-entropy: the floor of any training step
   ttt        the same head unrolled ttt_length steps with the training-time-test attention and the
-             soft-target loss, as specmatch.drafter trains it
+             soft-target loss, as specmatch.training.drafter trains it
 and reports tokens/s of both and specmatch's end-to-end training rate (data, batches and all).
 
     .venv/bin/python bench/train_rate.py [--steps 20] [--target results/models/smollm2-135m]
@@ -34,10 +34,10 @@ def main() -> None:
     a = p.parse_args()
     import torch
 
-    from specmatch.drafter import Budget, build_head, train, ttt_forward
-    from specmatch.inspection import inspect_root
-    from specmatch.rows import ChatTemplate
-    from specmatch.tokenizer import load_tokenizer
+    from specmatch.training.drafter import Budget, build_head, train, ttt_forward
+    from specmatch.data.inspection import inspect_root
+    from specmatch.data.rows import ChatTemplate
+    from specmatch.data.tokenizer import load_tokenizer
 
     cfg = json.loads((Path(a.target) / "config.json").read_text())
     budget = Budget(steps=a.steps, train_tokens=4000, seq_len=a.seq_len, batch_size=a.batch)
@@ -85,7 +85,7 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as d:
         root = REPO / "resources" / "demo" / "prepared"
         if not root.exists():
-            from specmatch.demo import build
+            from specmatch.data.demo import build
 
             root = Path(d) / "prepared"
             build(root, a.target, {"code_instruct": 40, "agent_traces": 20, "python_docs": 30})
@@ -98,7 +98,7 @@ def main() -> None:
     print(f"bare forward + backward (one step, plain CE):   {r_bare:8.0f} tokens/s")
     print(f"training-time test ({budget.ttt_length} unrolled steps, soft targets): {r_ttt:8.0f} tokens/s "
           f"({r_ttt / r_bare:.2f}x the bare pass; {budget.ttt_length} steps cost at least {budget.ttt_length}x)")
-    print(f"specmatch.drafter end to end ({m['steps']} steps, data and batching included): "
+    print(f"specmatch.training.drafter end to end ({m['steps']} steps, data and batching included): "
           f"{m['train_tokens_per_s']:8.0f} tokens/s ({m['train_tokens_per_s'] / r_bare:.2f}x the bare pass); "
           f"target features {m['feature_seconds']} s")
 

@@ -15,8 +15,8 @@ SHARED = REPO.parent / "shared" / "data"
 if str(REPO / "workflow") not in sys.path:
     sys.path.insert(0, str(REPO / "workflow"))
 
-from specmatch.client import Request  # noqa: E402
-from specmatch.protocols import protocol as protocol_of  # noqa: E402
+from specmatch.measuring.client import Request  # noqa: E402
+from specmatch.measuring.protocols import protocol as protocol_of  # noqa: E402
 from specmatch.records import CellResult, LaunchRecord, Prompt, RequestSettings  # noqa: E402
 
 
@@ -92,7 +92,7 @@ CONV = [{"role": "system", "content": "You are terse."},
 def make_root(tmp_path, tok, sizes):
     """A training root `prepared/` with one source per `sizes` entry, each of that many tokenized
     two-turn conversations (CONV, made distinct by a `[source i]` tag)."""
-    from specmatch.demo import tokenize_conversation
+    from specmatch.data.demo import tokenize_conversation
 
     root = tmp_path / "prepared"
     for src, n in sizes.items():
@@ -138,7 +138,7 @@ def prompts_file(tmp_path, texts) -> Path:
 
 
 def cell_args(tmp_path, url, prompts, req) -> list[str]:
-    """`python -m specmatch.cell` arguments for cell c2 of an external server at `url`."""
+    """`python -m specmatch cell` arguments for cell c2 of an external server at `url`."""
     return ["--name", "ext", "--server", json.dumps({"engine": "external", "base_url": url, "flavor": "vllm"}),
             "--suite", "s", "--prompts", str(prompts), "--concurrency", "2", "--max-batch", "0",
             "--requests", json.dumps(req), "--out", str(tmp_path / "c2.json"),
@@ -173,7 +173,7 @@ def sweep_cells(seed: int, rho: dict, concurrencies=(1, 4, 16), repeats: int = 3
                 out_tokens: int = 64, session_sd: float = 0.01, cell_sd: float = 0.01, parent: str = "spec",
                 extra: dict | None = None):
     """Cells of a baseline `base` and one sweep member `<parent>@k=<k>` per k of `rho` (k -> c -> the step
-    cost in plain steps at that concurrency), simulated by specmatch.des with per-prompt acceptance
+    cost in plain steps at that concurrency), simulated by specmatch.calibration.des with per-prompt acceptance
     from BETA, every cell's times moved by its session's and its own run-to-run effect. Each member's
     cells carry vLLM's per-position acceptance rates: a prompt accepts the first p + 1 drafts with
     probability alpha^(p + 1), weighted by its steps and scaled so that 1 + their sum equals the cell's
@@ -186,9 +186,9 @@ def sweep_cells(seed: int, rho: dict, concurrencies=(1, 4, 16), repeats: int = 3
 
     import numpy as np
 
-    from specmatch.calibration import BASE
-    from specmatch.des import serve
-    from specmatch.simulate import cell
+    from specmatch.calibration.harness import BASE
+    from specmatch.calibration.des import serve
+    from specmatch.calibration.simulate import cell
 
     rng = np.random.default_rng(seed)
     ids = [f"p-{i:03d}" for i in range(prompts)]

@@ -22,7 +22,7 @@ def tok_dir(tmp_path_factory) -> Path:
     """SmolLM2's tokenizer (with chat template) saved as a plain folder."""
     from transformers import AutoTokenizer
 
-    from specmatch.model import find_embedded_gguf
+    from specmatch.training.model import find_embedded_gguf
 
     gguf = find_embedded_gguf()
     out = tmp_path_factory.mktemp("tok")
@@ -32,7 +32,7 @@ def tok_dir(tmp_path_factory) -> Path:
 
 @pytest.fixture(scope="session")
 def tok(tok_dir):
-    from specmatch.tokenizer import load_tokenizer
+    from specmatch.data.tokenizer import load_tokenizer
 
     return load_tokenizer(str(tok_dir))
 

@@ -4,10 +4,10 @@ import math
 import numpy as np
 import pytest
 
-from specmatch.analysis import (Comparison, ServerInfo, Settings, analyse, crossover, decide, recommend, server_k,
+from specmatch.deciding.analysis import (Comparison, ServerInfo, Settings, analyse, crossover, decide, recommend, server_k,
                                 validate_schedule, verify_recommendations)
 from specmatch.records import Decision, Direction, Outcome, Verdict
-from specmatch.simulate import cell, experiment
+from specmatch.calibration.simulate import cell, experiment
 from specmatch.stats import t_ppf
 
 S = Settings(bootstrap=400)
@@ -50,7 +50,7 @@ def test_one_repeat_needs_an_effect_beyond_min_effect_and_says_so(tmp_path):
     assert "repeats: 2 or more" in tight_small.decide
     assert decide(cmp(math.log(1.3), 0.02), S).verdict == Decision.PAYS
     assert decide(cmp(math.log(1.0), 0.001), S).verdict == Decision.INCONCLUSIVE  # never 'equivalent' with R=1
-    from specmatch.summary import markdown
+    from specmatch.reporting.summary import markdown
 
     an = analyse(experiment(np.random.default_rng(0), 1.3, repeats=1), "baseline", S)
     md = markdown(an, [], {}, [], [], [])
@@ -120,7 +120,7 @@ def test_keep_on_for_a_server_whose_schedule_switches_off_is_a_new_deployment():
     rec = recommend(sched, "s", *verdicts({1: (1.5, Decision.PAYS), 4: (1.4, Decision.PAYS),
                                            5: (0.7, Decision.LOSES)}), S)
     assert rec.action == "schedule" and rec.as_configured and rec.vllm_schedule == [[1, 4, 4], [5, 256, 0]]
-    from specmatch.recommend import derived_servers
+    from specmatch.deciding.recommend import derived_servers
     assert derived_servers([rec], {"spec": {"engine": "vllm", "speculative": sched.speculative}},
                            {"spec": sched}) == {}
     # two recommendation suites with new schedules: one recommended server, the first suite's
@@ -134,7 +134,7 @@ def test_keep_on_for_a_server_whose_schedule_switches_off_is_a_new_deployment():
     assert first.derived_server == "spec__recommended" and second.derived_server is None
     from types import SimpleNamespace
 
-    from specmatch.analysis import verify_recommendations
+    from specmatch.deciding.analysis import verify_recommendations
     from specmatch.records import Outcome
     an = SimpleNamespace(settings=S, servers=["baseline", "spec"], concurrencies=[1, 4, 16])
     verify_recommendations(an, [second], got)
@@ -234,7 +234,7 @@ def test_configured_but_off_is_a_finding_not_noise():
     an = analyse(cells, "baseline", S)
     assert [(v.server, v.concurrency) for v in an.off_cost] == [("spec", 16)]
     assert an.off_cost[0].speedup == pytest.approx(0.87, abs=0.06)
-    from specmatch.summary import markdown
+    from specmatch.reporting.summary import markdown
 
     md = markdown(an, [], {}, [], [], [])
     assert "drafted nothing at c=16" in md and "a finding, not noise" in md and "costs 1" in md
@@ -252,7 +252,7 @@ def test_configured_but_off_faster_names_what_the_engine_changed():
                                                  "speculative decoding and will be disabled."))}
     an = analyse(cells, "baseline", S, infos=infos)
     assert an.off_cost[0].verdict == Decision.PAYS
-    from specmatch.summary import markdown
+    from specmatch.reporting.summary import markdown
 
     md = markdown(an, [], {}, [], [], [])
     assert "runs 3" in md and "faster than the baseline" in md and "pays for being" not in md
@@ -263,7 +263,7 @@ def test_configured_but_off_within_noise_claims_nothing():
     cells = off_at_16(5, {1: 1.3, 4: 1.0, 16: 1.0})
     an = analyse(cells, "baseline", S)
     assert an.off_cost[0].verdict in (Decision.EQUIVALENT, Decision.INCONCLUSIVE)
-    from specmatch.summary import markdown
+    from specmatch.reporting.summary import markdown
 
     md = markdown(an, [], {}, [], [], [])
     assert "no cost of being configured is established" in md and "a finding, not noise" not in md
@@ -308,7 +308,7 @@ def test_verification_catches_a_switch_that_costs_throughput():
 def test_a_recommendation_another_server_already_deploys_is_not_measured_twice():
     """`ngram_off_above_4` should be on everywhere: that is `ngram` as configured, whose cells on the
     same suite verify it; an SGLang-free, vLLM-only check of the config equivalence."""
-    from specmatch.recommend import derived_servers, same_deployment
+    from specmatch.deciding.recommend import derived_servers, same_deployment
 
     ngram = {"engine": "vllm", "model": "m", "speculative": {"method": "ngram", "num_speculative_tokens": 4}}
     off4 = {"engine": "vllm", "model": "m", "suites": ["s"],
@@ -354,7 +354,7 @@ def grid(rng, speed: dict, sd_c, repeats=3, suites=("a", "b", "c"), prompts=24, 
 def test_median_fit_dof_is_its_efficiency_not_two_over_pi():
     """Finding 5: the median fit's dof used 2/pi, the efficiency of a median of normals; for the median
     of chi2_1 it is 0.37. Simulated: Var(log tau2_hat) matches 2/dof."""
-    from specmatch.analysis import _tau2_dof, fit_tau2
+    from specmatch.deciding.analysis import _tau2_dof, fit_tau2
 
     rng = np.random.default_rng(0)
     n = 15
@@ -427,7 +427,7 @@ def test_crossover_draws_share_the_server_sessions():
     """Finding 4: concurrencies of one session share its run-to-run effect, which shifts the whole curve:
     the crossing moves by shift / slope (a session-only variance sigma^2: half-width z sigma / |slope| in
     log c); drawn independently it would be narrower. Two points: no curvature to add."""
-    from specmatch.analysis import crossovers
+    from specmatch.deciding.analysis import crossovers
 
     sigma = 0.02
 
@@ -452,7 +452,7 @@ def test_crossover_draws_share_the_server_sessions():
 def test_crossover_includes_the_interpolations_error():
     """Finding 4: between two measured concurrencies the curve is unknown; with estimates known almost
     exactly, a bent curve still leaves the crossing uncertain, a straight one does not."""
-    from specmatch.analysis import crossovers
+    from specmatch.deciding.analysis import crossovers
 
     def at(ys):
         vs, cs = verdicts({c: (math.exp(y), Decision.PAYS if y > 0 else Decision.LOSES) for c, y in ys.items()})
@@ -480,7 +480,7 @@ def test_what_would_decide_the_issues_example():
     v = decide(cmp, S)
     assert v.verdict == Decision.INCONCLUSIVE
     assert "suite about 15x" not in v.decide and "x larger (the prompt sample" not in v.decide
-    from specmatch.analysis import deciding_design
+    from specmatch.deciding.analysis import deciding_design
 
     d = v.design
     assert d is not None and d["repeats"] > 2 and d == deciding_design(cmp, S)
@@ -533,7 +533,7 @@ def test_an_external_endpoint_still_gets_its_deployment_marked_not_verified():
     validate_schedule(rec.vllm_schedule)
     assert rec.verified.outcome is Outcome.NOT_VERIFIABLE and "external endpoint" in rec.verified.reason
     assert "not measured" in rec.text
-    from specmatch.recommend import derived_servers
+    from specmatch.deciding.recommend import derived_servers
 
     assert derived_servers([rec], {"spec": {"engine": "external", "speculative": ext.speculative}},
                            {"spec": ext}) == {}
@@ -545,7 +545,7 @@ def test_verification_against_the_reference_the_schedule_fixes(cost, outcome):
     schedule runs there (fixed before its data are seen), as an equivalence test within ±min_effect
     corrected for the number of concurrencies: a correct schedule is verified, one whose switch costs
     15% where it is off fails, and the record states the error rates."""
-    from specmatch.analysis import deployed_on, join_derived
+    from specmatch.deciding.analysis import deployed_on, join_derived
 
     rng = np.random.default_rng(6)
     truth = {"baseline": {1: 1.0, 4: 1.0, 16: 1.0}, "spec": {1: 1.4, 4: 1.0, 16: 0.6}}
@@ -573,7 +573,7 @@ def test_verification_asks_no_more_than_it_is_not_worse(seed):
     (its interval reached above +5%) though it costs nothing. Verified asks for non-inferiority at
     each concurrency (its one-sided 1 - alpha bound above -min_effect), uncorrected (an
     intersection-union test); the same deployment costing 8% there is never verified."""
-    from specmatch.analysis import deployed_on, join_derived
+    from specmatch.deciding.analysis import deployed_on, join_derived
 
     truth = {"baseline": {1: 1.0, 4: 1.0, 16: 1.0}, "spec": {1: 1.4, 4: 1.0, 16: 0.6}}
     noise = {1: 0.005, 4: 0.005, 16: 0.025}
@@ -635,7 +635,7 @@ def test_what_would_decide_states_the_probability_its_design_decides():
     from 4 dof at R=2; each inconclusive verdict's design is then measured (its new repeats, the
     variance re-estimated with their dof) and decided. The stated probabilities must match the share
     decided."""
-    from specmatch.noise import VarianceSum
+    from specmatch.deciding.noise import VarianceSum
 
     rng = np.random.default_rng(7)
     w, b1, d, prior_sd = 1e-6, 0.05 ** 2, 4.0, 0.04

@@ -8,11 +8,12 @@ import json
 import numpy as np
 import pytest
 
-from specmatch.analysis import Settings, analyse
-from specmatch.attribution import attribute, explained
+from specmatch.deciding.analysis import Settings, analyse
+from specmatch.deciding.analysis import attribute
+from specmatch.deciding.attribution import explained
 from specmatch.records import Attribution, Interval
-from specmatch.simulate import decomposed_experiment
-from specmatch.summary import why_lines
+from specmatch.calibration.simulate import decomposed_experiment
+from specmatch.reporting.summary import why_lines
 
 S = Settings(bootstrap=300)
 
@@ -75,7 +76,7 @@ def test_no_drafts_no_decomposition_and_not_enough_data_is_undecided():
 
 
 def test_explained_needs_both_units_of_a_plain_step():
-    from specmatch.attribution import both
+    from specmatch.deciding.attribution import both
 
     assert both(True, True) is True and both(True, None) is True
     assert both(False, True) is False and both(True, False) is False and both(None, False) is False
@@ -181,8 +182,8 @@ def schedule_cells(seed: int = 11):
     """A derived batch-size schedule (k=3 at batches 1-4, off above): tau 2 at 1.3 plain steps at
     c=1; at c=16 plain steps, except that the engine drafts once as the batch drains (one request,
     one step accepting 3: an acceptance length of 4.0 over speculative steps)."""
-    from specmatch.deployment import ServerInfo
-    from specmatch.simulate import decomposed_experiment
+    from specmatch.deciding.deployment import ServerInfo
+    from specmatch.calibration.simulate import decomposed_experiment
 
     rng = np.random.default_rng(seed)
     suites = {"s": (200, 700)}
@@ -223,7 +224,7 @@ def test_a_schedule_that_runs_plain_steps_is_decomposed_over_all_its_decode_step
     steps, while every other step was plain. TPOT = step time / tokens per step holds over all decode
     steps: tau is about 1 and rho about one plain step, not 4 and 4. At c=1, where every step speculates,
     tau is the tokens per decode step (the engine's acceptance length less what max_tokens cut off)."""
-    from specmatch.deployment import ServerInfo
+    from specmatch.deciding.deployment import ServerInfo
 
     cells, infos = schedule_cells()
     attrs = attribute(analyse(cells, "baseline", S, infos), "s")
@@ -279,8 +280,8 @@ def test_which_schedules_run_plain_steps(tmp_path):
     """vLLM: k=0 beside k>0 bands; a configured-off control (k=0 everywhere) and one k everywhere are
     not mixed. SGLang: the adaptive config's candidate steps, read from its file; a file that cannot be
     read counts as mixed (tokens per decode step is right for any server)."""
-    from specmatch.attribution import mixed_schedule
-    from specmatch.engines.sglang import adaptive_config
+    from specmatch.deciding.attribution import mixed_schedule
+    from specmatch.serving.engines.sglang import adaptive_config
 
     assert mixed_schedule(SCHEDULE)
     assert not mixed_schedule({"num_speculative_tokens_per_batch_size": [[1, 256, 0]]})

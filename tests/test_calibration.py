@@ -1,9 +1,9 @@
 """Calibration of the verdicts against a simulated server, not against the analysis's own model
-(issue 18, item 6; specmatch.des, specmatch.calibration).
+(issue 18, item 6; specmatch.calibration.des, specmatch.calibration.harness).
 
 Experiments shaped like the embedded default (3 suites of 16 prompts, 16 output tokens, c = 1, 4,
 16, a baseline and a second server on the same prompts) whose cells come from a discrete-event model
-of a continuously batching server under a closed loop (specmatch.des), in R repeats of fresh
+of a continuously batching server under a closed loop (specmatch.calibration.des), in R repeats of fresh
 sessions (servers alternating), with run-to-run noise the analysis does not assume: heteroscedastic
 by concurrency, Student-t(3), a linear drift over the run, one outlying session (calibration.SCENARIOS).
 Every metric: output throughput, TPOT, end-to-end latency and goodput (SLO e2el 450 ms).
@@ -34,7 +34,7 @@ measured as the workflow measures it, with a free switch and with one whose swit
 15% more. A/A crossovers, and repeats added while verdicts are inconclusive (optional stopping).
 
 Runtime: ~2,300 analyses (the sequential design analysed beside the fixed one): about 4 minutes on 2 idle cores
-(SPECMATCH_CALIBRATION_WORKERS processes, default 2). `python -m specmatch.simulate --table` prints
+(SPECMATCH_CALIBRATION_WORKERS processes, default 2). `python -m specmatch simulate --table` prints
 the full table (R = 1..4, hints, sequential). Findings are xfail(strict=True) with the measured
 rate, so they flip when the analysis is fixed.
 """
@@ -46,9 +46,9 @@ from dataclasses import replace
 import numpy as np
 import pytest
 
-from specmatch import calibration as cal
-from specmatch.analysis import Settings, analyse
-from specmatch.des import Engine, serve
+from specmatch.calibration import harness as cal
+from specmatch.deciding.analysis import Settings, analyse
+from specmatch.calibration.des import Engine, serve
 
 NOMINAL = 0.10
 T_POOLED = 0.115            # midway between nominal and 1.3x nominal

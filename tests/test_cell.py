@@ -6,7 +6,7 @@ import pytest
 import yaml
 
 from builders import REPO, REQ, cell_args, prompt, prompts_file
-from specmatch.cell import check_load, main, plan_requests
+from specmatch.measuring.cell import check_load, main, plan_requests
 from specmatch.config import load, requests_settings, validate
 from specmatch.files import SpecmatchError
 from specmatch.records import RequestSettings

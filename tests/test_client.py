@@ -10,10 +10,10 @@ from pathlib import Path
 import pytest
 
 from builders import cell_result, load_requests, prompt
-from specmatch import metrics, transport
-from specmatch.client import run_load
-from specmatch.engines import get_engine
-from specmatch.protocols import PROTOCOLS, has_choices, protocol
+from specmatch.measuring import metrics, transport
+from specmatch.measuring.client import run_load
+from specmatch.serving.engines import get_engine
+from specmatch.measuring.protocols import PROTOCOLS, has_choices, protocol
 from specmatch.records import RequestSettings
 
 

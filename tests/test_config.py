@@ -60,7 +60,7 @@ def test_bad_config_names_the_key(mutate, message):
 
 
 def test_shipped_example_configs_validate_and_build():
-    from specmatch.engines import get_engine
+    from specmatch.serving.engines import get_engine
 
     for f in sorted((REPO / "resources" / "configs").glob("*.yaml")):
         cfg = load(f)
@@ -86,7 +86,7 @@ ENV_AS_WRITTEN = {"CUDA_VISIBLE_DEVICES": "0", "QUOTED": "0", "SCI": "1e3", "FRA
 
 
 def launched(cfg: dict, server: str):
-    from specmatch.engines import get_engine
+    from specmatch.serving.engines import get_engine
 
     srv = {**cfg["servers"][server], "python": "/venv/bin/python"}
     if srv["engine"] == "sglang":

@@ -8,11 +8,11 @@ import yaml
 
 from builders import copy_workflow, job_counts, run, shipped_config, snakemake_cmd
 from specmatch.config import validate
-from specmatch.controls import OFF, control_plan, recommendation_suites, with_controls
+from specmatch.serving.controls import OFF, control_plan, recommendation_suites, with_controls
 from specmatch.files import SpecmatchError
-from specmatch.prompts import LIST_HEAD, file_suite
+from specmatch.data.prompts import LIST_HEAD, file_suite
 from specmatch.records import Prompt
-from specmatch.rows import ChatTemplate
+from specmatch.data.rows import ChatTemplate
 
 
 def default():

@@ -6,9 +6,9 @@ import numpy as np
 import pytest
 import torch
 
-from specmatch.drafter import Budget, draft_vocabulary, save, train
-from specmatch.inspection import inspect_root
-from specmatch.rows import ChatTemplate
+from specmatch.training.drafter import Budget, draft_vocabulary, save, train
+from specmatch.data.inspection import inspect_root
+from specmatch.data.rows import ChatTemplate
 from builders import make_root
 
 TINY = Budget(steps=4, train_tokens=600, seq_len=64, batch_size=2, draft_vocab=64, ttt_length=2, lr=1e-3, seed=0,
@@ -46,7 +46,7 @@ def test_draft_vocabulary_maps_back_to_target_ids():
 
 
 def test_training_never_reads_held_out_rows(target, data, tok, monkeypatch):
-    from specmatch import readers
+    from specmatch.data import readers
 
     m, cuts = data
     held = {(f, (o if o is not None else r)) for f, o, r in cuts.filter(cuts["holdout"]).select(
@@ -99,12 +99,13 @@ def test_training_on_regenerated_rows_reads_only_them_and_evaluation_reports_hel
     """With a regenerated store, training reads no original row (the store replaces the seen rows,
     matched by file and position, so the holdout stays the cut table's); after training, agreement
     is reported on seen rows (as trained), on their original text, and on held-out rows."""
-    from specmatch import readers
-    from specmatch.drafter import evaluate, training_rows
+    from specmatch.data import readers
+    from specmatch.data.rows import training_rows
+    from specmatch.training.drafter import evaluate
 
     m, cuts = data
     budget = Budget(**{**TINY.__dict__, "eval_tokens": 200})
-    seen = training_rows(cuts, budget)
+    seen = training_rows(cuts, budget.seed)
     store = {}
     for k, c in enumerate(seen.iter_rows(named=True)):
         if k % 2:  # half the seen rows were not regenerated: they are passed over, never read

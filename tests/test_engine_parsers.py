@@ -15,8 +15,8 @@ import pytest
 import yaml
 
 from builders import REPO
-from specmatch.engines import get_engine
-from specmatch.engines.sglang import ACCEPTED_KEYS, HISTOGRAM_KEYS, PROPOSED_KEYS
+from specmatch.serving.engines import get_engine
+from specmatch.serving.engines.sglang import ACCEPTED_KEYS, HISTOGRAM_KEYS, PROPOSED_KEYS
 from specmatch.files import SpecmatchError
 
 PARSERS = REPO / ".parsers"
@@ -201,7 +201,7 @@ pytest.importorskip("vllm")
 
 @pytest.mark.slow  # vLLM's engine-config validation of every argv: half a minute
 def test_every_vllm_gpu_argv_passes_vllms_own_checks(tiny_target, tmp_path, tok):
-    from specmatch.drafter import Budget, checkpoint_config
+    from specmatch.training.drafter import Budget, checkpoint_config
 
     head = tmp_path / "eagle3"
     head.mkdir()
@@ -270,7 +270,7 @@ def test_vllms_speculative_fields_are_read_once_per_vllm(tmp_path, monkeypatch):
     """validate() imports vLLM in the server's python (about 10 s) before every launch; with the server
     state folder the answer is kept, keyed by the interpreter and vLLM's own speculative config module,
     so a change of that module (an upgrade) reads it again."""
-    from specmatch.engines import vllm as vllm_engine
+    from specmatch.serving.engines import vllm as vllm_engine
 
     env = tmp_path / "venv"
     module = env / "lib" / "python3.11" / "site-packages" / "vllm" / "config" / "speculative.py"

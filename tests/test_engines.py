@@ -5,12 +5,12 @@ from pathlib import Path
 import pytest
 
 from builders import cell_result
-from specmatch import metrics
-from specmatch.engines import ENGINES, get_engine, redact_argv, redact_env
-from specmatch.engines.base import as_text
-from specmatch.engines.sglang import parse_meta_info, running_cap
+from specmatch.measuring import metrics
+from specmatch.serving.engines import ENGINES, get_engine, redact_argv, redact_env
+from specmatch.serving.engines.base import as_text
+from specmatch.serving.engines.sglang import parse_meta_info, running_cap
 from specmatch.files import SpecmatchError
-from specmatch.metrics import parse_prometheus
+from specmatch.serving.engines.prometheus import parse_prometheus
 from specmatch.records import Acceptance, CellAcceptance, CellResult, RequestRecord
 
 FIX = Path(__file__).parent / "fixtures"

@@ -1,5 +1,5 @@
-"""Which k at which load (specmatch.kmodel): the model of the speedup per k, the best k per band and
-the deployment, on simulated sweeps whose truth is known (specmatch.des: a continuously batching
+"""Which k at which load (specmatch.deciding.kmodel): the model of the speedup per k, the best k per band and
+the deployment, on simulated sweeps whose truth is known (specmatch.calibration.des: a continuously batching
 server whose speculative step drafts k tokens, accepts each with the prompt's probability until the
 first rejection, and costs rho(k, b) plain decode steps at batch size b)."""
 import json
@@ -9,11 +9,11 @@ import sys
 import pytest
 
 from builders import REPO, sweep_cells
-from specmatch.deployment import ServerInfo, server_k
-from specmatch.kmodel import (KBand, KChoice, bands, best_k, members, predict, recommend, sglang_adaptive_config,
+from specmatch.deciding.deployment import ServerInfo, server_k
+from specmatch.deciding.kmodel import (KBand, KChoice, bands, best_k, members, predict, recommend, sglang_adaptive_config,
                               sglang_deployment, tokens_per_step, vllm_deployment)
-from specmatch.measurements import Measurements, Settings
-from specmatch.noise import run_to_run
+from specmatch.deciding.measurements import Measurements, Settings
+from specmatch.deciding.noise import run_to_run
 from specmatch.records import Decision
 
 # the truth: the step cost of each k at c = 1, 4, 16. With these prompts tau(1, 2, 4) is about 1.5, 1.75, 2.0
@@ -73,7 +73,7 @@ def test_the_best_k_per_band_is_recovered(sweep):
     assert all(server_k(rec.speculative, b) == k for b, k in enumerate(ks_per_batch, 1))
     assert rec.speculative["prompt_lookup_max"] == 4 and rec.speculative["method"] == "ngram"
     # the record round-trips through JSON
-    from specmatch.kmodel import KRecommendation
+    from specmatch.deciding.kmodel import KRecommendation
     back = KRecommendation.from_json(json.loads(json.dumps(rec.to_json())))
     assert back.choices[0].pairwise[0].verdict == Decision.PAYS and back.bands[-1].extrapolated == "above"
 
@@ -167,7 +167,7 @@ def scripted_choice(monkeypatch, table: dict):
     import math
     from types import SimpleNamespace
 
-    from specmatch import kmodel
+    from specmatch.deciding import kmodel
     from specmatch.records import Verdict
 
     def compare(m, rr, server, against, suite, c, metric):
@@ -220,7 +220,7 @@ def test_a_band_where_speculation_pays_but_k_is_open_speculates_with_the_best_es
     """Both k pay at c=1 (k=4 truly about 8% faster) and the data cannot rank them; off is best at c=16.
     Before, the undecided c=1 took c=16's off (the one option both k were shown to beat there); now c=1
     deploys the best estimate, and its verification calls a cost there only against both k."""
-    from specmatch.kmodel import references
+    from specmatch.deciding.kmodel import references
 
     rho = {2: {1: 1.10, 16: 3.5}, 4: {1: 1.16, 16: 5.0}}
     cells = sweep_cells(3, rho, concurrencies=(1, 16), repeats=2, session_sd=0.04, cell_sd=0.03)
@@ -375,7 +375,7 @@ def test_recommended_schedules_pass_vllms_own_parser_and_validation(tmp_path, to
     pytest.importorskip("vllm")
     from transformers import LlamaConfig, LlamaForCausalLM
 
-    from specmatch.engines import get_engine
+    from specmatch.serving.engines import get_engine
 
     cfg = LlamaConfig(vocab_size=len(tok), hidden_size=64, intermediate_size=128, num_hidden_layers=2,
                       num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=512)
@@ -414,7 +414,7 @@ print(json.dumps(out))
 def test_sglang_adaptive_configs_route_every_batch_to_its_band_with_sglang_itself():
     if not (SG_NEW / ".done").exists():
         pytest.skip("the pinned SGLang release is not installed (scripts/setup-parsers.sh)")
-    from specmatch.engines.sglang import adaptive_support
+    from specmatch.serving.engines.sglang import adaptive_support
 
     sg = info(256, "sglang", speculative={"method": "eagle3", "model": "/d", "num_steps": 3, "eagle_topk": 1,
                                           "num_draft_tokens": 4}, sglang_adaptive=adaptive_support("0.5.23"),
@@ -487,7 +487,7 @@ def test_without_per_position_acceptance_only_the_measured_k_are_modelled(sweep)
 
 
 def test_the_derived_server_config(sweep):
-    from specmatch.kmodel import derived_config
+    from specmatch.deciding.kmodel import derived_config
 
     m, rr = sweep
     rec = recommend(m, rr, info(32), "spec", members("spec", m.servers()), "base", "s", m.settings)
@@ -497,7 +497,7 @@ def test_the_derived_server_config(sweep):
     assert "suites" not in cfg and cfg["speculative"]["num_speculative_tokens_per_batch_size"] == rec.vllm_schedule
     keep = recommend(m, rr, info(1), "spec", members("spec", m.servers()), "base", "s", m.settings, concurrencies=[1])
     assert derived_config(member, keep) is None
-    from specmatch.engines.sglang import adaptive_support
+    from specmatch.serving.engines.sglang import adaptive_support
 
     sg = info(32, "sglang", speculative={"method": "eagle3", "model": "/d", "num_steps": [1, 2, 4], "eagle_topk": 1},
               sglang_adaptive=adaptive_support("0.5.23"), version="0.5.23")
@@ -508,7 +508,7 @@ def test_the_derived_server_config(sweep):
     with pytest.raises(ValueError, match="adaptive_config_path"):
         derived_config({"engine": "sglang", "model": "/m"}, rec)
     cfg = derived_config({"engine": "sglang", "model": "/m", "sglang_version": "0.5.23"}, rec, "/tmp/a.json")
-    from specmatch.engines import get_engine
+    from specmatch.serving.engines import get_engine
 
     argv = get_engine(cfg).launch_plan(30000, 32).argv
     assert argv[argv.index("--speculative-adaptive-config") + 1] == "/tmp/a.json"

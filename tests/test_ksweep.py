@@ -1,22 +1,22 @@
 """A k sweep through the workflow's steps (issue 19): the config expands it, the controls take one member,
 the analysis decides the best k per band instead of an on/off call per member, the recommend step derives
 `<parent>__recommended` with the schedule, and the summary verifies it against the member each band runs,
-on simulated sweeps whose truth is known (builders.sweep_cells: specmatch.des servers)."""
+on simulated sweeps whose truth is known (builders.sweep_cells: specmatch.calibration.des servers)."""
 import json
 
 import pytest
 
 from builders import sweep_cells
-from specmatch.analysis import analyse
+from specmatch.deciding.analysis import analyse
 from specmatch.config import validate
-from specmatch.controls import with_controls
-from specmatch.deployment import ServerInfo
+from specmatch.serving.controls import with_controls
+from specmatch.deciding.deployment import ServerInfo
 from specmatch.files import SpecmatchError
-from specmatch.kmodel import KRecommendation, KSweeps
-from specmatch.measurements import Settings
+from specmatch.deciding.kmodel import KRecommendation, KSweeps
+from specmatch.deciding.measurements import Settings
 from specmatch.records import Decision, Outcome
-from specmatch.recommend import derived_k_servers, verified_analysis
-from specmatch.summary import markdown
+from specmatch.deciding.recommend import derived_k_servers, verified_analysis
+from specmatch.reporting.summary import markdown
 
 # the truth (as in test_kmodel): k=4 best at c=1, k=2 at c=4, the baseline at c=16
 RHO = {1: {1: 1.05, 4: 1.30, 16: 2.0}, 2: {1: 1.10, 4: 1.40, 16: 2.6}, 4: {1: 1.15, 4: 2.0, 16: 4.0}}
@@ -99,7 +99,7 @@ def test_the_recommended_schedule_is_derived_measured_and_verified_against_each_
 
 
 def test_the_summary_shows_the_sweep_the_bands_predicted_vs_measured_and_the_verification(grid, tmp_path):
-    from specmatch import kreport
+    from specmatch.reporting import kreport
 
     good, _ = grid
     names = list(CONFIGS)
@@ -205,8 +205,8 @@ def test_a_round_of_the_sequential_design_continues_undecided_k_choices():
     there, k is not): the round measures both members again there (and only what continues); decided
     choices stop."""
     from specmatch.records import Continuation
-    from specmatch.rounds import plan
-    from specmatch.sequential import Design
+    from specmatch.deciding.rounds import plan
+    from specmatch.deciding.sequential import Design
 
     close = {2: {1: 1.10, 4: 1.40, 16: 2.6}, 4: {1: 1.15, 4: 1.62, 16: 4.0}}   # c=4: k=2 and k=4 within ~2%
     cells = [x for x in sweep_cells(3, close, repeats=2) if x[0].repeat <= 2]
@@ -238,8 +238,8 @@ def test_a_k_choice_whose_best_changed_is_looked_at_although_one_side_missed_the
     """Round 2 continued k=2 against k=4 at c=4 (the baseline was not measured again there). If at round 3
     the best's comparison is with the baseline, its pair has 2 common repeats: it is still this round's
     question (one side was measured), not a pair that stopped earlier."""
-    from specmatch.rounds import k_choices
-    from specmatch.sequential import Design
+    from specmatch.deciding.rounds import k_choices
+    from specmatch.deciding.sequential import Design
 
     close = {2: {1: 1.10, 4: 1.40, 16: 2.6}, 4: {1: 1.15, 4: 1.62, 16: 4.0}}
     cells = [x for x in sweep_cells(3, close, repeats=3)
@@ -260,8 +260,8 @@ def test_a_k_choice_whose_best_changed_is_looked_at_although_one_side_missed_the
 def test_the_report_names_ks_it_cannot_predict_in_one_sentence_and_flags_in_sample_suites(grid):
     """A k below the smallest measured one has τ but no step cost (never extrapolated): no row of dashes
     for it, one sentence; a sweep on a suite of seen rows carries the in-sample caveat."""
-    from specmatch import kreport
-    from specmatch.kmodel import KPoint
+    from specmatch.reporting import kreport
+    from specmatch.deciding.kmodel import KPoint
     from specmatch.records import Interval
 
     iv = Interval(1.2, 1.1, 1.3)
@@ -283,7 +283,7 @@ def test_with_two_recommendation_suites_each_schedule_is_checked_by_its_own_serv
     "not verified" against it, and another suite's schedule says which suite's schedule that server runs."""
     import copy
 
-    from specmatch.analysis import verify_k_recommendations
+    from specmatch.deciding.analysis import verify_k_recommendations
     from specmatch.records import DerivedServer
 
     good, _ = grid

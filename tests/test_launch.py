@@ -3,9 +3,9 @@ a default run: the baseline, and an n-gram server with a batch-size schedule).""
 import json
 from pathlib import Path
 
-from specmatch.launch import engine_warnings
+from specmatch.serving.launch import engine_warnings
 from specmatch.records import LaunchRecord
-from specmatch.server import START_MARKER
+from specmatch.serving.server import START_MARKER
 
 FIX = Path(__file__).parent / "fixtures" / "vllm"
 
@@ -38,7 +38,7 @@ def test_the_launch_record_hides_a_secret_written_as_a_number(tmp_path, monkeypa
 
     import requests
 
-    import specmatch.launch as launch
+    import specmatch.serving.launch as launch
 
     def no_server(*a, **k):
         raise requests.ConnectionError("no server")

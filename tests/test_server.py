@@ -10,7 +10,7 @@ import requests
 
 from builders import REPO
 from specmatch.files import SpecmatchError
-from specmatch.server import Manager, group_alive, pid_alive
+from specmatch.serving.server import Manager, group_alive, pid_alive
 
 
 def engine_python(tmp_path: Path, body: str) -> str:

@@ -4,7 +4,7 @@ from pathlib import Path
 
 import pytest
 
-from specmatch.sse import ProtocolError, ResponseParser
+from specmatch.measuring.sse import ProtocolError, ResponseParser
 
 FIXTURES = Path(__file__).parent / "fixtures" / "vllm"
 

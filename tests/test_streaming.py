@@ -4,8 +4,8 @@ import asyncio
 import pytest
 
 from builders import load_requests
-from specmatch.client import run_load
-from specmatch.engines import get_engine
+from specmatch.measuring.client import run_load
+from specmatch.serving.engines import get_engine
 
 
 def reqs(n, text="hello world", protocol="openai-completions"):
@@ -54,7 +54,7 @@ def test_definitions_are_written_into_every_cell(tmp_path, fake_server):
     from builders import REQ, cell_args, prompts_file
 
     srv = fake_server(tokens=4, ttft=0.001, itl=0.001)
-    from specmatch.cell import main
+    from specmatch.measuring.cell import main
 
     assert main(cell_args(tmp_path, srv.base_url, prompts_file(tmp_path, ["a", "b"]), REQ)) == 0
     cell = json.loads((tmp_path / "c2.json").read_text())

@@ -7,12 +7,12 @@ import numpy as np
 import pytest
 
 from builders import cell_result, launch_record
-from specmatch.cell import write_requests
+from specmatch.measuring.cell import write_requests
 from specmatch.files import write_json
-from specmatch.recommend import main as recommend_main
+from specmatch.deciding.recommend import main as recommend_main
 from specmatch.records import DerivedServer, DerivedServers, Recommendation, RequestRecord
-from specmatch.simulate import experiment
-from specmatch.summary import load_generator_lines, main
+from specmatch.calibration.simulate import experiment
+from specmatch.reporting.summary import load_generator_lines, main
 
 
 def write_cells(root: Path, cells) -> tuple[list[str], list[str]]:
@@ -153,7 +153,7 @@ def test_why_it_pays_names_what_drafting_cannot_explain(tmp_path):
     'Why it pays' section gives tau and rho with intervals and splits the speedup with the
     configured-off control, and attribution.json carries the contract."""
     from specmatch.records import Attribution
-    from specmatch.simulate import decomposed_experiment
+    from specmatch.calibration.simulate import decomposed_experiment
 
     cells = decomposed_experiment(np.random.default_rng(11), {"baseline": (None, 1.0), "x": (1.25, 0.55),
                                                                "x__off": (None, 1.15)}, {"s": (200, 700)})
@@ -178,7 +178,7 @@ def test_why_it_pays_names_what_drafting_cannot_explain(tmp_path):
 
 
 def test_controls_not_expressible_are_said():
-    from specmatch.summary import uncontrolled
+    from specmatch.reporting.summary import uncontrolled
 
     configs = {"baseline": {"engine": "sglang", "model": "m"},
                "e": {"engine": "sglang", "model": "m", "speculative": {"method": "eagle3", "model": "d"}},
@@ -189,7 +189,7 @@ def test_controls_not_expressible_are_said():
 
 
 def test_a_gain_of_the_configuration_alone_is_never_the_drafters(tmp_path):
-    from specmatch.simulate import decomposed_experiment
+    from specmatch.calibration.simulate import decomposed_experiment
 
     cells = decomposed_experiment(np.random.default_rng(12), {"baseline": (None, 1.0), "x": (1.5, 0.75),
                                                                "x__off": (None, 0.5)}, {"s": (200, 700)})
@@ -208,8 +208,8 @@ def test_the_summary_renders_typed_crossovers_and_verification():
     verification's outcome and error rates); it never decides or calls verify itself."""
     import inspect
 
-    from specmatch import summary
-    from specmatch.analysis import ServerInfo, Settings, analyse, recommend
+    from specmatch.reporting import summary
+    from specmatch.deciding.analysis import ServerInfo, Settings, analyse, recommend
     from specmatch.records import Direction, Outcome
 
     cells = experiment(np.random.default_rng(0), {1: 1.5, 4: 1.2, 16: 0.6}, repeats=3, session_sd=0.01, cell_sd=0.01)

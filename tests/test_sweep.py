@@ -90,7 +90,7 @@ def test_sglang_num_steps_sweep_sets_the_draft_tokens_it_needs():
 
 
 def test_the_expanded_sglang_members_launch():
-    from specmatch.engines import get_engine
+    from specmatch.serving.engines import get_engine
 
     for name, cfg in expand({"sg": sg(num_steps=[1, 3])}).items():
         argv = get_engine({**cfg, "sglang_version": "0.5.23"}).launch_plan(30000, 64).argv

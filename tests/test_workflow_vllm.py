@@ -166,7 +166,7 @@ def test_sigkill_of_snakemake_leaves_no_server(wd):
     while time.time() < deadline and server_pids():
         time.sleep(1)
     assert not server_pids(), "server still running after the watchdog bound"
-    leftover = subprocess.run(["pgrep", "-f", "specmatch.cell"], capture_output=True, text=True).stdout.split()
+    leftover = subprocess.run(["pgrep", "-f", "specmatch.measuring.cell"], capture_output=True, text=True).stdout.split()
     assert not leftover, "the orphaned cell job must abort too"
     # Snakemake removes a job's old output before running it; what must never appear is a file that
     # looks complete but is not: the target is either absent or byte-identical to the old one.

@@ -35,7 +35,7 @@ rule cell:
         requests=requests_json,
         max_batch=launch_max_batch,
     shell:
-        "python -m specmatch.cell --name {wildcards.server} --server {params.server:q} --suite {wildcards.suite}"
+        "python -m specmatch cell --name {wildcards.server} --server {params.server:q} --suite {wildcards.suite}"
         " --prompts {input.prompts} --concurrency {wildcards.concurrency} --repeat {wildcards.repeat}"
         " --max-batch {params.max_batch} --requests {params.requests:q}"
         " --launch {input.launch} --out {output.cell} --requests-out {output.requests}"

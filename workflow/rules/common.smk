@@ -1,5 +1,5 @@
 # Shared helpers: config validation, target lists and input functions. Logic lives in the
-# `specmatch` package (workflow/specmatch); rules only call `python -m specmatch.<step>`.
+# `specmatch` package (workflow/specmatch); rules only call `python -m specmatch <step>`.
 import json
 import os
 import sys
@@ -12,12 +12,12 @@ if _PKG not in sys.path:
     sys.path.insert(0, _PKG)
 
 from specmatch.config import validate as _validate_config
-from specmatch.controls import recommendation_suites, with_controls
+from specmatch.serving.controls import recommendation_suites, with_controls
 from specmatch.files import SpecmatchError
-from specmatch.recommend import SUFFIX
+from specmatch.deciding.recommend import SUFFIX
 from specmatch.records import DerivedServers, RoundPlan
 from specmatch.run_order import UPSTREAM, priority as _run_priority
-from specmatch.sequential import Design
+from specmatch.deciding.sequential import Design
 from specmatch.workflow_env import prepare as _prepare_env
 
 try:
@@ -85,7 +85,7 @@ def server_config(name):
 def launch_max_batch(wildcards):
     """The largest batch a server is launched for (vLLM max_num_seqs, SGLang's running-request cap),
     coarse so small sweep edits keep servers (Engine.launch_max_batch)."""
-    from specmatch.engines import ENGINES
+    from specmatch.serving.engines import ENGINES
 
     engine = ENGINES[server_config(wildcards.server)["engine"]]
     return engine.launch_max_batch(MAX_CONCURRENCY)
@@ -202,8 +202,8 @@ def drafter_budget(wildcards):
 
 
 def drafter_regenerate(name):
-    """The regeneration settings of drafter `name` (specmatch.regenerate.Settings), or None when off."""
-    from specmatch.regenerate import settings_of
+    """The regeneration settings of drafter `name` (specmatch.training.regenerate.Settings), or None when off."""
+    from specmatch.training.regenerate import settings_of
 
     return settings_of(
         CFG["models"]["eagle3"][name], CFG["servers"][CFG["baseline"]].get("dtype")
@@ -415,7 +415,7 @@ def all_targets():
 
 def stop_servers():
     """Stop the managed server when the run ends (the watchdog covers kills and crashes)."""
-    from specmatch.server import Manager
+    from specmatch.serving.server import Manager
 
     try:
         Manager().stop_current(reason="workflow finished")

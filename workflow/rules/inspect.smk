@@ -18,7 +18,7 @@ rule demo_data:
         rows=to_json(CFG["demo"].get("rows_per_source", {})),
         tokenizer=dataset_tokenizer,
     shell:
-        "python -m specmatch.demo --tokenizer {params.tokenizer:q} --rows {params.rows:q} --out {output} > {log} 2>&1"
+        "python -m specmatch demo --tokenizer {params.tokenizer:q} --rows {params.rows:q} --out {output} > {log} 2>&1"
 
 
 rule inspect:
@@ -58,7 +58,7 @@ rule inspect:
         holdout=holdout_json,
         max_malformed=CFG["dataset"]["max_malformed_fraction"],
     shell:
-        "python -m specmatch.inspection --root {params.root:q} --tokenizer {params.tokenizer:q}"
+        "python -m specmatch inspect --root {params.root:q} --tokenizer {params.tokenizer:q}"
         " --holdout {params.holdout:q} --max-malformed-fraction {params.max_malformed} --workers {threads}"
         " --out {output.manifest} --cuts {output.cuts} --report {output.report} --chart {output.chart}"
         " > {log} 2>&1"

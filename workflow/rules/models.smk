@@ -12,7 +12,7 @@ rule embedded_model:
     conda:
         "../../envs/specmatch.yaml"
     shell:
-        "python -m specmatch.model embedded --out {output} > {log} 2>&1"
+        "python -m specmatch model embedded --out {output} > {log} 2>&1"
 
 
 rule draft_model:
@@ -30,7 +30,7 @@ rule draft_model:
     params:
         layers=draft_layers,
     shell:
-        "python -m specmatch.model draft --target {input.target} --layers {params.layers} --out {output} > {log} 2>&1"
+        "python -m specmatch model draft --target {input.target} --layers {params.layers} --out {output} > {log} 2>&1"
 
 
 rule train_drafter:
@@ -59,6 +59,6 @@ rule train_drafter:
         aux=drafter_args,  # --aux-layers, --regenerated
         tokenizer=dataset_tokenizer,
     shell:
-        "python -m specmatch.drafter --target {input.target} --manifest {input.manifest} --cuts {input.cuts}"
+        "python -m specmatch drafter --target {input.target} --manifest {input.manifest} --cuts {input.cuts}"
         " --tokenizer {params.tokenizer:q} --budget {params.budget:q} {params.aux} --out {output.model}"
         " > {log} 2>&1"

@@ -30,7 +30,7 @@ rule prompts:
         endpoint=CFG["requests"]["endpoint"],
         cuts=suite_cuts_arg,
     shell:
-        "python -m specmatch.prompts --suite {wildcards.suite} --spec {params.spec:q}"
+        "python -m specmatch prompts --suite {wildcards.suite} --spec {params.spec:q}"
         " --manifest {input.manifest} {params.cuts} --tokenizer {params.tokenizer:q}"
         " --endpoint {params.endpoint} --out {output.prompts} --match {output.match}"
         " --match-md {output.match_md} > {log} 2>&1"

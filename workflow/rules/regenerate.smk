@@ -29,6 +29,6 @@ rule regenerate:
         settings=regenerate_settings,
         tokenizer=dataset_tokenizer,
     shell:
-        "python -m specmatch.regenerate --target {input.target} --manifest {input.manifest} --cuts {input.cuts}"
+        "python -m specmatch regenerate --target {input.target} --manifest {input.manifest} --cuts {input.cuts}"
         " --tokenizer {params.tokenizer:q} --settings {params.settings:q} --out {output.rows}"
         " > {log} 2>&1"

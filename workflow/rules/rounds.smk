@@ -28,7 +28,7 @@ checkpoint sequential_round:
         # the k sweeps' undecided choices are planned on the suites their k is decided on
         suites=RECOMMEND_SUITES,
     shell:
-        "python -m specmatch.rounds --round {wildcards.round} --baseline {params.baseline}"
+        "python -m specmatch rounds --round {wildcards.round} --baseline {params.baseline}"
         " --settings {params.settings:q} --servers {params.servers:q} --cells {input.cells}"
         " --requests {input.requests} --launches {input.launches} --suites {params.suites}"
         " --out {output.plan} > {log} 2>&1"

@@ -28,5 +28,5 @@ rule launch:
         server=server_json,
         max_batch=launch_max_batch,
     shell:
-        "python -m specmatch.launch --name {wildcards.server} --server {params.server:q} --repeat {wildcards.repeat}"
+        "python -m specmatch launch --name {wildcards.server} --server {params.server:q} --repeat {wildcards.repeat}"
         " --max-batch {params.max_batch} --out {output.launch} --log {log}"

@@ -29,7 +29,7 @@ checkpoint recommend:
         suites=RECOMMEND_SUITES,
         verify="" if CFG["summary"]["verify_recommendation"] else "--no-verify",
     shell:
-        "python -m specmatch.recommend --baseline {params.baseline} --settings {params.settings:q}"
+        "python -m specmatch recommend --baseline {params.baseline} --settings {params.settings:q}"
         " --servers {params.servers:q} --cells {input.cells} --requests {input.requests}"
         " --launches {input.launches} --suites {params.suites} {params.verify}"
         " --out {output.servers} --recommendations {output.recommendations}"
@@ -88,7 +88,7 @@ rule summary:
             f"--rounds {' '.join(input.rounds)}" if input.rounds else ""
         ),
     shell:
-        "python -m specmatch.summary --baseline {params.baseline} --settings {params.settings:q}"
+        "python -m specmatch summary --baseline {params.baseline} --settings {params.settings:q}"
         " --servers {params.servers:q} --cells {input.cells} --requests {input.requests}"
         " --launches {input.launches} --matches {input.matches} --suites {params.suites}"
         " --recommendations {input.recommendations} --derived {input.derived}"

@@ -1,11 +1,11 @@
-"""`specmatch` command: audit results and run single steps by hand.
+"""`python -m specmatch <step>` (or `specmatch <step>`): every workflow step, and the audit commands.
+
+Each Snakefile rule calls its step through this one entry point, so a module's place in the stage
+folders never appears in a rule's shell text.
 
     specmatch provenance PATH        where a result came from, back to training files and server argv
     specmatch verify [--root DIR]    check every recorded input hash; name what changed and what it invalidates
-    specmatch server status|stop     the managed server
-    specmatch inspect|prompts|drafter|launch|cell|recommend|summary|model|demo ...
-                                     the workflow's steps, standalone
-    specmatch simulate               the decision rules' error rates on synthetic experiments
+    specmatch <step> --help          one step's own command line (the steps are listed below)
 """
 from __future__ import annotations
 
@@ -15,19 +15,46 @@ import sys
 
 from .provenance import chain, invalidated, verify
 
-# command -> module (the command keeps the step's short name; the module is named for what it does)
-STEPS = {"inspect": "inspection", "inspection": "inspection", "prompts": "prompts", "drafter": "drafter",
-         "launch": "launch", "cell": "cell", "recommend": "recommend", "summary": "summary", "model": "model",
-         "demo": "demo", "server": "server", "simulate": "simulate"}
+# step -> (module under specmatch, what it does), in pipeline order: the stage folders in the module
+# names are the pipeline (data -> training -> serving -> measuring -> deciding -> reporting)
+STEPS: dict[str, tuple[str, str]] = {
+    "demo": ("data.demo", "build the demo training root (prepared/<source>/...) from text on this machine"),
+    "inspect": ("data.inspection", "describe every training source and write the cut table (one pass)"),
+    "prompts": ("data.prompts", "draw one prompt suite from the cut table or a prompt file"),
+    "model": ("training.model", "the embedded target model, or a draft model cut from a target's layers"),
+    "regenerate": ("training.regenerate", "the target's own greedy answers for the drafter's seen rows"),
+    "drafter": ("training.drafter", "train an EAGLE-3 head on the seen rows"),
+    "launch": ("serving.launch", "start (or reuse) a server session and write its launch record"),
+    "server": ("serving.server", "status or stop of the managed server"),
+    "watchdog": ("serving.watchdog", "the process that owns a server and stops it with the run (internal)"),
+    "cell": ("measuring.cell", "measure one (server, suite, repeat, concurrency) cell"),
+    "rounds": ("deciding.rounds", "the sequential design's plan after a round: which cells the next repeat measures"),
+    "recommend": ("deciding.recommend", "decide what to deploy and derive the recommended servers"),
+    "summary": ("reporting.summary", "verdicts, attribution, recommendations, plots and summary.md"),
+    "simulate": ("calibration.simulate", "the decision rules' error rates on quick synthetic experiments"),
+    "calibrate": ("calibration.harness", "the full calibration table against a discrete-event server"),
+}
+ALIASES = {"inspection": "inspect"}   # the module's own name works too
+
+
+def module_of(step: str) -> str:
+    """The full module name a step runs (`specmatch.<stage>.<module>`)."""
+    return f"specmatch.{STEPS[ALIASES.get(step, step)][0]}"
+
+
+def _help() -> str:
+    width = max(map(len, STEPS))
+    lines = [f"  {name:<{width}}  {what}" for name, (_, what) in STEPS.items()]
+    return "steps (each with its own --help):\n" + "\n".join(lines)
 
 
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
-    if argv and argv[0] in STEPS:
-        return importlib.import_module(f"specmatch.{STEPS[argv[0]]}").main(argv[1:])
-    p = argparse.ArgumentParser(prog="specmatch", description=__doc__,
+    if argv and (argv[0] in STEPS or argv[0] in ALIASES):
+        return importlib.import_module(module_of(argv[0])).main(argv[1:])
+    p = argparse.ArgumentParser(prog="specmatch", description=__doc__, epilog=_help(),
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
-    sub = p.add_subparsers(dest="cmd", required=True)
+    sub = p.add_subparsers(dest="cmd", required=True, metavar="{provenance,verify,<step>}")
     pv = sub.add_parser("provenance", help="print the provenance chain of a result file")
     pv.add_argument("path")
     vf = sub.add_parser("verify", help="check recorded input hashes against the files on disk")

@@ -13,10 +13,10 @@ from typing import Any
 import jsonschema
 import yaml
 
-from .files import SpecmatchError
+from .files import SCHEMAS_DIR, SpecmatchError
 from .sweep import expand, member_of
 
-SCHEMA_PATH = Path(__file__).resolve().parent.parent / "schemas" / "config.schema.yaml"
+SCHEMA_PATH = SCHEMAS_DIR / "config.schema.yaml"
 
 
 def load_schema() -> dict:

@@ -15,6 +15,13 @@ from pathlib import Path
 from typing import Any, Iterator
 
 
+# The package's folder and the folder that holds it (workflow/: the schemas live beside the package),
+# named once so that a module's place in the stage folders never decides where it looks for them.
+PACKAGE_DIR = Path(__file__).resolve().parent
+WORKFLOW_DIR = PACKAGE_DIR.parent
+SCHEMAS_DIR = WORKFLOW_DIR / "schemas"
+
+
 class SpecmatchError(Exception):
     """An error a user can act on: the message names the file, line and field at fault."""
 

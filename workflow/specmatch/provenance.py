@@ -17,7 +17,6 @@ import platform
 import subprocess
 import time
 from pathlib import Path
-
 from .files import read_json, sha256_tree, write_json
 
 PACKAGES = ("specmatch", "snakemake", "polars", "transformers", "tokenizers", "jsonschema", "requests",

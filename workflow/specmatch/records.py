@@ -397,7 +397,7 @@ class CellAcceptance(Record):
 # -- one server session ---------------------------------------------------------------------------
 @dataclass
 class LaunchRecord(Record):
-    """`results/servers/<server>/r<R>/launch.json`: one server session as it was started (specmatch.launch):
+    """`results/servers/<server>/r<R>/launch.json`: one server session as it was started (specmatch.serving.launch):
     the exact argv and environment overrides (secrets redacted), engine and package versions, model and
     drafter identity with content hashes, accelerator, start-up time, the /v1/models answer and the
     engine's own start-up warnings."""
@@ -672,7 +672,7 @@ class Recommendation(Record):
 @dataclass
 class DerivedServer(Record):
     """A `<server>__recommended` configuration: the recommended deployment of `parent` on `suite`,
-    measured on that suite's grid (specmatch.recommend)."""
+    measured on that suite's grid (specmatch.deciding.recommend)."""
     parent: str
     suite: str
     config: dict                          # the server config it is launched with (no `suites`)
@@ -735,7 +735,7 @@ class Contrast(Record):
 @dataclass
 class Attribution(Record):
     """Why a speculative server's TPOT differs from the baseline's at one (suite, concurrency)
-    (`results/summary/attribution.json`, specmatch.attribution).
+    (`results/summary/attribution.json`, specmatch.deciding.attribution).
 
     A speculative step yields tau tokens (`tokens_per_step`, the engine's acceptance length; for a
     batch-size schedule with plain steps at some batch sizes, tokens per decode step, plain steps
@@ -789,7 +789,7 @@ class RoundDecision(Record):
     concurrency: int
     repeats: int
     verdict: Decision
-    confidence: float                     # this look's level (alpha spent so far, specmatch.sequential)
+    confidence: float                     # this look's level (alpha spent so far, specmatch.deciding.sequential)
     action: Continuation
     speedup: Optional[float] = None
     lo: Optional[float] = None

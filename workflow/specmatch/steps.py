@@ -15,12 +15,11 @@ from __future__ import annotations
 import argparse
 import sys
 from typing import Callable
-
 from .files import SpecmatchError
 
 
 def parser(step: str, doc: str | None) -> argparse.ArgumentParser:
-    return argparse.ArgumentParser(prog=f"python -m specmatch.{step}", description=(doc or "").split("\n\n")[0])
+    return argparse.ArgumentParser(prog=f"python -m specmatch {step}", description=(doc or "").split("\n\n")[0])
 
 
 def main(step: str, doc: str | None, arguments: Callable[[argparse.ArgumentParser], None],

@@ -30,7 +30,6 @@ import copy
 import re
 from dataclasses import dataclass, field
 from typing import Optional
-
 from .files import SpecmatchError
 from .records import Record
 

@@ -1,0 +1,158 @@
+"""The package's shape, read from its sources: stage folders in pipeline order, imports that only point
+down the stages (or to the shared root), no import circle, and one entry point for every step."""
+from __future__ import annotations
+
+import ast
+import re
+from pathlib import Path
+
+from builders import REPO
+
+PKG = REPO / "workflow" / "specmatch"
+# the pipeline, in order: a module may import its own stage, an earlier one, or the shared root
+STAGES = ("data", "training", "serving", "measuring", "deciding", "reporting", "calibration")
+
+
+def module_name(path: Path) -> str:
+    parts = list(path.relative_to(PKG.parent).with_suffix("").parts)
+    if parts[-1] == "__init__":
+        parts = parts[:-1]
+    return ".".join(parts)
+
+
+def modules() -> dict[str, Path]:
+    return {module_name(p): p for p in sorted(PKG.rglob("*.py"))}
+
+
+def imports(path: Path, known: set[str]) -> set[str]:
+    """Every specmatch module this file imports, at any depth (function-level and TYPE_CHECKING
+    imports included: an import that runs late is still a dependency)."""
+    name = module_name(path)
+    package = name if path.name == "__init__.py" else name.rpartition(".")[0]
+    out = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.ImportFrom):
+            if node.level:
+                base = package.split(".")
+                base = base[:len(base) - (node.level - 1)]
+                target = ".".join(base + ([node.module] if node.module else []))
+            else:
+                target = node.module or ""
+            if not target.startswith("specmatch"):
+                continue
+            for alias in node.names:   # `from .x import y` may import the module x.y
+                sub = f"{target}.{alias.name}"
+                out.add(sub if sub in known else target)
+        elif isinstance(node, ast.Import):
+            out.update(a.name for a in node.names if a.name.startswith("specmatch"))
+    return {m if m in known else m.rpartition(".")[0] for m in out} - {name}
+
+
+def stage_of(mod: str) -> int | None:
+    """The stage's index, or None for the shared root (records, files, stats, provenance, config, ...)."""
+    parts = mod.split(".")
+    return STAGES.index(parts[1]) if len(parts) > 1 and parts[1] in STAGES else None
+
+
+def graph() -> dict[str, set[str]]:
+    mods = modules()
+    known = set(mods)
+    return {m: {d for d in imports(p, known) if d in known and d != "specmatch"} for m, p in mods.items()}
+
+
+def cycles(g: dict[str, set[str]]) -> list[list[str]]:
+    """Strongly connected components of more than one module (Tarjan)."""
+    index, low, stack, on, out = {}, {}, [], set(), []
+    counter = [0]
+
+    def visit(v):
+        index[v] = low[v] = counter[0]
+        counter[0] += 1
+        stack.append(v)
+        on.add(v)
+        for w in sorted(g[v]):
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in on:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            comp = []
+            while True:
+                w = stack.pop()
+                on.discard(w)
+                comp.append(w)
+                if w == v:
+                    break
+            if len(comp) > 1:
+                out.append(sorted(comp))
+
+    for v in sorted(g):
+        if v not in index:
+            visit(v)
+    return out
+
+
+def test_every_stage_folder_exists_and_holds_modules():
+    for stage in STAGES:
+        assert (PKG / stage / "__init__.py").exists(), stage
+        assert any(p.name != "__init__.py" for p in (PKG / stage).glob("*.py")), f"{stage}/ is empty"
+
+
+def test_no_import_circle():
+    assert cycles(graph()) == []
+
+
+def test_imports_point_down_the_stages_or_to_the_root():
+    bad = []
+    for mod, deps in graph().items():
+        here = stage_of(mod)
+        for d in deps:
+            there = stage_of(d)
+            if there is None:
+                continue   # the shared root: records, files, stats, provenance, config, ...
+            if here is None:
+                if mod != "specmatch.cli" and mod != "specmatch.__main__":
+                    bad.append(f"{mod} (root) imports {d} (stage {STAGES[there]})")
+            elif there > here:
+                bad.append(f"{mod} ({STAGES[here]}) imports {d} ({STAGES[there]}), a later stage")
+    assert bad == []
+
+
+def test_the_checks_see_a_circle_and_an_upward_import(tmp_path):
+    """The graph tools are not vacuous: a circle and an upward import are found."""
+    assert cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": set()}) == [["a", "b", "c"]]
+    g = graph()
+    assert "specmatch.deciding.comparison" in g["specmatch.deciding.analysis"]
+    assert stage_of("specmatch.reporting.summary") > stage_of("specmatch.deciding.analysis")
+    assert stage_of("specmatch.records") is None
+
+
+def test_every_step_runs_through_one_entry_point():
+    from specmatch import cli
+
+    for step, (module, _) in cli.STEPS.items():
+        path = PKG / (module.replace(".", "/") + ".py")
+        assert path.exists(), f"{step}: {module} does not exist"
+        assert re.search(r"^def main\(", path.read_text(), re.M), f"{step}: {module} has no main()"
+    shells = []
+    for smk in sorted((REPO / "workflow" / "rules").glob("*.smk")):
+        text = smk.read_text()
+        assert not re.search(r"python -m specmatch\.", text), f"{smk.name} calls a module, not a step"
+        shells += re.findall(r'"python -m specmatch (\w+)', text)
+    assert shells and set(shells) <= set(cli.STEPS), shells
+    # every step a rule runs is one the README's pipeline has
+    assert {"demo", "inspect", "prompts", "model", "regenerate", "drafter", "launch", "cell", "rounds",
+            "recommend", "summary"} <= set(shells)
+
+
+def test_help_lists_every_step(capsys):
+    import pytest
+
+    from specmatch import cli
+
+    with pytest.raises(SystemExit):
+        cli.main(["--help"])
+    out = capsys.readouterr().out
+    for step in cli.STEPS:
+        assert re.search(rf"^\s+{step}\s", out, re.M), step

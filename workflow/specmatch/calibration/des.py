@@ -1,0 +1,192 @@
+"""A discrete-event model of a batched LLM server under a closed-loop client (for calibration).
+
+Not the analysis's model: specmatch.deciding.analysis bootstraps a cell's duration as the makespan of C
+workers serving independent request latencies. Here latencies are not independent and have no
+fixed size: a request's time is the engine steps it shares with whatever else is running.
+
+- **Continuous batching.** The engine runs steps back to back; each step serves every running
+  request. A step costs `step_s` + `seq_s` per decoding sequence + `ctx_s` per token of context in
+  the batch, plus `prefill_s` per prompt token of the requests admitted at that step (prefill on
+  admission: the step yields their first token). A step's time has a lognormal jitter shared by
+  the batch, and now and then a stall (`hiccup_p`, exponential of mean `hiccup_s`): heavy-tailed,
+  correlated request noise.
+- **Closed loop.** C workers; each sends the next request of the suite's order as soon as its
+  previous one finishes, and the engine admits it at the next step.
+- **Speculation.** A speculative decode step drafts `k` tokens; each is accepted with the prompt's
+  probability alpha until the first rejection, so a sequence advances 1 + min(k, Geometric) tokens
+  (never past its output length). Under greedy decoding which drafts are right is a property of
+  the prompt, not of the run: `match` fixes it per prompt and output position, so every cell and
+  repeat of a prompt accepts the same drafts (only the batch's timing differs). The step costs
+  `rho(b)` plain decode steps at batch size b. A per-batch-size schedule (`on(b)`) switches
+  drafting off at some batch sizes (vLLM's num_speculative_tokens_per_batch_size: decided per
+  step, by the running batch); a switched-off step costs `off_cost` plain steps (the price of the
+  switch itself).
+
+Every replication (one cell) is simulated at once with the others of the same concurrency and
+suite size (numpy over a (cells, C) array); a server session's run-to-run speed multiplies every
+step of its cells, and a closed loop with no think time is invariant to that scale, so speed is
+applied to the result (`Served.scaled`).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+from typing import Callable
+
+import numpy as np
+
+
+@dataclass(frozen=True)
+class Engine:
+    """A server's cost model (seconds). The defaults resemble a small model on one GPU: about 12 ms a
+    step at batch 1, about 25 ms at batch 16 over 200-token prompts."""
+    step_s: float = 0.010
+    seq_s: float = 0.0004
+    ctx_s: float = 2e-6
+    prefill_s: float = 2e-5
+    jitter: float = 0.05
+    hiccup_p: float = 0.003
+    hiccup_s: float = 0.03
+    speed: float = 1.0                      # every cost (stalls too) divided by it: a uniformly faster server
+    k: int = 0                              # drafted tokens per speculative step (0: plain decoding)
+    rho: float | Callable[[int], float] = 1.0  # a speculative step, in plain decode steps, at batch size b
+    on: Callable[[int], bool] | None = None    # batch size -> drafts (None: always, when k > 0)
+    off_cost: float = 1.0                   # a plain step's cost where a schedule switched drafting off
+
+    def faster(self, factor: float) -> "Engine":
+        return replace(self, speed=self.speed * factor)
+
+
+@dataclass
+class Served:
+    """Per request (cells x requests, in the suite's order): when it was sent, its TTFT and end-to-end
+    latency, and its speculative steps and accepted tokens (vLLM's per-request counters); per cell,
+    its duration (first send to last completion)."""
+    start: np.ndarray
+    ttft: np.ndarray
+    e2e: np.ndarray
+    steps: np.ndarray
+    accepted: np.ndarray
+    drafted: np.ndarray
+    duration: np.ndarray
+
+    def scaled(self, factor: np.ndarray) -> "Served":
+        """Every time multiplied by a per-cell factor (a session's or cell's run-to-run speed)."""
+        f = np.asarray(factor, float).reshape(-1, 1)
+        return Served(self.start * f, self.ttft * f, self.e2e * f, self.steps, self.accepted, self.drafted,
+                      self.duration * f[:, 0])
+
+    def row(self, i: int) -> "Served":
+        return Served(self.start[i], self.ttft[i], self.e2e[i], self.steps[i], self.accepted[i], self.drafted[i],
+                      self.duration[i:i + 1])
+
+
+def _table(engines: list[Engine], c: int, what: str) -> np.ndarray:
+    """Per cell and batch size 0..c: whether drafting is on (`on`) or a speculative step's cost (`rho`)."""
+    out = np.zeros((len(engines), c + 1))
+    cache: dict = {}
+    for i, e in enumerate(engines):
+        key = (e.on, e.rho, e.k)
+        if key not in cache:
+            if what == "on":
+                cache[key] = [float(e.k > 0 and (e.on is None or bool(e.on(b)))) for b in range(c + 1)]
+            else:
+                cache[key] = [float(e.rho(b) if callable(e.rho) else e.rho) for b in range(c + 1)]
+        out[i] = cache[key]
+    return out
+
+
+def serve(engines: Engine | list[Engine], c: int, prompt_tokens: np.ndarray, out_tokens: np.ndarray,
+          rng: np.random.Generator, alpha: np.ndarray | None = None, match: np.ndarray | None = None) -> Served:
+    """Simulate cells: `engines` (one per cell, or one for all) serve `prompt_tokens`/`out_tokens`
+    (cells x requests, each row in the order the workers send them) with `c` closed-loop workers.
+
+    Speculative engines: `alpha` is each request's per-token acceptance probability, drawn afresh at
+    every step; or `match` (cells x requests x positions, bool) says whether a draft of the output
+    token at each position is right, fixed per prompt as greedy decoding makes it (the same prompt
+    accepts the same drafts in every cell and repeat): a step at position p accepts the leading run
+    of right drafts among positions p .. p+k-1."""
+    pt = np.atleast_2d(np.asarray(prompt_tokens, float))
+    ot = np.atleast_2d(np.asarray(out_tokens, np.int64))
+    M, n = pt.shape
+    if isinstance(engines, Engine):
+        engines = [engines] * M
+    if len(engines) != M or ot.shape != (M, n) or (ot < 1).any():
+        raise ValueError("serve: one engine per cell and output lengths of at least one token")
+    al = np.zeros((M, n)) if alpha is None else np.broadcast_to(np.asarray(alpha, float), (M, n))
+    par = {f: np.array([getattr(e, f) for e in engines], float)
+           for f in ("step_s", "seq_s", "ctx_s", "prefill_s", "jitter", "hiccup_p", "hiccup_s", "speed", "k",
+                     "off_cost")}
+    on_t, rho_t = _table(engines, c, "on"), _table(engines, c, "rho")
+    configured = par["k"] > 0
+    kmax = int(max(par["k"].max(), 1))
+    if match is not None:
+        match = np.broadcast_to(np.asarray(match, bool), (M, n, match.shape[-1]))
+    w = min(c, n)
+    rows = np.arange(M)[:, None]
+    slot = np.tile(np.arange(w), (M, 1))              # request index per worker slot (-1: idle)
+    fresh = np.ones((M, w), bool)                     # admitted this step: prefill
+    left = ot[:, :w].copy()
+    ctx = pt[:, :w].copy()
+    nxt = np.full(M, w)
+    t = np.zeros(M)
+    start, ttft, end = np.zeros((M, n)), np.zeros((M, n)), np.zeros((M, n))
+    steps, acc = np.zeros((M, n)), np.zeros((M, n))
+    while True:
+        active = slot >= 0
+        live = active.any(1)
+        if not live.any():
+            break
+        idx = np.where(active, slot, 0)
+        dec = active & ~fresh
+        pre = active & fresh
+        b = active.sum(1)
+        drafting = on_t[rows[:, 0], b] > 0
+        decode = par["step_s"] + par["seq_s"] * dec.sum(1) + par["ctx_s"] * (ctx * dec).sum(1)
+        mult = np.where(drafting, rho_t[rows[:, 0], b], np.where(configured, par["off_cost"], 1.0))
+        cost = (par["prefill_s"] * (pt[rows, idx] * pre).sum(1) + decode * mult) / par["speed"]
+        cost *= np.exp(par["jitter"] * rng.standard_normal(M))
+        stall = rng.random(M) < par["hiccup_p"]
+        cost += np.where(stall, rng.exponential(1.0, M) * par["hiccup_s"] / par["speed"], 0.0)
+        t = np.where(live, t + cost, t)
+        # tokens this step: one from a prefill; 1 + accepted drafts from a decode
+        gain = pre.astype(np.int64)
+        if configured.any():
+            kk = par["k"][:, None]
+            if match is None:
+                a = al[rows, idx]
+                with np.errstate(divide="ignore", invalid="ignore"):
+                    geo = np.floor(np.log(rng.random((M, w))) / np.log(np.clip(a, 1e-12, 1 - 1e-12)))
+            else:
+                pos = (ot[rows, idx] - left)[:, :, None] + np.arange(kmax)            # output positions drafted
+                right = match[rows[:, :, None], idx[:, :, None], np.minimum(pos, match.shape[2] - 1)]
+                geo = np.cumprod(right & (np.arange(kmax) < kk[:, :, None]), axis=2).sum(2)
+            extra = np.where(drafting[:, None] & dec, np.minimum(geo, kk), 0).astype(np.int64)
+            g = np.minimum(1 + extra, left)
+            gain = np.where(dec, g, gain)
+            s_here = drafting[:, None] & dec
+            np.add.at(steps, (np.broadcast_to(rows, idx.shape)[s_here], idx[s_here]), 1)
+            np.add.at(acc, (np.broadcast_to(rows, idx.shape)[s_here], idx[s_here]), (g - 1)[s_here])
+        else:
+            gain = np.where(dec, 1, gain)
+        gain = np.where(active, gain, 0)
+        first = pre
+        ttft[rows.repeat(w, 1)[first], idx[first]] = (t[:, None] - start[rows, idx])[first]
+        left -= gain
+        ctx += gain
+        fresh[:] = False
+        done = active & (left <= 0)
+        if done.any():
+            end[rows.repeat(w, 1)[done], idx[done]] = np.broadcast_to(t[:, None], done.shape)[done]
+            rank = np.cumsum(done, 1) - 1
+            new = nxt[:, None] + rank
+            ok = done & (new < n)
+            slot = np.where(done, np.where(ok, new, -1), slot)
+            nidx = np.where(ok, new, 0)
+            start[rows.repeat(w, 1)[ok], nidx[ok]] = np.broadcast_to(t[:, None], ok.shape)[ok]
+            left = np.where(ok, ot[rows, nidx], left)
+            ctx = np.where(ok, pt[rows, nidx], ctx)
+            fresh = ok
+            nxt = np.minimum(nxt + done.sum(1), n)
+    e2e = end - start
+    drafted = steps * par["k"][:, None]
+    return Served(start, ttft, e2e, steps, acc, drafted, end.max(1))

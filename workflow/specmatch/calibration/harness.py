@@ -1,0 +1,607 @@
+"""Calibration against a server that is not the analysis's own model (issue 18, item 6).
+
+Synthetic experiments shaped like the embedded default (three suites of 16 prompts, 16 output
+tokens, concurrencies 1, 4 and 16, a baseline and a second server on the same prompts in the same
+order, R repeats in fresh server sessions, servers alternating within repeats) whose cells come from
+specmatch.calibration.des (a discrete-event model of a continuously batching server under a closed loop), not
+from the makespan formula the analysis bootstraps. Run to run, every cell's times are multiplied by
+its session's and its own speed, as a scenario draws them:
+
+- plain: normal session (sd 3%) and cell (sd 4%) effects, the world the analysis assumes;
+- hetero: run-to-run noise that depends on concurrency: 2% at c=1 and c=4, 8% at c=16 (1% of it
+  shared by the session);
+- t3: Student-t with 3 degrees of freedom for session and cell effects (same sd as plain);
+- drift: plain, and the machine slows linearly over the run by 10% from the first cell to the last
+  (in run order: repeat by repeat, servers alternating, cells in order within a session);
+- outlier: plain, and one session per experiment (a server and a repeat drawn at random) 20% slower;
+- quiet: normal, 1.5% run to run (where one repeat is meant to suffice).
+
+Each rate is a share of verdicts; its Monte-Carlo error is the standard error of a ratio estimator
+over experiments (verdicts of one experiment move together: they share sessions and one estimate
+of the run-to-run variance), so it is honest however strongly they are correlated.
+
+    python -m specmatch simulate --table    # the whole table (10-20 minutes on 2 cores)
+"""
+from __future__ import annotations
+
+import math
+import os
+import sys
+import time
+from concurrent.futures import ProcessPoolExecutor
+from dataclasses import dataclass, replace
+
+import numpy as np
+
+from .des import Engine, Served, serve
+
+METRICS = ("output_throughput", "tpot", "e2el", "goodput")
+CONCURRENCIES = (1, 4, 16)
+SUITES = ("a", "b", "c")
+PROMPTS = 16
+OUT_TOKENS = 16
+SLO = {"e2el_ms": 450.0}          # about the baseline's median at c=16 plus 8%: goodput is not throughput there
+DECISIONS = ("pays", "loses", "equivalent", "inconclusive", "none")  # none: no figure (e.g. no request met the SLO)
+EFFECTS = (0.05, 0.15, 0.30)
+SWITCH_COST = 0.15
+
+
+@dataclass(frozen=True)
+class Scenario:
+    """Run-to-run variation of one simulated machine (log speed of a session and of a cell)."""
+    name: str
+    session_sd: float = 0.03
+    cell_sd: float | tuple = 0.04          # a number, or ((concurrency, sd), ...)
+    tails: float | None = None             # Student-t degrees of freedom (None: normal)
+    drift: float = 0.0                     # log slow-down from the run's first cell to its last
+    outlier: float = 0.0                   # one session per experiment slower by log(1 + outlier)
+    about: str = ""
+
+    def cell_sd_at(self, c: int) -> float:
+        return dict(self.cell_sd)[c] if isinstance(self.cell_sd, tuple) else self.cell_sd
+
+    def draw(self, rng: np.random.Generator, shape, sd) -> np.ndarray:
+        if self.tails is None:
+            return rng.normal(0.0, 1.0, shape) * sd
+        k = self.tails
+        return rng.standard_t(k, shape) * sd / math.sqrt(k / (k - 2))
+
+
+SCENARIOS = {s.name: s for s in (
+    Scenario("plain", about="normal session 3% and cell 4% effects (the analysis's assumption)"),
+    Scenario("hetero", session_sd=0.01, cell_sd=((1, 0.0173), (4, 0.0173), (16, 0.0794)),
+             about="run to run 2% at c=1,4 and 8% at c=16"),
+    Scenario("t3", tails=3.0, about="Student-t(3) session and cell effects, sd as plain"),
+    Scenario("drift", drift=0.10, about="plain + 10% linear slow-down over the run"),
+    Scenario("outlier", outlier=0.20, about="plain + one session per experiment 20% slower"),
+    Scenario("quiet", session_sd=0.0093, cell_sd=0.0118, about="run to run 1.5% (vLLM on GPUs, the low end)"),
+)}
+
+BASE = Engine(hiccup_p=0.002, hiccup_s=0.015)
+
+
+def spec_rho(b: int) -> float:
+    """A speculative step's cost in plain decode steps at batch size b (k=3, acceptance 0.6 a token):
+    speculation pays about 1.4x at c=1, breaks even near c=4 and loses about 0.6x at c=16."""
+    return float(np.interp(b, (1, 4, 16), (1.36, 1.81, 3.35)))
+
+
+SPEC = replace(BASE, k=3, rho=spec_rho)
+SPEC_TRUTH = "throughput 1.39x / 1.00x / 0.62x at c=1/4/16"  # 300 noise-free cells each
+ALPHA = (6.0, 4.0)                 # Beta: a prompt's per-token acceptance probability, mean 0.6
+
+
+@dataclass
+class Workload:
+    """One experiment's suites: prompt ids, prompt tokens, acceptance probability per prompt, and
+    which drafts are right at each output position (greedy decoding: fixed per prompt)."""
+    ids: dict
+    tokens: dict
+    alpha: dict
+    match: dict
+
+    @classmethod
+    def draw(cls, rng: np.random.Generator, suites=SUITES, prompts=PROMPTS) -> "Workload":
+        ids = {u: [f"{u}-{i:03d}" for i in range(prompts)] for u in suites}
+        tokens = {u: np.clip(np.round(rng.lognormal(math.log(200), 0.6, prompts)), 16, 768) for u in suites}
+        alpha = {u: rng.beta(*ALPHA, prompts) for u in suites}
+        match = {u: rng.random((prompts, OUT_TOKENS + 8)) < alpha[u][:, None] for u in suites}
+        return cls(ids, tokens, alpha, match)
+
+    def only(self, suites) -> "Workload":
+        return Workload(*({u: d[u] for u in suites} for d in (self.ids, self.tokens, self.alpha, self.match)))
+
+
+def run_order(servers: list[str], repeats: int) -> list[tuple[str, int]]:
+    """Sessions in the order the workflow runs them (specmatch.run_order): repeat by repeat, servers
+    in config order, then reversed, and so on."""
+    out = []
+    for r in range(1, repeats + 1):
+        out += [(s, r) for s in (servers if r % 2 else servers[::-1])]
+    return out
+
+
+def run_to_run(rng: np.random.Generator, sc: Scenario, servers: list[str], suites, concurrencies, repeats: int,
+               first_session: int = 0, total_sessions: int | None = None) -> dict:
+    """Log time factor of every cell (server, suite, c, repeat): session + cell effects, drift by
+    position in the run, the outlying session."""
+    order = run_order(servers, repeats)
+    total = total_sessions or (first_session + len(order))
+    per_session = len(suites) * len(concurrencies)
+    bad = order[rng.integers(len(order))] if sc.outlier else None
+    out = {}
+    for pos, (s, r) in enumerate(order, first_session):
+        session = float(sc.draw(rng, (), sc.session_sd))
+        j = 0
+        for u in suites:
+            for c in concurrencies:
+                x = session + float(sc.draw(rng, (), sc.cell_sd_at(c)))
+                if sc.drift:
+                    x += sc.drift * ((pos + (j + 0.5) / per_session) / total - 0.5)
+                if bad == (s, r):
+                    x += math.log1p(sc.outlier)
+                out[(s, u, c, r)] = x
+                j += 1
+    return out
+
+
+def simulate_cells(rng: np.random.Generator, work: list[Workload], engines: dict, effects: list[dict],
+                   repeats: int | dict, concurrencies=CONCURRENCIES) -> list[list]:
+    """Cells (simulate.cell: CellResult and request frame) of every experiment: `engines` maps a
+    server to its Engine, or to one Engine per experiment; `effects` per experiment, as run_to_run
+    draws them; `repeats` per server (or one number). Every (concurrency) is one vectorised DES run."""
+    from .simulate import cell
+
+    E = len(work)
+    out: list[list] = [[] for _ in range(E)]
+    for c in concurrencies:
+        keys, eng, pt, al, mt = [], [], [], [], []
+        for e, w in enumerate(work):
+            for s, en in engines.items():
+                reps = repeats[s] if isinstance(repeats, dict) else repeats
+                for u in w.ids:
+                    for r in (range(1, reps + 1) if isinstance(reps, int) else reps):
+                        keys.append((e, s, u, r))
+                        eng.append(en[e] if isinstance(en, (list, tuple)) else en)
+                        pt.append(w.tokens[u])
+                        al.append(w.alpha[u])
+                        mt.append(w.match[u])
+        if not keys:
+            continue
+        pt, al = np.array(pt), np.array(al)
+        served = serve(eng, c, pt, np.full(pt.shape, OUT_TOKENS), rng, al, np.array(mt))
+        factor = np.exp([effects[e][(s, u, c, r)] for e, s, u, r in keys])
+        served = served.scaled(factor)
+        out_tok = np.full(pt.shape[1], float(OUT_TOKENS))
+        for i, (e, s, u, r) in enumerate(keys):
+            one: Served = served.row(i)
+            spec = eng[i].k > 0
+            out[e].append(cell(s, u, c, r, one.e2e, one.ttft, out_tok, work[e].ids[u],
+                               one.steps if spec else None, one.accepted if spec else None, pt[i],
+                               int(one.steps.sum()) if spec else None, starts=one.start,
+                               duration=float(one.duration[0]), drafted=one.drafted if spec else None,
+                               session=f"{s}-r{r}"))
+    return out
+
+
+# -- tallies --------------------------------------------------------------------------------------
+@dataclass
+class Tally:
+    """Verdict counts per experiment x metric x concurrency x decision (DECISIONS)."""
+    counts: np.ndarray
+
+    @classmethod
+    def empty(cls, experiments: int) -> "Tally":
+        return cls(np.zeros((experiments, len(METRICS), len(CONCURRENCIES), len(DECISIONS)), np.int64))
+
+    def add(self, e: int, verdicts, server: str = "spec") -> None:
+        for v in verdicts:
+            if v.server != server or v.metric not in METRICS:
+                continue
+            d = "none" if v.speedup is None else getattr(v.verdict, "value", str(v.verdict))
+            self.counts[e, METRICS.index(v.metric), CONCURRENCIES.index(v.concurrency), DECISIONS.index(d)] += 1
+
+    def __add__(self, other: "Tally") -> "Tally":
+        return Tally(np.concatenate([self.counts, other.counts]))
+
+    @property
+    def experiments(self) -> int:
+        return self.counts.shape[0]
+
+    def rate(self, kinds=("pays", "loses"), metric: str | tuple | None = None, c: int | None = None
+             ) -> tuple[float, float, int]:
+        """(rate, Monte-Carlo standard error, verdicts) of `kinds` among the verdicts with a figure.
+        The error is a ratio estimator's over experiments (experiments are independent; their
+        verdicts need not be)."""
+        x = self.counts
+        if metric is not None:
+            ms = (metric,) if isinstance(metric, str) else metric
+            x = x[:, [METRICS.index(m) for m in ms]]
+        if c is not None:
+            x = x[:, :, [CONCURRENCIES.index(c)]]
+        x = x.sum((1, 2))
+        k = x[:, [DECISIONS.index(d) for d in kinds]].sum(1).astype(float)
+        n = x[:, :DECISIONS.index("none")].sum(1).astype(float)
+        N = n.sum()
+        if N == 0:
+            return float("nan"), float("nan"), 0
+        p = k.sum() / N
+        E = len(n)
+        se = math.sqrt(E / max(E - 1, 1) * float(((k - p * n) ** 2).sum())) / N
+        return p, se, int(N)
+
+    def design_effect(self, metric=None) -> float:
+        """Variance of the rate over what independent verdicts would give (the verdicts' clustering)."""
+        p, se, n = self.rate(metric=metric)
+        return se ** 2 / (p * (1 - p) / n) if 0 < p < 1 else float("nan")
+
+
+# -- the tasks (run in worker processes) ---------------------------------------------------------
+def settings(bootstrap: int = 250, **kw):
+    from ..deciding.analysis import Settings
+
+    return Settings(**({"confidence": 0.9, "min_effect": 0.05, "bootstrap": bootstrap, "slo": dict(SLO)} | kw))
+
+
+SPEC_INFO = {"method": "ngram", "num_speculative_tokens": SPEC.k}
+
+
+def _decided(v) -> bool:
+    return v is not None and v.speedup is not None and getattr(v.verdict, "value", v.verdict) != "inconclusive"
+
+
+def experiment_task(a: dict) -> dict:
+    """`experiments` experiments of scenario `name`, the second server identical to the baseline
+    (effect 0) or uniformly faster by `effect` (every metric's truth 1 + effect; goodput's at least
+    that), simulated with max(`repeats`) repeats and analysed at each R in `repeats` on the first R
+    repeats (nested: the data of R=2 are part of R=3's, as when a repeat is added to a run; exact for
+    scenarios whose noise does not depend on the run's length, i.e. not drift). Returns, per R, a Tally
+    of the second server's verdicts, and on request:
+    - teeth: the first repeat analysed with run-to-run variation ignored (min_effect 0, one repeat);
+    - claims (A/A, per R): per experiment [recommendations, crossovers claimed, recommendations to
+      speculate somewhere (keep or schedule)], the second server configured as speculative;
+    - sequential (needs R = 2, 3, 4): per (suite, concurrency), stop at the first R whose throughput
+      verdict is decided, else go on to 4, analysed under the sequential design (repeats {min: 2,
+      max: 4}: alpha spent per look, specmatch.deciding.sequential); its verdicts' Tally and the repeats it
+      used; `naive`: the same stopping with the fixed design's level at every look (the error it fixes);
+    - hints: for every inconclusive verdict at the smallest R whose `design` names a number of repeats
+      that was analysed here (suite unchanged): (stated probability, decided there, reachable)."""
+    from ..deciding.analysis import ServerInfo, Settings, analyse
+
+    name, effect, n, rs = a["name"], a["effect"], a["experiments"], tuple(sorted(a["repeats"]))
+    sc = SCENARIOS[name]
+    rng = np.random.default_rng(a["seed"])
+    rmax = rs[-1]
+    work = [Workload.draw(rng) for _ in range(n)]
+    eff = [run_to_run(rng, sc, ["baseline", "spec"], SUITES, CONCURRENCIES, rmax) for _ in range(n)]
+    cells = simulate_cells(rng, work, {"baseline": BASE, "spec": BASE.faster(1 + effect)}, eff, rmax)
+    s = settings(a.get("bootstrap", 250))
+    # the sequential design (repeats 2..rmax, alpha spent per look) is analysed beside the fixed one
+    s_seq = Settings.of(vars(s) | {"repeats": {"min": 2, "max": rmax}}) if a.get("sequential") else None
+    infos = {"spec": ServerInfo("spec", "vllm", "vllm", SPEC_INFO, 256)} if a.get("claims") else None
+    out = {"tally": {R: Tally.empty(n) for R in rs}, "teeth": Tally.empty(n) if a.get("teeth") else None,
+           "claims": {R: np.zeros((n, 3), np.int64) for R in rs} if a.get("claims") else None,
+           "sequential": Tally.empty(n) if a.get("sequential") else None,
+           "naive": Tally.empty(n) if a.get("sequential") else None, "used": np.zeros((n, 2), np.int64),
+           "hints": []}
+    for e, cs in enumerate(cells):
+        got = {}
+        for R in rs:
+            an = analyse([x for x in cs if x[0].repeat <= R], "baseline", s, infos, list(SUITES) if infos else None)
+            got[R] = {(v.suite, v.concurrency, v.metric): v for v in an.verdicts if v.server == "spec"}
+            out["tally"][R].add(e, an.verdicts)
+            if infos:
+                recs = an.recommendations
+                crossed = sum(bool(an.crossovers.get(("spec", u, "output_throughput"))) for u in SUITES)
+                out["claims"][R][e] = (len(recs), crossed, sum(r.action in ("keep", "schedule") for r in recs))
+        if a.get("teeth"):
+            one = [x for x in cs if x[0].repeat == 1]
+            out["teeth"].add(e, analyse(one, "baseline", settings(a.get("bootstrap", 250), min_effect=0.0)).verdicts)
+        looks = [R for R in rs if R >= 2]
+        if s_seq is not None:
+            seq = {}
+            for R in looks:
+                an = analyse([x for x in cs if x[0].repeat <= R], "baseline", s_seq)
+                seq[R] = {(v.suite, v.concurrency, v.metric): v for v in an.verdicts if v.server == "spec"}
+            for tally, by_r, count in ((out["sequential"], seq, True), (out["naive"], got, False)):
+                final = []
+                for u in SUITES:
+                    for c in CONCURRENCIES:
+                        stop = next((R for R in looks if _decided(by_r[R].get((u, c, "output_throughput")))), rmax)
+                        final += [v for (uu, cc, _), v in by_r[stop].items() if (uu, cc) == (u, c)]
+                        if count:
+                            out["used"][e] += (stop, rmax)
+                tally.add(e, final)
+        for key, v in (got[looks[0]] if looks else {}).items():
+            d = getattr(v, "design", None)
+            if v.speedup is None or _decided(v) or not d or d.get("suite_scale", 1) != 1 or d.get("repeats") not in rs:
+                continue
+            later = got[d["repeats"]].get(key)
+            out["hints"].append((key[2], float(d["probability"]), _decided(later), bool(d.get("reachable"))))
+    return out
+
+
+VERIFY_OUTCOMES = ("verified", "failed", "undecided", "not derived")
+
+
+def verification_outcome(an, rec, name: str) -> str:
+    """verified | failed | undecided from the recommendation's typed verification (records.Verification,
+    filled by analyse() when the derived server's cells are there); "not measured" and the like
+    count as undecided. Before the typed record existed, the summary's verify() dict was read."""
+    v = getattr(rec, "verified", None)
+    if v is None:
+        from ..deciding import analysis
+
+        rec.derived_server = rec.derived_server or name
+        v = analysis.verify(an, rec, name)
+    get = (lambda k: v.get(k)) if isinstance(v, dict) else (lambda k: getattr(v, k, None))
+    x = get("outcome")
+    x = getattr(x, "value", x)
+    if isinstance(x, str):
+        return x if x in VERIFY_OUTCOMES[:3] else "undecided"
+    m = get("matches_best")
+    return "verified" if m is True else "failed" if m is False else "undecided"
+
+
+def verify_task(a: dict) -> dict:
+    """Verification of the recommended deployment as the workflow runs it: the primary grid (three
+    suites, R repeats; the recommendation made on the first) of a baseline and a speculative server
+    that pays 1.4x at c=1, breaks even at c=4 and loses 0.6x at c=16 (SPEC_TRUTH); its
+    recommendation, when it is a vLLM schedule, deployed in the same simulated server as
+    `spec__recommended` and measured on the grid after the primary repeats (its own sessions), once
+    with a switch that costs nothing and once with one whose switched-off steps cost 15% more.
+    Counts of each outcome per variant; `not derived` where the verdicts gave no schedule to measure."""
+    from ..deciding.analysis import ServerInfo, analyse, server_k
+
+    n, repeats = a["experiments"], a.get("repeats", 2)
+    rng = np.random.default_rng(a["seed"])
+    sc = SCENARIOS[a.get("name", "plain")]
+    s = settings(a.get("bootstrap", 250))
+    suites = [SUITES[0]]                   # the recommendation's suite; the primary grid has all three
+    infos = {"spec": ServerInfo("spec", "vllm", "vllm", SPEC_INFO, 256)}
+    work = [Workload.draw(rng) for _ in range(n)]
+    servers = ["baseline", "spec", "spec__recommended"]
+    eff = []
+    for _ in range(n):
+        x = run_to_run(rng, sc, servers[:2], SUITES, CONCURRENCIES, repeats, total_sessions=3 * repeats)
+        y = run_to_run(rng, sc, servers[2:], suites, CONCURRENCIES, repeats, 2 * repeats, 3 * repeats)
+        eff.append(x | y)
+    primary = simulate_cells(rng, work, {"baseline": BASE, "spec": SPEC}, eff, repeats)
+    recs = []
+    for e in range(n):
+        an = analyse(primary[e], "baseline", s, infos, suites, primary=servers[:2])
+        rec = an.recommendations[0] if an.recommendations else None
+        recs.append(rec if rec is not None and rec.action == "schedule" and rec.vllm_schedule else None)
+    todo = [e for e, r in enumerate(recs) if r is not None]
+    out = {"correct": dict.fromkeys(VERIFY_OUTCOMES, 0), "costly": dict.fromkeys(VERIFY_OUTCOMES, 0),
+           "schedules": [r.vllm_schedule for r in recs if r is not None]}
+    for v in ("correct", "costly"):
+        out[v]["not derived"] = n - len(todo)
+    if not todo:
+        return out
+    for variant, cost in (("correct", 1.0), ("costly", 1 + SWITCH_COST)):
+        engines = []
+        for e in todo:
+            spec = {**SPEC_INFO, "num_speculative_tokens_per_batch_size": recs[e].vllm_schedule}
+            on = tuple(server_k(spec, b) > 0 for b in range(0, 257))
+            engines.append(replace(SPEC, on=on.__getitem__, off_cost=cost))
+        one = [work[e].only(suites) for e in todo]
+        derived = simulate_cells(rng, one, {"spec__recommended": engines}, [eff[e] for e in todo], repeats)
+        for i, e in enumerate(todo):
+            info_d = replace(infos["spec"], name="spec__recommended",
+                             speculative={**SPEC_INFO, "num_speculative_tokens_per_batch_size": recs[e].vllm_schedule})
+            an = analyse(primary[e] + derived[i], "baseline", s, infos | {"spec__recommended": info_d}, suites,
+                         primary=servers[:2])
+            rec = next((r for r in an.recommendations if r.server == "spec"), None)
+            out[variant][verification_outcome(an, rec, "spec__recommended") if rec else "undecided"] += 1
+    return out
+
+
+# -- running many -------------------------------------------------------------------------------
+def workers() -> int:
+    """Worker processes (SPECMATCH_CALIBRATION_WORKERS; default: up to 2, the cores a default run has)."""
+    return max(1, int(os.environ.get("SPECMATCH_CALIBRATION_WORKERS", min(2, os.cpu_count() or 1))))
+
+
+def _call(job: tuple):
+    fn, args = job
+    return fn(args)
+
+
+def run_tasks(jobs: list[tuple], n_workers: int | None = None) -> list:
+    """[(function, args)] -> results, in order; in `n_workers` processes (spawned: polars does not
+    survive a fork), each single-threaded."""
+    n_workers = workers() if n_workers is None else n_workers
+    if n_workers <= 1 or len(jobs) <= 1:
+        return [_call(j) for j in jobs]
+    import multiprocessing
+
+    for k in ("POLARS_MAX_THREADS", "OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS"):
+        os.environ.setdefault(k, "1")
+    with ProcessPoolExecutor(n_workers, mp_context=multiprocessing.get_context("spawn")) as pool:
+        return list(pool.map(_call, jobs, chunksize=1))
+
+
+def seed_of(*key) -> int:
+    import zlib
+
+    return zlib.crc32(repr(key).encode())
+
+
+def _merge(a: dict, b: dict) -> dict:
+    if "correct" in a:
+        for v in ("correct", "costly"):
+            for k in VERIFY_OUTCOMES:
+                a[v][k] += b[v][k]
+        a["schedules"] += b["schedules"]
+        return a
+    for R in a["tally"]:
+        a["tally"][R] = a["tally"][R] + b["tally"][R]
+        if a["claims"] is not None:
+            a["claims"][R] = np.concatenate([a["claims"][R], b["claims"][R]])
+    for k in ("teeth", "sequential", "naive"):
+        if a[k] is not None:
+            a[k] = a[k] + b[k]
+    a["used"] = np.concatenate([a["used"], b["used"]])
+    a["hints"] += b["hints"]
+    return a
+
+
+def compute(specs: dict, seed: int = 0, chunk: int = 10, bootstrap: int = 250, n_workers: int | None = None) -> dict:
+    """Every experiment of every spec in one pool (chunks of `chunk` experiments, the slowest first).
+    `specs`: key -> dict(kind="experiment", name, effect, repeats=(R, ...), experiments, teeth, claims,
+    sequential) or dict(kind="verify", name, experiments, repeats). Result: key -> experiment_task's
+    or verify_task's output, summed over chunks."""
+    jobs, owner, cost = [], [], []
+    for key, spec in specs.items():
+        fn = verify_task if spec["kind"] == "verify" else experiment_task
+        n = spec["experiments"]
+        for i in range(0, n, chunk):
+            args = {**spec, "experiments": min(chunk, n - i), "bootstrap": bootstrap,
+                    "seed": seed_of(seed, tuple(sorted((k, str(v)) for k, v in spec.items())), i)}
+            jobs.append((fn, args))
+            owner.append(key)
+            rs = spec["repeats"] if isinstance(spec["repeats"], (tuple, list)) else (spec["repeats"],)
+            cost.append(args["experiments"] * (1.2 * spec["repeats"] if fn is verify_task else sum(rs)))
+    order = sorted(range(len(jobs)), key=lambda i: -cost[i])
+    res = run_tasks([jobs[i] for i in order], n_workers)
+    out: dict = {}
+    for i, r in sorted(zip(order, res), key=lambda x: x[0]):
+        out[owner[i]] = r if owner[i] not in out else _merge(out[owner[i]], r)
+    return out
+
+
+def verified_shares(counts: dict) -> dict:
+    """Share of each outcome among the experiments whose recommendation was measured."""
+    n = sum(counts[k] for k in VERIFY_OUTCOMES[:3])
+    return {k: counts[k] / n if n else float("nan") for k in VERIFY_OUTCOMES[:3]} | {"derived": n}
+
+
+def hint_calibration(hints: list, metric: str | None = "output_throughput") -> tuple[float, float, int]:
+    """(mean stated probability, share decided, n) of the 'what would decide it' designs checked."""
+    h = [x for x in hints if metric is None or x[0] == metric]
+    if not h:
+        return float("nan"), float("nan"), 0
+    return float(np.mean([x[1] for x in h])), float(np.mean([x[2] for x in h])), len(h)
+
+
+def claim_rates(claims: np.ndarray) -> dict:
+    """A/A: share of recommendations with a crossover, and that speculate somewhere (keep/schedule)."""
+    recs = claims[:, 0].sum()
+    return {"recommendations": int(recs), "crossover": claims[:, 1].sum() / recs if recs else float("nan"),
+            "speculate": claims[:, 2].sum() / recs if recs else float("nan")}
+
+
+# -- the table ----------------------------------------------------------------------------------
+def fmt(r: tuple) -> str:
+    p, se, n = r
+    return "   n/a    " if not n else f"{p:5.1%}±{se:4.1%}"
+
+
+def pct(r: tuple) -> str:
+    return f"{r[0]:.0%}" if r[2] else "-"
+
+
+def table(experiments: int = 300, power_experiments: int = 100, verify_experiments: int = 200,
+          n_workers: int | None = None, out=sys.stdout) -> dict:
+    """The calibration table: false-call rate (scenario x R x metric, overall and per concurrency),
+    power at 5/15/30% (plain, R=2,3), verification outcomes, A/A crossovers and recommendations, the
+    sequential design, the 'what would decide it' designs, the teeth."""
+    t0 = time.time()
+    specs: dict = {}
+    for name in SCENARIOS:
+        if name in ("drift", "outlier"):  # their noise depends on the run's length: one run per R
+            for R in (1, 2, 3):
+                specs[(name, R)] = dict(kind="experiment", name=name, effect=0.0, repeats=(R,), experiments=experiments)
+        else:
+            specs[(name, 0)] = dict(kind="experiment", name=name, effect=0.0, repeats=(1, 2, 3, 4),
+                                    experiments=experiments, teeth=name == "plain", claims=name == "plain",
+                                    sequential=name == "plain")
+    for e in EFFECTS:
+        specs[("power", e)] = dict(kind="experiment", name="plain", effect=e, repeats=(2, 3, 4),
+                                   experiments=power_experiments, sequential=True)
+    for name in ("plain", "quiet"):
+        specs[("verify", name)] = dict(kind="verify", name=name, experiments=verify_experiments, repeats=2)
+    res = compute(specs, n_workers=n_workers)
+
+    def tally(name, R):
+        return res[(name, R)]["tally"][R] if (name, R) in res else res[(name, 0)]["tally"][R]
+
+    p = lambda *a: print(*a, file=out, flush=True)  # noqa: E731
+    p(f"Calibration: {experiments} experiments per scenario and R ({len(SUITES)} suites x {len(CONCURRENCIES)} "
+      f"concurrencies, {PROMPTS} prompts, {OUT_TOKENS} output tokens, DES server), confidence 90%, "
+      f"min_effect 5%, SLO {SLO}")
+    p("False calls (pays or loses) of identical servers: rate ± Monte-Carlo se (nominal 10%) [c=1 / c=4 / c=16]")
+    p(f"{'scenario':9} R " + "".join(f"{m:>31}" for m in METRICS) + "   all metrics (design effect)")
+    for name in SCENARIOS:
+        for R in (1, 2, 3):
+            t = tally(name, R)
+            cols = [f"{fmt(t.rate(metric=m))} [" + "/".join(pct(t.rate(metric=m, c=c)) for c in CONCURRENCIES)
+                    + "]" for m in METRICS]
+            p(f"{name:9} {R} " + "".join(f"{x:>31}" for x in cols) + f"   {fmt(t.rate())} ({t.design_effect():.1f})")
+    p("\nEquivalent (identical servers, throughput, R=3): " + ", ".join(
+        f"{n} {tally(n, 3).rate(('equivalent',), metric='output_throughput')[0]:.0%}" for n in SCENARIOS))
+    pl0 = res[("plain", 0)]
+    teeth = pl0["teeth"]
+    p(f"Teeth (plain, one repeat, min_effect 0: run-to-run variation ignored): false calls "
+      f"{fmt(teeth.rate(metric='output_throughput'))} (throughput), {fmt(teeth.rate())} (all metrics)")
+    p("A/A recommendations (plain; the copy configured as speculative): " + "; ".join(
+        f"R={R}: crossover claimed {c['crossover']:.1%}, speculate somewhere {c['speculate']:.1%} "
+        f"of {c['recommendations']}" for R in (2, 3) for c in [claim_rates(pl0["claims"][R])]))
+    seq, used = pl0["sequential"], pl0["used"]
+    p(f"Sequential (plain, R from 2 until the throughput verdict is decided, at most 4; alpha spent per look, "
+      f"specmatch.deciding.sequential): false calls {fmt(seq.rate())} (throughput {fmt(seq.rate(metric='output_throughput'))}); "
+      f"repeats used {used[:, 0].sum() / used[:, 1].sum():.0%} of a fixed R=4; the same stopping at the fixed "
+      f"design's level every look: {fmt(pl0['naive'].rate())}")
+    p(f"\nPower (plain; the second server uniformly faster): pays ± se [loses], {power_experiments} experiments")
+    p(f"{'effect':7} R " + "".join(f"{m:>24}" for m in METRICS))
+    for e in EFFECTS:
+        for R in (2, 3, 4):
+            t = res[("power", e)]["tally"][R]
+            p(f"{e:6.0%}  {R} " + "".join(f"{fmt(t.rate(('pays',), metric=m))} "
+                                         f"[{t.rate(('loses',), metric=m)[0]:.1%}]".rjust(24) for m in METRICS))
+    for e in EFFECTS:
+        pw = res[("power", e)]
+        seq, used = pw["sequential"], pw["used"]
+        mp, dec, nh = hint_calibration(pw["hints"])
+        power = seq.rate(('pays',), metric='output_throughput')
+        mean_r = 4 * used[:, 0].sum() / used[:, 1].sum()
+        equal = next((R for R in (2, 3, 4) if pw["tally"][R].rate(('pays',), metric='output_throughput')[0]
+                      >= power[0]), None)
+        vs = (f"a fixed design of equal power needs R={equal}: {1 - mean_r / equal:+.0%} repeats saved"
+              if equal else "no fixed design up to R=4 has its power")
+        p(f"  {e:.0%}: sequential 2..4 pays {fmt(power)} with {mean_r:.2f} repeats per cell on average "
+          f"({used[:, 0].sum() / used[:, 1].sum():.0%} of R=4's); {vs}; 'what would decide it' at R=2 (throughput): "
+          f"stated {mp:.0%}, decided {dec:.0%} of {nh}")
+    mp, dec, nh = hint_calibration(pl0["hints"])
+    p(f"  A/A: 'what would decide it' at R=2 (throughput), where it named 3 or 4 repeats: stated {mp:.0%}, "
+      f"decided {dec:.0%} of {nh}")
+    for name in ("plain", "quiet"):
+        ver = res[("verify", name)]
+        p(f"\nVerification of the recommended schedule ({name}: {SCENARIOS[name].about}; {verify_experiments} "
+          f"experiments, R=2, truth {SPEC_TRUTH}):")
+        for v in ("correct", "costly"):
+            sh = verified_shares(ver[v])
+            p(f"  {v:8} switch: " + ", ".join(f"{k} {sh[k]:.1%}" for k in VERIFY_OUTCOMES[:3])
+              + f" of {sh['derived']} measured ({ver[v]['not derived']} gave no schedule)")
+    p(f"\n({time.time() - t0:.0f} s, {n_workers or workers()} worker(s))")
+    return res
+
+
+def main(argv: list[str] | None = None) -> int:
+    """`python -m specmatch calibrate`: the full calibration table (module docstring)."""
+    import argparse
+
+    p = argparse.ArgumentParser(prog="python -m specmatch calibrate", description=__doc__.split("\n\n")[0])
+    p.add_argument("--experiments", type=int, default=300,
+                   help="experiments per scenario and R (power: a third of it, verification: two thirds); "
+                        "10-20 minutes on 2 cores at the default")
+    p.add_argument("--workers", type=int, help="processes (default SPECMATCH_CALIBRATION_WORKERS or 2)")
+    a = p.parse_args(argv)
+    n = a.experiments
+    table(experiments=n, power_experiments=max(20, n // 3), verify_experiments=max(20, 2 * n // 3), n_workers=a.workers)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,400 @@
+"""Prompt suites: the prompts the drafter was trained on, sampled across the whole mix; control files.
+
+Training suites are drawn from the cut table inspection wrote (records.Cut: one row per assistant
+turn of every training row). The suite's rules pick the cuts (which turn of a row, held-out rows
+only/excluded, length limits, duplicates), every excluded cut is counted by reason, and prompts
+are sampled across ALL sources in proportion to the mix (or equal, or by weights), stratified and
+seeded. Only the sampled rows are read again, by byte offset where the file allows: the prompt is
+every token before the cut, decoded with the tokenizer the data was made with, so its text is
+exactly what training saw, and its messages come from that text by the template's own markers.
+
+Control suites read prompt files: {"prompt"}, {"messages"}, Spec-Bench/MT-bench {"turns"} (category
+kept as the source) or ShareGPT {"conversations"}.
+
+    python -m specmatch prompts --suite NAME --spec JSON --manifest M --cuts C --tokenizer T --out S.jsonl
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import random
+import sys
+from collections import Counter
+from pathlib import Path
+
+import polars as pl
+
+from . import readers
+from .. import steps
+from ..files import SpecmatchError, read_json, read_jsonl, write_json, write_jsonl, write_text
+from .inspection import read_cuts
+from ..provenance import Recorder
+from ..records import Cut, Manifest, Prompt, SuiteMatch
+from .rows import ChatTemplate, normalise_messages, prompt_of
+from ..stats import describe, ks_critical, ks_statistic, total_variation
+from .tokenizer import load_tokenizer
+
+ORDER = ["source", "file", "row", "turn"]
+
+
+def allocate(size: int, weights: dict[str, float]) -> dict[str, int]:
+    """Largest-remainder allocation of `size` draws to sources by weight (deterministic)."""
+    total = sum(weights.values())
+    if total <= 0:
+        raise SpecmatchError("suite weighting: all source weights are zero")
+    exact = {s: size * w / total for s, w in weights.items()}
+    alloc = {s: int(v) for s, v in exact.items()}
+    rest = size - sum(alloc.values())
+    for s in sorted(exact, key=lambda s: (-(exact[s] - alloc[s]), s))[:rest]:
+        alloc[s] += 1
+    return alloc
+
+
+def source_weights(manifest: Manifest, weighting) -> dict[str, float]:
+    """Target share of each source: its rows (`mix`), the same for all (`equal`), or as configured."""
+    names = [s.name for s in manifest.sources]
+    if weighting == "mix":
+        return {s.name: float(s.rows) for s in manifest.sources}
+    if weighting == "equal":
+        return {n: 1.0 for n in names}
+    unknown = set(weighting) - set(names)
+    if unknown:
+        raise SpecmatchError(f"suite weighting: unknown sources {sorted(unknown)} (sources: {', '.join(names)})")
+    return {n: float(weighting.get(n, 0.0)) for n in names}
+
+
+def _random_turn(seed: int) -> pl.Expr:
+    """A seeded, order-independent choice of one turn per row (a hash of seed, file and row)."""
+    h = pl.concat_str([pl.lit(str(seed)), pl.col("file"), pl.col("row").cast(pl.String)], separator="\0").hash(seed)
+    return (h % pl.col("turns").cast(pl.UInt64)).cast(pl.Int64)
+
+
+def eligible(cuts: pl.DataFrame, spec: dict, skipped: Counter) -> pl.DataFrame:
+    """The cuts a suite may sample: its turn choice, holdout setting, length limits, no duplicates.
+    Every cut it drops is counted by reason, in this order."""
+    df = cuts.sort(ORDER)
+    want = spec.get("holdout", "any")
+    if want != "any":
+        keep = pl.col("holdout") if want == "only" else ~pl.col("holdout")
+        out = df.filter(~keep)
+        for hold, n in out.unique(["file", "row"]).group_by("holdout").len().iter_rows():
+            skipped[f"holdout={hold} excluded by suite setting"] += n
+        df = df.filter(keep)
+    turn = spec.get("turn", "last")
+    if turn == "first":
+        df = df.filter(pl.col("turn") == 0)
+    elif turn == "last":
+        df = df.filter(pl.col("turn") == pl.col("turns") - 1)
+    elif turn == "random":
+        df = df.filter(pl.col("turn") == _random_turn(spec.get("seed", 0)))
+    max_total, max_p = spec.get("max_total_tokens"), spec.get("max_prompt_tokens", 2048)
+    min_c = spec.get("min_completion_tokens", 1)
+    rules = []
+    if max_total:
+        rules.append((pl.col("prompt_tokens") + pl.col("completion_tokens") > max_total,
+                      f"prompt + completion longer than max_total_tokens ({max_total})"))
+    rules += [(pl.col("prompt_tokens") > max_p, f"prompt longer than max_prompt_tokens ({max_p})"),
+              (pl.col("completion_tokens") < min_c, f"completion shorter than min_completion_tokens ({min_c})"),
+              (pl.col("prompt_tokens") == 0, "empty prompt")]
+    for cond, reason in rules:
+        n = df.select(cond.sum()).item()
+        if n:
+            skipped[reason] += n
+            df = df.filter(~cond)
+    first = df.with_row_index("_i").group_by("key", maintain_order=True).agg(pl.col("_i").first())["_i"]
+    if len(first) < df.height:
+        skipped["duplicate prompt"] += df.height - len(first)
+        df = df[first.sort()]
+    return df
+
+
+def sample(pool: pl.DataFrame, size: int, weights: dict[str, float], seed: int
+           ) -> tuple[pl.DataFrame, dict[str, int], dict]:
+    """Stratified by source (largest-remainder allocation), seeded, then shuffled: the chosen cuts, the
+    allocation, and each source's shortfall ({wanted, available}) where it had too few."""
+    alloc = allocate(size, weights)
+    rng = random.Random(seed)
+    by_src = {s: g for (s,), g in pool.group_by(["source"], maintain_order=True)}
+    parts, shortfall = [], {}
+    for src in sorted(alloc):
+        g = by_src.get(src)
+        avail = g.height if g is not None else 0
+        k = alloc[src]
+        if k > avail:
+            shortfall[src] = {"wanted": k, "available": avail}
+            k = avail
+        if k:
+            parts.append(g[sorted(rng.sample(range(avail), k))])
+    chosen = pl.concat(parts) if parts else pool.clear()
+    order = list(range(chosen.height))
+    rng.shuffle(order)
+    return chosen[order], alloc, shortfall
+
+
+def load_prompts(name: str, chosen: pl.DataFrame, template: ChatTemplate, need_messages: bool) -> list[Prompt]:
+    """Read back only the chosen rows (one seek each in plain JSON Lines) and rebuild their prompts."""
+    cuts = [Cut.from_json(r) for r in chosen.to_dicts()]
+    rows = readers.read_located((c.file, c.position) for c in cuts)
+    ids_of, out = {}, []
+    for i, c in enumerate(cuts):
+        row = rows[(c.file, c.position)]
+        ids, messages, tools = prompt_of(template, row, c.schema, c.turn)
+        if ids is not None:
+            if len(ids) != c.prompt_tokens:
+                raise SpecmatchError(f"{c.origin}: the row changed since inspection (prompt of "
+                                     f"{len(ids)} tokens, the cut table says {c.prompt_tokens}); rerun inspect")
+            ids_of[i] = ids
+        out.append((c, messages, tools))
+    texts = dict(zip(ids_of, template.tok.batch_decode(list(ids_of.values()), skip_special_tokens=False)))
+    prompts = []
+    for i, (c, messages, tools) in enumerate(out):
+        if i in texts:
+            text = texts[i]
+            try:
+                messages = template.split(text)
+            except SpecmatchError:
+                if need_messages:
+                    raise
+                messages = None
+        else:
+            text = template.render(messages, tools)
+        prompts.append(Prompt(f"{name}-{i:05d}", name, c.source, c.file, c.line, c.row, c.row_id, c.turn, c.turns,
+                              text, messages, c.prompt_tokens, c.completion_tokens, c.holdout))
+    return prompts
+
+
+def training_suite(name: str, spec: dict, manifest: Manifest, cuts: pl.DataFrame, template: ChatTemplate,
+                   need_messages: bool = False) -> tuple[list[Prompt], SuiteMatch]:
+    """A suite sampled from the cut table to follow the target mix; an empty weighted pool is an error
+    that names the sources and why their rows gave no cut, never a division by zero or a short suite."""
+    skipped: Counter = Counter()
+    for s in manifest.sources:
+        for reason, n in s.rows_without_cut.items():
+            skipped[reason] += n
+    weights = source_weights(manifest, spec.get("weighting", "mix"))
+    pool = eligible(cuts, spec, skipped)
+    weighted = pool.filter(pl.col("source").is_in([s for s, w in weights.items() if w > 0]))
+    if weighted.is_empty():
+        srcs = ", ".join(f"{s} ({w:g})" for s, w in weights.items())
+        raise SpecmatchError(f"suite {name}: no eligible prompt in the weighted sources of {manifest.root} "
+                             f"(weights: {srcs}; eligible cuts in any source: {pool.height}; skipped: "
+                             f"{dict(skipped) or 'nothing'})")
+    chosen, allocation, shortfall = sample(weighted, spec.get("size", 64), weights, spec.get("seed", 0))
+    prompts = load_prompts(name, chosen, template, need_messages)
+    match = match_report(name, "training", prompts, manifest, weights, weighted)
+    match.candidates, match.skipped = pool.height, dict(skipped)
+    match.allocation, match.shortfall = allocation, shortfall
+    return prompts, match
+
+
+def file_suite(name: str, spec: dict, template: ChatTemplate, manifest: Manifest | None,
+               like: list[Prompt] | None = None) -> tuple[list[Prompt], SuiteMatch]:
+    """A suite from a user's JSONL file (a control set such as generic prompts); every unusable line
+    is counted by reason and named by file:line, none is dropped silently."""
+    path = Path(spec["path"])
+    if not path.is_file():
+        raise SpecmatchError(f"suites.{name}.path: {path}: file not found")
+    raw, skipped = [], Counter()
+    with open(path, encoding="utf-8") as fh:
+        for lineno, line in enumerate(fh, 1):
+            if not line.strip():
+                continue
+            loc = f"{path}:{lineno}"
+            try:
+                obj = json.loads(line)
+            except json.JSONDecodeError as exc:
+                raise SpecmatchError(f"{loc}: not valid JSON ({exc.msg})") from None
+            if not isinstance(obj, dict):
+                raise SpecmatchError(f"{loc}: expected a JSON object")
+            source = str(obj.get("category") or obj.get("source") or path.stem)
+            if isinstance(obj.get("prompt"), str):
+                messages = [{"role": "user", "content": obj["prompt"]}]
+            elif isinstance(obj.get("messages"), list):
+                messages = normalise_messages(obj["messages"])
+            elif isinstance(obj.get("turns"), list) and obj["turns"]:
+                messages = [{"role": "user", "content": str(obj["turns"][0])}]
+            elif isinstance(obj.get("conversations"), list):
+                conv = normalise_messages(obj["conversations"])
+                idx = [k for k, m in enumerate(conv) if m["role"] == "assistant"]
+                messages = conv[: idx[-1]] if idx else conv
+            else:
+                raise SpecmatchError(f"{loc}: expected a prompt, messages, turns or conversations field")
+            if not messages or messages[-1]["role"] == "assistant":
+                skipped["ends with an assistant turn"] += 1
+                continue
+            raw.append((lineno, str(obj.get("question_id", obj.get("id", lineno))), source, messages))
+    if not raw:
+        raise SpecmatchError(f"{path}: no prompts")
+    rng = random.Random(spec.get("seed", 0))
+    size = spec.get("size", 64)
+    if like is not None:
+        prompts, length_match, shortfall = length_matched(name, spec, raw, like, template, path, rng)
+        match = match_report(name, "file", prompts, manifest, None, None)
+        match.candidates, match.skipped, match.shortfall = len(raw), dict(skipped), shortfall
+        match.length_like, match.length_match = spec["length_like"], length_match
+        return prompts, match
+    picked = rng.sample(raw, min(size, len(raw)))
+    prompts = []
+    for i, (lineno, rid, source, messages) in enumerate(picked):
+        text = template.render(messages)
+        prompts.append(Prompt(f"{name}-{i:05d}", name, source, str(path), lineno, None, rid, 0, 0, text, messages,
+                              len(template.tok(text, add_special_tokens=False)["input_ids"]), None, True))
+    match = match_report(name, "file", prompts, manifest, None, None)
+    match.candidates, match.skipped = len(raw), dict(skipped)
+    match.shortfall = {"file": {"wanted": size, "available": len(raw)}} if size > len(raw) else {}
+    return prompts, match
+
+
+LIST_HEAD = "Answer each of the following questions in turn, one paragraph each.\n"
+
+
+def length_matched(name: str, spec: dict, raw: list, like: list[Prompt], template: ChatTemplate, path: Path,
+                   rng: random.Random) -> tuple[list[Prompt], dict, dict]:
+    """Prompts as long as the training suite's (`length_like`), each a numbered list of the file's
+    single-turn prompts: the content of a control, the context length of the training mix. Prompt i
+    copies the length of the training suite's prompt i (cycling); questions are drawn without
+    replacement within a prompt, and a prompt that runs out of questions stays shorter (counted).
+    Returns the prompts, how their lengths matched (SuiteMatch.length_match) and the shortfall."""
+    if not like:
+        raise SpecmatchError(f"suites.{name}.length_like: the training suite '{spec['length_like']}' has no prompts")
+    singles = [r for r in raw if len(r[3]) == 1 and r[3][0]["role"] == "user"]
+    if not singles:
+        raise SpecmatchError(f"{path}: length_like needs single-turn prompts to compose from")
+    size = spec.get("size", 64)
+    prompts, short, gaps = [], 0, []
+    for i in range(size):
+        target = like[i % len(like)].prompt_tokens
+        order = rng.sample(singles, len(singles))
+        items, text, n = [], "", 0
+        for row in order:
+            items.append(row)
+            content = LIST_HEAD + "".join(f"\n{k}. {r[3][0]['content']}" for k, r in enumerate(items, 1))
+            text = template.render([{"role": "user", "content": content}])
+            n = len(template.tok(text, add_special_tokens=False)["input_ids"])
+            if n >= target:
+                break
+        else:
+            short += 1
+        gaps.append(n - target)
+        messages = [{"role": "user", "content": content}]
+        prompts.append(Prompt(f"{name}-{i:05d}", name, items[0][2], str(path), items[0][0], None,
+                              "+".join(r[1] for r in items), 0, 0, text, messages, n, None, True))
+    length_match = {"target_prompt_tokens": describe([p.prompt_tokens for p in like]),
+                    "overshoot_tokens": describe(gaps), "shorter_than_target": short}
+    return prompts, length_match, {"length_like": {"prompts_shorter_than_target": short}} if short else {}
+
+
+def match_report(name: str, kind: str, prompts: list[Prompt], manifest: Manifest | None, weights: dict | None,
+                 pool: pl.DataFrame | None) -> SuiteMatch:
+    """How well the suite matches the training mix: source TVD, and a prompt-length KS statistic
+    against the eligible cuts weighted to the suite's target mix (each source's cuts carry its target
+    share), so a suite that follows its weighting is compared with what that weighting asks for."""
+    suite_mix = Counter(p.source for p in prompts)
+    train_mix = {s.name: s.rows for s in manifest.sources} if manifest else {}
+    target = weights or train_mix
+    out = SuiteMatch(
+        suite=name, kind=kind, prompts=len(prompts),
+        holdout_share=sum(p.holdout for p in prompts) / len(prompts) if prompts else None,
+        suite_sources=dict(sorted(suite_mix.items())),
+        training_sources=train_mix,
+        target_shares={k: v / sum(target.values()) for k, v in target.items()} if target else {},
+        source_tvd_vs_target=total_variation(dict(suite_mix), target) if target else None,
+        source_tvd_vs_training_mix=total_variation(dict(suite_mix), train_mix) if train_mix else None,
+        prompt_tokens=describe([p.prompt_tokens for p in prompts]),
+        completion_tokens=describe([p.reference_completion_tokens for p in prompts]),
+        representative=None, verdict="")
+    if pool is not None and not pool.is_empty():
+        n_src = dict(pool.group_by("source").len().iter_rows())
+        total_w = sum(weights.get(s, 0.0) for s in n_src)
+        w = pool["source"].replace_strict({s: weights.get(s, 0.0) / total_w / n for s, n in n_src.items()},
+                                          return_dtype=pl.Float64).to_numpy()
+        lengths = pool["prompt_tokens"].to_numpy()
+        ks = ks_statistic([p.prompt_tokens for p in prompts], lengths, w)
+        n_eff = float(w.sum() ** 2 / (w ** 2).sum())
+        crit = ks_critical(len(prompts), n_eff)
+        out.training_prompt_tokens = describe(lengths.tolist())
+        out.training_completion_tokens = describe(pool["completion_tokens"].to_list())
+        out.prompt_length_ks, out.prompt_length_ks_critical_5pct = ks, crit
+        out.prompt_length_reference = f"eligible cuts weighted to the suite's target mix (effective size {n_eff:.0f})"
+        out.representative = bool((out.source_tvd_vs_target or 0) <= 0.1 and ks is not None and ks <= crit)
+    else:
+        out.training_prompt_tokens_by_source = {s.name: s.prompt_tokens for s in manifest.sources} if manifest else {}
+        out.representative = False if train_mix else None
+    if out.representative is True:
+        out.verdict = "representative of the training mix"
+    elif out.representative is False:
+        out.verdict = "NOT representative of the training mix (a control suite, or a biased sample)"
+    else:
+        out.verdict = "no training mix to compare with"
+    return out
+
+
+def match_markdown(m: SuiteMatch) -> str:
+    lines = [f"# Suite `{m.suite}`: {m.prompts} prompts — {m.verdict}", ""]
+    if m.source_tvd_vs_training_mix is not None:
+        lines.append(f"- Source mix: total variation distance {m.source_tvd_vs_training_mix:.3f} from the training "
+                     f"mix ({m.source_tvd_vs_target or 0:.3f} from the configured target).")
+    if m.prompt_length_ks is not None:
+        lines.append(f"- Prompt length: KS statistic {m.prompt_length_ks:.3f} against the eligible training cuts "
+                     f"weighted to the target mix (5% critical value {m.prompt_length_ks_critical_5pct:.3f}).")
+    lines.append(f"- Held-out share: {m.holdout_share:.0%}." if m.holdout_share is not None else "")
+    if m.skipped:
+        lines.append("- Skipped candidates: " + ", ".join(f"{k}: {v}" for k, v in m.skipped.items()))
+    if m.shortfall:
+        lines.append("- Shortfall (fewer eligible prompts than asked): " + json.dumps(m.shortfall))
+    lines += ["", "| source | suite prompts | suite share | target share |", "|---|---|---|---|"]
+    total = sum(m.suite_sources.values()) or 1
+    for src in sorted(set(m.suite_sources) | set(m.target_shares)):
+        lines.append(f"| {src} | {m.suite_sources.get(src, 0)} | {m.suite_sources.get(src, 0) / total:.1%} | "
+                     f"{m.target_shares.get(src, 0):.1%} |")
+    return "\n".join(l for l in lines if l is not None) + "\n"
+
+
+
+def arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--suite", required=True)
+    p.add_argument("--spec", required=True, help="the suite's config as JSON")
+    p.add_argument("--manifest", type=Path, help="results/inspect/manifest.json")
+    p.add_argument("--cuts", type=Path, help="results/inspect/cuts.parquet (training suites)")
+    p.add_argument("--like", type=Path, help="the prompts of the training suite a length_like suite copies")
+    p.add_argument("--tokenizer", required=True)
+    p.add_argument("--endpoint", default="completions", choices=["completions", "chat"],
+                   help="chat: every prompt must carry messages (a template that cannot be split is an error)")
+    p.add_argument("--out", required=True, type=Path)
+    p.add_argument("--match", required=True, type=Path)
+    p.add_argument("--match-md", type=Path)
+
+
+def execute(a: argparse.Namespace) -> int:
+    spec = json.loads(a.spec)
+    rec = Recorder("prompts", [a.manifest, a.cuts, spec.get("path"), a.like],
+                   {"suite": a.suite, "spec": spec, "tokenizer": a.tokenizer, "endpoint": a.endpoint})
+    template = ChatTemplate.of(load_tokenizer(a.tokenizer))
+    manifest = Manifest.from_json(read_json(a.manifest)) if a.manifest else None
+    if spec["kind"] == "training":
+        if manifest is None or a.cuts is None:
+            raise SpecmatchError(f"suite {a.suite}: a training suite needs --manifest and --cuts")
+        prompts, match = training_suite(a.suite, spec, manifest, read_cuts(a.cuts), template,
+                                        need_messages=a.endpoint == "chat")
+    else:
+        if spec.get("length_like") and a.like is None:
+            raise SpecmatchError(f"suite {a.suite}: length_like needs --like (the training suite's prompts)")
+        like = [Prompt.from_json(x) for x in read_jsonl(a.like)] if a.like else None
+        prompts, match = file_suite(a.suite, spec, template, manifest, like)
+    write_jsonl(a.out, [pr.to_json() for pr in prompts])
+    write_json(a.match, match.to_json())
+    outputs = [a.out, a.match]
+    if a.match_md:
+        write_text(a.match_md, match_markdown(match))
+        outputs.append(a.match_md)
+    rec.write(outputs)
+    print(f"suite {a.suite}: {len(prompts)} prompts; {match.verdict}")
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    return steps.main("prompts", __doc__, arguments, execute, argv)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,65 @@
+"""Acceptance per suite, with intervals (the engine's own definition, pooled over cells)."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from ..serving.engines import definitions
+from .measurements import Measurements, _rng
+
+
+@dataclass
+class AcceptanceSummary:
+    """Mean acceptance length (tokens per speculative step) of a server on a suite, pooled over its
+    cells that drafted, with a bootstrap interval over prompts (a prompt's requests stay together)."""
+    server: str
+    suite: str
+    length: float | None
+    lo: float | None
+    hi: float | None
+    requests: int
+    steps: int
+    holdout_share: float | None = None
+
+
+def acceptance_summary(m: Measurements, server: str, suite: str) -> AcceptanceSummary:
+    """The engine's own acceptance definition (engines/*: one per engine) over the pooled requests,
+    and its percentiles over resamples of prompts."""
+    cols = {"num_spec_steps": [], "num_draft_tokens": [], "num_accepted_tokens": [], "out": []}
+    prompts, hold, flavor = [], [], None
+    for key, a in m.arrays.items():
+        if key[0] != server or key[1] != suite:
+            continue
+        ok = np.nan_to_num(a.spec["num_spec_steps"]) > 0
+        for k in ("num_spec_steps", "num_draft_tokens", "num_accepted_tokens"):
+            cols[k].append(a.spec[k][ok])
+        cols["out"].append(a.out[ok])
+        prompts += [p for p, k in zip(a.prompts, ok) if k]
+        hold.append(m.cells[key].holdout_share)
+        flavor = a.flavor
+    if not prompts:
+        return AcceptanceSummary(server, suite, None, None, None, 0, 0)
+    eng = definitions(flavor)
+    ids = {p: i for i, p in enumerate(dict.fromkeys(prompts))}
+    group = np.array([ids[p] for p in prompts])
+    per_prompt = {k: np.bincount(group, np.concatenate(v)) for k, v in cols.items()}
+    known = {k: not np.isnan(np.concatenate(v)).any() for k, v in cols.items()}
+
+    def length(sel) -> float | None:
+        val = {k: (float(per_prompt[k][sel].sum()) if known[k] else None) for k in per_prompt}
+        acc = eng.figures(len(sel), val["num_spec_steps"], val["num_draft_tokens"], val["num_accepted_tokens"],
+                          val["out"])
+        return acc.acceptance_length if acc else None
+
+    n = len(ids)
+    point = length(np.arange(n))
+    draw = _rng(m.settings, "acceptance", server, suite).integers(0, n, size=(m.settings.bootstrap, n))
+    boot = [x for x in (length(d) for d in draw) if x is not None]
+    q = (1 - m.settings.confidence) / 2
+    hs = [h for h in hold if h is not None]
+    return AcceptanceSummary(server, suite, point, float(np.quantile(boot, q)) if boot else None,
+                             float(np.quantile(boot, 1 - q)) if boot else None, len(prompts),
+                             int(per_prompt["num_spec_steps"].sum()), float(np.mean(hs)) if hs else None)
+
+

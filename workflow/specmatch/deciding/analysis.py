@@ -1,0 +1,336 @@
+"""Deciding: verdicts, crossovers and recommendations from repeated, paired measurements.
+
+The experiment (DESIGN.md, "Deciding"): every server measures the same prompts at every
+concurrency, and every cell is repeated in fresh server sessions (repeats), interleaved across
+servers. The analysis is split along its seams, each a module, all importable from here:
+
+- specmatch.deciding.measurements: every cell's requests as arrays; the estimator the bootstrap resamples.
+- specmatch.deciding.noise: run-to-run variance per (server, concurrency), shrunk toward the pooled level
+  where data are thin (empirical Bayes), with honest degrees of freedom.
+- specmatch.deciding.comparison: one comparison (a paired bootstrap by prompt for the prompt sample, tau^2
+  for run to run, each counted once), its typed verdict, what would decide an inconclusive one,
+  and crossovers (only where verdicts change sign).
+- specmatch.deciding.deployment: the recommendation (a vLLM schedule, SGLang's mechanism, the baseline) and
+  its verification against a reference the schedule fixes in advance.
+- specmatch.deciding.acceptance: acceptance length per suite with intervals.
+
+Verdicts are typed (records.Decision): pays, loses, equivalent, inconclusive. Their error rates are
+checked by simulation (specmatch.calibration.simulate, tests/test_calibration.py).
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+import polars as pl
+
+from .acceptance import AcceptanceSummary, acceptance_summary
+from .attribution import (_interval, acceptance_run_to_run, both, decompose, length_model, median_prompt_tokens,
+                          mixed_servers, session_variance)
+from .comparison import (Comparison, compare, crossovers, decide, deciding_design, decision, effect_prior, regions,
+                         what_would_decide)
+from ..serving.controls import OFF, is_control
+from .deployment import (RECOMMENDED, ServerInfo, _pairs_crossing, _spans, decisions, deployed_on, on_per_batch,
+                         own_k, recommend, reference, server_k, sglang_mechanism, validate_schedule, verification,
+                         verify_against, vllm_schedule)
+from .measurements import (LABEL, LATENCY, Arrays, Measurements, Settings, _log, _rng, cell_log_stat,
+                           closed_loop_makespan, drafted_nothing)
+from .noise import RunToRun, VarianceSum, _tau2_dof, fit_tau2, run_to_run
+from .kmodel import references, sweep_report
+from ..records import (AdjustedSpeedup, Attribution, CellResult, Contrast, Decision, DerivedServer, Effect, Interval,
+                       Outcome, Recommendation, Verdict, Verification)
+from ..sweep import members as sweep_members, parents as sweep_parents, sweep_of
+
+__all__ = ["AcceptanceSummary", "Analysis", "Arrays", "Comparison", "LABEL", "LATENCY", "Measurements", "RunToRun",
+           "ServerInfo", "Settings", "VarianceSum", "acceptance_summary", "analyse", "cell_log_stat",
+           "closed_loop_makespan", "compare", "crossover", "crossovers", "decide", "deciding_design", "decision",
+           "decisions", "deployed_on", "drafted_nothing", "fit_tau2", "join_derived", "on_per_batch", "own_k",
+           "recommend", "reference", "regions", "run_to_run", "server_k", "server_verdicts", "sglang_mechanism",
+           "validate_schedule", "verification", "verify", "verify_recommendations", "vllm_schedule",
+           "what_would_decide", "_log", "_pairs_crossing", "_rng", "_spans", "_tau2_dof"]
+
+
+def crossover(verdicts: list[Verdict], cmps: list[Comparison], s: Settings):
+    """The first crossover (comparison.crossovers), or None where verdicts never change sign."""
+    got = crossovers(verdicts, cmps, s)
+    return got[0] if got else None
+
+
+# -- everything at once -----------------------------------------------------------------------
+@dataclass
+class Analysis:
+    """The typed result the summary renders (markdown, plots, verdicts.json, recommendations.json)."""
+    settings: Settings
+    baseline: str
+    servers: list
+    suites: list
+    concurrencies: list
+    run_to_run: RunToRun
+    verdicts: list
+    comparisons: dict                  # (server, suite, metric) -> [Comparison by concurrency]
+    off_cost: list                     # throughput verdicts of cells where a speculative server drafted nothing
+    acceptance: list                   # AcceptanceSummary per (speculative server, suite)
+    recommendations: list
+    measurements: Measurements
+    infos: dict = field(default_factory=dict)   # name -> ServerInfo
+    # (server, suite, metric) -> [Crossover]: only where verdicts change sign (throughput and recommend_metric)
+    crossovers: dict = field(default_factory=dict)
+    k_recommendations: list = field(default_factory=list)  # kmodel.KRecommendation per (k sweep, recommend suite)
+    k_points: list = field(default_factory=list)           # kmodel.KPoint: each k's predicted vs measured speedup
+
+    def verdict(self, server, suite, c, metric="output_throughput") -> Verdict | None:
+        return next((v for v in self.verdicts if (v.server, v.suite, v.concurrency, v.metric) ==
+                     (server, suite, c, metric)), None)
+
+
+def server_verdicts(m: Measurements, rr: RunToRun, server: str, baseline: str, suites: list, concurrencies: list
+                    ) -> tuple[list, dict, list]:
+    """One server against the baseline wherever both were measured: its verdicts (every suite, metric
+    and concurrency), the comparisons they rest on by (server, suite, metric) in concurrency order,
+    and the throughput verdicts of cells where it drafted nothing (configured but off)."""
+    verdicts, comparisons, off = [], {}, []
+    for suite in suites:
+        for metric in m.settings.metrics:
+            row = [compare(m, rr, server, baseline, suite, c, metric) for c in concurrencies
+                   if m.repeats(server, suite, c) and m.repeats(baseline, suite, c)]
+            if row:
+                comparisons[(server, suite, metric)] = row
+    for metric in m.settings.metrics:  # what 'what would decide it' expects of an effect, before its own data
+        cmps = [c for (sv, _, mt), row in comparisons.items() if mt == metric for c in row]
+        prior = effect_prior(cmps)
+        for c in cmps:
+            c.effect_prior = prior
+    for suite in suites:
+        for metric in m.settings.metrics:
+            for cmp in comparisons.get((server, suite, metric), []):
+                v = decide(cmp, m.settings)
+                verdicts.append(v)
+                if metric == "output_throughput" and drafted_nothing(m, server, suite, cmp.concurrency):
+                    off.append(v)
+    return verdicts, comparisons, off
+
+
+def analyse(cells: list[tuple[CellResult, pl.DataFrame]], baseline: str, settings: Settings,
+            infos: dict[str, ServerInfo] | None = None, recommend_suites: list[str] | None = None,
+            primary: list[str] | None = None) -> Analysis:
+    """Verdicts for every server against the baseline, the run-to-run variance, the configured-but-off
+    findings, acceptance per suite and the recommendations. `primary` names the servers of the grid
+    the recommendation comes from (run-to-run variance is estimated from them only, so adding the
+    recommended server's cells later leaves the recommendation unchanged)."""
+    m = Measurements.of(cells, settings)
+    servers = m.servers()
+    if baseline not in servers:
+        from ..files import SpecmatchError
+
+        raise SpecmatchError(f"baseline: no cells of server '{baseline}'")
+    suites = list(dict.fromkeys(k[1] for k in m.cells))
+    concurrencies = sorted({k[2] for k in m.cells})
+    rr = run_to_run(m, primary)
+    verdicts, comparisons, off = [], {}, []
+    for server in servers:
+        if server != baseline:
+            vs, cmps, offs = server_verdicts(m, rr, server, baseline, suites, concurrencies)
+            verdicts += vs
+            comparisons.update(cmps)
+            off += offs
+    cross = _crossovers(verdicts, comparisons, settings)
+    acc = [acceptance_summary(m, s_, u) for s_ in servers if s_ != baseline for u in suites]
+    acc = [a for a in acc if a.length is not None]
+    recs = []
+    for server, info in (infos or {}).items():
+        drafted = any((k[0] == server and (x.spec_decode_num_drafts or 0) > 0) for k, x in m.cells.items())
+        if (server == baseline or not (info.speculative or drafted) or is_control(server)
+                or (primary is not None and server not in primary) or sweep_of(server) is not None):
+            continue  # a configured-off control explains a speedup; it is never a deployment to recommend.
+            # A k sweep's member is one k of a question about every k (k_reports), not a deployment alone
+        for suite in recommend_suites or []:
+            key = (server, suite, settings.recommend_metric)
+            if key in comparisons:
+                vs = [v for v in verdicts if (v.server, v.suite, v.metric) == key]
+                recs.append(recommend(info, suite, vs, comparisons[key], settings))
+    an = Analysis(settings, baseline, servers, suites, concurrencies, rr, verdicts, comparisons, off, acc, recs, m,
+                  infos or {}, cross)
+    an.k_recommendations, an.k_points = k_reports(an, recommend_suites or [], primary)
+    verify_recommendations(an, [r for r in recs if r.server + RECOMMENDED in servers], {})
+    verify_k_recommendations(an, [r for r in an.k_recommendations if r.parent + RECOMMENDED in servers], {})
+    return an
+
+
+def k_reports(an: Analysis, suites: list[str], primary: list[str] | None = None) -> tuple[list, list]:
+    """Which k at which load for every k sweep of the grid (kmodel.sweep_report) on each suite the
+    recommendations stand on where the sweep was measured: its KRecommendation and each k's KPoint."""
+    names = [x for x in an.servers if primary is None or x in primary]
+    recs, points = [], []
+    for parent in sweep_parents(names):
+        ks = sweep_members(parent, names)
+        info = an.infos.get(ks[max(ks)])
+        if info is None:   # no launch record (the recommendation needs the server's engine and max batch)
+            continue
+        for suite in suites:
+            if not any(an.measurements.repeats(n, suite, c) for n in ks.values() for c in an.concurrencies):
+                continue
+            rec, pts = sweep_report(an, parent, info, suite)
+            recs.append(rec)
+            points += pts
+    return recs, points
+
+
+def _crossovers(verdicts: list, comparisons: dict, s: Settings, servers: list | None = None) -> dict:
+    out = {}
+    for (server, suite, metric), cmps in comparisons.items():
+        if metric in ("output_throughput", s.recommend_metric) and (servers is None or server in servers):
+            vs = [v for v in verdicts if (v.server, v.suite, v.metric) == (server, suite, metric)]
+            out[(server, suite, metric)] = crossovers(vs, cmps, s)
+    return out
+
+
+def join_derived(an: Analysis, cells: list[tuple[CellResult, pl.DataFrame]], derived: list[str]) -> Analysis:
+    """The analysis with the cells of the recommended servers (`derived`) joined: their verdicts against
+    the baseline join the tables, while every decision (run-to-run variance, verdicts of the configured
+    servers, recommendations) stays the primary grid's."""
+    if not derived:
+        return an
+    full = Measurements.of(cells, an.settings)
+    an.measurements = full
+    an.servers = full.servers()
+    for name in derived:
+        if name not in an.servers:
+            continue
+        vs, cmps, offs = server_verdicts(full, an.run_to_run, name, an.baseline, an.suites, an.concurrencies)
+        an.verdicts += vs
+        an.comparisons.update(cmps)
+        an.off_cost += offs
+        an.crossovers.update(_crossovers(vs, cmps, an.settings, [name]))
+    return an
+
+
+def verify_recommendations(an: Analysis, recs: list[Recommendation], derived: dict[str, DerivedServer]
+                           ) -> list[Recommendation]:
+    """Each recommendation's measured check (deployment.verification) as its `verified` record: the
+    server that deploys it (derived `<server>__recommended`, or a configured twin that already does),
+    against the reference its schedule fixes. `derived`: name -> records.DerivedServer."""
+    for r in recs:
+        name = r.derived_server or r.measured_by or next(
+            (n for n, d in derived.items() if d.parent == r.server and d.suite == r.suite), None) or (
+            r.server + RECOMMENDED if measured_on(an, r.server + RECOMMENDED, r.suite) else None)
+        if name and name in an.servers:
+            r.verified = verify(an, r, name)
+        elif name and r.verified is None:
+            r.verified = Verification(name, Outcome.NOT_MEASURED, an.settings.recommend_metric, an.settings.confidence,
+                                      min_effect=an.settings.min_effect, reason=f"no cell of `{name}` was measured")
+        elif name is None and r.action in ("schedule", "keep") and not r.as_configured:
+            r.verified = deployed_elsewhere(an, r.server, r.suite, derived) or r.verified
+    return recs
+
+
+def deployed_elsewhere(an: Analysis, parent: str, suite: str, derived: dict[str, DerivedServer]) -> Verification | None:
+    """NOT_MEASURED, saying why, for a new deployment decided on `suite` whose `<parent>__recommended`
+    deploys another suite's (one recommended server per server); None where that is not the case."""
+    other = derived.get(parent + RECOMMENDED)
+    if other is None or other.suite == suite:
+        return None
+    return Verification(parent + RECOMMENDED, Outcome.NOT_MEASURED, an.settings.recommend_metric, an.settings.confidence,
+                        min_effect=an.settings.min_effect,
+                        reason=f"one recommended server per server: `{parent + RECOMMENDED}` deploys what was decided "
+                               f"on `{other.suite}`")
+
+
+def measured_on(an: Analysis, server: str, suite: str) -> bool:
+    """Whether `server` has a cell on `suite` (a derived server is measured on its recommendation's suite only)."""
+    return server in an.servers and any(an.measurements.repeats(server, suite, c) for c in an.concurrencies)
+
+
+def verify_k_recommendations(an: Analysis, recs: list, derived: dict[str, DerivedServer]) -> list:
+    """Each k schedule's measured check (verify_k) as its `verified` record, by the server that deploys it
+    (`<parent>__recommended`). Only a schedule is checked (one k everywhere is a member as measured, off
+    the baseline), and only by a server that deploys this suite's schedule: with several recommendation
+    suites, `<parent>__recommended` deploys one of them."""
+    for r in recs:
+        if r.action != "schedule":
+            continue
+        name = r.derived_server or next((n for n, d in derived.items() if d.parent == r.parent and d.suite == r.suite),
+                                        None) or (r.parent + RECOMMENDED if measured_on(an, r.parent + RECOMMENDED, r.suite)
+                                                  else None)
+        if name is None:
+            r.verified = deployed_elsewhere(an, r.parent, r.suite, derived) or r.verified
+            continue
+        r.derived_server = name
+        if name in an.servers:
+            r.verified = verify_k(an, r, name)
+        else:
+            r.verified = Verification(name, Outcome.NOT_MEASURED, an.settings.recommend_metric, an.settings.confidence,
+                                      min_effect=an.settings.min_effect, reason=f"no cell of `{name}` was measured")
+    return recs
+
+
+def verify_k(an: Analysis, rec, derived: str) -> Verification:
+    """A k schedule's deployment `derived`, measured, against the member each band runs (kmodel.references),
+    with the same test as every verification (deployment.verify_against)."""
+    primary = [x for x in an.servers if x == derived or not x.endswith(RECOMMENDED)]
+    refs = references(rec, sweep_members(rec.parent, an.servers), an.baseline, an.concurrencies)
+    return verify_against(an.measurements, run_to_run(an.measurements, primary), rec.suite, derived, refs, an.settings)
+
+
+def verify(an: Analysis, rec: Recommendation, derived: str) -> Verification:
+    """The typed verification of one recommendation by the server `derived` that deploys it
+    (deployment.verification), with a run-to-run estimate that includes the deployment's own repeats
+    (the recommendation's own stays the primary grid's)."""
+    s = an.settings
+    undecided = {v.concurrency for v in an.verdicts if (v.server, v.suite, v.metric) == (rec.server, rec.suite,
+                 s.recommend_metric) and v.verdict in (Decision.INCONCLUSIVE, Decision.EQUIVALENT)}
+    primary = [x for x in an.servers if x == derived or not x.endswith(RECOMMENDED)]
+    rr = run_to_run(an.measurements, primary)
+    return verification(an.measurements, rr, rec, an.infos.get(rec.server), an.baseline, derived,
+                        an.concurrencies, s, undecided)
+
+
+# -- why: every speedup split into tokens per step x step cost (specmatch.deciding.attribution) -----
+def attribute(an: Analysis, reference_suite: str | None = None) -> list[Attribution]:
+    """The decomposition for every speculative server (controls and recommended servers included)
+    at every (suite, concurrency) it shares with the baseline."""
+    m, s, rr = an.measurements, an.settings, an.run_to_run
+    mixed = mixed_servers(an.infos)
+    # the session-to-session spread of acceptance, from servers whose every step speculates
+    acc_rr = acceptance_run_to_run(m, [x for x in m.servers() if x not in mixed])
+    ref = reference_suite if reference_suite in an.suites else (an.suites[0] if an.suites else None)
+    ref_tokens = median_prompt_tokens(m, an.baseline, ref) if ref else None
+    out = []
+    for server in an.servers:
+        if server == an.baseline:
+            continue
+        for c in an.concurrencies:
+            suites = [u for u in an.suites if m.repeats(server, u, c) and m.repeats(an.baseline, u, c)]
+            lm = length_model(m, server, an.baseline, c, suites, ref_tokens) if ref_tokens else None
+            for u in suites:
+                d = decompose(m, rr, acc_rr, server, an.baseline, u, c, server in mixed)
+                a = Attribution(server, u, c, d.tau, d.rho, d.tpot, d.explained, confidence=s.confidence,
+                                repeats=d.repeats, run_to_run=d.run_to_run, acceptance_source=d.source, note=d.note)
+                off = server + OFF
+                if not is_control(server) and m.repeats(off, u, c):
+                    v = an.verdict(off, u, c, s.recommend_metric)
+                    if v is not None:
+                        a.configured_off = Effect(off, an.baseline, v.metric, v.speedup, v.lo, v.hi, v.verdict)
+                    dv = decide(compare(m, rr, server, off, u, c, s.recommend_metric), s)
+                    a.drafting_effect = Effect(server, off, dv.metric, dv.speedup, dv.lo, dv.hi, dv.verdict)
+                    d_off = decompose(m, rr, acc_rr, server, off, u, c, server in mixed)
+                    a.step_cost_vs_configured_off = d_off.rho
+                    a.explained_by_drafting = both(a.explained_by_drafting, d_off.explained)
+                if lm is not None and u in lm.adjusted:
+                    R = lm.repeats[u]
+                    sessions = session_variance(rr, server, an.baseline, c, R)
+                    parts = VarianceSum().add(("w",), lm.var_adj[u], float("inf")).plus(sessions)
+                    iv = _interval(lm.adjusted[u], math.sqrt(parts.total), parts.dof, s.confidence)
+                    a.length_adjusted_speedup = AdjustedSpeedup(
+                        iv.value, iv.lo, iv.hi, math.exp(lm.raw[u]), ref, lm.reference_tokens, lm.slope,
+                        list(lm.ranges[u]), not (lm.ranges[u][0] <= lm.reference_tokens <= lm.ranges[u][1]))
+                    if ref in lm.adjusted and u != ref:
+                        def contrast(est: dict, boot: dict) -> Interval:
+                            diff = boot[u] - boot[ref]
+                            w = float(diff.var(ddof=1)) if diff.size > 2 else 0.0
+                            # two suites' cells, each with its sessions' variation
+                            p2 = VarianceSum().add(("w",), w, float("inf")).plus(sessions, 2.0)
+                            return _interval(est[u] - est[ref], math.sqrt(p2.total), p2.dof, s.confidence)
+
+                        a.contrast = Contrast(ref, contrast(lm.raw, lm.boot_raw), contrast(lm.adjusted, lm.boot_adj))
+                out.append(a)
+    return out

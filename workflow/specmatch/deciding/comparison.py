@@ -1,0 +1,511 @@
+"""Comparison and verdict: one server against another at one (suite, concurrency), one metric.
+
+A comparison has two levels of noise, and its interval includes both, each once:
+
+- the **prompt sample**: a paired bootstrap by prompt (the two servers served the same prompts; a
+  resample draws prompts, both servers' requests for them together, the same draw in every repeat).
+  Closed loop, throughput is sum(output tokens) over the time C workers take to serve the drawn
+  requests (the cell's own definition, tail included); open loop, sum(output tokens) / duration.
+  The part of the bootstrap variance that every repeat shares (the covariance of the repeats'
+  resampled log ratios) is the prompt sample's, which more repeats do not average out: `w`, with
+  prompts - 1 degrees of freedom. The rest is each repeat's own request noise, which is part of
+  the repeats' spread and so of tau^2: counted there, not twice.
+- **run to run**: tau^2 of each server at this concurrency (specmatch.deciding.noise), divided by R.
+
+The log speedup averaged over R repeats has variance w + (tau^2_server + tau^2_against) / R and a
+Student t interval with Satterthwaite's dof over its independent parts (noise.VarianceSum).
+
+With one repeat there is no measure of run-to-run variance: intervals are the bootstrap's alone,
+the summary says so, and a verdict then needs an effect beyond `min_effect`. Where run to run is
+measured (other repeats of these servers at this concurrency) it applies to every comparison, even
+one left with a single paired repeat (goodput where one repeat had no request within the SLO).
+
+Verdicts are typed (records.Decision): pays (interval above 1, not equivalent), loses (below),
+equivalent (inside +/-min_effect: a decisive "no difference"), inconclusive (with the cheapest
+(repeats, suite size) whose data would decide it, and how likely they are to: deciding_design).
+"""
+from __future__ import annotations
+
+import functools
+import math
+from dataclasses import dataclass, field
+from statistics import NormalDist
+
+import numpy as np
+
+from .measurements import LATENCY, Measurements, Settings, _rng
+from .noise import RunToRun, VarianceSum
+from ..records import Crossover, Decision, Direction, Verdict
+from . import sequential
+from ..stats import t_ppf
+
+
+@dataclass
+class Comparison:
+    """A server against another (the baseline, unless stated) at one (suite, concurrency), one metric."""
+    server: str
+    against: str
+    suite: str
+    concurrency: int
+    metric: str
+    logs: list            # per repeat: log speedup
+    within: list          # per repeat: the prompt sample's variance of the mean log speedup (w)
+    estimate: float | None = None
+    se: float | None = None
+    dof: float = float("inf")
+    run_to_run: bool = False
+    note: str | None = None
+    parts: VarianceSum | None = None   # se^2 by independent part: ("w", ...) the prompt sample, the rest run to run
+    prompts: int = 0                   # prompts both servers answered in every repeat
+    session: dict = field(default_factory=dict)  # server -> the variance its server sessions add (shared across c)
+    effect_prior: tuple | None = None  # (mean, variance) of the effect before this comparison's data (effect_prior)
+
+    @property
+    def repeats(self) -> int:
+        return len(self.logs)
+
+
+def _bootstrap(m: Measurements, pairs: list, prompts: list, common: set, metric: str, sign: float,
+               draw: np.ndarray) -> np.ndarray:
+    """Per repeat, the resampled log speedup (rows: repeats, columns: resamples)."""
+    rows_out = []
+    for ks, kb in pairs:
+        one = []
+        for key in (ks, kb):
+            a = m.arrays[key]
+            pos = {k: i for i, k in enumerate(a.keys)}
+            # every request of a drawn prompt (all its passes) goes in together
+            rows = [[pos[k] for k in sorted(common) if k.split("#", 1)[0] == p] for p in prompts]
+            width = max(len(x) for x in rows)
+            table = np.array([x + [x[0]] * (width - len(x)) for x in rows])  # passes are equal in practice
+            idx = table[draw].reshape(draw.shape[0], -1)
+            with np.errstate(divide="ignore", invalid="ignore"):
+                one.append(np.log(a.stat(metric, idx)))
+        rows_out.append(sign * (one[0] - one[1]))
+    return np.array(rows_out)
+
+
+def repeat_mean_variance(boot: np.ndarray) -> float:
+    """Variance over the resamples (columns) of the repeats' (rows') mean."""
+    return float(boot.mean(0).var(ddof=1)) if boot.shape[1] > 2 else 0.0
+
+
+def shared_variance(boot: np.ndarray) -> float:
+    """The part of `repeat_mean_variance` the repeats share (their covariance across resamples), in
+    [0, the whole]: the prompt sample, the same in every repeat, which does not average out. Each
+    repeat's own request noise is the rest; the repeats' spread (run to run) already holds it."""
+    R = boot.shape[0]
+    if R < 2 or boot.shape[1] <= 2:
+        return repeat_mean_variance(boot) if R < 2 else 0.0
+    cov = np.cov(boot)
+    return min(max(float((cov.sum() - np.trace(cov)) / (R * (R - 1))), 0.0), repeat_mean_variance(boot))
+
+
+def compare(m: Measurements, rr: RunToRun, server: str, against: str, suite: str, c: int,
+            metric: str) -> Comparison:
+    """The log speedup averaged over the repeats, and its variance w + (tau^2_s + tau^2_a) / R
+    (module docstring)."""
+    cmp = Comparison(server, against, suite, c, metric, [], [])
+    sign = -1.0 if metric in LATENCY else 1.0
+    pairs, notes = [], []
+    for r in sorted(set(m.repeats(server, suite, c)) & set(m.repeats(against, suite, c))):
+        ks, kb = (server, suite, c, r), (against, suite, c, r)
+        ps, pb = m.arrays[ks].point(metric, m.cells[ks]), m.arrays[kb].point(metric, m.cells[kb])
+        if not ps or not pb:
+            who = [n for n, p in ((server, ps), (against, pb)) if not p]
+            notes.append(f"{' and '.join(who)}: " + ("no request met the SLO" if metric == "goodput" else "no figure")
+                         + f" at c={c} (repeat {r})")
+            continue
+        pairs.append((ks, kb))
+        cmp.logs.append(sign * (math.log(ps) - math.log(pb)))
+    if not cmp.logs:
+        cmp.note = "; ".join(dict.fromkeys(notes)) or "not measured"
+        return cmp
+    common = set.intersection(*(set(m.arrays[k].keys) for pair in pairs for k in pair))
+    prompts = sorted({k.split("#", 1)[0] for k in common})
+    if len(prompts) < 2:
+        cmp.note = "fewer than two prompts answered by both servers in every repeat"
+        cmp.logs = []
+        return cmp
+    draw = _rng(m.settings, "pair", server, against, suite, c, metric).integers(
+        0, len(prompts), size=(m.settings.bootstrap, len(prompts)))
+    boot = _bootstrap(m, pairs, prompts, common, metric, sign, draw)
+    boot = boot[:, np.isfinite(boot).all(0)]
+    R = len(cmp.logs)
+    w_full = repeat_mean_variance(boot)
+    cmp.estimate = float(np.mean(cmp.logs))
+    cmp.prompts = len(prompts)
+    key = ("w", server, against, suite, c, metric)
+    ts, ta = rr.at(metric, server, c), rr.at(metric, against, c)
+    if ts is not None and ta is not None:
+        # run to run is measured for these servers at c (their other repeats and configurations), so it
+        # applies to however many repeats are paired here: a repeat dropped for want of a figure (goodput
+        # where no request met the SLO, all or nothing in one burst) must not fall back to the prompt
+        # sample alone, which called identical servers different in ~40% of such verdicts
+        w = shared_variance(boot) if R >= 2 else w_full
+        cmp.parts = VarianceSum().add(key, w, len(prompts) - 1).plus(ts, 1 / R).plus(ta, 1 / R)
+        cmp.run_to_run = True
+        share = rr.session_share.get(metric, 0.0)
+        cmp.session = {server: share * ts.total / R, against: share * ta.total / R}
+    else:
+        w = w_full
+        cmp.parts = VarianceSum().add(key, w, len(prompts) - 1)
+    cmp.within = [w] * R
+    cmp.se = math.sqrt(cmp.parts.total)
+    cmp.dof = cmp.parts.dof
+    return cmp
+
+
+def decide(cmp: Comparison, s: Settings) -> Verdict:
+    """The verdict on one comparison (the rules in this module's docstring)."""
+    level = look_level(cmp, s)
+    base = dict(server=cmp.server, suite=cmp.suite, concurrency=cmp.concurrency, metric=cmp.metric,
+                confidence=level, repeats=cmp.repeats, against=cmp.against, run_to_run=cmp.run_to_run)
+    if cmp.estimate is None:
+        return Verdict(verdict=Decision.INCONCLUSIVE, speedup=None, lo=None, hi=None, decide=cmp.note, **base)
+    t = t_ppf(0.5 + level / 2, cmp.dof)
+    lo_l, hi_l = cmp.estimate - t * cmp.se, cmp.estimate + t * cmp.se
+    d = decision(lo_l, hi_l, math.log(1 + s.min_effect), cmp.run_to_run)
+    v = Verdict(verdict=d, speedup=math.exp(cmp.estimate), lo=math.exp(lo_l), hi=math.exp(hi_l),
+                dof=cmp.dof if math.isfinite(cmp.dof) else None, **base)
+    if d == Decision.INCONCLUSIVE:
+        v.decide, v.design = what_would_decide(cmp, s)
+    return v
+
+
+def look_level(cmp: Comparison, s: Settings) -> float:
+    """The confidence of this comparison's verdict: `s.confidence` in a fixed design; under the
+    sequential design (`repeats: {min, max}`) the level of the look its repeats make, so that
+    stopping when a verdict is decided keeps the error rate (specmatch.deciding.sequential)."""
+    d = s.design
+    if not d.sequential or not cmp.run_to_run or cmp.estimate is None or cmp.se is None:
+        return s.confidence
+    w, _, b, _ = _split(cmp)
+    return sequential.look_confidence(d, s.confidence, cmp.repeats, w, b)
+
+
+def decision(lo: float, hi: float, band: float, run_to_run: bool) -> Decision:
+    """An interval of the log speedup as a verdict; without a measure of run-to-run variation only an
+    effect beyond the band is trusted, and equivalence is never called."""
+    if run_to_run:
+        if -band <= lo and hi <= band:
+            return Decision.EQUIVALENT
+        if lo > 0:
+            return Decision.PAYS
+        if hi < 0:
+            return Decision.LOSES
+        return Decision.INCONCLUSIVE
+    return Decision.PAYS if lo > band else Decision.LOSES if hi < -band else Decision.INCONCLUSIVE
+
+
+# -- what would decide it ---------------------------------------------------------------------------
+SUITE_SCALES = (1, 1.5, 2, 3, 4, 6, 8, 12, 16, 24, 32)
+
+
+@functools.lru_cache(maxsize=4096)
+def _t(p: float, dof: float) -> float:
+    return t_ppf(p, dof)
+
+
+def _t_quantile(p: float, dof: float) -> float:
+    """t_ppf at dof rounded down (to 0.1 below 30, to 1 above: a slightly wider interval, cached)."""
+    if not math.isfinite(dof):
+        return _t(p, float("inf"))
+    return _t(p, math.floor(dof * 10) / 10 if dof < 30 else float(math.floor(dof)))
+MAX_REPEATS = 64
+TARGET = 0.8
+
+
+def _split(cmp: Comparison) -> tuple[float, float, float, list]:
+    """(w, its dof, run-to-run variance per repeat-average, [(variance, dof)] of the run-to-run parts)."""
+    if cmp.parts is not None:
+        w_parts = [(v, d) for k, (v, d) in cmp.parts.parts.items() if k and k[0] == "w"]
+        rr_parts = [(v, d) for k, (v, d) in cmp.parts.parts.items() if not (k and k[0] == "w")]
+        w = sum(v for v, _ in w_parts)
+        return w, (w_parts[0][1] if w_parts else float("inf")), sum(v for v, _ in rr_parts), rr_parts
+    w = float(np.mean(cmp.within)) if cmp.within else 0.0   # a Comparison built by hand: one run-to-run part
+    b = max(0.0, cmp.se ** 2 - w)
+    return w, float(max(cmp.prompts - 1, 1)) if cmp.prompts else float("inf"), b, [(b, cmp.dof)]
+
+
+def deciding_design(cmp: Comparison, s: Settings, target: float = TARGET) -> dict | None:
+    """The cheapest (repeats R', suite scale g) whose data would decide the comparison with
+    probability >= target: the posterior predictive probability (decides_probability), which
+    integrates over what today's data leave unknown (the effect and the variances), not the
+    probability at today's estimates. Cost is R' x g (each repeat runs every cell again; a larger
+    suite makes each cell longer). None without run-to-run variation (one repeat: measure it first)."""
+    if not cmp.run_to_run or cmp.estimate is None or cmp.se is None:
+        return None
+    R = cmp.repeats
+    w, _, b, _ = _split(cmp)
+    V = cmp.se ** 2
+    todo = [(Rn, g) for _, Rn, g in sorted((Rn * g, Rn, g) for Rn in range(R, MAX_REPEATS + 1) for g in SUITE_SCALES
+                                           if (Rn, g) != (R, 1) and w / g + b * R / Rn < V)]
+    rng = _rng(s, "design", cmp.server, cmp.against, cmp.suite, cmp.concurrency, cmp.metric)
+    best = None
+    for i in range(0, len(todo), DESIGN_BATCH):
+        batch = todo[i:i + DESIGN_BATCH]
+        ps = decides_probability(cmp, s, batch, rng)
+        for (Rn, g), p in zip(batch, ps):
+            if best is None or p > best[0] + 1e-9:
+                best = (float(p), Rn, g)
+            if p >= target:
+                return _design(cmp, Rn, g, float(p), True)
+    if best is None:
+        return None
+    p, Rn, g = best
+    return _design(cmp, Rn, g, p, False)
+
+
+DESIGN_DRAWS = 300
+DESIGN_BATCH = 64
+
+
+@functools.lru_cache(maxsize=64)
+def _t_table(p: float) -> tuple[np.ndarray, np.ndarray]:
+    """t quantiles at p over 1/dof (0: the normal's), for interpolating many dofs at once."""
+    dofs = np.concatenate([np.arange(1.0, 30.01, 0.25), [32, 36, 40, 50, 60, 80, 100, 150, 200, 400, 1000]])
+    inv = np.concatenate([[0.0], 1 / dofs[::-1]])
+    return inv, np.array([_t(p, float("inf"))] + [_t(p, float(d)) for d in dofs[::-1]])
+
+
+def _t_many(p: float, dof: np.ndarray) -> np.ndarray:
+    inv, q = _t_table(p)
+    return np.interp(1 / np.maximum(dof, 1.0), inv, q)
+
+
+def _chi2_over_dof(rng: np.random.Generator, dof, shape) -> np.ndarray:
+    """chi-square(dof) / dof draws (1 where dof is infinite; 0 where it is 0: no new data): exact for
+    one dof, Wilson-Hilferty's cube of a normal for a dof per column (many at once, cheaply)."""
+    dof = np.broadcast_to(np.asarray(dof, float), shape)
+    ok = np.isfinite(dof) & (dof > 0)
+    out = np.where(np.isfinite(dof), 0.0, 1.0)
+    if not ok.any():
+        return out
+    d = np.where(ok, dof, 1.0)
+    if d.size and np.all(d == d.flat[0]):
+        x = rng.chisquare(float(d.flat[0]), shape) / d
+    else:
+        k = 2 / (9 * d)
+        x = np.maximum(1 - k + np.sqrt(k) * rng.standard_normal(shape), 0.0) ** 3
+    return np.where(ok, x, out)
+
+
+def decides_probability(cmp: Comparison, s: Settings, designs: list, rng: np.random.Generator,
+                        draws: int = DESIGN_DRAWS) -> np.ndarray:
+    """For each design (repeats R', suite scale g): the probability, given today's data, that the
+    comparison measured with it ends decided (its interval at the final dof excludes 0, or lies inside
+    +/-band): the posterior predictive, by simulation.
+
+    Today: the estimate, w the prompt sample's variance (dof w_dof; falls as 1/g: a suite g times
+    larger) and b1 = R b the run-to-run variance of one repeat (dof d: Satterthwaite's over its parts;
+    falls as 1/R'). Each draw:
+    1. the true effect from its posterior given today's estimate (variance V = w + b1/R) and the
+       effect prior (`Comparison.effect_prior`: how the server's effects on this metric spread over its
+       suites and concurrencies, empirical Bayes; flat without one), then the final estimate given the
+       effect and today's error e: theta + e V'/V + N(0, V' (1 - V'/V)), V' = w/g + b1/R' (the final
+       error averages today's with the new data's). With a flat prior this is the preposterior of
+       nested designs, N(estimate, V - V'), which fixed the effect wherever today's estimate put it:
+       for identical servers the estimate regresses to 0, and the flat prior ignored that;
+    2. the variances the final analysis will estimate: today's sums of squares plus the new data's
+       (b1' = (d b1 + b1 chi2(d' - d)) / d', d' = d (R' - 1) / (R - 1); w likewise with the new
+       prompts), their Satterthwaite dof and t quantile (the future design's own, not today's), hence
+       the final half-width h' = t' sqrt(w'/g + b1'/R'). A design that looks enough at today's
+       variance may well not be once the new repeats re-estimate it.
+    (The true variances are taken at today's estimates: drawing them from their Jeffreys posterior as
+    well understated the share decided by ~8 points where the truth is known, tests/test_analysis.py.)
+    Decided: |x| > h' (pays or loses) or |x| < band - h' (equivalent)."""
+    R = cmp.repeats
+    w, w_dof, b, rr_parts = _split(cmp)
+    mu, P = cmp.effect_prior if cmp.effect_prior is not None else (0.0, float("inf"))
+    b_dof = VarianceSum({i: [v, d] for i, (v, d) in enumerate(rr_parts)}).dof if rr_parts else float("inf")
+    b1 = b * R
+    band = math.log(1 + s.min_effect)
+    Rn = np.array([float(d[0]) for d in designs])[None, :]
+    g = np.array([float(d[1]) for d in designs])[None, :]
+    n, m = draws, len(designs)
+    b1_true, w_true = np.full((n, 1), b1), np.full((n, 1), w)
+    v_now, v_end = w_true + b1_true / R, w_true / g + b1_true / Rn
+    # the true effect given today's estimate and the prior; then the final estimate given both (its error
+    # is today's error averaged with the new data's: Cov(today's error, the final one) = V')
+    if math.isfinite(P):
+        post_var = 1 / (1 / v_now + 1 / max(P, 1e-12))
+        theta = post_var * (cmp.estimate / v_now + mu / max(P, 1e-12)) + np.sqrt(post_var) * rng.standard_normal((n, 1))
+    else:
+        theta = cmp.estimate + np.sqrt(v_now) * rng.standard_normal((n, 1))
+    e = cmp.estimate - theta
+    x = theta + e * v_end / v_now + np.sqrt(np.maximum(v_end * (1 - v_end / v_now), 0.0)) * rng.standard_normal((n, m))
+    if math.isfinite(b_dof):
+        d_end = np.maximum(b_dof * (Rn - 1) / max(R - 1, 1), b_dof)   # never fewer than today's
+        b1_end = (b_dof * b1 + (d_end - b_dof) * b1_true * _chi2_over_dof(rng, d_end - b_dof, (n, m))) / d_end
+    else:
+        d_end, b1_end = np.full((1, m), np.inf), np.broadcast_to(b1_true, (n, m))
+    if math.isfinite(w_dof):
+        dw_end = np.maximum(1.0, (w_dof + 1) * g - 1)
+        new = np.maximum(dw_end - w_dof, 0.0)
+        w_end = (w_dof * w + new * w_true * _chi2_over_dof(rng, new, (n, m))) / np.maximum(dw_end, w_dof) / g
+    else:
+        dw_end, w_end = np.full((1, m), np.inf), np.broadcast_to(w_true / g, (n, m))
+    v_hat = w_end + b1_end / Rn
+    with np.errstate(divide="ignore", invalid="ignore"):
+        den = w_end ** 2 / dw_end + (b1_end / Rn) ** 2 / d_end
+        dof = np.where(den > 0, v_hat ** 2 / den, np.inf)
+    h = _t_many(0.5 + s.confidence / 2, dof) * np.sqrt(v_hat)
+    ax = np.abs(x)
+    return ((ax > h) | (ax < band - h)).mean(0)
+
+
+def effect_prior(cmps: list[Comparison]) -> tuple[float, float] | None:
+    """Empirical Bayes (method of moments) over one server's comparisons on one metric (its suites and
+    concurrencies): the effects' mean and, as a prior for any one of them, mu's own error plus how much
+    more the estimates spread than their errors explain. Estimates share server sessions (a session
+    moves every cell of it: `Comparison.session`), which moves them together: that part does not
+    spread them, and it does not average out of their mean. None with fewer than three estimates."""
+    got = [c for c in cmps if c.estimate is not None and c.se is not None and c.run_to_run]
+    if len(got) < 3:
+        return None
+    est = np.array([c.estimate for c in got])
+    V = np.array([c.se ** 2 for c in got])
+    shared = np.array([min(sum(c.session.values()), c.se ** 2) for c in got])
+    K = len(got)
+    own = float(np.mean(V - shared))
+    spread = max(0.0, float(est.var(ddof=1)) - own)
+    mu_var = own / K + float(np.mean(shared))
+    return float(est.mean()), spread + mu_var
+
+
+def _design(cmp: Comparison, repeats: int, g: float, p: float, reachable: bool) -> dict:
+    return {"repeats": repeats, "suite_scale": g, "prompts": int(math.ceil(cmp.prompts * g)) if cmp.prompts else None,
+            "probability": round(p, 3), "reachable": reachable}
+
+
+def what_would_decide(cmp: Comparison, s: Settings) -> tuple[str, dict | None]:
+    """The text and the design (deciding_design) of an inconclusive verdict."""
+    if not cmp.run_to_run:
+        return ("repeats: 2 or more would measure run-to-run variation (with one repeat a verdict needs an effect "
+                f"beyond ±{s.min_effect:.0%})"), None
+    d = deciding_design(cmp, s)
+    if d is None:
+        return "nothing measured here would narrow it", None
+    what = [f"{d['repeats']} repeats" if d["repeats"] != cmp.repeats else "",
+            (f"a suite {d['suite_scale']:g}x larger" + (f" ({d['prompts']} prompts)" if d["prompts"] else ""))
+            if d["suite_scale"] != 1 else ""]
+    what = " and ".join(x for x in what if x)
+    if d["reachable"]:
+        return (f"{what}: decides it with probability {d['probability']:.0%} (predictive: the effect given today's "
+                f"data, the variance re-estimated with the new repeats; {cmp.repeats} repeats measured)"), d
+    return (f"more data is unlikely to decide it: even {what} decide it with probability only "
+            f"{d['probability']:.0%} (the effect may sit at the edge of ±{s.min_effect:.0%}; {cmp.repeats} repeats "
+            "measured)"), d
+
+
+# -- shapes over concurrency ------------------------------------------------------------------
+def regions(verdicts: list[Verdict]):
+    """Consecutive concurrencies with the same verdict, so a non-monotone shape (loses low, pays
+    higher up, as with MoE targets) is described as it is instead of by a single crossover."""
+    from ..records import Region
+
+    out: list = []
+    for v in sorted(verdicts, key=lambda v: v.concurrency):
+        if out and out[-1].verdict == v.verdict:
+            out[-1].last = v.concurrency
+        else:
+            out.append(Region(v.verdict, v.concurrency, v.concurrency))
+    return out
+
+
+def crossovers(verdicts: list[Verdict], cmps: list[Comparison], s: Settings, draws: int | None = None
+               ) -> list[Crossover]:
+    """Where the speedup crosses 1: only between two measured concurrencies whose verdicts have
+    opposite signs (pays at one, loses at the next decided one; undecided ones between them count
+    for the curve, not for the bracket), so a server that pays nowhere gets none.
+
+    The point is where the log speedup, linear in log concurrency between measured points, crosses
+    0 inside the bracket. Its interval comes from joint draws of every concurrency's log speedup:
+    each comparison's variance split into the part its server sessions add (`Comparison.session`,
+    one normal draw per server shared by all its concurrencies: a session moves every cell of it)
+    and the rest (independent), scaled by one chi-square draw at the smallest dof (multivariate t).
+    Between two measured points the curve is unknown: each draw bends it by up to the curvature the
+    neighbouring points show (|second divided difference|), either way (uniform), which is the
+    interpolation's own error. Draws that do not cross inside the bracket lie at its end where the
+    sign disagrees; the interval never leaves the bracket."""
+    order = sorted((c for c in cmps if c.estimate is not None), key=lambda c: c.concurrency)
+    by_c = {v.concurrency: v.verdict for v in verdicts}
+    signs = [(c.concurrency, 1 if by_c.get(c.concurrency) == Decision.PAYS else -1)
+             for c in order if by_c.get(c.concurrency) in (Decision.PAYS, Decision.LOSES)]
+    brackets = [(a, b, sa) for (a, sa), (b, sb) in zip(signs, signs[1:]) if sa != sb]
+    if not brackets or len(order) < 2:
+        return []
+    xs = np.log([c.concurrency for c in order])
+    mu = np.array([c.estimate for c in order])
+    n = draws or max(1000, s.bootstrap)
+    rng = _rng(s, "crossover", order[0].server, order[0].against, order[0].suite, order[0].metric)
+    servers = sorted({k for c in order for k in c.session})
+    shared = rng.standard_normal((n, len(servers)))
+    y = np.tile(mu, (n, 1))
+    for j, c in enumerate(order):
+        own = max(0.0, c.se ** 2 - sum(c.session.values()))
+        y[:, j] += math.sqrt(own) * rng.standard_normal(n)
+        for i, sv in enumerate(servers):
+            if sv in c.session:
+                y[:, j] += (1 if sv == c.server else -1) * math.sqrt(c.session[sv]) * shared[:, i]
+    dof = min(c.dof for c in order)
+    if math.isfinite(dof):
+        y = mu + (y - mu) * np.sqrt(dof / rng.chisquare(dof, n))[:, None]
+    curv = _curvature(xs, mu)
+    bend = rng.uniform(-1, 1, (n, len(order) - 1))
+    out = []
+    for a, b, sa in brackets:
+        ia, ib = next(i for i, c in enumerate(order) if c.concurrency == a), \
+            next(i for i, c in enumerate(order) if c.concurrency == b)
+        direction = Direction.STOPS_PAYING if sa > 0 else Direction.STARTS_PAYING
+        point = _first_cross(xs, mu[None, :], np.zeros((1, len(order) - 1)), curv, ia, ib, sa)[0]
+        got = _first_cross(xs, y, bend, curv, ia, ib, sa)
+        q = (1 - s.confidence) / 2
+        lo, hi = np.quantile(got, q), np.quantile(got, 1 - q)
+        out.append(Crossover(float(math.exp(point)), float(math.exp(lo)), float(math.exp(hi)), direction, a, b,
+                             order[0].metric))
+    return out
+
+
+def _curvature(xs: np.ndarray, ys: np.ndarray) -> np.ndarray:
+    """Per segment between measured points: |f''| as the neighbouring points' second divided
+    differences show it (their mean; 0 with two points: nothing says how the curve bends)."""
+    if len(xs) < 3:
+        return np.zeros(len(xs) - 1)
+    d2 = [abs(2 * ((ys[i + 2] - ys[i + 1]) / (xs[i + 2] - xs[i + 1]) - (ys[i + 1] - ys[i]) / (xs[i + 1] - xs[i]))
+              / (xs[i + 2] - xs[i])) for i in range(len(xs) - 2)]
+    seg = []
+    for i in range(len(xs) - 1):
+        near = [d2[j] for j in (i - 1, i) if 0 <= j < len(d2)]
+        seg.append(float(np.mean(near)))
+    return np.array(seg)
+
+
+def _first_cross(xs, y, bend, curv, ia: int, ib: int, sign: int, grid: int = 64) -> np.ndarray:
+    """Per row of y: the first x in [xs[ia], xs[ib]] where the curve (linear between points, bent by
+    bend * |f''| (x - x0)(x1 - x) / 2) leaves the sign `sign`; the bracket's far end if it never does,
+    its near end if it starts on the other side."""
+    rows = y.shape[0]
+    res = np.full(rows, np.nan)
+    for i in range(ia, ib):
+        x0, x1 = xs[i], xs[i + 1]
+        u = np.linspace(0, 1, grid)
+        xx = x0 + u * (x1 - x0)
+        f = y[:, i:i + 1] * (1 - u) + y[:, i + 1:i + 2] * u
+        f = f + bend[:, i:i + 1] * curv[i] * (xx - x0) * (x1 - xx) / 2
+        off = (f * sign) <= 0
+        if i == ia:
+            start_off = off[:, 0]
+            res[np.isnan(res) & start_off] = x0
+        hit = off.any(1) & np.isnan(res)
+        j = off.argmax(1)
+        # linear between the grid points on either side of the change
+        jj = np.maximum(j, 1)
+        fa, fb = f[np.arange(rows), jj - 1], f[np.arange(rows), jj]
+        with np.errstate(divide="ignore", invalid="ignore"):
+            frac = np.where(fb != fa, fa / (fa - fb), 0.0)
+        xa, xb = xx[jj - 1], xx[jj]
+        res[hit] = (xa + np.clip(frac, 0, 1) * (xb - xa))[hit]
+    res[np.isnan(res)] = xs[ib]
+    return res

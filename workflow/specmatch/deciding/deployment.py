@@ -1,0 +1,382 @@
+"""Deployment: what to deploy from the verdicts (a vLLM schedule, SGLang's mechanism, or the baseline),
+and the measured check of it against a reference the schedule fixes in advance (verification).
+
+Concurrency stands in for batch size (a closed loop of C workers keeps about C requests running).
+Batch sizes above the largest measured concurrency only extend the verdict there: the record flags
+them (`Recommendation.extrapolated_above`) and the text says so.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from .comparison import Comparison, compare, crossovers, decision, regions
+from .measurements import Settings
+from ..records import Decision, Outcome, Recommendation, Verdict, Verification, VerificationRow
+from ..stats import t_ppf
+
+RECOMMENDED = "__recommended"   # the suffix of a derived server that deploys a recommendation
+
+def server_k(spec: dict, batch: int) -> int:
+    """Speculative tokens the server itself uses at a batch size: its own schedule (with vLLM's
+    carry-forward through gaps and the tail, clamped by num_speculative_tokens), else its k."""
+    k = spec.get("num_speculative_tokens")
+    sched = spec.get("num_speculative_tokens_per_batch_size")
+    if not sched:
+        return int(k) if k else 0
+    last = None
+    for start, end, kk in sorted(sched):
+        if start <= batch <= end:
+            last = kk
+            break
+        if start > batch:
+            break
+        last = kk
+    if last is None:
+        return 0
+    return int(min(last, k)) if k else int(last)
+
+
+def decisions(verdicts: list[Verdict]) -> dict[int, bool | None]:
+    """On (True), off (False) or undecided (None) per measured concurrency: pays -> on; loses or
+    equivalent -> off (speculation that makes no difference only costs the drafter's work)."""
+    return {v.concurrency: True if v.verdict == Decision.PAYS else
+            None if v.verdict == Decision.INCONCLUSIVE else False for v in verdicts}
+
+
+def on_per_batch(dec: dict[int, bool | None], cross_points: dict[tuple[int, int], float], max_batch: int
+                 ) -> list[bool] | None:
+    """Speculation on/off for every batch size 1..max_batch, from the decided concurrencies only.
+    Between two decided concurrencies that disagree, the switch sits where the measured speedup
+    crosses 1 (interpolated on log concurrency, within that bracket; else the geometric mean);
+    undecided concurrencies in between do not move it elsewhere. Below the first and above the last
+    decided concurrency, its decision holds."""
+    known = sorted(c for c, d in dec.items() if d is not None)
+    if not known:
+        return None
+    out = []
+    for b in range(1, max_batch + 1):
+        if b <= known[0]:
+            out.append(dec[known[0]])
+            continue
+        if b >= known[-1]:
+            out.append(dec[known[-1]])
+            continue
+        lo = max(c for c in known if c <= b)
+        hi = min(c for c in known if c >= b)
+        if dec[lo] == dec[hi]:
+            out.append(dec[lo])
+            continue
+        inside = sorted((a, x) for (a, z), x in cross_points.items() if lo <= a and z <= hi)
+        switch = inside[0][1] if inside else math.sqrt(lo * hi)
+        out.append(dec[lo] if b < switch else dec[hi])
+    return out
+
+
+def vllm_schedule(spec: dict, on: list[bool]) -> list[list[int]]:
+    """Inclusive [start, end, k] ranges, the first starting at 1, that keep the server's own k where
+    speculation stays on and 0 where it goes off (vLLM carries the last range's k to max_num_seqs).
+    Where the server's own schedule had switched speculation off and the verdicts say on, its
+    num_speculative_tokens is used: the k it speculates with."""
+    own = own_k(spec)
+    ks = [(server_k(spec, b) or own) if on[b - 1] else 0 for b in range(1, len(on) + 1)]
+    ranges: list[list[int]] = []
+    for b, k in enumerate(ks, 1):
+        if ranges and ranges[-1][2] == k:
+            ranges[-1][1] = b
+        else:
+            ranges.append([b, b, k])
+    return ranges
+
+
+def own_k(spec: dict) -> int:
+    """The k a server speculates with where it speculates: num_speculative_tokens, else the largest k of
+    its own batch-size schedule (a server configured only by a schedule has no num_speculative_tokens,
+    and `server_k(...) or 0` would have switched speculation off where the verdicts say on)."""
+    k = spec.get("num_speculative_tokens")
+    if k:
+        return int(k)
+    return max((int(kk) for _, _, kk in spec.get("num_speculative_tokens_per_batch_size") or []), default=0)
+
+
+def validate_schedule(ranges: list[list[int]]) -> None:
+    """vLLM's own rules for num_speculative_tokens_per_batch_size (validate_and_normalize_dynamic_sd_schedule)."""
+    prev = 0
+    if not ranges or ranges[0][0] != 1:
+        raise ValueError(f"schedule {ranges}: the first range must start at 1")
+    for start, end, k in ranges:
+        if start <= prev or start > end or k < 0:
+            raise ValueError(f"schedule {ranges}: ranges must be sorted, non-overlapping, start <= end, k >= 0")
+        prev = end
+
+
+def _pairs_crossing(cmps: list[Comparison]) -> dict[tuple[int, int], float]:
+    """Interpolated crossing (on log concurrency) between consecutive measured concurrencies."""
+    pts = sorted((c.concurrency, c.estimate) for c in cmps if c.estimate is not None)
+    out = {}
+    for (c0, y0), (c1, y1) in zip(pts, pts[1:]):
+        if (y0 > 0) != (y1 > 0) and y1 != y0:
+            x = math.log(c0) + (0 - y0) * (math.log(c1) - math.log(c0)) / (y1 - y0)
+            out[(c0, c1)] = math.exp(x)
+    return out
+
+
+@dataclass
+class ServerInfo:
+    """What the recommendation needs to know of a server (from its launch record)."""
+    name: str
+    engine: str                  # vllm | sglang | external
+    flavor: str
+    speculative: dict | None
+    max_batch: int               # the server's max_num_seqs / running-request cap
+    sglang_adaptive: dict | None = None  # the installed SGLang's adaptive mechanism, if it has one
+    version: str | None = None
+    engine_warnings: tuple = ()  # what the engine warned of at start-up (see launch.engine_warnings)
+    argv: tuple = ()             # the launch command (secrets redacted), to say what differs from the baseline's
+
+
+def recommend(info: ServerInfo, suite: str, verdicts: list[Verdict], cmps: list[Comparison],
+              s: Settings) -> Recommendation:
+    """What to deploy, built only from verdicts (never from point estimates alone)."""
+    regs = regions(verdicts)
+    cross = crossovers(verdicts, cmps, s)
+    dec = decisions(verdicts)
+    rec = Recommendation(info.name, suite, regs, cross[0] if cross else None, "undecided", None, None, None,
+                         crossovers=cross, max_batch=info.max_batch)
+    decided = {c: d for c, d in dec.items() if d is not None}
+    undecided = sorted(c for c, d in dec.items() if d is None)
+    if not decided:
+        why = "; ".join(dict.fromkeys(v.decide for v in verdicts if v.decide))
+        rec.text = f"no recommendation: no concurrency is decided ({why})"
+        rec.evidence = "every verdict is inconclusive"
+        return rec
+    on = on_per_batch(dec, _pairs_crossing(cmps), info.max_batch)
+    pays, loses = _list(dec, True, verdicts, Decision.PAYS), _list(dec, False, verdicts, Decision.LOSES)
+    same = _list(dec, False, verdicts, Decision.EQUIVALENT)
+    undecided_note = f" (undecided at c={','.join(map(str, undecided))})" if undecided else ""
+    if all(on):
+        rec.action = "keep"
+        rec.text = f"keep speculation on at every batch size: it pays at {pays}{undecided_note}"
+    elif not any(on):
+        rec.action = "off"
+        why = [f"it loses at {loses}" if loses else "", f"makes no difference at {same}" if same else ""]
+        rec.text = "turn speculation off: " + " and ".join(w for w in why if w) + f", and pays nowhere{undecided_note}"
+    else:
+        rec.action = "schedule"
+        spans = _spans(on)
+        rec.text = ("speculate only at batch sizes " + ", ".join(f"{a}-{b}" if a != b else f"{a}" for a, b in spans)
+                    + f": it pays at {pays}" + (f", loses at {loses}" if loses else "")
+                    + (f", makes no difference at {same}" if same else "") + undecided_note)
+        between = [c for c in undecided if any(k < c for k in decided) and any(k > c for k in decided)]
+        if between:
+            rec.text += "; the switch follows where the measured speedup crosses 1"
+    rec.evidence = "; ".join(f"{r.verdict.value} at c={r.first}" + (f"-{r.last}" if r.last != r.first else "")
+                             for r in regs)
+    top = max(dec)
+    if info.max_batch > top:
+        last = max(decided)
+        rec.extrapolated_above = top
+        rec.text += (f"; batch sizes {top + 1}-{info.max_batch} were not measured (the largest measured concurrency is "
+                     f"{top}): there it extends the verdict at c={last}, an extrapolation")
+    if info.flavor == "vllm" and rec.action in ("schedule", "keep"):
+        spec = info.speculative or {}
+        sched = vllm_schedule(spec, on)
+        configured = [server_k(spec, b) for b in range(1, info.max_batch + 1)]
+        rec.as_configured = [k for a, z, k in sched for _ in range(a, z + 1)] == configured
+        if rec.action == "schedule" or not rec.as_configured:
+            # a schedule, or "always on" for a server whose own schedule switches speculation off
+            # somewhere: unless it is the server's own, a deployment nobody has measured yet
+            validate_schedule(sched)
+            rec.vllm_schedule = sched
+            if rec.action == "keep":
+                rec.text += "; its configured schedule switches speculation off where the verdicts say on"
+    elif rec.action in ("keep", "off"):
+        rec.as_configured = rec.action == "keep"
+    if info.flavor == "sglang":
+        rec.sglang = sglang_mechanism(info, rec.action, on)
+    if info.engine == "external":
+        # the deployment is still stated for the engine behind it; nothing here restarts it to measure it
+        how = {"vllm": "the vLLM schedule above", "sglang": "the SGLang mechanism above"}.get(info.flavor)
+        rec.text += (" (an external endpoint: nothing here restarts it, so the recommended deployment is not measured"
+                     + (f"; deploy {how} on it and measure it as a configured server" if how and not rec.as_configured
+                        and rec.action in ("schedule", "keep") else "") + ")")
+        if rec.action != "off" and not rec.as_configured:
+            rec.verified = Verification(None, Outcome.NOT_VERIFIABLE, s.recommend_metric, s.confidence,
+                                        min_effect=s.min_effect,
+                                        reason="an external endpoint: nothing here restarts it with the recommended "
+                                               "configuration, so it is not measured")
+    return rec
+
+
+def _spans(on: list[bool]) -> list[tuple[int, int]]:
+    out, start = [], None
+    for b, x in enumerate(on + [False], 1):
+        if x and start is None:
+            start = b
+        elif not x and start is not None:
+            out.append((start, b - 1))
+            start = None
+    return out
+
+
+def _list(dec: dict, value, verdicts: list[Verdict], kind: Decision) -> str:
+    cs = [v.concurrency for v in sorted(verdicts, key=lambda v: v.concurrency) if v.verdict == kind]
+    return ("c=" + ",".join(map(str, cs))) if cs else ""
+
+
+def sglang_mechanism(info: ServerInfo, action: str, on: list[bool]) -> dict:
+    """The nearest mechanism the installed SGLang has for speculating less as batches grow."""
+    if action in ("keep", "undecided"):
+        return {"mechanism": None, "why": "nothing to change"}
+    if action == "off":
+        return {"mechanism": "baseline", "why": "serve without --speculative-algorithm"}
+    if info.sglang_adaptive and _spans(on) == [(1, max(b for b, x in enumerate(on, 1) if x))]:
+        from ..serving.engines.sglang import adaptive_config
+
+        boundary = max(b for b, x in enumerate(on, 1) if x)
+        return {"mechanism": "speculative-adaptive", **info.sglang_adaptive, "boundary": boundary,
+                "config": adaptive_config(info.speculative or {}, boundary),
+                "why": f"--speculative-adaptive with a config whose batch sizes above {boundary} have only 0 "
+                       "steps to choose from (no drafting), and the server's own steps below"}
+    if info.sglang_adaptive:
+        return {"mechanism": None, "why": "speculation pays in more than one range of batch sizes; SGLang's adaptive "
+                                          "config cannot express that: route traffic by batch size instead"}
+    return {"mechanism": None,
+            "why": f"SGLang {info.version or '(version unknown)'} has no flag that switches speculation off above a "
+                   f"batch size (--speculative-adaptive came with 0.5.18): route traffic above batch "
+                   f"{max(b for b, x in enumerate(on, 1) if x)} to the baseline server instead"}
+
+
+
+
+# -- verification: the recommendation, measured, against a reference fixed in advance --------------
+def deployed_on(rec: Recommendation, c: int) -> bool | None:
+    """Whether the recommended deployment speculates at batch size c (None: it does not say)."""
+    if rec.vllm_schedule:
+        return server_k({"num_speculative_tokens_per_batch_size": rec.vllm_schedule}, c) > 0
+    if rec.sglang and rec.sglang.get("mechanism") == "speculative-adaptive":
+        return c <= rec.sglang["boundary"]
+    return {"keep": True, "off": False}.get(rec.action)
+
+
+def reference(rec: Recommendation, info: ServerInfo | None, baseline: str, c: int) -> tuple[str | None, str | None]:
+    """The server the schedule says should run at concurrency c, fixed by the schedule before the
+    recommended deployment's data are seen: the speculative server as configured where the schedule
+    speculates, the baseline where it does not. (None, why) where no measured server is that."""
+    on = deployed_on(rec, c)
+    if on is None:
+        return None, f"the recommendation does not say whether to speculate at c={c}"
+    if not on:
+        return baseline, None
+    spec = (info.speculative if info else None) or {}
+    if spec.get("num_speculative_tokens_per_batch_size") and server_k(spec, c) == 0:
+        return None, f"`{rec.server}` as configured does not speculate at c={c}, so no measured server is the reference"
+    return rec.server, None
+
+
+@dataclass
+class Reference:
+    """What the recommended deployment is checked against at one concurrency, fixed by its schedule
+    before its own data are seen: `server` (None: no measured server is it, `why`), and `alternatives`,
+    the servers the schedule's choice there was not decided against (where no verdict decided it, a cost
+    must show against each of them too)."""
+    server: str | None
+    why: str | None = None
+    alternatives: tuple = ()
+
+
+def onoff_references(rec: Recommendation, info: ServerInfo | None, baseline: str, concurrencies: list[int],
+                     undecided: set | None = None) -> dict[int, Reference]:
+    """An on/off recommendation's references (reference()); at `undecided` concurrencies (the server's
+    own verdict was inconclusive or equivalent, so the switch fell there by the point estimates) the
+    other of the baseline and the server as configured is the alternative."""
+    out = {}
+    for c in concurrencies:
+        ref, why = reference(rec, info, baseline, c)
+        alt = (rec.server if ref == baseline else baseline,) if ref and c in (undecided or ()) else ()
+        out[c] = Reference(ref, why, alt)
+    return out
+
+
+def verification(m, rr, rec: Recommendation, info: ServerInfo | None, baseline: str, derived: str,
+                 concurrencies: list[int], s: Settings, undecided: set | None = None) -> Verification:
+    """An on/off recommendation's deployment `derived`, measured, against onoff_references."""
+    return verify_against(m, rr, rec.suite, derived,
+                          onoff_references(rec, info, baseline, concurrencies, undecided), s)
+
+
+def verify_against(m, rr, suite: str, derived: str, refs: dict[int, Reference], s: Settings) -> Verification:
+    """The recommended deployment `derived`, measured on the grid, against its reference at each
+    concurrency (`refs`: onoff_references, or a k schedule's, kmodel.references) on
+    `summary.recommend_metric`, as records.Verification describes.
+
+    alpha = 1 - confidence. "Verified" asks, at every concurrency, that the deployment cost no more
+    than min_effect against its reference: the one-sided 1 - alpha lower bound (`equivalence_lo`, the
+    lower end of the 1 - 2 alpha interval) at or above 1 / (1 + min_effect), non-inferiority at level
+    alpha (`not_worse` in its row; `verdict` says equivalent where TOST also bounds it above). Being
+    faster than the reference is no failure of the schedule, so TOST's upper side is not asked for
+    (it left a right schedule that ran its tail faster than the baseline undecided). All of them at
+    once is an intersection-union test, so P(verified | some concurrency costs more than min_effect)
+    <= alpha with no multiplicity correction (Berger 1982, Technometrics 24(4)): each concurrency at
+    alpha, not alpha / K. "Failed" is a union (any concurrency), so it is corrected: a cost at a
+    concurrency is the 1 - 2 alpha / K interval lying below 1 (Bonferroni over the K concurrencies
+    with a reference), so P(failed | the deployment equals its references everywhere) <= alpha.
+
+    The reference is fixed by the schedule, but where the schedule's choice was not decided by a
+    verdict, the data that chose it favour it: there a cost must show against the reference and
+    against each of its `alternatives` (Reference), so that choice cannot make a correct schedule
+    fail. `rr` should include the deployment's own repeats."""
+    metric = s.recommend_metric
+    alpha = 1 - s.confidence
+    base = dict(metric=metric, confidence=s.confidence, min_effect=s.min_effect)
+    cs = [c for c in sorted(refs) if m.repeats(derived, suite, c)]
+    if not cs:
+        return Verification(derived, Outcome.NOT_MEASURED, reason=f"no cell of `{derived}` was measured", **base)
+    tests, skipped = [], []
+    for c in cs:
+        ref, why = refs[c].server, refs[c].why
+        if ref is not None and not m.repeats(ref, suite, c):
+            ref, why = None, f"`{ref}` was not measured at c={c}"
+        (tests.append((c, ref)) if ref is not None else skipped.append(why))
+    if not tests:
+        return Verification(derived, Outcome.UNDECIDED, reason="; ".join(skipped), **base)
+    k = len(tests)
+    band = math.log(1 + s.min_effect)
+    rows, run = [], True
+    for c, ref in tests:
+        cmp = compare(m, rr, derived, ref, suite, c, metric)
+        if cmp.estimate is None:
+            rows.append(VerificationRow(c, ref, None, None, None, Decision.INCONCLUSIVE, note=cmp.note))
+            continue
+        run = run and cmp.run_to_run
+        t_cost, t_eq = t_ppf(1 - alpha / k, cmp.dof), t_ppf(1 - alpha, cmp.dof)
+        lo, hi = cmp.estimate - t_cost * cmp.se, cmp.estimate + t_cost * cmp.se
+        eq_lo, eq_hi = cmp.estimate - t_eq * cmp.se, cmp.estimate + t_eq * cmp.se
+        # "verified" asks only that the deployment cost no more than min_effect here: the one-sided
+        # 1 - alpha bound above -band (non-inferiority at alpha); being faster than its reference is no
+        # failure of the schedule, so the upper bound (TOST's other side) is not asked for
+        not_worse = cmp.run_to_run and eq_lo >= -band
+        if cmp.run_to_run and -band <= eq_lo and eq_hi <= band:
+            d = Decision.EQUIVALENT
+        else:
+            d = decision(lo, hi, band, cmp.run_to_run)
+            d = Decision.INCONCLUSIVE if d == Decision.EQUIVALENT else d
+        for other in refs[c].alternatives:  # the choices the data did not decide against
+            if d != Decision.LOSES or not m.repeats(other, suite, c):
+                continue
+            alt = compare(m, rr, derived, other, suite, c, metric)
+            if alt.estimate is not None and alt.estimate + t_ppf(1 - alpha / k, alt.dof) * alt.se >= 0:
+                d = Decision.INCONCLUSIVE
+        rows.append(VerificationRow(c, ref, math.exp(cmp.estimate), math.exp(lo), math.exp(hi), d, math.exp(eq_lo),
+                                    math.exp(eq_hi), bool(not_worse)))
+    if any(r.verdict == Decision.LOSES for r in rows):
+        outcome = Outcome.FAILED
+    elif all(r.not_worse or r.verdict == Decision.PAYS for r in rows):
+        outcome = Outcome.VERIFIED
+    else:
+        outcome = Outcome.UNDECIDED
+    notes = list(skipped)
+    if not run:
+        notes.append("one repeat: the intervals exclude run-to-run variation, so equivalence is never called")
+    return Verification(derived, outcome, per_test_confidence=1 - 2 * alpha / k, equivalence_confidence=1 - 2 * alpha,
+                        per_concurrency=rows, error_rates={"verified_if_costly": alpha, "failed_if_correct": alpha},
+                        reason="; ".join(notes) or None, **base)

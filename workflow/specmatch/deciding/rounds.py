@@ -1,0 +1,152 @@
+"""One round of the sequential design: which configurations get another repeat.
+
+A Snakemake checkpoint per round (workflow/rules/rounds.smk). With `repeats: {min, max}` every cell
+is measured `min` times; after round R (the cells of repeats 1..R), the configured servers are
+analysed as the summary would (sequential levels, specmatch.deciding.sequential) and each configuration
+(server against the baseline at a suite and concurrency, on `summary.recommend_metric`) measured
+in round R either stops (decided, at max, or unlikely to be decided by the remaining repeats) or
+continues. The plan
+(records.RoundPlan) lists the cells repeat R+1 measures; the workflow then launches only the servers
+that have such cells, in fresh sessions, and never reruns a finished cell.
+
+A k sweep's members are planned by their question: on the suites the sweep's k is decided on
+(`--suites`, the recommendation suites), the best k's comparisons with the candidates it could not
+be told from (k_choices); elsewhere each member's own verdict, as any server's.
+
+    python -m specmatch rounds --round R --baseline B --settings JSON --servers JSON --cells c*.json
+        --requests c*.requests.parquet --launches launch.json... --suites S... --out results/rounds/rR.json
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import sys
+from pathlib import Path
+from .. import steps
+from .analysis import Analysis, Settings
+from .comparison import _split, compare
+from ..files import SpecmatchError, write_json
+from ..provenance import Recorder
+from ..records import Continuation, Decision, PlannedCell, RoundDecision, RoundPlan
+from .recommend import analysis_arguments, load, primary_analysis, server_infos
+from .sequential import Design, continues
+from ..sweep import members as sweep_members
+
+
+def plan(an: Analysis, design: Design, round_: int) -> RoundPlan:
+    """The decisions after round `round_` and the cells of the next repeat (module docstring)."""
+    metric = an.settings.recommend_metric
+    decisions, nxt = [], set()
+    # a k sweep's member on a suite its k is decided on: its question there is the k choice (k_choices),
+    # not its own verdict against the baseline
+    k_asked = {(name, rec.suite) for rec in an.k_recommendations
+               for name in sweep_members(rec.parent, an.servers).values()}
+    for (server, suite, m), cmps in sorted(an.comparisons.items()):
+        if m != metric or server == an.baseline or (server, suite) in k_asked:
+            continue
+        for cmp in cmps:
+            if cmp.repeats != round_:
+                continue   # stopped in an earlier round: its verdict stands
+            v = an.verdict(server, suite, cmp.concurrency, metric)
+            if v is None or v.speedup is None:
+                continue   # nothing measured to decide (failed cells say why in the summary)
+            if v.verdict != Decision.INCONCLUSIVE:
+                action = Continuation.DECIDED
+            elif round_ >= design.max:
+                action = Continuation.AT_MAX
+            else:
+                w, _, b, _ = _split(cmp)
+                go = continues(cmp.estimate, w, b, cmp.repeats, design, an.settings.confidence,
+                               math.log(1 + an.settings.min_effect), cmp.dof)
+                action = Continuation.CONTINUE if go else Continuation.UNLIKELY
+            decisions.append(RoundDecision(server, suite, cmp.concurrency, cmp.repeats, v.verdict, v.confidence,
+                                           action, v.speedup, v.lo, v.hi))
+            if action == Continuation.CONTINUE:
+                for who in (server, an.baseline):
+                    nxt.add((who, suite, cmp.concurrency))
+    for d in k_choices(an, design, round_):
+        decisions.append(d)
+        if d.action == Continuation.CONTINUE:
+            for who in (d.server, d.against):
+                nxt.add((who, d.suite, d.concurrency))
+    cells = [PlannedCell(s, u, c, round_ + 1) for s, u, c in sorted(nxt)]
+    return RoundPlan(round_, design.to_json(), metric, decisions, cells)
+
+
+def k_choices(an: Analysis, design: Design, round_: int) -> list[RoundDecision]:
+    """The k sweeps' choices (kmodel.best_k) at round `round_`: the best k's comparison with every other
+    candidate. One still open (inconclusive, or contradicting the estimates' order) while k is not
+    decided, "pays, k open" included, continues (both servers get another repeat at that suite and
+    concurrency) where the remaining repeats likely decide it, by the same rule and levels as every
+    configuration; a decided one is recorded as decided. A pair is looked at while either side was
+    measured in this round: the best k can change between rounds, and its new pair must not stop
+    for the one repeat its other side was not measured in."""
+    metric = an.settings.recommend_metric
+    m = an.measurements
+    out = []
+    for rec in an.k_recommendations:
+        for ch in rec.choices:
+            for v in ch.pairwise:
+                if v.speedup is None or not any(round_ in m.repeats(x, rec.suite, ch.concurrency)
+                                                for x in (v.server, v.against)):
+                    continue   # nothing to decide, or neither side measured this round (it stopped earlier)
+                open_ = bool(ch.candidates) and v.verdict in (Decision.INCONCLUSIVE, Decision.LOSES)
+                if not open_ and v.verdict == Decision.INCONCLUSIVE:
+                    continue   # inconclusive against a k the choice does not hinge on
+                if not open_:
+                    action = Continuation.DECIDED
+                elif round_ >= design.max:
+                    action = Continuation.AT_MAX
+                elif v.verdict == Decision.LOSES:   # the paired comparison contradicts the estimates' order
+                    action = Continuation.CONTINUE
+                else:
+                    cmp = compare(m, an.run_to_run, v.server, v.against, rec.suite, ch.concurrency, metric)
+                    w, _, b, _ = _split(cmp)
+                    go = cmp.estimate is not None and continues(
+                        cmp.estimate, w, b, cmp.repeats, design, an.settings.confidence,
+                        math.log(1 + an.settings.min_effect), cmp.dof)
+                    action = Continuation.CONTINUE if go else Continuation.UNLIKELY
+                out.append(RoundDecision(v.server, rec.suite, ch.concurrency, v.repeats, v.verdict, v.confidence,
+                                         action, v.speedup, v.lo, v.hi, against=v.against))
+    return out
+
+
+def describe(p: RoundPlan) -> str:
+    return (f"round {p.round} ({p.metric}): " + ", ".join(f"{n} {a.value}" for a, n in p.counts().items() if n)
+            + f"; repeat {p.round + 1} measures {len(p.next)} cells")
+
+
+def arguments(p: argparse.ArgumentParser) -> None:
+    analysis_arguments(p)
+    p.add_argument("--round", type=int, required=True, help="the repeats measured so far (R)")
+    p.add_argument("--out", required=True, type=Path)
+
+
+def execute(a: argparse.Namespace) -> int:
+    settings, configs = Settings.of(json.loads(a.settings)), json.loads(a.servers)
+    rec = Recorder("sequential_round", a.cells + a.requests + a.launches,
+                   {"baseline": a.baseline, "summary": settings.__dict__, "round": a.round,
+                    "suites": a.suites})
+    design = settings.design
+    if not design.sequential:
+        raise SpecmatchError("rounds: the configured repeats are a fixed design (no rounds to plan)")
+    infos = server_infos(a.launches, configs)
+    an = primary_analysis(load(a.cells, a.requests), a.baseline, settings, configs, infos, a.suites)
+    out = plan(an, design, a.round)
+    write_json(a.out, out.to_json())
+    rec.write([a.out])
+    print(describe(out))
+    for d in out.decisions:
+        print(f"  {d.server}" + (f" vs {d.against}" if d.against else "") + f" {d.suite} c={d.concurrency}: "
+              f"{d.verdict.value} at {d.confidence:.1%} "
+              f"({d.repeats} repeats) -> {d.action.value}")
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    return steps.main("rounds", __doc__, arguments, execute, argv)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

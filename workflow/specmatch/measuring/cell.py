@@ -1,0 +1,221 @@
+"""One benchmark cell: one server session, one suite, one concurrency, one repeat.
+
+The cell sends every prompt of the suite once per pass (`requests.passes`), in a seeded order that
+is the same for every server and every concurrency, so cells differ only by the server and the
+load, never by the work. Warm-up requests use prompts of their own (never a measured prompt), then
+the prefix cache is reset, so neither warm-up nor the previous cell warms this one. The engine's
+server-wide counters are read before and after, so acceptance is scoped to exactly this cell.
+Writes `c{C}.json` (a records.CellResult, vLLM `bench serve` key names) and every request in
+`c{C}.requests.parquet` (records.RequestRecord).
+
+A cell whose failure rate exceeds `requests.max_failure_fraction` fails its job; its partial
+records are kept as `c{C}.failed.json` / `c{C}.failed.requests.parquet`, names that never look
+complete to Snakemake. If the server died meanwhile, the error says so, with its exit status and
+the tail of its log.
+
+    python -m specmatch cell --name SERVER --server JSON --suite S --prompts P.jsonl --concurrency C
+                             --repeat R --requests JSON --launch launch.json --out cC.json
+                             --requests-out cC.requests.parquet [--server-log LOG]
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import random
+import sys
+import time
+from pathlib import Path
+
+import requests as http
+
+from . import metrics
+from .. import steps
+from .client import DEFINITIONS, Request, run, run_load
+from ..config import keeps_busy
+from ..serving.engines import get_engine
+from ..files import SpecmatchError, atomic_path, read_json, read_jsonl, write_json
+from ..provenance import Recorder
+from .protocols import protocol as protocol_of
+from ..records import CellResult, LaunchRecord, Prompt, RequestRecord, RequestSettings, frame
+from ..serving.server import LeaseKeeper, Manager, session_of
+
+WARMUP_TEXT = ("Warm-up request {i} (not measured): count from one to twenty in words, separated by commas, "
+               "then say which of those numbers are prime.")
+
+
+def plan_requests(prompts: list[Prompt], passes: int, seed: int) -> list[tuple[Prompt, int]]:
+    """(prompt, pass) for every prompt once per pass, each pass in its own seeded order. It depends
+    only on the suite, `passes` and the seed: the same for every server and every concurrency."""
+    if not prompts:
+        raise SpecmatchError("the prompt suite is empty")
+    out = []
+    for k in range(passes):
+        order = list(range(len(prompts)))
+        random.Random(f"{seed}:{k}").shuffle(order)
+        out += [(prompts[i], k) for i in order]
+    return out
+
+
+def check_load(n_prompts: int, passes: int, concurrency: int, suite: str) -> list[str]:
+    """A suite too small for the concurrency is a configuration error; one that gives each worker
+    fewer than two requests measures a burst rather than a steady state, which the cell says."""
+    n = n_prompts * passes
+    if not keeps_busy(n_prompts, passes, concurrency):
+        raise SpecmatchError(f"suite {suite}: {n_prompts} prompts x requests.passes {passes} = {n} requests cannot "
+                             f"keep concurrency {concurrency} busy; raise suites.{suite}.size (or requests.passes: "
+                             "whole passes of the suite) or drop that concurrency")
+    if n < 2 * concurrency:
+        return [f"{n} requests at concurrency {concurrency}: each worker sends fewer than two, so the cell measures "
+                f"one burst rather than a steady state (suites.{suite}.size or requests.passes would lengthen it)"]
+    return []
+
+
+def warmup_prompt(i: int) -> Prompt:
+    """A synthetic warm-up prompt, never a suite prompt (its token count is not needed: never measured)."""
+    text = WARMUP_TEXT.format(i=i + 1)
+    return Prompt(id=f"warmup-{i}", suite="warmup", source="warmup", file="", line=None, row=None,
+                  row_id=f"warmup-{i}", turn=0, turns=1, text=text, messages=[{"role": "user", "content": text}],
+                  prompt_tokens=0, reference_completion_tokens=None, holdout=False)
+
+
+def warmup_requests(n: int, protocol: str, model: str, settings: RequestSettings, extras: dict) -> list[Request]:
+    """Synthetic warm-up prompts, never suite prompts: a measured prompt must not have been seen
+    (and prefix-cached) by the server before its measurement."""
+    proto = protocol_of(protocol)
+    return [Request(-1 - i, f"warmup-{i}", "warmup", False, proto.body(warmup_prompt(i), model, settings, extras))
+            for i in range(n)]
+
+
+def scrape(base_url: str, engine) -> dict:
+    try:
+        r = http.get(base_url + "/metrics", timeout=30)
+        return engine.counters(r.text) if r.status_code == 200 else {}
+    except http.RequestException:
+        return {}
+
+
+def reset_cache(base_url: str, engine) -> str:
+    """Clear the prefix cache after warm-up, so every server starts the measurement equally cold;
+    the outcome is recorded in the cell, since an engine without the endpoint cannot guarantee it."""
+    if not engine.reset_path:
+        return "not supported by this engine"
+    try:
+        r = http.post(base_url + engine.reset_path, timeout=60)
+        return "ok" if r.status_code == 200 else f"HTTP {r.status_code}"
+    except http.RequestException as exc:
+        return f"failed: {exc}"
+
+
+def run_cell(name: str, cfg: dict, suite: str, prompts: list[Prompt], concurrency: int, repeat: int,
+             settings: RequestSettings, max_batch: int, manager: Manager, server_log: Path | None = None
+             ) -> tuple[CellResult, list[RequestRecord], str | None]:
+    """Measure the cell; returns its result, its request records, and a death notice if the server died."""
+    engine = get_engine(cfg)
+    protocol = engine.protocol(settings.endpoint)
+    proto = protocol_of(protocol)
+    passes = settings.passes
+    warnings = check_load(len(prompts), passes, concurrency, suite)
+    model = engine.served_model()
+    extras = engine.request_extras()
+    reqs = [Request(i, p.id, p.source, p.holdout, proto.body(p, model, settings, extras), k)
+            for i, (p, k) in enumerate(plan_requests(prompts, passes, settings.seed))]
+    warm = warmup_requests(settings.warmup, protocol, model, settings, extras)
+    api_key = engine.api_key() if hasattr(engine, "api_key") else None
+    session = session_of(repeat)
+    att = manager.attach(name, cfg, max_batch, server_log, session)
+    with LeaseKeeper(manager):
+        if warm:
+            run(run_load(att.base_url, warm, min(concurrency, len(warm)), protocol, engine.parse_request_acceptance,
+                         settings.timeout_s, api_key))
+        reset = reset_cache(att.base_url, engine)  # after the warm-up: nothing this cell sends is cached
+        before = scrape(att.base_url, engine)
+        t0 = time.time()
+        records = run(run_load(att.base_url, reqs, concurrency, protocol, engine.parse_request_acceptance,
+                               settings.timeout_s, api_key, request_rate=settings.request_rate,
+                               burstiness=settings.burstiness, seed=settings.seed))
+        after = scrape(att.base_url, engine)
+    died = manager.death_notice(att) if any(not r.ok for r in records) else None
+    summary = metrics.summarize(records)
+    result = CellResult(
+        server=name, suite=suite, concurrency=concurrency, repeat=repeat, engine=cfg["engine"], protocol=protocol,
+        flavor=engine.flavor,
+        max_concurrency=concurrency, num_prompts=len(reqs), suite_prompts=len(prompts), passes=passes,
+        warmup_requests=len(warm), request_rate=settings.request_rate or "inf",
+        burstiness=settings.burstiness, started_at=t0, server_session=session,
+        server_reused=att.reused, server_config_hash=att.config_hash, cache_reset=reset,
+        holdout_share=sum(r.holdout for r in records) / len(records) if records else None,
+        definitions=DEFINITIONS, **summary)
+    result.warnings = warnings + metrics.measurement_warnings(result)
+    result.set_acceptance(engine.cell_acceptance(before, after, records))
+    result.acceptance_by_source = metrics.acceptance_by_group(engine, records, lambda r: r.source)
+    result.acceptance_by_holdout = metrics.acceptance_by_group(engine, records,
+                                                               lambda r: "held_out" if r.holdout else "seen")
+    return result, records, died
+
+
+def write_requests(path: Path, records: list[RequestRecord]) -> None:
+    with atomic_path(path, ".parquet") as tmp:
+        frame(records, RequestRecord).write_parquet(tmp)
+
+
+def arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--name", required=True)
+    p.add_argument("--server", required=True, help="the server's config as JSON")
+    p.add_argument("--suite", required=True)
+    p.add_argument("--prompts", required=True, type=Path)
+    p.add_argument("--concurrency", required=True, type=int)
+    p.add_argument("--repeat", type=int, default=1, help="which repeat (each in a fresh server session)")
+    p.add_argument("--max-batch", required=True, type=int)
+    p.add_argument("--requests", required=True, help="the requests config as JSON")
+    p.add_argument("--launch", type=Path, help="the server's launch record for this repeat")
+    p.add_argument("--out", required=True, type=Path)
+    p.add_argument("--requests-out", required=True, type=Path)
+    p.add_argument("--server-log", type=Path, help="where a server this cell has to (re)start writes its log")
+    p.add_argument("--state-dir", type=Path)
+
+
+def execute(a: argparse.Namespace) -> int:
+    cfg, req_cfg = json.loads(a.server), json.loads(a.requests)
+    settings = RequestSettings.from_json(req_cfg)
+    mgr = Manager(a.state_dir)
+    rec = Recorder("cell", [a.prompts, a.launch], {"server": cfg, "suite": a.suite, "concurrency": a.concurrency,
+                                                   "repeat": a.repeat, "requests": req_cfg})
+    prompts = [Prompt.from_json(r) for r in read_jsonl(a.prompts)]
+    result, records, died = run_cell(a.name, cfg, a.suite, prompts, a.concurrency, a.repeat, settings,
+                                     a.max_batch, mgr, a.server_log)
+    launch = LaunchRecord.from_json(read_json(a.launch)) if a.launch and a.launch.exists() else None
+    if launch and launch.config_hash and launch.config_hash != result.server_config_hash:
+        print(f"warning: the running server's config hash {result.server_config_hash} differs from its launch "
+              f"record's {launch.config_hash}", file=sys.stderr)
+    total = result.completed + result.failed
+    frac = result.failed / total if total else 1.0
+    where = f"cell {a.name}/{a.suite}/r{a.repeat}/c{a.concurrency}"
+    if frac > settings.max_failure_fraction or died:
+        bad_json = a.out.with_name(a.out.name.replace(".json", ".failed.json"))
+        bad_pq = a.requests_out.with_name(a.requests_out.name.replace(".requests.parquet", ".failed.requests.parquet"))
+        write_json(bad_json, result.to_json())
+        write_requests(bad_pq, records)
+        first = next((r.error for r in records if not r.ok), "")
+        print(f"error: {where}: {result.failed} of {total} requests failed ({frac:.1%}; "
+              f"requests.max_failure_fraction {settings.max_failure_fraction:.1%}); first: {first}. "
+              + (f"\n{died}\n" if died else "") + f"Partial records: {bad_json}, {bad_pq}", file=sys.stderr)
+        return 2
+    for w in result.warnings:
+        print(f"warning: {where}: {w}", file=sys.stderr)
+    write_requests(a.requests_out, records)
+    write_json(a.out, result.to_json())
+    rec.write([a.out, a.requests_out], {"server": {"name": a.name, "argv": launch.argv if launch else [],
+                                                   "config_hash": result.server_config_hash,
+                                                   "session": result.server_session}})
+    acc = result.spec_decode_acceptance_rate
+    print(f"{where}: {result.completed} ok, {result.failed} failed, {result.output_throughput or 0:.1f} tok/s, "
+          f"median TTFT {result.median_ttft_ms or 0:.0f} ms" + (f", acceptance {acc:.3f}" if acc is not None else ""))
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    return steps.main("cell", __doc__, arguments, execute, argv)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

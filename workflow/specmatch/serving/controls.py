@@ -1,0 +1,131 @@
+"""Configured-off controls: the same speculative configuration, drafting nothing.
+
+A speculative server differs from the baseline in two ways at once: it drafts, and it is
+*configured* for speculation (the engine loads a drafter, reserves memory for it, and changes
+scheduler settings and kernel paths when speculation is on: vLLM issue 49548). A speedup mixes the
+two. The control `<server>__off` is the server's own configuration with drafting switched off at
+every batch size, so
+
+    server / baseline  =  (server__off / baseline)  x  (server / server__off)
+                          configuration effect         drafting effect
+
+and each factor gets its own verdict (attribution.py). vLLM expresses "configured but drafting
+nothing" exactly: `num_speculative_tokens_per_batch_size: [[1, max_batch, 0]]`. SGLang has no such
+switch (its adaptive mode lowers steps but never to a configured drafter that drafts nothing), and
+nothing here restarts an external endpoint: for those the control is reported as not expressible.
+
+The controls are ordinary configured servers (launches, cells, provenance, caching), added to the
+validated config by `with_controls`, so the workflow needs no special case beyond their name.
+"""
+from __future__ import annotations
+
+import copy
+
+from .engines import ENGINES
+from ..files import SpecmatchError
+from ..sweep import members as swept, sweep_of
+
+OFF = "__off"
+
+
+def is_control(name: str) -> bool:
+    return name.endswith(OFF)
+
+
+def parent(name: str) -> str:
+    """The speculative server a control belongs to."""
+    return name[: -len(OFF)] if is_control(name) else name
+
+
+def recommendation_suites(cfg: dict) -> list[str]:
+    """The suites recommendations (and controls) stand on: `summary.recommend_suites`, else the first
+    training suite, else (a config of prompt files only) the first suite."""
+    training = [n for n, s in cfg["suites"].items() if s["kind"] == "training"]
+    return list(cfg["summary"].get("recommend_suites") or (training or list(cfg["suites"]))[:1])
+
+
+def why_no_control(srv: dict) -> str | None:
+    """Why the configured-off control cannot be expressed for this server (None: it can)."""
+    if not srv.get("speculative"):
+        return "it does not speculate"
+    if srv["engine"] == "external":
+        return "an external endpoint: nothing here restarts it with another configuration"
+    if srv["engine"] == "sglang":
+        return ("SGLang has no setting that keeps the drafter configured while drafting nothing at every batch "
+                "size (--speculative-adaptive lowers the steps, never to zero)")
+    return None
+
+
+def off_config(name: str, srv: dict, max_batch: int) -> tuple[dict | None, str | None]:
+    """The control's config, or None and why it cannot be expressed for this server."""
+    why = why_no_control(srv)
+    if why:
+        return None, why
+    cfg = copy.deepcopy({k: v for k, v in srv.items() if k != "suites"})
+    cfg["speculative"]["num_speculative_tokens_per_batch_size"] = [[1, int(max_batch), 0]]
+    return cfg, None
+
+
+def controlled(servers: dict, names: list | None) -> list[str]:
+    """The servers that get a control: those named (a sweep's name stands for its member of the largest
+    k), else every speculative server, a k sweep by its member of the largest k only. The control splits
+    a speedup into configuration x drafting; configured-off, the members of one sweep differ only in
+    the k they would draft and in what the engine sizes by k (vLLM's scheduled-token budget), so one
+    control, of the largest k, answers the sweep's configuration question, and each further one would
+    cost a server's launches and cells for much the same answer. The split is reported for that member
+    only (the others' are not assumed); name members in summary.controls.servers to measure theirs."""
+    if names:
+        return [n if n in servers else list(swept(n, servers).values())[-1] for n in names]
+    out = []
+    for n, s in servers.items():
+        if not s.get("speculative"):
+            continue
+        got = sweep_of(n)
+        if got is not None and n != list(swept(got[0], servers).values())[-1]:
+            continue
+        out.append(n)
+    return out
+
+
+def control_plan(cfg: dict) -> tuple[dict, dict]:
+    """({control name: config}, {server: why no control}) for `summary.controls`."""
+    ctl = cfg["summary"].get("controls") or {}
+    if not ctl.get("configured_off"):
+        return {}, {}
+    servers = cfg["servers"]
+    names = ctl.get("servers")
+    for n in names or []:
+        if n not in servers and not swept(n, servers):
+            raise SpecmatchError(f"config: summary.controls.servers: '{n}' is not a server")
+        if n == cfg["baseline"]:
+            raise SpecmatchError(f"config: summary.controls.servers: '{n}' is the baseline, which does not speculate")
+    suites = ctl.get("suites") or recommendation_suites(cfg)
+    for u in suites:
+        if u not in cfg["suites"]:
+            raise SpecmatchError(f"config: summary.controls.suites: '{u}' is not a suite")
+    highest = max(cfg["concurrency"])
+    out, why = {}, {}
+    for name in controlled(servers, names):
+        conf, reason = off_config(name, servers[name], ENGINES[servers[name]["engine"]].launch_max_batch(highest))
+        if conf is None:
+            why[name] = reason
+            continue
+        own = servers[name].get("suites")
+        conf["suites"] = [u for u in suites if not own or u in own]
+        if conf["suites"]:
+            out[name + OFF] = conf
+        else:
+            why[name] = f"it is not measured on {', '.join(suites)}"
+    return out, why
+
+
+def with_controls(cfg: dict) -> dict:
+    """The validated config with its `<server>__off` controls added as configured servers."""
+    for name in cfg["servers"]:
+        if is_control(name):
+            raise SpecmatchError(f"config: servers.{name}: names ending in {OFF} are the workflow's own "
+                                 "(configured-off controls, summary.controls)")
+    extra, _ = control_plan(cfg)
+    out = copy.deepcopy(cfg)
+    out["servers"] = {**cfg["servers"], **extra}
+    return out

