@@ -58,11 +58,13 @@ def test_one_repeat_needs_an_effect_beyond_min_effect_and_says_so(tmp_path):
 
 
 @pytest.mark.parametrize("shape, action", [
-    # defect 2: one undecided cell at c=1 and pays above used to read "turn speculation off"
+    # defect 2: one undecided cell at c=1 and pays above used to read "turn speculation off"; an undecided
+    # concurrency runs by its own data (issue 34): off at batch 1 only, on where it pays
     ({1: (0.98, Decision.INCONCLUSIVE), 4: (1.3, Decision.PAYS), 16: (1.5, Decision.PAYS), 64: (1.2, Decision.PAYS)},
-     "keep"),
-    # defect 3: an undecided dip between two paying concurrencies used to set the boundary
-    ({1: (1.5, Decision.PAYS), 4: (0.99, Decision.INCONCLUSIVE), 16: (1.3, Decision.PAYS)}, "keep"),
+     "schedule"),
+    # defect 3: an undecided dip between two paying concurrencies used to set the boundary; now it is off
+    # around the dip only
+    ({1: (1.5, Decision.PAYS), 4: (0.99, Decision.INCONCLUSIVE), 16: (1.3, Decision.PAYS)}, "schedule"),
     ({1: (0.7, Decision.LOSES), 4: (0.8, Decision.LOSES)}, "off"),
     ({1: (1.0, Decision.EQUIVALENT), 4: (0.99, Decision.EQUIVALENT)}, "off"),
     ({1: (1.02, Decision.INCONCLUSIVE), 4: (0.98, Decision.INCONCLUSIVE)}, "undecided"),
@@ -72,6 +74,11 @@ def test_recommendation_is_built_from_verdicts(shape, action):
     assert rec.action == action, rec.text
     if action != "schedule":
         assert rec.vllm_schedule is None
+    else:   # off exactly around the undecided concurrency, on wherever speculation pays
+        on = {c: server_k({"num_speculative_tokens": 3, "num_speculative_tokens_per_batch_size": rec.vllm_schedule}, c)
+              > 0 for c in range(1, 257)}
+        assert all(on[c] == (d == Decision.PAYS) for c, (_, d) in shape.items()), rec.vllm_schedule
+        assert on[256] and "off there, not shown to pay" in rec.text
 
 
 def test_schedule_has_valid_inclusive_ranges_and_keeps_the_servers_own_k():
@@ -82,7 +89,7 @@ def test_schedule_has_valid_inclusive_ranges_and_keeps_the_servers_own_k():
     validate_schedule(sched)
     assert sched[0][0] == 1 and sched[0][2] == 3 and sched[-1] == [sched[-1][0], 256, 0]
     assert 1 <= sched[0][1] < 16  # the switch lies between the last paying and the first losing concurrency
-    assert "undecided at c=4" in rec.text and "the switch follows where the measured speedup crosses 1" in rec.text
+    assert "undecided at c=4: off there, not shown to pay" in rec.text
     # pays up to the server's largest batch: no [max+1, max, 0] range (defect 3)
     rec = recommend(VLLM, "s", *verdicts({1: (1.4, Decision.PAYS), 256: (1.2, Decision.PAYS)}), S)
     assert rec.action == "keep" and rec.vllm_schedule is None
@@ -103,13 +110,13 @@ def test_keep_on_for_a_server_whose_schedule_switches_off_is_a_new_deployment():
     sched = ServerInfo("spec", "vllm", "vllm", {"method": "ngram", "num_speculative_tokens": 4,
                                                 "num_speculative_tokens_per_batch_size": [[1, 4, 4], [5, 256, 0]]}, 256)
     rec = recommend(sched, "s", *verdicts({1: (1.5, Decision.PAYS), 4: (1.4, Decision.PAYS),
-                                           16: (1.1, Decision.INCONCLUSIVE)}), S)
+                                           16: (1.2, Decision.PAYS)}), S)
     assert rec.action == "keep"
     assert rec.vllm_schedule == [[1, 256, 4]]
     assert "configured schedule switches speculation off" in rec.text
     # the same verdicts for a server without a schedule: the deployment is the server as configured
     rec = recommend(VLLM, "s", *verdicts({1: (1.5, Decision.PAYS), 4: (1.4, Decision.PAYS),
-                                          16: (1.1, Decision.INCONCLUSIVE)}), S)
+                                          16: (1.2, Decision.PAYS)}), S)
     assert rec.action == "keep" and rec.vllm_schedule is None
     # verdicts that put the switch elsewhere: a new schedule, to be measured
     rec = recommend(sched, "s", *verdicts({1: (1.5, Decision.PAYS), 4: (1.4, Decision.PAYS),
@@ -316,7 +323,7 @@ def test_a_recommendation_another_server_already_deploys_is_not_measured_twice()
                             "num_speculative_tokens_per_batch_size": [[1, 4, 4], [5, 256, 0]]}}
     info = ServerInfo("off4", "vllm", "vllm", off4["speculative"], 256)
     rec = recommend(info, "s", *verdicts({1: (1.5, Decision.PAYS), 4: (1.4, Decision.PAYS),
-                                          16: (1.1, Decision.INCONCLUSIVE)}), S)
+                                          16: (1.2, Decision.PAYS)}), S)
     assert rec.vllm_schedule == [[1, 256, 4]]
     assert derived_servers([rec], {"ngram": ngram, "off4": off4}, {"off4": info}) == {}
     assert rec.measured_by == "ngram" and rec.derived_server is None

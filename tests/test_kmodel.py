@@ -3,6 +3,7 @@ the deployment, on simulated sweeps whose truth is known (specmatch.calibration.
 server whose speculative step drafts k tokens, accepts each with the prompt's probability until the
 first rejection, and costs rho(k, b) plain decode steps at batch size b)."""
 import json
+import re
 import subprocess
 import sys
 
@@ -176,8 +177,10 @@ def scripted_choice(monkeypatch, table: dict):
 
     def decide(cmp, s):
         x = math.exp(cmp.estimate)
-        return Verdict(cmp.server, "s", 1, s.recommend_metric, cmp.verdict, x, x * 0.9, x * 1.1, s.confidence, 2,
-                       against=cmp.against, decide="more repeats" if cmp.verdict == Decision.INCONCLUSIVE else None)
+        # a verdict may depend on the level: {confidence: verdict} (e.g. pays at 90%, inconclusive at 95%)
+        verdict = cmp.verdict.get(round(s.confidence, 3), cmp.verdict[0.9]) if isinstance(cmp.verdict, dict) else cmp.verdict
+        return Verdict(cmp.server, "s", 1, s.recommend_metric, verdict, x, x * 0.9, x * 1.1, s.confidence, 2,
+                       against=cmp.against, decide="more repeats" if verdict == Decision.INCONCLUSIVE else None)
 
     monkeypatch.setattr(kmodel, "compare", compare)
     monkeypatch.setattr(kmodel, "decide", decide)
@@ -234,10 +237,34 @@ def test_a_band_where_speculation_pays_but_k_is_open_speculates_with_the_best_es
     assert {x["verdict"] for k, x in c1.speedups.items() if k != "0"} == {"pays"}
     assert (c16.k, c16.how) == (0, "best")
     assert rec.action == "schedule" and rec.vllm_schedule[0][2] == 4 and rec.vllm_schedule[-1][1:] == [32, 0]
-    assert "k is undecided between k=2, 4: k=4, the best estimate, is deployed" in rec.text
+    assert "k is undecided between k=2, 4: k=4, the best estimate among the k that pay, is deployed" in rec.text
     refs = references(rec, ks, "base", [1, 16])
     assert refs[1].server == "spec@k=4" and refs[1].alternatives == ("spec@k=2",)
     assert refs[16].server == "base" and refs[16].alternatives == ()
+
+
+@pytest.mark.parametrize("vs_base, best_vs_other, want", [
+    # the best beats k=2 and off at 90%, but not off at 95% (alpha / K, K = 2): speculation is not decided
+    ({2: (1.10, I), 4: ({0.9: P, 0.95: I}, 1.25)}, (1.14, P), (None, "undecided", [0, 4], [])),
+    # ... nor where it is equivalent to k=2: the "smallest equivalent" path needs off beaten at 95% too
+    ({2: (1.22, I), 4: ({0.9: P, 0.95: I}, 1.25)}, (1.02, Decision.EQUIVALENT), (None, "undecided", [0, 2, 4], [])),
+    # at 95% the best beats off: decided as before
+    ({2: (1.10, I), 4: ({0.9: P, 0.95: P}, 1.25)}, (1.14, P), (4, "best", [], [4])),
+    # the best does not pay at 95% but k=2 does: speculation is decided (off never runs where a k beat it), k=2
+    ({2: ({0.9: P, 0.95: P}, 1.20), 4: ({0.9: P, 0.95: I}, 1.25)}, (1.04, I), (2, "pays, k open", [0, 2, 4], [2])),
+])
+def test_every_path_that_speculates_needs_a_k_to_beat_off_at_alpha_over_k(monkeypatch, vs_base, best_vs_other, want):
+    """Issue 34, finding 5: only "pays, k open" was Bonferroni-adjusted; the "best" path deployed the best
+    of K k on its comparison with off at alpha, so where every k equals off a false "speculate" exceeded
+    alpha / 2 (5.5% in the ideal normal model). Now the best's comparison with off is at alpha / K on every
+    path (`deploy_confidence`), and `paying` lists the k that pay there."""
+    table = {(f"spec@k={k}", "base"): ((v[1], v[0]) if isinstance(v[0], dict) else v) for k, v in vs_base.items()}
+    table[("spec@k=4", "spec@k=2")] = best_vs_other
+    ch = scripted_choice(monkeypatch, table)
+    assert (ch.k, ch.how, ch.candidates, ch.paying) == want, ch.to_json()
+    assert ch.deploy_confidence == pytest.approx(0.95)
+    vs_off = next(v for v in ch.pairwise if v.against == "base")
+    assert vs_off.confidence == pytest.approx(0.95)          # the record shows the level it was decided at
 
 
 @pytest.mark.slow  # 100 simulated sweeps, about 30 s
@@ -261,47 +288,99 @@ def test_speculating_where_every_k_is_as_good_as_off_is_rare():
 # -- bands and schedules, every pattern ---------------------------------------------------------------
 def choices(decided: dict, undecided=()) -> list[KChoice]:
     out = [KChoice("spec", "s", c, "output_throughput", k, None, "best", k) for c, k in decided.items()]
-    out += [KChoice("spec", "s", c, "output_throughput", None, None, "undecided", None, [0, 1, 2]) for c in undecided]
+    out += [undecided_at(c) for c in undecided]
     return sorted(out, key=lambda ch: ch.concurrency)
 
 
+def undecided_at(c: int, candidates=(0, 1, 2), speedups: dict | None = None, paying=(), best=None) -> KChoice:
+    """An undecided KChoice as best_k writes one: the best k (by estimate) among `candidates`, each k's
+    speedup and verdict against the baseline (`speedups`: k -> (speedup, verdict)), the k that pay at the
+    deploying level (`paying`)."""
+    speedups = speedups or {k: (1.0 + 0.05 * k, "inconclusive") for k in candidates if k}
+    ch = KChoice("spec", "s", c, "output_throughput", None, None, "undecided",
+                 best if best is not None else max(candidates, key=lambda k: speedups.get(k, (1.0,))[0]),
+                 sorted(candidates), paying=list(paying), deploy_confidence=0.95)
+    ch.speedups = {"0": {"speedup": 1.0, "verdict": None},
+                   **{str(k): {"speedup": x, "verdict": v} for k, (x, v) in speedups.items()}}
+    return ch
+
+
 def test_bands_without_crossings_switch_at_the_geometric_mean():
-    bs = bands(choices({1: 4, 16: 0}, undecided=[4]), {}, 32)
+    bs = bands(choices({1: 4, 16: 0}), {}, 32)
     assert [(b.lo, b.hi, b.k) for b in bs] == [(1, 3, 4), (4, 16, 0), (17, 32, 0)]
-    assert bs[1].boundary == "geometric mean" and bs[0].undecided_at == [] and bs[1].undecided_at == [4]
-    assert bs[2].extrapolated == "above" and bs[2].boundary == "measured range"
-    assert bands(choices({}, undecided=[1, 4]), {}, 8) == []
+    assert bs[1].boundary == "geometric mean" and bs[2].extrapolated == "above" and bs[2].boundary == "measured range"
+    assert bands(choices({}, undecided=[1, 4]), {}, 8) == []   # nothing decided: no bands
 
 
-def test_an_undecided_concurrency_never_runs_a_k_its_data_excluded():
-    """c=4 undecided between off and k=2, k=4 shown worse there: the neighbours' k=4 would run at c=4, so it
-    is pinned to off and the bands are drawn around it. Nothing moves where the neighbours' k is a
-    candidate, or has no figure there (never measured, or its cells failed: that excludes nothing); where
-    some k pays against off there, the pin runs it instead of off."""
-    def at(dec, und):
-        out = choices(dec)
-        for c, cands, speedups in und:
-            ch = KChoice("spec", "s", c, "output_throughput", None, None, "undecided", None, cands)
-            ch.speedups = {str(k): {"speedup": x, "verdict": v} for k, (x, v) in speedups.items()}
-            out.append(ch)
-        return sorted(out, key=lambda ch: ch.concurrency)
+def at(dec: dict, *und: KChoice) -> list[KChoice]:
+    return sorted(choices(dec) + list(und), key=lambda ch: ch.concurrency)
 
-    measured = {2: (1.05, "inconclusive"), 4: (0.9, "inconclusive")}
-    bs = bands(at({1: 4, 16: 4}, [(4, [0, 2], measured)]), {}, 16)
-    assert [(b.lo, b.hi, b.k) for b in bs] == [(1, 1, 4), (2, 7, 0), (8, 16, 4)]   # geometric means 2 and 8
-    assert bs[1].pinned_at == [4] and bs[1].undecided_at == [4] and bs[1].decided_at == []
+
+def test_an_undecided_concurrency_runs_its_own_best_supported_candidate():
+    """Issue 34 (a k schedule deployed speculation where off is best): an undecided concurrency no longer
+    takes its decided neighbours' k. It runs by its own data: off where no k pays against off there at
+    the level deploying speculation needs, whether or not the neighbours' k is among its candidates, was
+    measured there or not; a k that pays there (a record whose `paying` names it) where one does."""
+    for cands, speedups in (([0, 2], {2: (1.05, "inconclusive"), 4: (0.9, "inconclusive")}),   # k=4 excluded
+                            ([0, 4], {2: (0.9, "inconclusive"), 4: (1.08, "inconclusive")}),   # k=4 a candidate
+                            ([0, 2], {2: (1.05, "inconclusive")})):                            # k=4 not measured
+        bs = bands(at({1: 4, 16: 4}, undecided_at(4, cands, speedups)), {}, 16)
+        assert [(b.lo, b.hi, b.k) for b in bs] == [(1, 1, 4), (2, 7, 0), (8, 16, 4)], cands   # geometric means 2, 8
+        assert bs[1].pinned_at == [4] and bs[1].undecided_at == [4] and bs[1].decided_at == []
+        assert bs[0].decided_at == [1] and bs[2].decided_at == [16]
     ranges, spec = vllm_deployment({"method": "ngram"}, bs, 16)
     assert ranges == [[1, 1, 4], [2, 7, 0], [8, 16, 4]] and spec["num_speculative_tokens"] == 4
-    kept = bands(at({1: 4, 16: 4}, [(4, [0, 4], measured)]), {}, 16)
-    assert [(b.lo, b.hi, b.k) for b in kept] == [(1, 16, 4)] and kept[0].pinned_at == []
-    unmeasured = bands(at({1: 4, 16: 4}, [(4, [0, 2], {2: (1.05, "inconclusive")})]), {}, 16)
-    assert [(b.lo, b.hi, b.k) for b in unmeasured] == [(1, 16, 4)] and unmeasured[0].pinned_at == []
-    paying = {1: (1.3, "pays"), 2: (1.4, "inconclusive"), 4: (0.9, "loses")}
-    to_k1 = bands(at({1: 4, 16: 4}, [(4, [0, 2], paying)]), {}, 16)
-    assert [b.k for b in to_k1] == [4, 1, 4] and to_k1[1].pinned_at == [4]
-    # the last decided k no longer extends over an undecided top concurrency that excluded it
-    top = bands(at({1: 2}, [(16, [0, 4], {2: (0.8, "loses"), 4: (0.97, "inconclusive")})]), {}, 32)
-    assert [(b.lo, b.hi, b.k) for b in top] == [(1, 3, 2), (4, 16, 0), (17, 32, 0)] and top[1].pinned_at == [16]
+    # some k pays there at the deploying level: that one runs (the largest estimate among those that pay)
+    paying = undecided_at(4, [0, 1, 2], {1: (1.3, "pays"), 2: (1.4, "pays"), 4: (0.9, "loses")}, paying=[1, 2])
+    assert [b.k for b in bands(at({1: 4, 16: 4}, paying), {}, 16)] == [4, 2, 4]
+
+
+def test_off_never_spreads_over_a_concurrency_whose_data_beat_off_and_a_k_never_over_one_that_favour_off():
+    """Both directions of the pinning: c=1 undecided between k=2 and k=4, one of which pays against off at
+    the deploying level, keeps speculating although the decided c=16 runs off; c=16 undecided (off among
+    its candidates, no k paying) runs off although the decided c=1 runs k=4."""
+    up = bands(at({16: 0}, undecided_at(1, [2, 4], {2: (1.3, "pays"), 4: (1.35, "pays")}, paying=[2, 4])), {}, 16)
+    assert up[0].k == 4 and up[0].lo == 1 and up[0].pinned_at == [1] and up[-1].k == 0
+    down = bands(at({1: 4}, undecided_at(16, [0, 4], {2: (0.8, "loses"), 4: (1.04, "inconclusive")})), {}, 16)
+    assert [(b.lo, b.hi, b.k) for b in down] == [(1, 3, 4), (4, 16, 0)] and down[1].pinned_at == [16]
+
+
+def test_above_an_undecided_largest_concurrency_speculation_is_off_not_extrapolated():
+    """The largest measured concurrency undecided (here between off and k=2, k=2's estimate above 1): the
+    batch sizes above it run off whatever `beyond` says, and the record and the text say why; above a
+    decided largest concurrency its k extends, flagged as an extrapolation."""
+    from specmatch.deciding.kmodel import recommendation
+
+    chs = at({1: 2}, undecided_at(16, [0, 2], {2: (1.03, "inconclusive"), 4: (0.8, "loses")}))
+    for beyond in ("extend", "off"):
+        bs = bands(chs, {}, 64, beyond)
+        assert [(b.lo, b.hi, b.k, b.extrapolated) for b in bs] == [(1, 3, 2, None), (4, 16, 0, None),
+                                                                   (17, 64, 0, "above")], beyond
+    rec = recommendation(chs, {}, info(64), "spec", {2: "spec@k=2", 4: "spec@k=4"}, "base", "s", Settings(**SETTINGS))
+    assert rec.action == "schedule" and rec.undecided_top == 16 and rec.extrapolated_above == 16
+    assert rec.vllm_schedule == [[1, 3, 2], [4, 64, 0]]
+    assert "c=16, the largest measured concurrency, is undecided: speculation is off there" in rec.text
+    assert "no k is extrapolated" in rec.text and "extends" not in rec.text
+    assert "at c=16 (undecided between k=0, 2) no k pays against off at 95%" in rec.text
+    decided = recommendation(at({1: 2, 16: 2}), {}, info(64), "spec", {2: "spec@k=2"}, "base", "s", Settings(**SETTINGS))
+    assert decided.action == "keep" and decided.undecided_top is None and decided.k_at(64) == 2
+    assert "k=2 there extends the choice decided at c=16, an extrapolation" in decided.text
+
+
+def test_the_recommendation_states_the_bound_on_a_false_speculate_per_concurrency_and_over_the_schedule():
+    from specmatch.deciding.kmodel import recommendation
+
+    s = Settings(**SETTINGS)
+    rec = recommendation(at({1: 2, 4: 2, 16: 0}), {}, info(16), "spec", {2: "spec@k=2"}, "base", "s", s)
+    assert rec.error_rates == {"false_speculate_per_concurrency": pytest.approx(0.05),
+                               "false_speculate_over_schedule": pytest.approx(0.15)}
+    assert "at most 5% at each measured concurrency (one-sided) and at most 15% over the 3 measured" in rec.text
+    off = recommendation(at({1: 0, 16: 0}), {}, info(16), "spec", {2: "spec@k=2"}, "base", "s", s)
+    assert off.action == "off" and "false" not in off.text      # nothing speculates: no bound to state
+    # an undecided recommendation lists what is undecided, never an empty list
+    none = recommendation([undecided_at(1), undecided_at(16)], {}, info(16), "spec", {2: "spec@k=2"}, "base", "s", s)
+    assert none.action == "undecided" and none.bands == [] and "between k=0, 1, 2" in none.text
+    assert not re.search(r"k=(;|,|\)|$)", none.text) and "between k= " not in none.text
 
 
 def test_below_the_smallest_measured_concurrency_is_flagged_too():
@@ -496,7 +575,10 @@ def test_the_derived_server_config(sweep):
     cfg = derived_config(member, rec)
     assert "suites" not in cfg and cfg["speculative"]["num_speculative_tokens_per_batch_size"] == rec.vllm_schedule
     keep = recommend(m, rr, info(1), "spec", members("spec", m.servers()), "base", "s", m.settings, concurrencies=[1])
-    assert derived_config(member, keep) is None
+    # one k everywhere is that member as configured (derived_k_servers finds it as the deployment's twin)
+    assert keep.action == "keep" and derived_config(member, keep) == {"engine": "vllm", "model": "/m",
+                                                                     "speculative": keep.speculative}
+    assert keep.speculative["num_speculative_tokens"] == keep.k
     from specmatch.serving.engines.sglang import adaptive_support
 
     sg = info(32, "sglang", speculative={"method": "eagle3", "model": "/d", "num_steps": [1, 2, 4], "eagle_topk": 1},

@@ -164,7 +164,8 @@ def test_a_sweep_measured_once_decides_only_what_clears_min_effect(grid):
     """One repeat measures no run-to-run variation, so a verdict needs its whole interval beyond
     +/-min_effect: every k beats off by far at c=1 and c=4 (speculation decided there, with the best
     estimate: the truth's k=4 and k=2), no two k are told apart (k stays open), and c=16 is undecided
-    between off and k=2, so the k=2 of its neighbour runs there (its own data did not exclude it)."""
+    between off and k=2. No k pays there, so it runs off (the truth), not the k=2 of its neighbour, and
+    above it speculation is off too (an undecided largest concurrency extends nothing)."""
     good, _ = grid
     names = list(CONFIGS)
     once = [x for x in primary(good) if x[0].repeat == 1]
@@ -172,9 +173,9 @@ def test_a_sweep_measured_once_decides_only_what_clears_min_effect(grid):
     [rec] = an.k_recommendations
     got = {ch.concurrency: (ch.k, ch.how) for ch in rec.choices}
     assert got == {1: (4, "pays, k open"), 4: (2, "pays, k open"), 16: (None, "undecided")}, got
-    assert rec.k_at(1) == 4 and rec.k_at(4) == 2 and rec.k_at(16) == 2
-    assert not [c for b in rec.bands for c in b.pinned_at]
-    assert "undecided at c=16 between k=0, 2" in rec.text
+    assert rec.k_at(1) == 4 and rec.k_at(4) == 2 and rec.k_at(16) == 0 and rec.k_at(32) == 0
+    assert [c for b in rec.bands for c in b.pinned_at] == [16] and rec.undecided_top == 16
+    assert "at c=16 (undecided between k=0, 2) no k pays against off" in rec.text
     md = markdown(an, [], {}, [], [], [])
     assert "undecided" in md.split("## Which k at which load")[1]
 
@@ -298,3 +299,30 @@ def test_with_two_recommendation_suites_each_schedule_is_checked_by_its_own_serv
     verify_k_recommendations(an, [other, undecided], derived)
     assert undecided.verified is None
     assert other.verified.outcome == Outcome.NOT_MEASURED and "decided on `s`" in other.verified.reason
+
+
+def test_one_k_everywhere_is_measured_as_that_member_and_verified_against_the_references():
+    """Issue 34: "keep one k everywhere" was never derived and so never verified. It is a recommendation
+    like any other: derived (kmodel.derived_config), found identical to the member of that k as configured
+    (so no new server is measured: that member IS its measurement), and verified against the references
+    like a schedule, each row the member's own cells; the summary says so."""
+    from specmatch.reporting import kreport
+
+    rho = {1: {1: 1.05, 4: 1.10, 16: 1.20}, 2: {1: 1.10, 4: 1.15, 16: 1.25}, 4: {1: 1.60, 4: 1.80, 16: 2.40}}
+    cells = sweep_cells(4, rho, session_sd=0.005, cell_sd=0.005)
+    names = list(CONFIGS)
+    an = analyse(cells, "base", SETTINGS, infos(names), ["s"], names)
+    [rec] = an.k_recommendations
+    assert (rec.action, rec.k, rec.server) == ("keep", 2, "spec@k=2"), rec.text
+    assert {ch.concurrency: (ch.k, ch.how) for ch in rec.choices} == {c: (2, "best") for c in (1, 4, 16)}
+    assert "that is `spec@k=2` as configured, so its cells are this recommendation's measurement" in rec.text
+    assert derived_k_servers(an.k_recommendations, CONFIGS, infos(names)) == {}   # nothing new to measure
+    assert rec.derived_server == "spec@k=2"
+    full = verified_analysis(cells, "base", SETTINGS, CONFIGS, infos(names), ["s"], {})
+    v = full.k_recommendations[0].verified
+    assert v is not None and v.server == "spec@k=2" and v.outcome == Outcome.VERIFIED, v
+    assert [(r.concurrency, r.against, r.not_worse) for r in v.per_concurrency] == [(c, "spec@k=2", True)
+                                                                                 for c in (1, 4, 16)]
+    assert "its own cells are the deployment's measurement" in v.reason
+    sec = "\n".join(kreport.lines(full, lambda an, r: " verified", set()))
+    assert "**Verified as measured:** the recommended deployment is `spec@k=2` as configured" in sec

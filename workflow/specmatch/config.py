@@ -157,6 +157,9 @@ def _cross_checks(cfg: dict, source: str) -> None:
             raise SpecmatchError(f"{source}: servers.{name}.base_url: required for engine external")
         if srv["engine"] != "external" and srv.get("base_url"):
             raise SpecmatchError(f"{source}: servers.{name}.base_url: only for engine external")
+        if srv["engine"] != "external" and srv.get("max_batch") is not None:
+            raise SpecmatchError(f"{source}: servers.{name}.max_batch: only for engine external (a server launched "
+                                 "here runs the batch its launch sets)")
         for suite in srv.get("suites") or []:
             if suite not in cfg["suites"]:
                 raise SpecmatchError(f"{source}: servers.{name}.suites: '{suite}' is not a suite "

@@ -21,11 +21,24 @@ over experiments (verdicts of one experiment move together: they share sessions 
 of the run-to-run variance), so it is honest however strongly they are correlated.
 
     python -m specmatch simulate --table    # the whole table (10-20 minutes on 2 cores)
+
+The k sweeps (issue 34; K_SCENARIOS, k_table): a baseline and a sweep's members whose throughput
+speedup at each concurrency is known (each member's step cost calibrated in the same simulated server),
+on the embedded default's shape (one suite of 16 prompts, 24 output tokens, c = 1 and 16, the sequential
+design 2..3), decided by kmodel.recommend as the workflow decides it (round 2's plan picks the cells of
+repeat 3): where speculation is deployed, where off runs although a k beat it, the null's false
+"speculate" per concurrency. And three external endpoints (a baseline, its twin, one that pays at low
+load and loses at high load), decided by analysis.analyse: the recommendation a vLLM schedule that
+drafts below the crossover, marked not verifiable.
+
+    python -m specmatch calibrate --k-sweeps [--experiments 300]
 """
 from __future__ import annotations
 
+import functools
 import math
 import os
+import re
 import sys
 import time
 from concurrent.futures import ProcessPoolExecutor
@@ -101,11 +114,11 @@ class Workload:
     match: dict
 
     @classmethod
-    def draw(cls, rng: np.random.Generator, suites=SUITES, prompts=PROMPTS) -> "Workload":
+    def draw(cls, rng: np.random.Generator, suites=SUITES, prompts=PROMPTS, out_tokens=OUT_TOKENS) -> "Workload":
         ids = {u: [f"{u}-{i:03d}" for i in range(prompts)] for u in suites}
         tokens = {u: np.clip(np.round(rng.lognormal(math.log(200), 0.6, prompts)), 16, 768) for u in suites}
         alpha = {u: rng.beta(*ALPHA, prompts) for u in suites}
-        match = {u: rng.random((prompts, OUT_TOKENS + 8)) < alpha[u][:, None] for u in suites}
+        match = {u: rng.random((prompts, out_tokens + 8)) < alpha[u][:, None] for u in suites}
         return cls(ids, tokens, alpha, match)
 
     def only(self, suites) -> "Workload":
@@ -146,7 +159,7 @@ def run_to_run(rng: np.random.Generator, sc: Scenario, servers: list[str], suite
 
 
 def simulate_cells(rng: np.random.Generator, work: list[Workload], engines: dict, effects: list[dict],
-                   repeats: int | dict, concurrencies=CONCURRENCIES) -> list[list]:
+                   repeats: int | dict, concurrencies=CONCURRENCIES, out_tokens: int = OUT_TOKENS) -> list[list]:
     """Cells (simulate.cell: CellResult and request frame) of every experiment: `engines` maps a
     server to its Engine, or to one Engine per experiment; `effects` per experiment, as run_to_run
     draws them; `repeats` per server (or one number). Every (concurrency) is one vectorised DES run."""
@@ -169,10 +182,10 @@ def simulate_cells(rng: np.random.Generator, work: list[Workload], engines: dict
         if not keys:
             continue
         pt, al = np.array(pt), np.array(al)
-        served = serve(eng, c, pt, np.full(pt.shape, OUT_TOKENS), rng, al, np.array(mt))
+        served = serve(eng, c, pt, np.full(pt.shape, out_tokens), rng, al, np.array(mt))
         factor = np.exp([effects[e][(s, u, c, r)] for e, s, u, r in keys])
         served = served.scaled(factor)
-        out_tok = np.full(pt.shape[1], float(OUT_TOKENS))
+        out_tok = np.full(pt.shape[1], float(out_tokens))
         for i, (e, s, u, r) in enumerate(keys):
             one: Served = served.row(i)
             spec = eng[i].k > 0
@@ -397,6 +410,390 @@ def verify_task(a: dict) -> dict:
     return out
 
 
+# -- k sweeps and external endpoints (issue 34): which k at which load, with known truth -------------
+K_OUT_TOKENS = 24          # the embedded default's max_tokens
+K_PROMPTS = 16             # its suite size: c=16 is one burst of the whole suite
+K_NOISE = {
+    "default": Scenario("default", session_sd=0.08, cell_sd=0.06,
+                        about="run to run 10% a cell (8% per session, 6% per cell), the 2-core default's level"),
+    "quiet": SCENARIOS["quiet"],
+}
+
+
+@dataclass(frozen=True)
+class KScenario:
+    """A k sweep whose truth is known: each member's throughput speedup over the baseline at each
+    measured concurrency (`truth`: ((k, ((c, speedup), ...)), ...)), reached by calibrating the
+    member's step cost rho(k, b) in the simulated server (k_rho); on the default's shape (one suite of
+    16 prompts, 24 output tokens, c = 1 and 16, the sequential design 2..3 repeats). `identical`:
+    the members are the baseline itself (nothing drafted: every prompt's speedup exactly 1), the
+    null without per-prompt heterogeneity, so the path logic can be told from the intervals."""
+    name: str
+    truth: tuple
+    noise: str = "default"
+    concurrencies: tuple = (1, 16)
+    identical: bool = False
+    about: str = ""
+
+    def speedup(self, k: int, c: int) -> float:
+        return dict(dict(self.truth)[k])[c]
+
+    def best(self, c: int) -> int:
+        """The truth's best k at c (0: off, where no k is faster than the baseline)."""
+        x = max((self.speedup(k, c), -k, k) for k, _ in self.truth)
+        return x[2] if x[0] > 1 else 0
+
+
+_ONE = ((3, ((1, 1.32), (16, 0.85))), (5, ((1, 1.20), (16, 0.75))))
+_NULL = ((3, ((1, 1.0), (16, 1.0))), (5, ((1, 1.0), (16, 1.0))))
+K_SCENARIOS = {s.name: s for s in (
+    KScenario("one", _ONE, about="k=3 best by 10% at c=1 (1.32x, k=5 1.20x), off best at c=16 (k=3 0.85x, k=5 0.75x)"),
+    KScenario("one-quiet", _ONE, "quiet", about="scenario one on a quiet machine (1.5% run to run)"),
+    KScenario("null", _NULL, about="every k as fast as off on average at c=1 and c=16 (per prompt it varies)"),
+    KScenario("null-c1", _NULL, concurrencies=(1,), about="the null at c=1 alone"),
+    KScenario("null-c16", _NULL, concurrencies=(16,), about="the null at c=16 alone (one burst of the suite)"),
+    KScenario("null-same-c16", _NULL, concurrencies=(16,), identical=True,
+              about="the null at c=16 with members identical to the baseline prompt by prompt"),
+)}
+
+
+def _rho_log(xs: tuple, ys: tuple, b: int) -> float:
+    """Step cost at batch b: linear in log b between the calibrated concurrencies, constant outside."""
+    return float(np.interp(math.log(max(b, 1)), xs, ys))
+
+
+def _rho_step(at: int, lo: float, hi: float, b: int) -> float:
+    """Step cost `lo` up to batch `at`, `hi` above (a server that pays at low load and loses above)."""
+    return lo if b <= at else hi
+
+
+def _speedup(engine: Engine, c: int, work: list, rng: np.random.Generator) -> float:
+    """Noise-free throughput speedup of `engine` over BASE at c on `work` (geometric mean over draws)."""
+    pt = np.array([w.tokens["s"] for w in work])
+    al = np.array([w.alpha["s"] for w in work])
+    mt = np.array([w.match["s"] for w in work])
+    out = np.full(pt.shape, K_OUT_TOKENS)
+    base = serve(BASE, c, pt, out, rng, al, mt).duration
+    spec = serve(engine, c, pt, out, rng, al, mt).duration
+    return float(np.exp(np.mean(np.log(base) - np.log(spec))))
+
+
+@functools.lru_cache(maxsize=None)
+def calibrated(k: int, targets: tuple, step_at: int | None = None, draws: int = 48) -> Engine:
+    """A speculative Engine drafting k whose noise-free throughput speedup over BASE is `targets`
+    ((c, speedup), ...) at each c, on the k scenarios' shape: rho at each c by fixed-point iteration
+    (rho <- rho x measured / target), c in increasing order (a larger c's tail runs the smaller batch
+    sizes); rho(b) linear in log b between them (`step_at`: lo up to that batch, hi above, two targets)."""
+    rng = np.random.default_rng(seed_of("calibrated", k, targets, step_at))
+    work = [Workload.draw(rng, ("s",), K_PROMPTS, K_OUT_TOKENS) for _ in range(draws)]
+    cs = [c for c, _ in targets]
+    rho = {c: 1.8 / x for c, x in targets}
+
+    def engine() -> Engine:
+        if step_at is not None:
+            return replace(BASE, k=k, rho=functools.partial(_rho_step, step_at, rho[cs[0]], rho[cs[-1]]))
+        return replace(BASE, k=k, rho=functools.partial(_rho_log, tuple(math.log(c) for c in cs),
+                                                        tuple(rho[c] for c in cs)))
+    for c, target in targets:
+        for _ in range(5):
+            rho[c] *= _speedup(engine(), c, work, rng) / target
+    return engine()
+
+
+def k_engines(sc: KScenario) -> dict:
+    """name -> Engine: the baseline `base` and one member `spec@k=<k>` per k of the scenario."""
+    return {"base": BASE, **{f"spec@k={k}": BASE if sc.identical else calibrated(k, cs) for k, cs in sc.truth}}
+
+
+def _paying(m, rr, s, ks: dict, c: int) -> list[int]:
+    """The k that pay against the baseline at c at alpha / K (K: the members with a figure at c), as
+    the harness reads it, independently of the code under test (the 'level used for deploying')."""
+    from ..deciding.comparison import compare, decision, look_level
+    from ..stats import t_ppf
+
+    cmps = {k: compare(m, rr, n, "base", "s", c, s.recommend_metric) for k, n in ks.items() if m.repeats(n, "s", c)}
+    cmps = {k: x for k, x in cmps.items() if x.estimate is not None}
+    strict = replace(s, confidence=1 - (1 - s.confidence) / max(len(cmps), 1))
+    out = []
+    for k, x in cmps.items():   # the verdict's interval at the strict look's level (comparison.decide's)
+        t = t_ppf(0.5 + look_level(x, strict) / 2, x.dof)
+        if decision(x.estimate - t * x.se, x.estimate + t * x.se, math.log(1 + s.min_effect),
+                    x.run_to_run).value == "pays":
+            out.append(k)
+    return sorted(out)
+
+
+def _sequential(cells: list, s, ks: dict, info) -> list:
+    """The cells the sequential design measures: repeats 1-2 of every cell, and repeat 3 of the cells
+    round 2's plan (deciding.rounds.plan, on the k choice) continues."""
+    from ..deciding.analysis import Analysis
+    from ..deciding.kmodel import recommend
+    from ..deciding.measurements import Measurements
+    from ..deciding.noise import run_to_run as rr_of
+    from ..deciding.rounds import plan
+
+    first = [x for x in cells if x[0].repeat <= 2]
+    m = Measurements.of(first, s)
+    rr = rr_of(m)
+    rec = recommend(m, rr, info, "spec", ks, "base", "s", s)
+    an = Analysis(s, "base", m.servers(), ["s"], sorted({x[0].concurrency for x in first}), rr, [], {}, [], [], [],
+                  m, k_recommendations=[rec])
+    go = {(x.server, x.concurrency) for x in plan(an, s.design, 2).next}
+    return first + [x for x in cells if x[0].repeat == 3 and (x[0].server, x[0].concurrency) in go]
+
+
+def ksweep_task(a: dict) -> dict:
+    """`experiments` simulated k sweeps of KScenario `name` (k_engines), each decided as the workflow
+    decides it (the sequential design 2..3, `design` "sequential"; or a fixed `repeats`) by
+    kmodel.recommend, max_batch 256. Per experiment: the action, the k deployed at each measured
+    concurrency and above the largest (`above`: batch 256), each concurrency's choice, the k that pay
+    against off at alpha (the verdicts shown) and at alpha / K (`paying`: read here, not by the code
+    under test), and whether the recommendation carries its verification or names what measures it."""
+    from ..deciding.deployment import ServerInfo
+    from ..deciding.kmodel import recommend
+    from ..deciding.measurements import Measurements
+    from ..deciding.noise import run_to_run as rr_of
+
+    sc = K_SCENARIOS[a["name"]]
+    n = a["experiments"]
+    rng = np.random.default_rng(a["seed"])
+    seq = a.get("design", "sequential") == "sequential"
+    R = 3 if seq else a.get("repeats", 2)
+    s = settings(a.get("bootstrap", 250), repeats={"min": 2, "max": 3} if seq else R)
+    engines = k_engines(sc)
+    ks = {int(name.split("=")[1]): name for name in engines if name != "base"}
+    max_batch = a.get("max_batch", 256)
+    info = ServerInfo(ks[max(ks)], "vllm", "vllm", {"method": "ngram", "num_speculative_tokens": max(ks)}, max_batch)
+    work = [Workload.draw(rng, ("s",), K_PROMPTS, K_OUT_TOKENS) for _ in range(n)]
+    eff = [run_to_run(rng, K_NOISE[sc.noise], list(engines), ("s",), sc.concurrencies, R) for _ in range(n)]
+    cells = simulate_cells(rng, work, engines, eff, R, sc.concurrencies, K_OUT_TOKENS)
+    rows = []
+    for e in range(n):
+        cs = _sequential(cells[e], s, ks, info) if seq else cells[e]
+        m = Measurements.of(cs, s)
+        rr = rr_of(m)
+        rec = recommend(m, rr, info, "spec", ks, "base", "s", s)
+        top = max(sc.concurrencies)
+        chs = {ch.concurrency: ch for ch in rec.choices}
+        rows.append({
+            "action": rec.action, "k_at": {c: rec.k_at(c) for c in sc.concurrencies},
+            "above": rec.k_at(max_batch) if max_batch > top else None,
+            "how": {c: chs[c].how for c in chs}, "choice": {c: chs[c].k for c in chs},
+            "pays": {c: sorted(int(k) for k, x in chs[c].speedups.items() if x.get("verdict") == "pays") for c in chs},
+            "paying": {c: _paying(m, rr, s, ks, c) for c in sc.concurrencies},
+            "repeats": len({x[0].repeat for x in cs})})
+    return {"rows": rows}
+
+
+def _rate(flags: list) -> tuple[float, float, int]:
+    """(share, binomial Monte-Carlo se, n): experiments are independent, one outcome each."""
+    n = len(flags)
+    p = sum(map(bool, flags)) / n if n else float("nan")
+    return p, math.sqrt(p * (1 - p) / n) if n else float("nan"), n
+
+
+def k_rates(rows: list, sc: KScenario) -> dict:
+    """What a k scenario's experiments did, each a (share, Monte-Carlo se, n):
+    - speculate_at[c]: the recommendation deploys a k > 0 at batch c; `above`: at batch 256;
+      `anywhere`: at any measured concurrency or above (a recommendation that deploys nothing counts
+      as not speculating);
+    - off_over_beaten[c]: off deployed at c although some k pays there against off at alpha / K (the
+      level speculation is deployed at); `_90`: at alpha (the verdict the table shows);
+    - unsupported[c]: a k deployed at c although none pays there at alpha / K;
+    - k_at[c][k]: the distribution of the k deployed at c (None: no recommendation);
+    - wrong[c]: a deployed k other than the truth's best (no recommendation not counted)."""
+    out: dict = {"n": len(rows)}
+    for c in sc.concurrencies:
+        at = [r["k_at"][c] for r in rows]
+        out.setdefault("speculate_at", {})[c] = _rate([k not in (None, 0) for k in at])
+        out.setdefault("off_over_beaten", {})[c] = _rate([r["k_at"][c] == 0 and bool(r["paying"][c]) for r in rows])
+        out.setdefault("off_over_beaten_90", {})[c] = _rate([r["k_at"][c] == 0 and bool(r["pays"].get(c)) for r in rows])
+        out.setdefault("unsupported", {})[c] = _rate([r["k_at"][c] not in (None, 0) and not r["paying"][c]
+                                                      for r in rows])
+        out.setdefault("k_at", {})[c] = {k: _rate([x == k for x in at]) for k in sorted(set(at), key=str)}
+        out.setdefault("wrong", {})[c] = _rate([x is not None and x != sc.best(c) for x in at])
+    out["above"] = _rate([r["above"] not in (None, 0) for r in rows])
+    out["anywhere"] = _rate([any(k not in (None, 0) for k in [*r["k_at"].values(), r["above"]]) for r in rows])
+    out["actions"] = {a: _rate([r["action"] == a for r in rows]) for a in sorted({r["action"] for r in rows})}
+    return out
+
+
+def kcompare_task(a: dict) -> dict:
+    """`experiments` null sweeps of KScenario `name` at a fixed `repeats`: each member's comparison with the
+    baseline at each concurrency (comparison.compare, as best_k makes it), its log estimate, standard
+    error and degrees of freedom, and whether it pays at alpha and at alpha / K. Light (no choice is
+    made), so it can run many experiments: where every k equals off on average, the spread of the
+    estimates over experiments against the stated standard errors says whether the intervals are right
+    at a concurrency (k_interval_rates), apart from any rule built on them."""
+    from ..deciding.comparison import compare
+    from ..deciding.measurements import Measurements
+    from ..deciding.noise import run_to_run as rr_of
+
+    sc = K_SCENARIOS[a["name"]]
+    n, R = a["experiments"], a.get("repeats", 2)
+    rng = np.random.default_rng(a["seed"])
+    s = settings(a.get("bootstrap", 250), repeats=R)
+    engines = k_engines(sc)
+    ks = {int(name.split("=")[1]): name for name in engines if name != "base"}
+    work = [Workload.draw(rng, ("s",), K_PROMPTS, K_OUT_TOKENS) for _ in range(n)]
+    eff = [run_to_run(rng, K_NOISE[sc.noise], list(engines), ("s",), sc.concurrencies, R) for _ in range(n)]
+    cells = simulate_cells(rng, work, engines, eff, R, sc.concurrencies, K_OUT_TOKENS)
+    rows = []
+    for e in range(n):
+        m = Measurements.of(cells[e], s)
+        rr = rr_of(m)
+        for c in sc.concurrencies:
+            for k, name in ks.items():
+                x = compare(m, rr, name, "base", "s", c, s.recommend_metric)
+                if x.estimate is not None and x.se:
+                    rows.append({"c": c, "k": k, "estimate": x.estimate, "se": x.se, "dof": x.dof, "e": (a["seed"], e)})
+    return {"rows": rows}
+
+
+def k_interval_rates(rows: list, confidence: float = 0.9, K: int = 2) -> dict:
+    """Per concurrency, from kcompare_task's rows of a null: the variance of the log estimates over
+    experiments against their mean stated variance (`ratio`: 1 where the intervals are right; above 1,
+    too narrow), with its Monte-Carlo se (delta method over experiments); the one-sided false "pays"
+    rate of one comparison at alpha and at alpha / K (nominal (1 - confidence) / 2 and that / K) and
+    of "some k pays at alpha / K" (the rule that deploys speculation; bound alpha / 2), each with a
+    binomial Monte-Carlo se."""
+    from ..stats import t_ppf
+
+    alpha = 1 - confidence
+    out = {}
+    for c in sorted({r["c"] for r in rows}):
+        rs = [r for r in rows if r["c"] == c]
+        est = np.array([r["estimate"] for r in rs])
+        var = np.array([r["se"] ** 2 for r in rs])
+        m2, v = float(np.mean((est - est.mean()) ** 2)), float(var.mean())
+        n = len(rs)
+        ratio = m2 / v
+        g = np.stack([(est - est.mean()) ** 2, var])   # ratio of means: se by the delta method
+        cov = np.cov(g) / n
+        se_ratio = math.sqrt(max(cov[0, 0] / v ** 2 - 2 * m2 * cov[0, 1] / v ** 3 + m2 ** 2 * cov[1, 1] / v ** 4, 0))
+        one = [r["estimate"] - t_ppf(1 - alpha / 2, r["dof"]) * r["se"] > 0 for r in rs]
+        strict = [r["estimate"] - t_ppf(1 - alpha / (2 * K), r["dof"]) * r["se"] > 0 for r in rs]
+        by_e: dict = {}
+        for r, x in zip(rs, strict):
+            by_e[r["e"]] = by_e.get(r["e"], False) or x
+        out[c] = {"ratio": (ratio, se_ratio, n), "pays_alpha": _rate(one), "pays_alpha_k": _rate(strict),
+                  "some_k": _rate(list(by_e.values()))}
+    return out
+
+
+EXT_TRUTH = ((1, 1.30), (16, 0.60))   # 1.3x up to 4 running requests, 0.6x above (c=4 runs at 1.3x too)
+EXT_CONCURRENCIES = (1, 4, 16)
+
+
+def external_task(a: dict) -> dict:
+    """`experiments` runs of three external endpoints (engine external, flavor vllm, no `speculative`
+    configured, max_batch 0 as their launch records say): the baseline `base`, its twin `twin`, and
+    `spec`, drafting k=4 at 1.3x up to 4 running requests and 0.6x above (EXT_TRUTH), at c = 1, 4,
+    16 with `repeats` fixed repeats and K_NOISE[`noise`] run to run (default quiet: scripted endpoints
+    are steady), analysed by analysis.analyse with the recommendation suite.
+    Per run: whether the twin got a recommendation, and spec's action, schedule (valid by vLLM's rules
+    or the error), k per batch size 1..16 as vLLM would run it, crossover and verification outcome."""
+    from ..deciding.analysis import analyse
+    from ..deciding.deployment import ServerInfo, server_k, validate_schedule
+
+    n = a["experiments"]
+    rng = np.random.default_rng(a["seed"])
+    R = a.get("repeats", 3)
+    s = settings(a.get("bootstrap", 250), repeats=R)
+    engines = {"base": BASE, "twin": BASE, "spec": calibrated(4, EXT_TRUTH, step_at=4)}
+    infos = {x: ServerInfo(x, "external", "vllm", None, a.get("max_batch", 0)) for x in ("twin", "spec")}
+    work = [Workload.draw(rng, ("s",), K_PROMPTS, K_OUT_TOKENS) for _ in range(n)]
+    eff = [run_to_run(rng, K_NOISE[a.get("noise", "quiet")], list(engines), ("s",), EXT_CONCURRENCIES, R)
+           for _ in range(n)]
+    cells = simulate_cells(rng, work, engines, eff, R, EXT_CONCURRENCIES, K_OUT_TOKENS)
+    rows = []
+    for e in range(n):
+        an = analyse(cells[e], "base", s, infos, ["s"])
+        recs = {r.server: r for r in an.recommendations}
+        r = recs.get("spec")
+        row = {"twin": "twin" in recs, "action": r.action if r else None, "schedule": r.vllm_schedule if r else None,
+               "crossover": r.crossover.point if r and r.crossover else None, "text": r.text if r else "",
+               "verified": r.verified.outcome.value if r and r.verified else None, "valid": None, "k": None,
+               "verdicts": {c: v.verdict.value for c in EXT_CONCURRENCIES
+                            for v in [an.verdict("spec", "s", c, s.recommend_metric)] if v is not None}}
+        if r is not None and r.vllm_schedule:
+            try:
+                validate_schedule(r.vllm_schedule)
+                row["valid"] = True
+            except ValueError as err:
+                row["valid"] = str(err)
+            spec = {**(an.infos["spec"].speculative or {}), "num_speculative_tokens_per_batch_size": r.vllm_schedule}
+            row["k"] = [server_k(spec, b) for b in range(1, 17)]
+        rows.append(row)
+    return {"rows": rows}
+
+
+def external_rates(rows: list) -> dict:
+    """(share, Monte-Carlo se, n) of: a recommendation for the twin (configured with no speculation,
+    drafting nothing: should be none); a valid vLLM schedule for spec (`schedule`); a schedule that
+    follows the verdicts (`follows`: drafting at each measured concurrency where speculation pays and off
+    where it does not, in one block from batch 1: drafts below the switch, off above it; share of the
+    runs with a schedule); the issue's verdicts, pays at c=1 and 4 and loses at 16 (`pattern`), and among
+    those a schedule that drafts at batch 1-4 and is off from the crossover on, at 16 included (`right`);
+    a schedule's verification NOT_VERIFIABLE (nothing restarts an external endpoint; share of the
+    schedules); a text with an empty list ("pays at " followed by nothing)."""
+    sched = [r for r in rows if r["valid"] is True]
+
+    def follows(r) -> bool:
+        on = [k > 0 for k in r["k"]]
+        block = on == sorted(on, reverse=True)
+        return block and all(on[c - 1] == (r["verdicts"].get(c) == "pays") for c in EXT_CONCURRENCIES)
+    pattern = [r for r in rows if [r["verdicts"].get(c) for c in EXT_CONCURRENCIES] == ["pays", "pays", "loses"]]
+    return {"n": len(rows), "twin": _rate([r["twin"] for r in rows]), "schedule": _rate([bool(r["k"]) for r in sched]
+                                                                                      + [False] * (len(rows) - len(sched))),
+            "follows": _rate([follows(r) for r in sched]), "pattern": _rate([r in pattern for r in rows]),
+            "right": _rate([r["valid"] is True and all(k > 0 for k in r["k"][:4]) and r["k"][15] == 0
+                            and follows(r) for r in pattern]),
+            "not_verifiable": _rate([r["verified"] == "not verifiable" for r in sched]),
+            "empty_list": _rate([re.search(r"\bat\s*(?:$|[;,.()])", r["text"]) is not None for r in rows]),
+            "switch": [next((b for b, k in enumerate(r["k"], 1) if k == 0), None) for r in sched],
+            "actions": {x: _rate([r["action"] == x for r in rows]) for x in sorted({str(r["action"]) for r in rows})}}
+
+
+def k_table(experiments: int = 300, n_workers: int | None = None, out=sys.stdout, names=None) -> dict:
+    """The k sweeps' calibration (K_SCENARIOS) and the external endpoints' (external_task): what each
+    recommendation deploys where, with Monte-Carlo errors."""
+    t0 = time.time()
+    specs: dict = {("k", x): dict(kind="ksweep", name=x, experiments=experiments, repeats=3)
+                   for x in (names or K_SCENARIOS)}
+    specs[("external", "default")] = dict(kind="external", experiments=max(20, experiments // 3), repeats=3)
+    res = compute(specs, n_workers=n_workers)
+    p = lambda *a: print(*a, file=out, flush=True)  # noqa: E731
+    f = lambda r: f"{r[0]:.1%} ± {r[1]:.1%}"  # noqa: E731
+    p(f"k sweeps ({experiments} experiments each; one suite of {K_PROMPTS} prompts, {K_OUT_TOKENS} output tokens, "
+      "the sequential design 2..3, confidence 90%, min_effect 5%, max_batch 256; rate ± Monte-Carlo se):")
+    for key in specs:
+        if key[0] != "k":
+            continue
+        sc, r = K_SCENARIOS[key[1]], k_rates(res[key]["rows"], K_SCENARIOS[key[1]])
+        p(f"  {sc.name} ({sc.about}; noise {sc.noise}):")
+        p("    speculation deployed: " + ", ".join(f"c={c} {f(r['speculate_at'][c])}" for c in sc.concurrencies)
+          + f", above c={max(sc.concurrencies)} {f(r['above'])}, anywhere {f(r['anywhere'])}")
+        p("    k deployed: " + "; ".join(f"c={c}: " + ", ".join(f"{'none' if k is None else k} {x[0]:.1%}"
+                                                               for k, x in r["k_at"][c].items())
+                                         for c in sc.concurrencies)
+          + "; actions " + ", ".join(f"{a} {x[0]:.1%}" for a, x in r["actions"].items()))
+        p("    off where some k pays at alpha/K: " + ", ".join(f"c={c} {f(r['off_over_beaten'][c])}"
+                                                            for c in sc.concurrencies)
+          + " (at alpha: " + ", ".join(f"c={c} {f(r['off_over_beaten_90'][c])}" for c in sc.concurrencies) + ")"
+          + "; a k where none pays at alpha/K: " + ", ".join(f"c={c} {f(r['unsupported'][c])}"
+                                                            for c in sc.concurrencies))
+    ext = external_rates(res[("external", "default")]["rows"])
+    p(f"External endpoints ({ext['n']} runs; truth 1.3x up to 4 running requests, 0.6x above; c=1, 4, 16; R=3, quiet): "
+      f"a valid vLLM schedule {f(ext['schedule'])}, following the verdicts {f(ext['follows'])} of those, not "
+      f"verifiable {f(ext['not_verifiable'])}; verdicts pays/pays/loses in {f(ext['pattern'])}, and then a schedule "
+      f"drafting at batch 1-4 and off at 16 {f(ext['right'])}; a recommendation for the twin with no speculation "
+      f"{f(ext['twin'])}; a text with an empty list {f(ext['empty_list'])}; actions "
+      + ", ".join(f"{a} {x[0]:.1%}" for a, x in ext["actions"].items()))
+    p(f"({time.time() - t0:.0f} s, {n_workers or workers()} worker(s))")
+    return res
+
+
 # -- running many -------------------------------------------------------------------------------
 def workers() -> int:
     """Worker processes (SPECMATCH_CALIBRATION_WORKERS; default: up to 2, the cores a default run has)."""
@@ -429,6 +826,9 @@ def seed_of(*key) -> int:
 
 
 def _merge(a: dict, b: dict) -> dict:
+    if "rows" in a:
+        a["rows"] += b["rows"]
+        return a
     if "correct" in a:
         for v in ("correct", "costly"):
             for k in VERIFY_OUTCOMES:
@@ -454,7 +854,8 @@ def compute(specs: dict, seed: int = 0, chunk: int = 10, bootstrap: int = 250, n
     or verify_task's output, summed over chunks."""
     jobs, owner, cost = [], [], []
     for key, spec in specs.items():
-        fn = verify_task if spec["kind"] == "verify" else experiment_task
+        fn = {"verify": verify_task, "ksweep": ksweep_task, "external": external_task,
+              "kcompare": kcompare_task}.get(spec["kind"], experiment_task)
         n = spec["experiments"]
         for i in range(0, n, chunk):
             args = {**spec, "experiments": min(chunk, n - i), "bootstrap": bootstrap,
@@ -597,9 +998,16 @@ def main(argv: list[str] | None = None) -> int:
                    help="experiments per scenario and R (power: a third of it, verification: two thirds); "
                         "10-20 minutes on 2 cores at the default")
     p.add_argument("--workers", type=int, help="processes (default SPECMATCH_CALIBRATION_WORKERS or 2)")
+    p.add_argument("--k-sweeps", action="store_true",
+                   help="only the k sweeps' and external endpoints' part (k_table: two thirds of --experiments per "
+                        "scenario, about 10 minutes on 2 cores at the default)")
     a = p.parse_args(argv)
     n = a.experiments
-    table(experiments=n, power_experiments=max(20, n // 3), verify_experiments=max(20, 2 * n // 3), n_workers=a.workers)
+    if not a.k_sweeps:
+        table(experiments=n, power_experiments=max(20, n // 3), verify_experiments=max(20, 2 * n // 3),
+              n_workers=a.workers)
+        print()
+    k_table(experiments=max(20, 2 * n // 3), n_workers=a.workers)
     return 0
 
 

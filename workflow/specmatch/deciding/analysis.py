@@ -19,6 +19,7 @@ checked by simulation (specmatch.calibration.simulate, tests/test_calibration.py
 """
 from __future__ import annotations
 
+import dataclasses
 import math
 from dataclasses import dataclass, field
 
@@ -136,8 +137,9 @@ def analyse(cells: list[tuple[CellResult, pl.DataFrame]], baseline: str, setting
     cross = _crossovers(verdicts, comparisons, settings)
     acc = [acceptance_summary(m, s_, u) for s_ in servers if s_ != baseline for u in suites]
     acc = [a for a in acc if a.length is not None]
+    infos = endpoint_k(m, infos or {})
     recs = []
-    for server, info in (infos or {}).items():
+    for server, info in infos.items():
         drafted = any((k[0] == server and (x.spec_decode_num_drafts or 0) > 0) for k, x in m.cells.items())
         if (server == baseline or not (info.speculative or drafted) or is_control(server)
                 or (primary is not None and server not in primary) or sweep_of(server) is not None):
@@ -152,8 +154,26 @@ def analyse(cells: list[tuple[CellResult, pl.DataFrame]], baseline: str, setting
                   infos or {}, cross)
     an.k_recommendations, an.k_points = k_reports(an, recommend_suites or [], primary)
     verify_recommendations(an, [r for r in recs if r.server + RECOMMENDED in servers], {})
-    verify_k_recommendations(an, [r for r in an.k_recommendations if r.parent + RECOMMENDED in servers], {})
+    verify_k_recommendations(an, [r for r in an.k_recommendations if r.parent + RECOMMENDED in servers
+                                  or r.action in ("keep", "off")], {})
     return an
+
+
+def endpoint_k(m: Measurements, infos: dict[str, ServerInfo]) -> dict[str, ServerInfo]:
+    """`infos` with each external endpoint that drafts but names no k in its config given the k it drafts:
+    its draft tokens per speculative step over its cells (vLLM's counters), so its recommendation can
+    be written as a schedule (ServerInfo.k_source says where the k came from). Others as they are."""
+    out = dict(infos)
+    for name, info in infos.items():
+        if info.engine != "external" or own_k(info.speculative or {}):
+            continue
+        tokens = sum(x.spec_decode_num_draft_tokens or 0 for key, x in m.cells.items() if key[0] == name)
+        drafts = sum(x.spec_decode_num_drafts or 0 for key, x in m.cells.items() if key[0] == name)
+        if drafts > 0 and tokens > 0:
+            k = max(1, round(tokens / drafts))
+            out[name] = dataclasses.replace(info, speculative={**(info.speculative or {}), "num_speculative_tokens": k},
+                                            k_source="the endpoint's draft counters: draft tokens per speculative step")
+    return out
 
 
 def k_reports(an: Analysis, suites: list[str], primary: list[str] | None = None) -> tuple[list, list]:
@@ -241,11 +261,16 @@ def measured_on(an: Analysis, server: str, suite: str) -> bool:
 
 
 def verify_k_recommendations(an: Analysis, recs: list, derived: dict[str, DerivedServer]) -> list:
-    """Each k schedule's measured check (verify_k) as its `verified` record, by the server that deploys it
-    (`<parent>__recommended`). Only a schedule is checked (one k everywhere is a member as measured, off
-    the baseline), and only by a server that deploys this suite's schedule: with several recommendation
-    suites, `<parent>__recommended` deploys one of them."""
+    """Each k recommendation's measured check (verify_k) as its `verified` record, by the server that deploys
+    it: a schedule by `<parent>__recommended` (only by one that deploys this suite's schedule: with several
+    recommendation suites, `<parent>__recommended` deploys one of them); one k everywhere by that member
+    as configured and off everywhere by the baseline (each its own measurement, checked against the
+    references like a schedule: kmodel.derived_config). An undecided recommendation deploys nothing."""
     for r in recs:
+        if r.action in ("keep", "off") and (r.derived_server or r.server) in an.servers:
+            r.derived_server = r.derived_server or r.server
+            r.verified = verify_k(an, r, r.derived_server)
+            continue
         if r.action != "schedule":
             continue
         name = r.derived_server or next((n for n, d in derived.items() if d.parent == r.parent and d.suite == r.suite),
@@ -268,7 +293,9 @@ def verify_k(an: Analysis, rec, derived: str) -> Verification:
     with the same test as every verification (deployment.verify_against)."""
     primary = [x for x in an.servers if x == derived or not x.endswith(RECOMMENDED)]
     refs = references(rec, sweep_members(rec.parent, an.servers), an.baseline, an.concurrencies)
-    return verify_against(an.measurements, run_to_run(an.measurements, primary), rec.suite, derived, refs, an.settings)
+    itself = all(ref.server in (None, derived) for ref in refs.values())   # keep / off: nothing to compare
+    rr = None if itself else run_to_run(an.measurements, primary)
+    return verify_against(an.measurements, rr, rec.suite, derived, refs, an.settings)
 
 
 def verify(an: Analysis, rec: Recommendation, derived: str) -> Verification:

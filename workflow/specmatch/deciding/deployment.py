@@ -3,7 +3,9 @@ and the measured check of it against a reference the schedule fixes in advance (
 
 Concurrency stands in for batch size (a closed loop of C workers keeps about C requests running).
 Batch sizes above the largest measured concurrency only extend the verdict there: the record flags
-them (`Recommendation.extrapolated_above`) and the text says so.
+them (`Recommendation.extrapolated_above`) and the text says so. A server whose largest batch is not
+known (an external endpoint, launched by no one here, without a configured `max_batch`) is
+recommended over the measured concurrencies, and the text says so.
 """
 from __future__ import annotations
 
@@ -45,30 +47,36 @@ def decisions(verdicts: list[Verdict]) -> dict[int, bool | None]:
 
 def on_per_batch(dec: dict[int, bool | None], cross_points: dict[tuple[int, int], float], max_batch: int
                  ) -> list[bool] | None:
-    """Speculation on/off for every batch size 1..max_batch, from the decided concurrencies only.
-    Between two decided concurrencies that disagree, the switch sits where the measured speedup
-    crosses 1 (interpolated on log concurrency, within that bracket; else the geometric mean);
-    undecided concurrencies in between do not move it elsewhere. Below the first and above the last
-    decided concurrency, its decision holds."""
-    known = sorted(c for c, d in dec.items() if d is not None)
-    if not known:
+    """Speculation on/off for every batch size 1..max_batch; None where no concurrency is decided.
+
+    Every measured concurrency runs by its own verdict: on where speculation pays there, off where it
+    loses or makes no difference, and off where it is undecided (not shown to pay there: a neighbour's
+    "on" never spreads over it, and off spreads over no concurrency where it pays, which is decided on).
+    Between two measured concurrencies that differ, the switch sits where the measured speedup crosses 1
+    (interpolated on log concurrency, within that bracket; else the geometric mean). Below the smallest
+    measured concurrency its decision holds; above the largest, a decided one's decision extends (an
+    extrapolation, which the recommendation flags), an undecided one's is off (nothing measured shows
+    that speculation pays at or above it, and speculation costs more per step as the batch grows)."""
+    if not any(d is not None for d in dec.values()):
         return None
+    runs = {c: bool(d) for c, d in dec.items()}
+    known = sorted(runs)
+    top = known[-1]
     out = []
     for b in range(1, max_batch + 1):
         if b <= known[0]:
-            out.append(dec[known[0]])
-            continue
-        if b >= known[-1]:
-            out.append(dec[known[-1]])
-            continue
-        lo = max(c for c in known if c <= b)
-        hi = min(c for c in known if c >= b)
-        if dec[lo] == dec[hi]:
-            out.append(dec[lo])
-            continue
-        inside = sorted((a, x) for (a, z), x in cross_points.items() if lo <= a and z <= hi)
-        switch = inside[0][1] if inside else math.sqrt(lo * hi)
-        out.append(dec[lo] if b < switch else dec[hi])
+            out.append(runs[known[0]])
+        elif b >= top:
+            out.append(runs[top] if b == top or dec[top] is not None else False)
+        else:
+            lo = max(c for c in known if c <= b)
+            hi = min(c for c in known if c >= b)
+            if runs[lo] == runs[hi]:
+                out.append(runs[lo])
+                continue
+            inside = sorted((a, x) for (a, z), x in cross_points.items() if lo <= a and z <= hi)
+            switch = inside[0][1] if inside else math.sqrt(lo * hi)
+            out.append(runs[lo] if b < switch else runs[hi])
     return out
 
 
@@ -132,55 +140,66 @@ class ServerInfo:
     version: str | None = None
     engine_warnings: tuple = ()  # what the engine warned of at start-up (see launch.engine_warnings)
     argv: tuple = ()             # the launch command (secrets redacted), to say what differs from the baseline's
+    k_source: str | None = None  # where `speculative`'s k came from when not from the config (an external endpoint's
+                                 # draft counters: analysis.analyse)
 
 
 def recommend(info: ServerInfo, suite: str, verdicts: list[Verdict], cmps: list[Comparison],
               s: Settings) -> Recommendation:
-    """What to deploy, built only from verdicts (never from point estimates alone)."""
+    """What to deploy, built only from verdicts (never from point estimates alone). The batch range is
+    the server's (`info.max_batch`), else, for a server whose largest batch is not known (an external
+    endpoint without a configured `max_batch`), the measured concurrencies' (nothing is extrapolated
+    and the text says so): an external endpoint's recommendation follows its verdicts like any server's."""
     regs = regions(verdicts)
     cross = crossovers(verdicts, cmps, s)
     dec = decisions(verdicts)
+    max_batch = info.max_batch or max(dec, default=0)
     rec = Recommendation(info.name, suite, regs, cross[0] if cross else None, "undecided", None, None, None,
-                         crossovers=cross, max_batch=info.max_batch)
+                         crossovers=cross, max_batch=max_batch)
     decided = {c: d for c, d in dec.items() if d is not None}
     undecided = sorted(c for c, d in dec.items() if d is None)
     if not decided:
         why = "; ".join(dict.fromkeys(v.decide for v in verdicts if v.decide))
-        rec.text = f"no recommendation: no concurrency is decided ({why})"
+        rec.text = "no recommendation: no concurrency is decided" + (f" ({why})" if why else "")
         rec.evidence = "every verdict is inconclusive"
         return rec
-    on = on_per_batch(dec, _pairs_crossing(cmps), info.max_batch)
+    on = on_per_batch(dec, _pairs_crossing(cmps), max_batch)
     pays, loses = _list(dec, True, verdicts, Decision.PAYS), _list(dec, False, verdicts, Decision.LOSES)
     same = _list(dec, False, verdicts, Decision.EQUIVALENT)
-    undecided_note = f" (undecided at c={','.join(map(str, undecided))})" if undecided else ""
+    undecided_note = (f" (undecided at c={','.join(map(str, undecided))}: off there, not shown to pay)" if undecided
+                      else "")
+    found = _phrases(("it pays at", pays), ("loses at", loses), ("makes no difference at", same))
     if all(on):
         rec.action = "keep"
-        rec.text = f"keep speculation on at every batch size: it pays at {pays}{undecided_note}"
+        rec.text = "keep speculation on at every batch size" + (f": {found}" if found else "") + undecided_note
     elif not any(on):
         rec.action = "off"
-        why = [f"it loses at {loses}" if loses else "", f"makes no difference at {same}" if same else ""]
-        rec.text = "turn speculation off: " + " and ".join(w for w in why if w) + f", and pays nowhere{undecided_note}"
+        why = _phrases(("it loses at", loses), ("makes no difference at", same))
+        rec.text = "turn speculation off: " + (f"{why}, and " if why else "") + "it pays nowhere" + undecided_note
     else:
         rec.action = "schedule"
         spans = _spans(on)
         rec.text = ("speculate only at batch sizes " + ", ".join(f"{a}-{b}" if a != b else f"{a}" for a, b in spans)
-                    + f": it pays at {pays}" + (f", loses at {loses}" if loses else "")
-                    + (f", makes no difference at {same}" if same else "") + undecided_note)
-        between = [c for c in undecided if any(k < c for k in decided) and any(k > c for k in decided)]
-        if between:
-            rec.text += "; the switch follows where the measured speedup crosses 1"
+                    + (f": {found}" if found else "") + undecided_note)
     rec.evidence = "; ".join(f"{r.verdict.value} at c={r.first}" + (f"-{r.last}" if r.last != r.first else "")
                              for r in regs)
     top = max(dec)
-    if info.max_batch > top:
-        last = max(decided)
+    if max_batch > top:
         rec.extrapolated_above = top
-        rec.text += (f"; batch sizes {top + 1}-{info.max_batch} were not measured (the largest measured concurrency is "
-                     f"{top}): there it extends the verdict at c={last}, an extrapolation")
-    if info.flavor == "vllm" and rec.action in ("schedule", "keep"):
-        spec = info.speculative or {}
+        rec.text += (f"; batch sizes {top + 1}-{max_batch} were not measured (the largest measured concurrency is "
+                     + (f"{top}): there it extends the verdict at c={top}, an extrapolation" if dec[top] is not None else
+                        f"{top}, undecided): speculation is off there (nothing measured shows it pays at or above "
+                        f"c={top}; no verdict is extrapolated)"))
+    if not info.max_batch:
+        rec.text += (f"; the server's largest batch is not known (an external endpoint: set `max_batch` on it), so the "
+                     f"deployment covers the measured concurrencies, 1-{max_batch}")
+    spec = info.speculative or {}
+    if info.flavor == "vllm" and rec.action in ("schedule", "keep") and not own_k(spec):
+        rec.text += ("; the k it drafts is not known (no `speculative` configured and no draft counters), so no vLLM "
+                     "schedule can be written")
+    elif info.flavor == "vllm" and rec.action in ("schedule", "keep"):
         sched = vllm_schedule(spec, on)
-        configured = [server_k(spec, b) for b in range(1, info.max_batch + 1)]
+        configured = [server_k(spec, b) for b in range(1, max_batch + 1)]
         rec.as_configured = [k for a, z, k in sched for _ in range(a, z + 1)] == configured
         if rec.action == "schedule" or not rec.as_configured:
             # a schedule, or "always on" for a server whose own schedule switches speculation off
@@ -191,6 +210,8 @@ def recommend(info: ServerInfo, suite: str, verdicts: list[Verdict], cmps: list[
                 rec.text += "; its configured schedule switches speculation off where the verdicts say on"
     elif rec.action in ("keep", "off"):
         rec.as_configured = rec.action == "keep"
+    if info.k_source and rec.action in ("schedule", "keep"):
+        rec.text += f" (k={own_k(spec)}: {info.k_source})"
     if info.flavor == "sglang":
         rec.sglang = sglang_mechanism(info, rec.action, on)
     if info.engine == "external":
@@ -205,6 +226,11 @@ def recommend(info: ServerInfo, suite: str, verdicts: list[Verdict], cmps: list[
                                         reason="an external endpoint: nothing here restarts it with the recommended "
                                                "configuration, so it is not measured")
     return rec
+
+
+def _phrases(*parts: tuple[str, str]) -> str:
+    """'label list' for each part whose list is not empty, joined (never a label with nothing after it)."""
+    return ", ".join(f"{label} {cs}" for label, cs in parts if cs)
 
 
 def _spans(on: list[bool]) -> list[tuple[int, int]]:
@@ -321,6 +347,10 @@ def verify_against(m, rr, suite: str, derived: str, refs: dict[int, Reference], 
     concurrency is the 1 - 2 alpha / K interval lying below 1 (Bonferroni over the K concurrencies
     with a reference), so P(failed | the deployment equals its references everywhere) <= alpha.
 
+    Where the deployment is its reference (one k everywhere is that sweep member as configured, off
+    everywhere the baseline), there is nothing to compare: its own cells are the measurement, and the
+    row says so (`note`), equivalent and not worse by construction.
+
     The reference is fixed by the schedule, but where the schedule's choice was not decided by a
     verdict, the data that chose it favour it: there a cost must show against the reference and
     against each of its `alternatives` (Reference), so that choice cannot make a correct schedule
@@ -341,8 +371,13 @@ def verify_against(m, rr, suite: str, derived: str, refs: dict[int, Reference], 
         return Verification(derived, Outcome.UNDECIDED, reason="; ".join(skipped), **base)
     k = len(tests)
     band = math.log(1 + s.min_effect)
-    rows, run = [], True
+    rows, run, itself = [], True, []
     for c, ref in tests:
+        if ref == derived:   # the deployment is its reference here, as measured: its own cells are the measurement
+            rows.append(VerificationRow(c, ref, 1.0, 1.0, 1.0, Decision.EQUIVALENT, 1.0, 1.0, True,
+                                        note="the deployment itself, as measured"))
+            itself.append(c)
+            continue
         cmp = compare(m, rr, derived, ref, suite, c, metric)
         if cmp.estimate is None:
             rows.append(VerificationRow(c, ref, None, None, None, Decision.INCONCLUSIVE, note=cmp.note))
@@ -375,6 +410,9 @@ def verify_against(m, rr, suite: str, derived: str, refs: dict[int, Reference], 
     else:
         outcome = Outcome.UNDECIDED
     notes = list(skipped)
+    if itself:
+        notes.append(f"`{derived}` is itself the reference at c={','.join(map(str, itself))}: its own cells are the "
+                     "deployment's measurement there")
     if not run:
         notes.append("one repeat: the intervals exclude run-to-run variation, so equivalence is never called")
     return Verification(derived, outcome, per_test_confidence=1 - 2 * alpha / k, equivalence_confidence=1 - 2 * alpha,

@@ -40,50 +40,60 @@ the prompts, so this errs wide too).
 **The best k per concurrency** (best_k). Candidates: every measured k at c and k = 0 (the baseline).
 The best is the one with the largest speedup against the baseline on `summary.recommend_metric`; it is
 compared, paired, with every other candidate (comparison.compare with `against` the other server: the
-same estimator and interval as every verdict, between any two measured servers) and decided:
+same estimator and interval as every verdict, between any two measured servers) and decided. The best
+k against off is taken at the level deploying speculation needs, alpha / K for the K speculative k
+measured there (`KChoice.deploy_confidence`; Bonferroni: any of them could have come out best; the
+sequential design's spending applies on top, comparison.look_level); against another k, at alpha:
 
 - decisively better than every other (pays against each): that k;
 - equivalent (within +/-min_effect) to some and decisively better than the rest: the SMALLEST of it and
   its equivalents (it costs less at higher load, and the difference is one no team would act on);
-- otherwise, where the best pays against the baseline at the Bonferroni level over the K speculative
-  k measured there (alpha / K: any of them could have come out best), k = 0 is not among the
-  candidates the data cannot tell from it (`KChoice.candidates`): whether to speculate is decided,
-  which k is not. The best is deployed (`how` "pays, k open"): it has the largest estimate, and the
-  smaller k's lower cost at higher load is no reason at a concurrency that was measured (that
-  tie-break is for equivalence only). Deploying off here would run the one option the best was
-  shown to beat. Its verification calls a cost only where one shows against every candidate
-  (references);
-- otherwise (inconclusive against some candidate, off among them): undecided, with the candidates the
-  data cannot tell from the best (`KChoice.candidates`) and what would decide it.
+- otherwise, where some k pays against the baseline at alpha / K (`KChoice.paying`): whether to
+  speculate is decided, which k is not (`how` "pays, k open"). The best estimate among the k that pay
+  is deployed: it has the largest estimate, and the smaller k's lower cost at higher load is no reason
+  at a concurrency that was measured (that tie-break is for equivalence only). Deploying off here
+  would run the one option a k was shown to beat. Its verification calls a cost only where one shows
+  against every candidate (references);
+- otherwise undecided, with the candidates the data cannot tell from the best (`KChoice.candidates`;
+  off among them where the best does not beat it at alpha / K) and what would decide it.
 
 Asking the best to beat every candidate (not only the runner-up by point estimate) is an
 intersection-union test: calling k best when it is not (by more than min_effect) has probability at
-most alpha at each concurrency, with no multiplicity correction. "Pays, k open" claims only that the
-deployed k beats off; it is the best of K, so its test is at alpha / K (Bonferroni): speculating where
-every k is as fast as off has probability at most alpha / 2 (one-sided), whatever K.
+most alpha at each concurrency, with no multiplicity correction. **Every path that deploys
+speculation at c needs some k to pay against off at c at alpha / K** (the "best" and "smallest
+equivalent" paths through the best's comparison with off, "pays, k open" through `paying`), so where
+every k is as fast as off (or slower), speculation is deployed at c with probability at most
+K x alpha / (2K) = alpha / 2 (one-sided), whatever K: the bound holds at each measured concurrency,
+and over a schedule of C measured concurrencies at most C x alpha / 2 (Bonferroni; the record's
+`error_rates`, the recommendation's text). Measured (calibration.harness, K_SCENARIOS "null"): README.
 
-**Bands** (bands). Batch sizes 1..max_batch, from the decided concurrencies only (as
-deployment.on_per_batch does for on/off). Between two decided concurrencies whose k differ, the switch
-sits where the two k's measured speedup curves cross (each linear in log concurrency between measured
-points; for k = 0 the curve is 1): the generalisation of today's on/off switch at the crossing of 1.
-Where they do not cross inside the bracket (an equivalence choice: the smaller k was chosen though its
-point estimate was lower), the switch is the geometric mean of the two concurrencies (the midpoint in
-log space). Undecided concurrencies between decided ones do not move it (the band lists them in
-`undecided_at`), unless the k it gives them was measured there and excluded (decisively worse than
-their best): then they are pinned to the k that pays against the baseline there with the largest
-estimate, else to off (a candidate of every undecided concurrency), and count as decided points
-(`pinned_at`), so no band deploys a k its own measurements ruled out. Below the first decided
-concurrency its k holds, above the last decided one its k
-holds up to the largest measured concurrency. Beyond the measured concurrencies nothing was measured:
-batch sizes above the largest (and below the smallest, where it is not 1) form bands of their own
-(`KBand.extrapolated` = "above" / "below"), the record's `extrapolated_above` / `extrapolated_below`
-name the measured end, the text says so, and `beyond="off"` deploys k = 0 above the largest measured
-concurrency instead of extending the last decided k.
+**Bands** (bands). Batch sizes 1..max_batch. Every measured concurrency runs its OWN choice: a decided
+one its k; an undecided one its best-supported candidate, which is off (no k pays there against off at
+the level deploying speculation needs: the data do not support speculating there, so no k spreads over
+it from a neighbour; `KBand.pinned_at`). Off never spreads over a concurrency whose data beat off either:
+where some k pays at alpha / K, the choice there is "pays, k open", a decided k. Between two measured
+concurrencies whose k differ, the switch sits where the two k's measured speedup curves cross (each
+linear in log concurrency between measured points; for k = 0 the curve is 1): the generalisation of
+the on/off switch at the crossing of 1. Where they do not cross inside the bracket (an equivalence
+choice: the smaller k was chosen though its point estimate was lower; or an undecided concurrency run
+off although its estimate favoured a k), the switch is the geometric mean of the two concurrencies
+(the midpoint in log space). Below the smallest measured concurrency its k holds (`KBand.extrapolated`
+"below", said in the text). Above the largest measured concurrency nothing was measured: where the
+largest is decided, its k extends up to max_batch (`extrapolated` "above"; `beyond="off"` deploys k = 0
+there instead); where the largest is undecided, speculation is off above it whatever `beyond` says
+(`KRecommendation.undecided_top`): nothing measured shows that speculation pays at or above it, and
+inheriting a k from a smaller concurrency would be speculation by extrapolation twice over (speculation
+costs more per step as the batch grows, so the k of a lighter load is the wrong guess exactly where a
+guess costs most). The text says so. A recommendation with no decided concurrency is undecided: no
+bands (nothing to deploy is decided anywhere).
 
 **The deployment** (deploy). vLLM: `num_speculative_tokens_per_batch_size` with one inclusive
 [lo, hi, k] range per band (k = 0: off), covering 1..max_batch, the speculative config's own
-`num_speculative_tokens` set to the largest k it uses (vLLM clamps every range's k by it); one k
-everywhere is that sweep member as measured (no schedule), k = 0 everywhere is the baseline. SGLang
+`num_speculative_tokens` set to the largest k it uses (vLLM clamps every range's k by it). One k
+everywhere ("keep") is a recommendation like any other: derived_config gives its config, which is the
+sweep member of that k as configured, so that member IS its measurement (recommend.derived_k_servers
+finds it as the deployment's twin) and its verification is against the references like a schedule's;
+k = 0 everywhere ("off") is the baseline, likewise. SGLang
 (where the release has `--speculative-adaptive`, engines/sglang.adaptive_support): an adaptive config
 with one slot per band whose only candidate is the band's k (a slot with one candidate never moves),
 num_steps the largest k, eagle_topk 1.
@@ -144,12 +154,15 @@ class KChoice(Record):
     how: str                                    # best | smallest equivalent | pays, k open | undecided | none
     best: Optional[int]                         # the k with the largest estimated speedup
     candidates: list = field(default_factory=list)   # undecided / pays, k open: the k the data cannot tell from
-                                                     # the best (the best among them)
+                                                     # the best (the best among them; off where the best does
+                                                     # not beat it at deploy_confidence)
     equivalent: list = field(default_factory=list)   # k within +/-min_effect of the best
     speedups: dict = field(default_factory=dict)     # str(k) -> {speedup, lo, hi, verdict} against the baseline
     pairwise: list[Verdict] = field(default_factory=list)  # the best against every other candidate
     decide: Optional[str] = None                # undecided: what would decide it
     note: Optional[str] = None
+    paying: list = field(default_factory=list)  # the k that pay against the baseline at deploy_confidence
+    deploy_confidence: Optional[float] = None   # 1 - alpha / K: the level speculating here needs (K k measured)
 
 
 @dataclass
@@ -160,8 +173,8 @@ class KBand(Record):
     k: int
     decided_at: list = field(default_factory=list)    # decided concurrencies inside the band
     undecided_at: list = field(default_factory=list)  # measured but undecided concurrencies inside it
-    pinned_at: list = field(default_factory=list)     # undecided ones whose neighbours' k the data excluded there:
-                                                      # pinned to a k that pays there, else off (bands)
+    pinned_at: list = field(default_factory=list)     # undecided ones, each run by its own best-supported candidate
+                                                      # (off: no k pays there at the deploying level; bands)
     boundary: str = "start"                     # how lo was placed: start | crossover | geometric mean | measured range
     extrapolated: Optional[str] = None          # "above" / "below": beyond the largest / under the smallest measured
                                                 # concurrency (not measured there)
@@ -184,6 +197,10 @@ class KRecommendation(Record):
     extrapolated_above: Optional[int] = None    # the largest measured concurrency, when max_batch exceeds it
     extrapolated_below: Optional[int] = None    # the smallest measured concurrency, when it is above 1
     max_batch: Optional[int] = None
+    undecided_top: Optional[int] = None         # the largest measured concurrency when it is undecided: above it
+                                                # speculation is off (nothing extrapolated; bands)
+    error_rates: dict = field(default_factory=dict)  # the bounds on a false "speculate" (module docstring):
+                                                     # per_concurrency, over_schedule (C measured concurrencies)
     boundary_rule: str = "crossover of the two k's speedup curves on log concurrency, else the geometric mean"
     text: str = ""
     derived_server: Optional[str] = None        # `<parent>__recommended`: the schedule, measured on the grid
@@ -405,13 +422,19 @@ def best_k(m: Measurements, rr: RunToRun, parent: str, ks: dict[int, str], basel
     if len(est) == 1:   # no k of the sweep has a figure here: nothing to choose between (not a decision)
         choice.note = "; ".join(filter(None, [choice.note, f"no member of the sweep has a figure at c={c}"]))
         return choice, cmps
+    strict = deploying(s, len(est) - 1)
+    choice.deploy_confidence = strict.confidence
+    vs_off = {k: decide(cmps[k], strict) for k in est if k > 0}     # each k against off at alpha / K
+    choice.paying = sorted(k for k, v in vs_off.items() if v.verdict == Decision.PAYS)
     best = max(est, key=lambda k: (est[k], -k))       # ties: the smaller k
     choice.best = best
     inconclusive, equivalent, loses = [], [], []
     for j in sorted(est):
         if j == best:
             continue
-        v = decide(compare(m, rr, servers[best], servers[j], suite, c, metric), s)
+        # the best k against off at the level deploying speculation needs (its comparison with the
+        # baseline, as above); any other pair at alpha
+        v = vs_off[best] if j == 0 else decide(compare(m, rr, servers[best], servers[j], suite, c, metric), s)
         choice.pairwise.append(v)
         if v.verdict == Decision.EQUIVALENT:
             equivalent.append(j)
@@ -426,8 +449,9 @@ def best_k(m: Measurements, rr: RunToRun, parent: str, ks: dict[int, str], basel
         why = next((v.decide for v in choice.pairwise if v.verdict == Decision.INCONCLUSIVE and v.decide), None)
         choice.decide = (f"k={best} against k={', '.join(map(str, open_))}: "
                          + (why or "the paired comparison contradicts the order of the estimates"))
-        if best > 0 and 0 not in choice.candidates and _pays_among(cmps[best], s, len(cmps)):
-            choice.k, choice.server, choice.how = best, servers[best], "pays, k open"   # speculate; k not decided
+        if choice.paying:   # speculating is decided (a k beats off at alpha / K); which k is not
+            k = best if best in choice.paying else max(choice.paying, key=lambda j: (est[j], -j))
+            choice.k, choice.server, choice.how = k, servers[k], "pays, k open"
         else:
             choice.how = "undecided"
         return choice, cmps
@@ -437,11 +461,11 @@ def best_k(m: Measurements, rr: RunToRun, parent: str, ks: dict[int, str], basel
     return choice, cmps
 
 
-def _pays_among(cmp, s: Settings, k: int) -> bool:
-    """Whether the best of `k` speculative k pays against the baseline at the Bonferroni level
-    (alpha / k; the sequential design's spending applies on top, comparison.look_level)."""
-    strict = dataclasses.replace(s, confidence=1 - (1 - s.confidence) / max(k, 1))
-    return decide(cmp, strict).verdict == Decision.PAYS
+def deploying(s: Settings, k: int) -> Settings:
+    """The settings a choice to speculate is decided at where `k` speculative k were measured: alpha / k
+    (Bonferroni: the best of k could have been any of them; the sequential design's spending applies on
+    top, comparison.look_level)."""
+    return dataclasses.replace(s, confidence=1 - (1 - s.confidence) / max(k, 1))
 
 
 # -- bands -----------------------------------------------------------------------------------------
@@ -499,40 +523,35 @@ def _per_batch(dec: dict[int, int], top: int, cmps_by_c: dict, max_batch: int, b
     return per_batch, switches
 
 
-def bands(choices: list[KChoice], cmps_by_c: dict, max_batch: int, beyond: str = "extend") -> list[KBand]:
-    """Batch bands 1..max_batch with their k, from the decided concurrencies (module docstring).
-    `beyond`: "extend" (the last decided k holds above the largest measured concurrency, flagged) or
-    "off" (k = 0 there). Empty where no concurrency is decided.
+def runs(ch: KChoice) -> int | None:
+    """The k a measured concurrency runs by its own data: its choice where decided; where undecided, its
+    best-supported candidate: the k with the largest estimate among those that pay against off at the
+    deploying level (`paying`; best_k decides such a concurrency "pays, k open", so this is for records
+    built otherwise), else off (module docstring, "Bands"). None where it has no figure to decide from."""
+    if ch.best is None and ch.k is None:
+        return None
+    if ch.k is not None:
+        return ch.k
+    if ch.paying:
+        return max(ch.paying, key=lambda k: ((ch.speedups.get(str(k)) or {}).get("speedup") or 0.0, -k))
+    return 0
 
-    An undecided concurrency takes the k its decided neighbours give it, unless that k was measured
-    there and is not among its candidates (the data showed it worse than the best there; a k without
-    a figure there, never measured or failed, excludes nothing): then it is pinned, to the k with the
-    largest estimate among those that pay against the baseline there, else to off (a candidate of
-    every undecided concurrency), and the bands are drawn again with it as a decided point
-    (`KBand.pinned_at`)."""
+
+def bands(choices: list[KChoice], cmps_by_c: dict, max_batch: int, beyond: str = "extend") -> list[KBand]:
+    """Batch bands 1..max_batch with their k, each measured concurrency run by its own choice (runs; module
+    docstring, "Bands"). `beyond`: "extend" (the largest measured concurrency's decided k holds above it,
+    flagged) or "off" (k = 0 there); above an undecided largest concurrency it is off either way. Empty
+    where no concurrency is decided."""
     if beyond not in ("extend", "off"):
         raise ValueError(f"beyond: 'extend' or 'off', not {beyond!r}")
-    dec = {ch.concurrency: ch.k for ch in choices if ch.k is not None}
-    if not dec:
+    own = {ch.concurrency: runs(ch) for ch in choices}
+    own = {c: k for c, k in own.items() if k is not None}
+    decided = sorted(ch.concurrency for ch in choices if ch.k is not None)
+    if not decided:
         return []
-    top = max(ch.concurrency for ch in choices)
-    bottom = min(ch.concurrency for ch in choices)
-    pinned: list[int] = []
-    while True:
-        per_batch, switches = _per_batch(dec, top, cmps_by_c, max_batch, beyond)
-        clash = next((ch for ch in sorted(choices, key=lambda ch: ch.concurrency)
-                      if ch.concurrency not in dec and ch.candidates and ch.concurrency <= max_batch
-                      and per_batch[ch.concurrency - 1] not in ch.candidates
-                      and per_batch[ch.concurrency - 1] > 0 and str(per_batch[ch.concurrency - 1]) in ch.speedups),
-                     None)
-        if clash is None:
-            break
-        paying = [(x["speedup"], int(k)) for k, x in clash.speedups.items()
-                  if int(k) > 0 and x.get("verdict") == Decision.PAYS.value]
-        dec[clash.concurrency] = max(paying)[1] if paying else 0
-        pinned.append(clash.concurrency)
-    known = sorted(dec)
-    undecided = sorted(ch.concurrency for ch in choices if ch.concurrency not in dec)
+    pinned = sorted(c for c in own if c not in decided)
+    top, bottom = max(own), min(own)
+    per_batch, switches = _per_batch(own, top, cmps_by_c, max_batch, "off" if top in pinned else beyond)
     out: list[KBand] = []
     for b, k in enumerate(per_batch, 1):
         ext = "above" if b > top else "below" if b < bottom else None
@@ -548,9 +567,9 @@ def bands(choices: list[KChoice], cmps_by_c: dict, max_batch: int, beyond: str =
             why = switches[pair][1] if pair else "measured range"
         out.append(KBand(b, b, k, boundary=why, extrapolated=ext))
     for band in out:
-        band.decided_at = [c for c in known if band.lo <= c <= band.hi and c not in pinned]
-        band.undecided_at = sorted(c for c in undecided + pinned if band.lo <= c <= band.hi)
-        band.pinned_at = [c for c in sorted(pinned) if band.lo <= c <= band.hi]
+        band.decided_at = [c for c in decided if band.lo <= c <= band.hi]
+        band.undecided_at = [c for c in pinned if band.lo <= c <= band.hi]
+        band.pinned_at = list(band.undecided_at)
     return out
 
 
@@ -632,32 +651,60 @@ def recommend(m: Measurements, rr: RunToRun, info: ServerInfo, parent: str, ks: 
         ch, cmps = best_k(m, rr, parent, ks, baseline, suite, c, s)
         choices.append(ch)
         cmps_by_c[c] = cmps
-    rec = KRecommendation(parent, suite, s.recommend_metric, "undecided", choices, max_batch=info.max_batch)
+    return recommendation(choices, cmps_by_c, info, parent, ks, baseline, suite, s, beyond)
+
+
+def _ks(xs) -> str:
+    return ", ".join(map(str, xs))
+
+
+def _level(ch: KChoice) -> str:
+    return f"{ch.deploy_confidence:.0%}" if ch.deploy_confidence else "the level deploying speculation needs"
+
+
+def recommendation(choices: list[KChoice], cmps_by_c: dict, info: ServerInfo, parent: str, ks: dict[int, str],
+                   baseline: str, suite: str, s: Settings, beyond: str = "extend") -> KRecommendation:
+    """recommend's second half: the bands, the deployment and the text from each concurrency's choice
+    (`cmps_by_c`: c -> k -> the Comparison against the baseline, for the switches). The batch range is
+    the server's (`info.max_batch`), else, for a server whose largest batch is not known (an external
+    endpoint), the measured concurrencies'."""
+    own = {ch.concurrency: runs(ch) for ch in choices}
+    measured = sorted(c for c, k in own.items() if k is not None)
+    max_batch = info.max_batch or (max(measured) if measured else 0)
+    rec = KRecommendation(parent, suite, s.recommend_metric, "undecided", choices, max_batch=max_batch)
     if not choices:
         rec.text = "no concurrency measured with the baseline"
         return rec
-    bs = bands(choices, cmps_by_c, info.max_batch, beyond)
+    if not measured:
+        rec.text = "no recommendation: no member of the sweep has a figure at any concurrency measured with the baseline"
+        return rec
+    alpha = 1 - s.confidence
+    rec.error_rates = {"false_speculate_per_concurrency": alpha / 2,
+                       "false_speculate_over_schedule": min(1.0, len(measured) * alpha / 2)}
+    bs = bands(choices, cmps_by_c, max_batch, beyond)
     rec.bands = bs
-    top = max(ch.concurrency for ch in choices)
-    if info.max_batch > top:
+    top, bottom = measured[-1], measured[0]
+    if max_batch > top:
         rec.extrapolated_above = top
-    bottom = min(ch.concurrency for ch in choices)
     if bottom > 1:
         rec.extrapolated_below = bottom
-    pinned = {c for b in bs for c in b.pinned_at}
-    undecided = [ch for ch in choices if ch.k is None and ch.concurrency not in pinned]
-    und_text = "; ".join(f"undecided at c={ch.concurrency} between k={', '.join(map(str, ch.candidates))}"
-                         for ch in undecided)
-    pin_text = "; ".join(f"at c={ch.concurrency} (undecided between k={', '.join(map(str, ch.candidates))}) the k "
-                         f"the neighbouring bands run was shown worse than the best there, so it runs "
-                         + (f"k={rec_k}" if rec_k else "off") for ch in choices if ch.concurrency in pinned
-                         for rec_k in [next(b.k for b in bs if ch.concurrency in b.pinned_at)])
-    part_text = "; ".join(f"at c={ch.concurrency} speculation pays but k is undecided between "
-                          f"k={', '.join(map(str, ch.candidates))}: k={ch.k}, the best estimate, is deployed"
-                          for ch in choices if ch.how == "pays, k open" and ch.concurrency <= info.max_batch)
+    undecided = [ch for ch in choices if ch.k is None and own[ch.concurrency] is not None]
     if not bs:
-        rec.text = "no recommendation: no concurrency is decided" + (f" ({und_text})" if und_text else "")
+        und = "; ".join(f"undecided at c={ch.concurrency}" + (f" between k={_ks(ch.candidates)}" if ch.candidates else "")
+                        for ch in undecided)
+        rec.text = "no recommendation: no concurrency is decided" + (f" ({und})" if und else "")
         return rec
+    if top in {c for b in bs for c in b.pinned_at}:
+        rec.undecided_top = top
+    pin_text = "; ".join(
+        f"at c={ch.concurrency} (undecided" + (f" between k={_ks(ch.candidates)}" if ch.candidates else "") + ") "
+        + (f"no k pays against off at {_level(ch)} (the level speculating needs with {len(ch.speedups) - 1} k "
+           "measured), so it runs off, not a neighbour's k" if own[ch.concurrency] == 0 else
+           f"k={own[ch.concurrency]} pays against off there at {_level(ch)}, so it runs k={own[ch.concurrency]}")
+        for ch in undecided)
+    part_text = "; ".join(f"at c={ch.concurrency} speculation pays (at {_level(ch)}) but k is undecided between "
+                          f"k={_ks(ch.candidates)}: k={ch.k}, the best estimate among the k that pay, is deployed"
+                          for ch in choices if ch.how == "pays, k open" and ch.concurrency <= max_batch)
     used = sorted({b.k for b in bs})
     parts = [(f"{b.lo}-{b.hi}" if b.hi != b.lo else f"{b.lo}") + f": k={b.k}"
              + (f" (extrapolated {b.extrapolated} the measured concurrencies)" if b.extrapolated else "") for b in bs]
@@ -665,12 +712,15 @@ def recommend(m: Measurements, rr: RunToRun, info: ServerInfo, parent: str, ks: 
             or k == "num_speculative_tokens_per_batch_size"}
     if used == [0]:
         rec.action, rec.k, rec.server = "off", 0, baseline
-        rec.text = "turn speculation off: the baseline is best (or as good) at every decided concurrency"
+        rec.text = ("turn speculation off: the baseline is best (or as good) at every decided concurrency, and no k "
+                    "was shown to pay at any other")
         if info.flavor == "sglang":
             rec.sglang = {"mechanism": "baseline", "why": "serve without --speculative-algorithm"}
     elif len(used) == 1:
         rec.action, rec.k, rec.server = "keep", used[0], ks.get(used[0])
-        rec.text = f"run k={used[0]} at every batch size: it is the best k (or as good) at every decided concurrency"
+        rec.text = (f"run k={used[0]} at every batch size: it is the k chosen at every measured concurrency"
+                    + (f"; that is `{rec.server}` as configured, so its cells are this recommendation's measurement"
+                       if rec.server else ""))
         if info.flavor == "vllm":
             rec.speculative = {**spec, "num_speculative_tokens": used[0]}
             rec.speculative.pop("num_speculative_tokens_per_batch_size", None)
@@ -678,7 +728,7 @@ def recommend(m: Measurements, rr: RunToRun, info: ServerInfo, parent: str, ks: 
         rec.action = "schedule"
         rec.text = "k per batch band: " + ", ".join(parts)
         if info.flavor == "vllm":
-            rec.vllm_schedule, rec.speculative = vllm_deployment(spec, bs, info.max_batch)
+            rec.vllm_schedule, rec.speculative = vllm_deployment(spec, bs, max_batch)
         elif info.flavor == "sglang":
             rec.sglang = sglang_deployment(info, bs)
             if rec.sglang.get("mechanism"):
@@ -687,17 +737,32 @@ def recommend(m: Measurements, rr: RunToRun, info: ServerInfo, parent: str, ks: 
         rec.text += f"; {part_text}"
     if pin_text:
         rec.text += f"; {pin_text}"
-    if und_text:
-        rec.text += f"; {und_text} (the bands follow the decided concurrencies)"
+    if rec.action in ("keep", "schedule"):
+        e = rec.error_rates
+        rec.text += (f"; speculation is deployed only where a k beat off at the level that allows for the k measured "
+                     f"(alpha / K): where every k is as fast as off, a false \"speculate\" has probability at most "
+                     f"{e['false_speculate_per_concurrency']:.0%} at each measured concurrency (one-sided) and at most "
+                     f"{e['false_speculate_over_schedule']:.0%} over the {len(measured)} measured")
     if rec.extrapolated_above is not None:
         last = next(b for b in bs if b.extrapolated == "above")
-        rec.text += (f"; batch sizes {top + 1}-{info.max_batch} were not measured (the largest measured concurrency "
-                     f"is {top}): " + (f"k={last.k} there extends the last decided choice, an extrapolation"
-                                       if beyond == "extend" else "speculation is off there (not measured)"))
+        head = f"; batch sizes {top + 1}-{max_batch} were not measured"
+        if rec.undecided_top is not None:
+            rec.text += (f"{head} and c={top}, the largest measured concurrency, is undecided: speculation is off there "
+                         f"(nothing measured shows it pays at or above c={top}; no k is extrapolated to heavier load)")
+        elif beyond == "off":
+            rec.text += f"{head} (the largest measured concurrency is {top}): speculation is off there (not measured)"
+        else:
+            rec.text += (f"{head} (the largest measured concurrency is {top}): k={last.k} there extends the choice "
+                         f"decided at c={top}, an extrapolation")
     if rec.extrapolated_below is not None:
         first = bs[0]
         rec.text += (f"; batch sizes 1-{bottom - 1} were not measured (the smallest measured concurrency is {bottom}): "
-                     f"k={first.k} there extends the first decided choice, an extrapolation")
+                     + (f"k={first.k} there extends the choice decided at c={bottom}, an extrapolation"
+                        if first.k or bottom not in {c for b in bs for c in b.pinned_at} else
+                        f"speculation is off there, as at c={bottom} (undecided)"))
+    if not info.max_batch:
+        rec.text += (f"; the server's largest batch is not known (an external endpoint: set `max_batch` on it), so the "
+                     f"deployment covers the measured concurrencies, 1-{max_batch}")
     return rec
 
 
@@ -732,10 +797,18 @@ def references(rec: KRecommendation, ks: dict[int, str], baseline: str, concurre
 # -- the derived server and the report ------------------------------------------------------------------
 def derived_config(member_config: dict, rec: KRecommendation, adaptive_config_path: str | None = None
                    ) -> dict | None:
-    """The server config of `<parent>__recommended` (any member's config with the recommended speculative
-    config), or None where no new server is needed: `keep` is a member as measured (rec.server), `off`
-    the baseline, `undecided` nothing. SGLang's adaptive config is a file: write rec.sglang["config"] to
-    `adaptive_config_path` and pass the path here."""
+    """The server config that deploys the recommendation: a member's config with the recommended
+    speculative config. A schedule's is `<parent>__recommended` (any member's config); one k everywhere
+    (`keep`, `member_config` the member of rec.k) is that member as configured, which
+    recommend.derived_k_servers then finds as the deployment's twin, so the member's cells are its
+    measurement. None where no server config deploys it: `off` is the baseline, `undecided` nothing.
+    SGLang's adaptive config is a file: write rec.sglang["config"] to `adaptive_config_path` and pass
+    the path here."""
+    if rec.action == "keep":
+        cfg = copy.deepcopy({k: v for k, v in member_config.items() if k != "suites"})
+        if rec.speculative is not None:
+            cfg["speculative"] = copy.deepcopy(rec.speculative)
+        return cfg
     if rec.action != "schedule" or rec.speculative is None:
         return None
     cfg = copy.deepcopy({k: v for k, v in member_config.items() if k != "suites"})

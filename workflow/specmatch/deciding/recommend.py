@@ -49,7 +49,8 @@ def load(cell_paths: list[Path], request_paths: list[Path]) -> list[tuple[CellRe
 
 
 def server_infos(launches: list[Path], configs: dict) -> dict[str, ServerInfo]:
-    """What the recommendation needs of each server, from its (first repeat's) launch record."""
+    """What the recommendation needs of each server, from its (first repeat's) launch record (an external
+    endpoint's largest batch from its config's `max_batch`, else 0: not known)."""
     infos: dict[str, ServerInfo] = {}
     for p in sorted(launches):
         rec = LaunchRecord.from_json(read_json(p))
@@ -57,7 +58,10 @@ def server_infos(launches: list[Path], configs: dict) -> dict[str, ServerInfo]:
             continue
         cfg = configs.get(rec.server) or rec.config
         version = (rec.engine_versions or {}).get("sglang")
-        infos[rec.server] = ServerInfo(rec.server, rec.engine, rec.flavor, cfg.get("speculative"), rec.max_batch,
+        # an external endpoint is launched by no one here (max_batch 0): its configured `max_batch`, else
+        # none known (the recommendation then covers the measured concurrencies)
+        max_batch = (cfg.get("max_batch") or 0) if rec.engine == "external" else rec.max_batch
+        infos[rec.server] = ServerInfo(rec.server, rec.engine, rec.flavor, cfg.get("speculative"), max_batch,
                                        adaptive_support(version) if rec.flavor == "sglang" else None, version,
                                        tuple(rec.engine_warnings), tuple(rec.argv))
     return infos
@@ -113,21 +117,25 @@ def derived_servers(recs: list[Recommendation], configs: dict, infos: dict[str, 
 
 def derived_k_servers(recs: list[KRecommendation], configs: dict, infos: dict[str, ServerInfo],
                       adaptive_dir: Path | None = None, taken: set | None = None) -> dict[str, DerivedServer]:
-    """`<parent>__recommended` configurations for k schedules (action `schedule`): the sweep's member
-    config with the recommended speculative config (kmodel.derived_config). One k everywhere is a
-    member as measured and k = 0 the baseline, so those need no new server; a schedule some configured
-    server already deploys is verified against its cells instead (`measured_by` in the text)."""
+    """The server that deploys each k recommendation (kmodel.derived_config), as `derived_server`: a schedule
+    is `<parent>__recommended` (the sweep's member config with the recommended speculative config), measured
+    on the grid; one k everywhere is the member of that k as configured and off everywhere the baseline, each
+    already measured (its own cells are its measurement); a deployment some configured server already
+    deploys is verified against that server's cells instead (`measured_by` in the text)."""
     out = {}
     for r in recs:
         name = r.parent + SUFFIX
         ks = sweep_members(r.parent, configs)
-        if r.action != "schedule" or not ks or name in out or name in (taken or ()):
+        if not ks:
             continue
-        member = ks[max(ks)]
-        if infos.get(member) is not None and infos[member].engine == "external":
+        if r.action == "off" and r.server:
+            r.derived_server = r.server
             continue
+        if r.action not in ("schedule", "keep") or name in out or (r.action == "schedule" and name in (taken or ())):
+            continue
+        member = ks[r.k] if r.action == "keep" and r.k in ks else ks[max(ks)]
         path = None
-        if r.sglang and r.sglang.get("mechanism") == "speculative-adaptive":
+        if r.action == "schedule" and r.sglang and r.sglang.get("mechanism") == "speculative-adaptive":
             if adaptive_dir is None:
                 continue
             path = str(Path(adaptive_dir) / f"{name}.json")
@@ -135,11 +143,16 @@ def derived_k_servers(recs: list[KRecommendation], configs: dict, infos: dict[st
         config = derived_config(configs[member], r, path)
         if config is None:
             continue
-        twin = next((n for n, c in configs.items() if r.suite in (c.get("suites") or [r.suite])
-                     and same_deployment(config, c, r.max_batch or infos[member].max_batch)), None)
+        batch = r.max_batch or infos[member].max_batch
+        twin = next((n for n in ([member] if r.action == "keep" else []) + list(configs)
+                     if r.suite in (configs[n].get("suites") or [r.suite]) and same_deployment(config, configs[n], batch)),
+                    None)
         if twin:
             r.derived_server = twin
-            r.text += f" (already measured as {twin})"
+            if twin != r.server:
+                r.text += f" (already measured as {twin})"
+            continue
+        if infos.get(member) is not None and infos[member].engine == "external":
             continue
         out[name] = DerivedServer(parent=r.parent, suite=r.suite, config=config)
         r.derived_server = name
@@ -205,7 +218,7 @@ def execute(a: argparse.Namespace) -> int:
         write_json(a.k_schedules, [r.to_json() for r in an.k_recommendations])
         outs.append(a.k_schedules)
     why = {r.server: f"{r.action}: {r.text}" for r in an.recommendations if r.derived_server is None}
-    why.update({r.parent: f"{r.action}: {r.text}" for r in an.k_recommendations if r.derived_server is None})
+    why.update({r.parent: f"{r.action}: {r.text}" for r in an.k_recommendations if r.derived_server not in derived})
     write_json(a.out, DerivedServers(derived, why).to_json())
     rec.write(outs)
     for r in an.recommendations:

@@ -61,10 +61,14 @@ def band_text(rec: KRecommendation) -> str:
                "geometric mean": "at the geometric mean of the two concurrencies (the curves do not cross)"
                }.get(b.boundary)
         pinned = ", ".join(f"c={c}" for c in b.pinned_at)
+        own = ("no k shown to pay there, so off" if b.k == 0 else f"k={b.k} pays there") if pinned else ""
+        above = b.extrapolated == "above" and rec.undecided_top is not None
         parts.append(f"batch {span}: **{'off' if b.k == 0 else f'k={b.k}'}**"
                      + (f" (starts {how})" if how and b.lo > 1 else "")
-                     + (f" (at {pinned}: undecided, and the neighbouring bands' k was shown worse there)" if pinned else "")
-                     + (f" (extrapolated {b.extrapolated} the measured concurrencies)" if b.extrapolated else ""))
+                     + (f" (at {pinned}: undecided, run by its own data: {own})" if pinned else "")
+                     + (f" (above the measured concurrencies, whose largest, c={rec.undecided_top}, is undecided: "
+                        "off, not extrapolated)" if above else
+                        f" (extrapolated {b.extrapolated} the measured concurrencies)" if b.extrapolated else ""))
     return "; ".join(parts)
 
 
@@ -107,9 +111,12 @@ def lines(an, verification_text, seen: set | None = None) -> list[str]:
            f"±{an.settings.min_effect:.0%} to the best (then the smaller k); where the best pays against the baseline "
            "(at the Bonferroni level over the k measured) but the data cannot tell it from another k, speculation is "
            "decided and k is not: the best estimate is deployed (\"pays, k open\"; its verification calls a cost only "
-           "where one shows against every candidate); otherwise undecided. An undecided concurrency runs its "
-           "neighbours' k unless its own data excluded that k (then off, or a k that pays there). Bands switch where "
-           "the two k's measured speedup curves cross."]
+           "where one shows against every candidate); otherwise undecided. Speculation is deployed at a concurrency "
+           "only where some k beats off there at the Bonferroni level (at most α/2 false \"speculate\" per "
+           "concurrency where every k is as fast as off, whatever the number of k). An undecided concurrency runs by "
+           "its own data, never a neighbour's k: off (no k was shown to pay there); above an undecided largest "
+           "concurrency speculation is off, not extrapolated. Bands switch where the two k's measured speedup "
+           "curves cross."]
     for rec in an.k_recommendations:
         flag = (" (in-sample: no prompt is held out of the drafter's training rows, so acceptance here can "
                 "overstate what unseen traffic gets; deploy what held-out rows decide)") if rec.suite in (seen or ()) else ""
@@ -121,17 +128,25 @@ def lines(an, verification_text, seen: set | None = None) -> list[str]:
         if rec.sglang:
             out.append(f"- SGLang: {rec.sglang.get('mechanism') or 'no mechanism'}"
                        + (f" ({rec.sglang['why']})" if rec.sglang.get("why") else "") + ".")
-        if rec.action == "keep" and rec.server:
-            out.append(f"- The recommended deployment is one already measured (`{rec.server}`).")
-        elif rec.action == "off":
-            out.append(f"- The recommended deployment is one already measured (the baseline `{an.baseline}`).")
-        if rec.verified is not None:
-            out.append("-" + verification_text(an, rec))
+        v = rec.verified
+        if rec.action in ("keep", "off") and v is not None and v.per_concurrency and all(
+                x.against == v.server for x in v.per_concurrency):
+            who = f"the baseline `{an.baseline}`" if rec.action == "off" else f"`{v.server}` as configured"
+            out.append(f"- **Verified as measured:** the recommended deployment is {who}, so its own cells at "
+                       + ", ".join(f"c={x.concurrency}" for x in v.per_concurrency) + " are its measurement "
+                       "(no schedule switches k, so there is no switch to check).")
+        else:
+            if rec.action == "keep" and rec.server:
+                out.append(f"- The recommended deployment is one already measured (`{rec.server}`).")
+            elif rec.action == "off":
+                out.append(f"- The recommended deployment is one already measured (the baseline `{an.baseline}`).")
+            if v is not None:
+                out.append("-" + verification_text(an, rec))
         for ch in rec.choices:
             if ch.decide and ch.k is None:
                 out.append(f"- Undecided at c={ch.concurrency}: {ch.decide}.")
             elif ch.decide:
-                out.append(f"- k undecided at c={ch.concurrency} (speculation pays; k={ch.k}, the best estimate, is "
+                out.append(f"- k undecided at c={ch.concurrency} (speculation pays; k={ch.k}, the best estimate among the k that pay, is "
                            f"deployed): {ch.decide}.")
         pts = [p for p in an.k_points if (p.parent, p.suite) == (rec.parent, rec.suite)]
         if pts:

@@ -439,6 +439,8 @@ def verification_text(an: Analysis, r: Recommendation) -> str:
         return (f" **Verification failed:** `{v.server}` " + "; ".join(
             f"ran at {_fmt(x.speedup)}x [{_fmt(x.lo)}, {_fmt(x.hi)}] of `{x.against}` at "
             f"c={x.concurrency}" for x in costs) + ": the schedule's switch costs throughput" + level + why + ".")
+    if v.outcome == Outcome.UNDECIDED and not rows:   # nothing was compared: the reason says why
+        return f" **Verification undecided:** `{v.server}`{why}."
     if v.outcome == Outcome.UNDECIDED:
         return (f" **Verification undecided:** `{v.server}` against the server its schedule runs at each concurrency: "
                 + ", ".join(f"c={x.concurrency} {x.verdict.value} vs `{x.against}` ({_fmt(x.speedup)}x)"
