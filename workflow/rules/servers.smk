@@ -7,8 +7,8 @@ rule launch:
     input:
         models=server_model_inputs,
     output:
-        launch="results/servers/{server}/r{repeat}/launch.json",
-        provenance=prov("results/servers/{server}/r{repeat}/launch.json"),
+        launch=LAUNCH,
+        provenance=prov(LAUNCH),
     log:
         "results/servers/{server}/r{repeat}/server.log",
     wildcard_constraints:
