@@ -14,7 +14,7 @@ if _PKG not in sys.path:
 
 from specmatch import pipeline
 from specmatch.config import validate as _validate_config
-from specmatch.pipeline import CELL_JSON, CELL_REQUESTS, LAUNCH
+from specmatch.pipeline import CELL_JSON, CELL_REQUESTS, DECISION_FILES, LAUNCH, SUMMARY
 from specmatch.serving.controls import recommendation_suites, with_controls
 from specmatch.files import SpecmatchError
 from specmatch.records import DerivedServers, RoundPlan
@@ -343,6 +343,10 @@ def round_plans():
 def configured_cells(ext="json"):
     """Every cell of the configured servers (input functions only: past `min` it reads the rounds)."""
     return cells_through(DESIGN.max, ext)
+
+
+# the decide step's records (name -> path), outputs of `decide` and inputs of `summary`
+DECIDED = {name: f"{SUMMARY}/{file}" for name, file in DECISION_FILES.items()}
 
 
 def summary_cells(wildcards):

@@ -6,6 +6,7 @@ calls one function here with what Snakemake knows (the config, a checkpoint's ou
 inputs are the package's logic, not the Snakefile's.
 
     CELL_JSON, CELL_REQUESTS, LAUNCH       the cell and launch paths (rule outputs and inputs alike)
+    DECISION_FILES                         the decide step's records, which the summary step reads
     cell_keys_through(...)                 the cells measured in repeats 1..r (the sequential design's rounds)
     launch_env(server)                     the conda environment a server's engine needs
     drafter_budget(spec)                   what the drafter may spend, from models.eagle3.<name>
@@ -21,6 +22,12 @@ CELL = "results/cells/{server}/{suite}/r{repeat}/c{concurrency}"
 CELL_JSON = CELL + ".json"
 CELL_REQUESTS = CELL + ".requests.parquet"
 LAUNCH = "results/servers/{server}/r{repeat}/launch.json"
+
+# The decide step's records (specmatch.deciding.decide), by name: the files it writes into the summary
+# folder beside what the summary step renders from them.
+SUMMARY = "results/summary"
+DECISION_FILES = {"verdicts": "verdicts.json", "recommendations": "recommendations.json",
+                  "attribution": "attribution.json", "k_sweeps": "k_sweeps.json", "analysis": "analysis.json"}
 
 CellKey = tuple  # (server, suite, repeat, concurrency)
 
