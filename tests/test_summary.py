@@ -355,3 +355,30 @@ def test_one_formatter_writes_unknown_as_a_dash_and_unbounded_as_infinity():
                  speedups={"2": {"speedup": 1.4, "lo": nan, "hi": inf, "verdict": "pays"}})
     row = kreport.table(KRecommendation("spec", "s", "output_throughput", "keep", [ch]))[-2]
     assert row == "| 2 | 1.40x [—, ∞] pays |"
+
+
+def test_a_schedule_with_plain_steps_says_over_how_many_steps_its_acceptance_was_measured():
+    """The engine's acceptance length of a schedule that runs plain steps at some batch sizes counts its
+    speculative steps only: the speedup table and the table of every cell both say over how many (the
+    cell table never did: a later variable of the same name hid the servers' set)."""
+    from specmatch.deciding.analysis import ServerInfo, Settings, analyse
+    from specmatch.reporting.markdown import markdown
+
+    cells = experiment(np.random.default_rng(0), {1: 1.5, 4: 1.2}, repeats=2, session_sd=0.01, cell_sd=0.01)
+    for res, _ in cells:
+        if res.server == "spec":
+            res.spec_decode_acceptance_length = 2.5
+    schedule = {**SPEC, "num_speculative_tokens_per_batch_size": [[1, 2, 3], [3, 256, 0]]}
+    infos = {"baseline": ServerInfo("baseline", "vllm", "vllm", None, 256),
+             "spec": ServerInfo("spec", "vllm", "vllm", schedule, 256)}
+    an = analyse(cells, "baseline", Settings(bootstrap=200), infos)
+    md = markdown(decided(an), [])
+    x = an.measurements.cells[("spec", "s", 4, 2)]
+    assert x.spec_decode_num_drafts
+    table = md.split("## All cells")[1]
+    row = next(t for t in table.splitlines() if t.startswith("| spec | s | 4 | 2 |"))
+    assert f"over {x.spec_decode_num_drafts} speculative steps" in row
+    assert "over" not in next(t for t in table.splitlines() if t.startswith("| baseline | s | 4 | 2 |"))
+    speedups = md.split("## Speedup over")[1].split("\n## ")[0]
+    assert "speculative steps" in next(t for t in speedups.splitlines() if t.startswith("| spec | s | 4 |"))
+    assert "`analysis.json`" in md

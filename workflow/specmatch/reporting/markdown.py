@@ -63,6 +63,6 @@ def markdown(d: Decided, matches: list[SuiteMatch], plans: list[RoundPlan] | Non
                   "server's usage: vLLM bench serve's definitions. Acceptance follows each engine's own definition.",
               "", "Plots: `plots/throughput.png`, `plots/speedup.png`, `plots/latency_throughput.png`, "
                   f"`plots/acceptance_by_source.png`, `plots/attribution.png`{k_plot}. Machine-readable: "
-                  f"`verdicts.json`, `recommendations.json`, `attribution.json`{k_json}. "
+                  f"`verdicts.json`, `recommendations.json`, `attribution.json`{k_json}, `analysis.json`. "
                   "Every file has a `.prov.json` beside it: `specmatch provenance results/summary/summary.md`."]
     return "\n".join(lines) + "\n"

@@ -165,6 +165,8 @@ def cells_table(d: Decided) -> list[str]:
                      f"{number(x.median_ttft_ms, '.0f')} | {number(x.median_tpot_ms, '.1f')} | "
                      f"{number(x.p99_itl_ms, '.1f')} | {number(x.median_e2el_ms, '.0f')} | "
                      + ("off (0 drafts)" if x.spec_decode_num_drafts == 0 else
-                        number(x.spec_decode_acceptance_length)) +
+                        number(x.spec_decode_acceptance_length)
+                        + (f" over {x.spec_decode_num_drafts} speculative steps"   # a schedule with plain steps
+                           if server in d.mixed and x.spec_decode_num_drafts else "")) +
                      f" | {number(x.holdout_share, '.0%')} |")
     return lines
