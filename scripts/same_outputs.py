@@ -10,11 +10,12 @@ compared: identical bytes, the same JSON with keys in another order, or differen
 
 - `before`: the code at --rev (default bdf2933), extracted with `git archive` (no worktree is added),
   running the one summary step that decided and rendered;
-- `after`: this checkout, running the decide step (the same arguments, less --rounds) and then the
-  summary step (it renders the records: --cells, --matches, --rounds, --out-dir).
+- `after`: this checkout (or the code at --after-rev), running the decide step (the same arguments,
+  less --rounds) and then the summary step (it renders the records: --cells, --matches, --rounds,
+  --out-dir).
 
     python scripts/same_outputs.py --results /work/results-run0 --commands /work/results-run0/COMMANDS.txt
-        [--rev bdf2933] [--work /tmp/same_outputs] [--key-order-ok recommendations.json]
+        [--rev bdf2933] [--after-rev REV] [--work /tmp/same_outputs] [--key-order-ok recommendations.json]
 
 Exit status 0 when every file is identical (or differs only in key order where --key-order-ok allows it)
 and the stored tree's own summary is reproduced by `before`; 1 otherwise.
@@ -122,18 +123,20 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--results", type=Path, required=True, help="a stored results/ tree")
     p.add_argument("--commands", type=Path, required=True, help="the commands Snakemake ran for it")
     p.add_argument("--rev", default="bdf2933", help="the code before the change")
+    p.add_argument("--after-rev", help="the code after the change (default: this checkout as it is)")
     p.add_argument("--work", type=Path, default=Path("/tmp/same_outputs"))
     p.add_argument("--key-order-ok", nargs="*", default=[], help="files whose JSON may differ in key order only")
     a = p.parse_args(argv)
     py = sys.executable
     old = options(summary_command(a.commands))
     base = extract(a.rev, a.work / "code-before")
+    new = extract(a.after_rev, a.work / f"code-{a.after_rev}") if a.after_rev else REPO
     before, after = workdir(a.results, a.work / "before"), workdir(a.results, a.work / "after")
     log = a.work / "steps.log"
     log.write_text("")
     run([py, "-m", "specmatch", "summary", *flatten(old, lambda k: True)], before, base / "workflow", log)
-    run([py, "-m", "specmatch", "decide", *flatten(old, lambda k: k != "--rounds")], after, REPO / "workflow", log)
-    run([py, "-m", "specmatch", "summary", *flatten(old, lambda k: k in SUMMARY_ONLY)], after, REPO / "workflow", log)
+    run([py, "-m", "specmatch", "decide", *flatten(old, lambda k: k != "--rounds")], after, new / "workflow", log)
+    run([py, "-m", "specmatch", "summary", *flatten(old, lambda k: k in SUMMARY_ONLY)], after, new / "workflow", log)
     ok = True
     stored = files(a.results / "summary")
     first, second = files(before / "results" / "summary"), files(after / "results" / "summary")

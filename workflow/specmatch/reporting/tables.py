@@ -167,6 +167,7 @@ def cells_table(d: Decided) -> list[str]:
                      + ("off (0 drafts)" if x.spec_decode_num_drafts == 0 else
                         number(x.spec_decode_acceptance_length)
                         + (f" over {x.spec_decode_num_drafts} speculative steps"   # a schedule with plain steps
-                           if server in d.mixed and x.spec_decode_num_drafts else "")) +
+                           if server in d.mixed and x.spec_decode_num_drafts and x.spec_decode_acceptance_length
+                           else "")) +
                      f" | {number(x.holdout_share, '.0%')} |")
     return lines
