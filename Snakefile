@@ -1,7 +1,14 @@
 # specmatch: does speculative decoding pay off on your traffic, at your load?
-# training data -> inspect -> prompt suites -+
-# server configs -> launch records ----------+-> cells (server x suite x concurrency) -> summary
-#                                                 (rounds: another repeat where still undecided)
+#
+# training data (demo_data) -> inspect (cut table) -> prompts (suites) ---------------------+
+#                                   |                                                      |
+# models (embedded target, drafts) -+-> regenerate -> train_drafter (EAGLE-3 head)         |
+#   |                                                   |                                  v
+#   +---------------------------------------------------+-> launch (server sessions) -> cells
+#                                                            (server x suite x repeat x concurrency)
+# cells -> sequential_round (rounds.smk: another repeat where still undecided) -> cells
+# cells -> recommend (checkpoint: what to deploy; <server>__recommended, measured as cells too)
+#       -> decide (every decision once, written as records) -> summary (renders the records)
 from snakemake.utils import min_version
 
 min_version("9.0")

@@ -165,6 +165,18 @@ def launch_record(server: str, speculative: dict | None = None, **fields) -> Lau
     return LaunchRecord(**{**base, **fields})
 
 
+# -- the report's input ---------------------------------------------------------------------------
+def decided(an, attrs=None, no_control=None):
+    """What the report renders for an analysis made in a test (reporting.decided.Decided): its decision
+    records as the decide step writes them, read back through their JSON as the summary step reads
+    them, with the analysis's cells."""
+    from specmatch.deciding.decide import Decisions, records_of
+    from specmatch.reporting.decided import Decided
+
+    written = json.dumps(records_of(an, attrs or [], no_control).to_json(), default=lambda o: o.item())
+    return Decided.of(Decisions.from_json(json.loads(written)), list(an.measurements.cells.values()))
+
+
 # -- simulated k sweeps -------------------------------------------------------------------------
 BETA = (6.0, 4.0)      # a prompt's per-token acceptance probability: mean 0.6
 

@@ -50,10 +50,11 @@ def test_one_repeat_needs_an_effect_beyond_min_effect_and_says_so(tmp_path):
     assert "repeats: 2 or more" in tight_small.decide
     assert decide(cmp(math.log(1.3), 0.02), S).verdict == Decision.PAYS
     assert decide(cmp(math.log(1.0), 0.001), S).verdict == Decision.INCONCLUSIVE  # never 'equivalent' with R=1
-    from specmatch.reporting.summary import markdown
+    from builders import decided
+    from specmatch.reporting.markdown import markdown
 
     an = analyse(experiment(np.random.default_rng(0), 1.3, repeats=1), "baseline", S)
-    md = markdown(an, [], {}, [], [], [])
+    md = markdown(decided(an), [])
     assert "These intervals exclude run-to-run variation" in md and "90% confidence" in md
 
 
@@ -241,9 +242,10 @@ def test_configured_but_off_is_a_finding_not_noise():
     an = analyse(cells, "baseline", S)
     assert [(v.server, v.concurrency) for v in an.off_cost] == [("spec", 16)]
     assert an.off_cost[0].speedup == pytest.approx(0.87, abs=0.06)
-    from specmatch.reporting.summary import markdown
+    from builders import decided
+    from specmatch.reporting.markdown import markdown
 
-    md = markdown(an, [], {}, [], [], [])
+    md = markdown(decided(an), [])
     assert "drafted nothing at c=16" in md and "a finding, not noise" in md and "costs 1" in md
 
 
@@ -259,9 +261,10 @@ def test_configured_but_off_faster_names_what_the_engine_changed():
                                                  "speculative decoding and will be disabled."))}
     an = analyse(cells, "baseline", S, infos=infos)
     assert an.off_cost[0].verdict == Decision.PAYS
-    from specmatch.reporting.summary import markdown
+    from builders import decided
+    from specmatch.reporting.markdown import markdown
 
-    md = markdown(an, [], {}, [], [], [])
+    md = markdown(decided(an), [])
     assert "runs 3" in md and "faster than the baseline" in md and "pays for being" not in md
     assert '"Async scheduling not supported with ngram-based' in md and shared not in md
 
@@ -270,9 +273,10 @@ def test_configured_but_off_within_noise_claims_nothing():
     cells = off_at_16(5, {1: 1.3, 4: 1.0, 16: 1.0})
     an = analyse(cells, "baseline", S)
     assert an.off_cost[0].verdict in (Decision.EQUIVALENT, Decision.INCONCLUSIVE)
-    from specmatch.reporting.summary import markdown
+    from builders import decided
+    from specmatch.reporting.markdown import markdown
 
-    md = markdown(an, [], {}, [], [], [])
+    md = markdown(decided(an), [])
     assert "no cost of being configured is established" in md and "a finding, not noise" not in md
 
 

@@ -13,7 +13,8 @@ from specmatch.deciding.analysis import attribute
 from specmatch.deciding.attribution import explained
 from specmatch.records import Attribution, Interval
 from specmatch.calibration.simulate import decomposed_experiment
-from specmatch.reporting.summary import why_lines
+from builders import decided
+from specmatch.reporting.why import why_lines
 
 S = Settings(bootstrap=300)
 
@@ -117,7 +118,7 @@ def test_a_contrast_between_suites_that_is_purely_prompt_length():
     an = analyse(cells, "baseline", S)
     attrs = attribute(an, "long")
     # the summary renders these records (Contrast, AdjustedSpeedup) and says what explains the contrast
-    rendered = "\n".join(why_lines(an, attrs))
+    rendered = "\n".join(why_lines(decided(an, attrs)))
     assert "**x** on `short` at c=1" in rendered and "prompt length explains" in rendered
     for c in (1, 4):
         short, long_ = by(attrs, "x", "short", c), by(attrs, "x", "long", c)
@@ -247,7 +248,7 @@ def test_a_schedule_that_runs_plain_steps_is_decomposed_over_all_its_decode_step
     plain_attrs = attribute(analyse(cells, "baseline", S, {"sched": ServerInfo("sched", "vllm", "vllm",
                                                                                {"num_speculative_tokens": 3}, 256)}), "s")
     assert by(plain_attrs, "sched", "s", 16).tokens_per_step.value == pytest.approx(4.0)
-    lines = "\n".join(why_lines(analyse(cells, "baseline", S, infos), attrs))
+    lines = "\n".join(why_lines(decided(analyse(cells, "baseline", S, infos), attrs)))
     assert "tokens per decode step" in lines and "`sched`" in lines
 
 

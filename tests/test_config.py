@@ -39,6 +39,8 @@ def test_shipped_config_is_valid_and_gets_defaults():
     (lambda c: c["servers"].update(ext={"engine": "external", "base_url": "http://h:1", "max_batch": 0}),
      "servers.ext.max_batch: 0 is less than the minimum of 1"),
     (lambda c: c["suites"]["generic"].pop("path"), "suites.generic.path"),
+    (lambda c: c["suites"]["generic"].update(length_like="generic"),
+     "suites.generic.length_like: 'generic' is not a training suite (training suites: train_mix"),
     (lambda c: c.update(typo_key=1), "Additional properties are not allowed ('typo_key'"),
     (lambda c: c["requests"].update(temperature="hot"), "requests.temperature"),
     (lambda c: c["suites"]["generic"].update(size=4), "suites.generic.size: 4 prompts x 1 pass(es) cannot keep concurrency 16 busy"),

@@ -6,7 +6,8 @@ import json
 
 import pytest
 
-from builders import sweep_cells
+from builders import decided, sweep_cells
+from specmatch.deciding.decide import records_of
 from specmatch.deciding.analysis import analyse
 from specmatch.config import validate
 from specmatch.serving.controls import with_controls
@@ -16,7 +17,7 @@ from specmatch.deciding.kmodel import KRecommendation, KSweeps
 from specmatch.deciding.measurements import Settings
 from specmatch.records import Decision, Outcome
 from specmatch.deciding.recommend import derived_k_servers, verified_analysis
-from specmatch.reporting.summary import markdown
+from specmatch.reporting.markdown import markdown
 
 # the truth (as in test_kmodel): k=4 best at c=1, k=2 at c=4, the baseline at c=16
 RHO = {1: {1: 1.05, 4: 1.30, 16: 2.0}, 2: {1: 1.10, 4: 1.40, 16: 2.6}, 4: {1: 1.15, 4: 2.0, 16: 4.0}}
@@ -108,7 +109,7 @@ def test_the_summary_shows_the_sweep_the_bands_predicted_vs_measured_and_the_ver
     all_infos = {**infos(names), "spec__recommended": ServerInfo("spec__recommended", "vllm", "vllm",
                                                                  derived["spec__recommended"].config["speculative"], 32)}
     full = verified_analysis(good, "base", SETTINGS, CONFIGS, all_infos, ["s"], derived)
-    md = markdown(full, full.recommendations, {}, [], [], [])
+    md = markdown(decided(full), [])
     sec = md.split("## Which k at which load")[1].split("\n## ")[0]
     assert "**spec** on `s`" in sec
     assert "| k | c=1 | c=4 | c=16 |" in sec and "| off (the baseline) |" in sec
@@ -116,7 +117,7 @@ def test_the_summary_shows_the_sweep_the_bands_predicted_vs_measured_and_the_ver
     assert "Bands: batch 1" in sec and "**Verified:** `spec__recommended`" in sec
     assert "num_speculative_tokens_per_batch_size" in sec
     assert "Predicted against measured TPOT speedup" in sec and "| 4 | 1 |" in sec
-    rec = kreport.records(full)
+    rec = records_of(full, []).to_json()["k_sweeps"]
     assert rec["recommendations"][0]["verified"]["outcome"] == "verified" and rec["points"]
     back = KSweeps.from_json(json.loads(json.dumps(rec)))   # the file is the record's serialisation
     assert back.to_json() == rec
@@ -132,7 +133,7 @@ def test_the_summary_shows_the_sweep_the_bands_predicted_vs_measured_and_the_ver
     import matplotlib
 
     matplotlib.use("Agg")
-    kreport.heatmap(full, tmp_path, save)
+    kreport.heatmap(decided(full), save)
     assert made and made[0].stat().st_size > 1000
 
 
@@ -176,7 +177,7 @@ def test_a_sweep_measured_once_decides_only_what_clears_min_effect(grid):
     assert rec.k_at(1) == 4 and rec.k_at(4) == 2 and rec.k_at(16) == 0 and rec.k_at(32) == 0
     assert [c for b in rec.bands for c in b.pinned_at] == [16] and rec.undecided_top == 16
     assert "at c=16 (undecided between k=0, 2) no k pays against off" in rec.text
-    md = markdown(an, [], {}, [], [], [])
+    md = markdown(decided(an), [])
     assert "undecided" in md.split("## Which k at which load")[1]
 
 
@@ -275,8 +276,8 @@ def test_the_report_names_ks_it_cannot_predict_in_one_sentence_and_flags_in_samp
     good, _ = grid
     names = list(CONFIGS)
     an = analyse(primary(good), "base", SETTINGS, infos(names), ["s"], names)
-    assert "(in-sample:" in "\n".join(kreport.lines(an, lambda an, r: " verified", {"s"}))
-    assert "(in-sample:" not in "\n".join(kreport.lines(an, lambda an, r: " verified", set()))
+    assert "(in-sample:" in "\n".join(kreport.lines(decided(an), {"s"}))
+    assert "(in-sample:" not in "\n".join(kreport.lines(decided(an), set()))
 
 
 def test_with_two_recommendation_suites_each_schedule_is_checked_by_its_own_server_only(grid):
@@ -324,5 +325,5 @@ def test_one_k_everywhere_is_measured_as_that_member_and_verified_against_the_re
     assert [(r.concurrency, r.against, r.not_worse) for r in v.per_concurrency] == [(c, "spec@k=2", True)
                                                                                  for c in (1, 4, 16)]
     assert "its own cells are the deployment's measurement" in v.reason
-    sec = "\n".join(kreport.lines(full, lambda an, r: " verified", set()))
+    sec = "\n".join(kreport.lines(decided(full), set()))
     assert "**Verified as measured:** the recommended deployment is `spec@k=2` as configured" in sec

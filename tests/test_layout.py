@@ -143,7 +143,7 @@ def test_every_step_runs_through_one_entry_point():
     assert shells and set(shells) <= set(cli.STEPS), shells
     # every step a rule runs is one the README's pipeline has
     assert {"demo", "inspect", "prompts", "model", "regenerate", "drafter", "launch", "cell", "rounds",
-            "recommend", "summary"} <= set(shells)
+            "recommend", "decide", "summary"} <= set(shells)
 
 
 def test_help_lists_every_step(capsys):

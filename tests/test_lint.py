@@ -49,4 +49,4 @@ def test_every_rule_has_log_and_conda():
             assert "\n    log:" in block, f"{smk.name}: {name} has no log"
             assert "\n    conda:" in block, f"{smk.name}: {name} has no conda env"
     # the checkpoint and the workflow's main steps were among the blocks checked
-    assert {"recommend", "summary", "cell", "launch", "inspect", "prompts"} <= set(seen), seen
+    assert {"recommend", "decide", "summary", "cell", "launch", "inspect", "prompts"} <= set(seen), seen

@@ -1,18 +1,21 @@
-"""The summary renders the analysis: verdicts, crossover, recommendation and the contract files, from
-cells written to disk as the workflow writes them (synthetic cells with known answers)."""
+"""The decide step decides once and writes the decision records; the summary renders them (verdicts,
+crossover, recommendation, the contract files), from cells written to disk as the workflow writes them
+(synthetic cells with known answers)."""
 import json
 from pathlib import Path
 
 import numpy as np
 import pytest
 
-from builders import cell_result, launch_record
+from builders import cell_result, decided, launch_record
 from specmatch.measuring.cell import write_requests
 from specmatch.files import write_json
 from specmatch.deciding.recommend import main as recommend_main
 from specmatch.records import DerivedServer, DerivedServers, Recommendation, RequestRecord
 from specmatch.calibration.simulate import experiment
-from specmatch.reporting.summary import load_generator_lines, main
+from specmatch.deciding.decide import main as decide_main
+from specmatch.reporting.loadgen import load_generator_lines
+from specmatch.reporting.summary import main as summary_main
 
 
 def write_cells(root: Path, cells) -> tuple[list[str], list[str]]:
@@ -46,14 +49,21 @@ def launches(root: Path, servers: dict) -> list[str]:
 SPEC = {"method": "eagle3", "model": "d", "num_speculative_tokens": 3}
 
 
+def decide_and_render(out: Path, decide_args: list[str], cells: list[str]) -> None:
+    """The two steps as the workflow runs them: decide (every decision, written as records), then the
+    summary (renders the records and the cells; it reads no request file)."""
+    assert decide_main([*decide_args, "--cells", *cells, "--out-dir", str(out)]) == 0
+    assert summary_main(["--cells", *cells, "--out-dir", str(out)]) == 0
+
+
 def run_summary(tmp_path, cells, servers, suites=("s",), settings=None):
     cp, rp = write_cells(tmp_path, cells)
     lp = launches(tmp_path, servers)
     cfgs = {n: {"engine": "vllm", "model": "m", **({"speculative": s} if s else {})} for n, s in servers.items()}
     out = tmp_path / "summary"
-    assert main(["--baseline", "baseline", "--settings", json.dumps(settings or {"bootstrap": 300}),
-                 "--servers", json.dumps(cfgs), "--cells", *cp, "--requests", *rp, "--launches", *lp,
-                 "--suites", *suites, "--out-dir", str(out)]) == 0
+    decide_and_render(out, ["--baseline", "baseline", "--settings", json.dumps(settings or {"bootstrap": 300}),
+                            "--servers", json.dumps(cfgs), "--requests", *rp, "--launches", *lp, "--suites", *suites],
+                      cp)
     return out, (out / "summary.md").read_text()
 
 
@@ -131,9 +141,9 @@ def test_recommended_server_cells_join_the_tables_but_not_the_decision(tmp_path)
     write_json(derived, DerivedServers({"spec__recommended": DerivedServer("spec", "s", {})}).to_json())
     cfgs = {"baseline": {"engine": "vllm", "model": "m"}, "spec": {"engine": "vllm", "model": "m", "speculative": SPEC}}
     out = root / "summary"
-    assert main(["--baseline", "baseline", "--settings", json.dumps({"bootstrap": 300}), "--servers", json.dumps(cfgs),
-                 "--cells", *cp, "--requests", *rp, "--launches", *lp, "--suites", "s", "--derived", str(derived),
-                 "--out-dir", str(out)]) == 0
+    decide_and_render(out, ["--baseline", "baseline", "--settings", json.dumps({"bootstrap": 300}), "--servers",
+                            json.dumps(cfgs), "--requests", *rp, "--launches", *lp, "--suites", "s", "--derived",
+                            str(derived)], cp)
     verdicts = json.loads((out / "verdicts.json").read_text())
     mine = {(v["concurrency"], v["metric"]): v["verdict"] for v in verdicts if v["server"] == "spec__recommended"}
     assert {c for c, _ in mine} == {1, 4, 16} and mine[(1, "output_throughput")] == "pays"
@@ -178,7 +188,7 @@ def test_why_it_pays_names_what_drafting_cannot_explain(tmp_path):
 
 
 def test_controls_not_expressible_are_said():
-    from specmatch.reporting.summary import uncontrolled
+    from specmatch.deciding.decide import uncontrolled
 
     configs = {"baseline": {"engine": "sglang", "model": "m"},
                "e": {"engine": "sglang", "model": "m", "speculative": {"method": "eagle3", "model": "d"}},
@@ -206,27 +216,98 @@ def test_a_gain_of_the_configuration_alone_is_never_the_drafters(tmp_path):
 def test_the_summary_renders_typed_crossovers_and_verification():
     """Issue 18: the summary renders the analysis's records (a typed crossover direction, the
     verification's outcome and error rates); it never decides or calls verify itself."""
-    import inspect
-
-    from specmatch.reporting import summary
     from specmatch.deciding.analysis import ServerInfo, Settings, analyse, recommend
     from specmatch.records import Direction, Outcome
+    from specmatch.reporting.recommendations import recommendation_lines
+    from specmatch.reporting.verdicts import verdict_lines
 
     cells = experiment(np.random.default_rng(0), {1: 1.5, 4: 1.2, 16: 0.6}, repeats=3, session_sd=0.01, cell_sd=0.01)
     an = analyse(cells, "baseline", Settings(bootstrap=300))
     (x,) = an.crossovers[("spec", "s", "output_throughput")]
     assert x.direction is Direction.STOPS_PAYING and (x.below, x.above) == (4, 16)
-    line = next(t for t in summary.verdict_lines(an, []) if t.startswith("- **spec**"))
+    line = next(t for t in verdict_lines(decided(an)) if t.startswith("- **spec**"))
     assert "it stops paying at c≈" in line and "between c=4 and c=16" in line
     ext = ServerInfo("spec", "external", "vllm", SPEC, 256)
     key = ("spec", "s", "output_throughput")
     rec = recommend(ext, "s", [v for v in an.verdicts if (v.server, v.suite, v.metric) == key], an.comparisons[key],
                     an.settings)
     assert rec.verified.outcome is Outcome.NOT_VERIFIABLE
-    text = summary.recommendation_lines(an, [rec])[0]
+    text = recommendation_lines(decided(an), [rec])[0]
     assert "--speculative-config" in text and "**Not verified:** an external endpoint" in text
-    assert "verify(" not in inspect.getsource(summary) and "Direction.STOPS_PAYING" not in inspect.getsource(
-        summary).replace("{Direction.STOPS_PAYING:", "")
+
+
+def reporting_imports_from_deciding() -> dict[str, set[str]]:
+    """Every name a reporting module imports from the deciding stage: module -> names."""
+    import ast
+
+    from specmatch.files import PACKAGE_DIR
+
+    out = {}
+    for path in sorted((PACKAGE_DIR / "reporting").glob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.ImportFrom) and "deciding" in (node.module or ""):
+                out.setdefault(f"specmatch.{node.module.lstrip('.')}", set()).update(a.name for a in node.names)
+            elif isinstance(node, ast.Import):
+                assert not any("deciding" in a.name for a in node.names), path
+    return out
+
+
+def test_the_report_decides_nothing():
+    """What the reporting stage takes from the deciding stage is records, their container, settings and
+    names (labels, suffixes): never a function that computes, so every figure it shows was decided and
+    written upstream (by the decide step)."""
+    import dataclasses
+    import importlib
+
+    from specmatch.records import Record
+
+    got = reporting_imports_from_deciding()
+    assert "specmatch.deciding.decide" in got and "specmatch.deciding.kmodel" in got   # the check sees imports
+    for module, names in got.items():
+        mod = importlib.import_module(module)
+        for name in names:
+            obj = getattr(mod, name)
+            ok = (isinstance(obj, (str, dict, set, frozenset, tuple))
+                  or (isinstance(obj, type) and (issubclass(obj, Record) or dataclasses.is_dataclass(obj))))
+            assert ok, f"reporting imports {module}.{name}, which is not a record, a container of records or a name"
+
+
+def test_the_decision_records_read_back_as_written(tmp_path):
+    """Every file the decide step writes is its record's serialisation: read back, it writes the same
+    JSON, so the summary renders exactly what was decided."""
+    from specmatch.calibration.simulate import decomposed_experiment
+    from specmatch.deciding.decide import FILES, Decisions
+
+    cells = decomposed_experiment(np.random.default_rng(11), {"baseline": (None, 1.0), "x": (1.25, 0.55),
+                                                               "x__off": (None, 1.15)}, {"s": (200, 700)})
+    off = {**SPEC, "num_speculative_tokens_per_batch_size": [[1, 256, 0]]}
+    out, _ = run_summary(tmp_path, cells, {"baseline": None, "x": SPEC, "x__off": off},
+                         settings={"bootstrap": 300, "controls": {"configured_off": True}, "slo": {"e2el_ms": 5000}})
+    back = Decisions.read(out).to_json()
+    for name, f in FILES.items():
+        assert back[name] == json.loads((out / f).read_text()), name
+    an = json.loads((out / "analysis.json").read_text())
+    assert an["baseline"] == "baseline" and an["servers"] == ["baseline", "x", "x__off"]
+    assert an["run_to_run"]["pooled"] and {g["goodput"] is not None for g in an["goodput"]} == {True}
+    assert [a["server"] for a in an["acceptance"]] == ["x"] and an["settings"]["slo"] == {"e2el_ms": 5000}
+    import polars as pl
+
+    assert pl.read_csv(out / "cells.csv")["request_goodput"].to_list() == [g["goodput"] for g in an["goodput"]]
+    for f in FILES.values():   # each written with its provenance
+        assert (out / f"{f}.prov.json").exists() and json.loads((out / f"{f}.prov.json").read_text())["rule"] == "decide"
+
+
+def test_the_summary_reads_the_records_not_the_requests(tmp_path):
+    """Re-rendering from the records alone, after the request files are gone, gives the same report."""
+    cells = experiment(np.random.default_rng(0), {1: 1.5, 4: 1.2, 16: 0.6}, repeats=2, session_sd=0.01, cell_sd=0.01)
+    out, md = run_summary(tmp_path, cells, {"baseline": None, "spec": SPEC})
+    for p in tmp_path.rglob("*.requests.parquet"):
+        p.unlink()
+    plots = {p.name: p.read_bytes() for p in (out / "plots").glob("*.png")}
+    cp = [str(tmp_path / "cells" / r.server / r.suite / f"r{r.repeat}" / f"c{r.concurrency}.json") for r, _ in cells]
+    assert summary_main(["--cells", *cp, "--out-dir", str(out)]) == 0
+    assert (out / "summary.md").read_text() == md
+    assert {p.name: p.read_bytes() for p in (out / "plots").glob("*.png")} == plots
 
 
 def test_the_recommend_step_writes_its_derived_servers_as_records(tmp_path):
@@ -252,3 +333,52 @@ def test_the_recommend_step_writes_its_derived_servers_as_records(tmp_path):
     assert schedule[-1][1] == 256 and schedule[-1][2] == 0  # up to the launch record's max_batch
     recs = [Recommendation.from_json(r) for r in json.loads((out / "recommendations.json").read_text())]
     assert recs[0].derived_server == "spec__recommended" and recs[0].vllm_schedule == schedule
+
+
+def test_one_formatter_writes_unknown_as_a_dash_and_unbounded_as_infinity():
+    """summary and kreport had their own formatters and disagreed: NaN (unknown) was "—" in one and
+    "nan" in the other, an infinite bound "—" in one and "inf" in the other. One home now: unknown is
+    "—", an infinite bound is a bound ("∞"), in every part of the report."""
+    from specmatch.records import Decision, Effect, Interval, Verdict
+    from specmatch.reporting import formats, kreport
+    from specmatch.deciding.kmodel import KChoice, KRecommendation
+
+    nan, inf = float("nan"), float("inf")
+    assert [formats.number(x) for x in (None, nan, inf, -inf, 1.234, 2)] == ["—", "—", "∞", "-∞", "1.23", "2.00"]
+    assert formats.number(np.float64(nan)) == "—" and formats.number(0.5, ".0%") == "50%"
+    assert formats.of(Interval(1.5, 1.2, inf)) == "1.50 [1.20, ∞]"
+    assert formats.of(Interval(None, None, None)) == "—" and formats.of(None) == "—"   # no figure, no interval
+    assert formats.of(Effect("x", "b", "output_throughput", 0.9, nan, 1.1, Decision.INCONCLUSIVE)) == "0.90 [—, 1.10]"
+    v = Verdict("x", "s", 1, "output_throughput", Decision.PAYS, 1.3, 1.1, inf, 0.9, 2)
+    assert formats.speedup(v) == "1.30x [1.10, ∞]" and formats.speedup(None) == "—"
+    ch = KChoice("spec", "s", 1, "output_throughput", 2, "spec@k=2", "best", 2,
+                 speedups={"2": {"speedup": 1.4, "lo": nan, "hi": inf, "verdict": "pays"}})
+    row = kreport.table(KRecommendation("spec", "s", "output_throughput", "keep", [ch]))[-2]
+    assert row == "| 2 | 1.40x [—, ∞] pays |"
+
+
+def test_a_schedule_with_plain_steps_says_over_how_many_steps_its_acceptance_was_measured():
+    """The engine's acceptance length of a schedule that runs plain steps at some batch sizes counts its
+    speculative steps only: the speedup table and the table of every cell both say over how many (the
+    cell table never did: a later variable of the same name hid the servers' set)."""
+    from specmatch.deciding.analysis import ServerInfo, Settings, analyse
+    from specmatch.reporting.markdown import markdown
+
+    cells = experiment(np.random.default_rng(0), {1: 1.5, 4: 1.2}, repeats=2, session_sd=0.01, cell_sd=0.01)
+    for res, _ in cells:
+        if res.server == "spec":
+            res.spec_decode_acceptance_length = 2.5
+    schedule = {**SPEC, "num_speculative_tokens_per_batch_size": [[1, 2, 3], [3, 256, 0]]}
+    infos = {"baseline": ServerInfo("baseline", "vllm", "vllm", None, 256),
+             "spec": ServerInfo("spec", "vllm", "vllm", schedule, 256)}
+    an = analyse(cells, "baseline", Settings(bootstrap=200), infos)
+    md = markdown(decided(an), [])
+    x = an.measurements.cells[("spec", "s", 4, 2)]
+    assert x.spec_decode_num_drafts
+    table = md.split("## All cells")[1]
+    row = next(t for t in table.splitlines() if t.startswith("| spec | s | 4 | 2 |"))
+    assert f"over {x.spec_decode_num_drafts} speculative steps" in row
+    assert "over" not in next(t for t in table.splitlines() if t.startswith("| baseline | s | 4 | 2 |"))
+    speedups = md.split("## Speedup over")[1].split("\n## ")[0]
+    assert "speculative steps" in next(t for t in speedups.splitlines() if t.startswith("| spec | s | 4 |"))
+    assert "`analysis.json`" in md

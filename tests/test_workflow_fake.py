@@ -69,24 +69,24 @@ def test_full_run_then_nothing_then_exact_reruns(workdir):
     assert "Nothing to be done" in out
     # one concurrency changed: only the new cells (both repeats), the recommendation and the summary
     counts = job_counts(sm(workdir, "-n", "--config", "concurrency=[1, 3]").stdout)
-    assert counts == {"all": 1, "cell": 8, "recommend": 1, "summary": 1}
+    assert counts == {"all": 1, "cell": 8, "recommend": 1, "decide": 1, "summary": 1}
     # one more repeat: only the new repeat's launches and cells
     counts = job_counts(sm(workdir, "-n", "--config", "repeats=3").stdout)
-    assert counts == {"all": 1, "launch": 2, "cell": 8, "recommend": 1, "summary": 1}
+    assert counts == {"all": 1, "launch": 2, "cell": 8, "recommend": 1, "decide": 1, "summary": 1}
     # one server changed: its launch records and its cells only
     counts = job_counts(sm(workdir, "-n", "--config", "servers={'eagle': {'engine': 'external', 'base_url': "
                                                     f"'{json.loads((res / 'servers/eagle/r1/launch.json').read_text())['config']['base_url']}', "
                                                     "'flavor': 'vllm', 'args': ['--x']}}").stdout)
-    assert counts == {"all": 1, "launch": 2, "cell": 8, "recommend": 1, "summary": 1}
+    assert counts == {"all": 1, "launch": 2, "cell": 8, "recommend": 1, "decide": 1, "summary": 1}
     # one suite changed: that suite and its cells only
     counts = job_counts(sm(workdir, "-n", "--config", "suites={'generic': {'kind': 'file', 'size': 6, "
                                                     "'path': 'resources/prompts/generic.jsonl'}}").stdout)
-    assert counts == {"all": 1, "prompts": 1, "cell": 8, "recommend": 1, "summary": 1}
+    assert counts == {"all": 1, "prompts": 1, "cell": 8, "recommend": 1, "decide": 1, "summary": 1}
     # a server restricted to one suite: no launch or cell reruns, its other suite's cells just leave
     eagle_url = json.loads((res / "servers/eagle/r1/launch.json").read_text())["config"]["base_url"]
     out = sm(workdir, "-n", "--config", "servers={'eagle': {'engine': 'external', 'base_url': "
                                         f"'{eagle_url}', 'flavor': 'vllm', 'suites': ['train_mix']}}}}").stdout
-    assert job_counts(out) == {"all": 1, "recommend": 1, "summary": 1}
+    assert job_counts(out) == {"all": 1, "recommend": 1, "decide": 1, "summary": 1}
     out = sm(workdir, "-n", "--config", "servers={'eagle': {'engine': 'external', 'base_url': "
                                         f"'{eagle_url}', 'flavor': 'vllm', 'suites': ['train_mix']}}}}",
              "concurrency=[1, 3]").stdout
@@ -100,8 +100,8 @@ def test_every_file_is_a_serialisation_of_its_record(workdir):
 
     import polars as pl
 
-    from specmatch.records import (CUT_SCHEMA, REQUEST_SCHEMA, CellResult, Crossover, Decision, Prompt,
-                                   Recommendation, Region, Verdict)
+    from specmatch.records import (CUT_SCHEMA, REQUEST_SCHEMA, AnalysisRecord, CellResult, Crossover, Decision,
+                                   Prompt, Recommendation, Region, Verdict)
 
     res = workdir / "results"
     if not (res / "summary" / "summary.md").exists():
@@ -133,6 +133,9 @@ def test_every_file_is_a_serialisation_of_its_record(workdir):
         assert rec.crossover is None or isinstance(rec.crossover, Crossover)
         back = rec.to_json()
         assert {k: back[k] for k in r} == r
+    analysis = json.loads((res / "summary" / "analysis.json").read_text())   # the decide step's other record
+    assert AnalysisRecord.from_json(analysis).to_json() == analysis
+    assert analysis["baseline"] == "baseline" and analysis["servers"] == ["baseline", "eagle"]
 
 
 @pytest.mark.slow  # runs the whole workflow (a minute) unless a test before it did
@@ -144,6 +147,7 @@ def test_provenance_and_verify(workdir):
     env = {"PYTHONPATH": str(REPO / "workflow")}
     out = run(cli + ["provenance", "results/summary/summary.md"], workdir, env=env).stdout
     assert "made by rule summary" in out and "made by rule cell" in out and "made by rule inspect" in out
+    assert "results/summary/verdicts.json" in out and "made by rule decide" in out   # the summary renders its records
     assert "prepared/code/tokenized_data.jsonl" in out and "(source input)" in out
     assert "server eagle" in out
     ok = run(cli + ["verify"], workdir, env=env)

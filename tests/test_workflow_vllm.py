@@ -129,7 +129,7 @@ def test_real_vllm_end_to_end(wd):
     assert not server_pids(), "servers must be stopped when the workflow ends"
     assert "Nothing to be done" in sm(wd, "-n").stdout
     counts = job_counts(sm(wd, "-n", "--config", "concurrency=[1, 3]").stdout)
-    assert counts == {"all": 1, "cell": 6, "recommend": 1, "summary": 1}
+    assert counts == {"all": 1, "cell": 6, "recommend": 1, "decide": 1, "summary": 1}
     # rerun one cell for real: only that cell's server starts again, and the summary follows
     target = "results/cells/ngram@k=4/train_mix/r1/c1.json"
     sm(wd, "--forcerun", target)

@@ -10,7 +10,7 @@
 rule cell:
     input:
         prompts="results/prompts/{suite}.jsonl",
-        launch="results/servers/{server}/r{repeat}/launch.json",
+        launch=LAUNCH,
     output:
         cell=CELL_JSON,
         requests=CELL_REQUESTS,

@@ -6,15 +6,17 @@ import sys
 from pathlib import Path
 
 from snakemake.exceptions import WorkflowError
+from snakemake.settings.types import DeploymentMethod
 
 _PKG = str(Path(workflow.basedir) / "workflow")
 if _PKG not in sys.path:
     sys.path.insert(0, _PKG)
 
+from specmatch import pipeline
 from specmatch.config import validate as _validate_config
+from specmatch.pipeline import CELL_JSON, CELL_REQUESTS, DECISION_FILES, LAUNCH, SUMMARY
 from specmatch.serving.controls import recommendation_suites, with_controls
 from specmatch.files import SpecmatchError
-from specmatch.deciding.recommend import SUFFIX
 from specmatch.records import DerivedServers, RoundPlan
 from specmatch.run_order import UPSTREAM, priority as _run_priority
 from specmatch.deciding.sequential import Design
@@ -28,12 +30,11 @@ except SpecmatchError as _exc:
 
 
 def _uses_conda():
-    try:
-        from snakemake.settings.types import DeploymentMethod
-
-        return DeploymentMethod.CONDA in workflow.deployment_settings.deployment_method
-    except Exception:
-        return False
+    """Whether jobs run in conda environments. Snakemake 9 always gives the workflow its deployment
+    settings (api.py); the attribute is Optional only for a Workflow built without them.
+    """
+    settings = workflow.deployment_settings
+    return settings is not None and DeploymentMethod.CONDA in settings.deployment_method
 
 
 # What the rules' commands need: this checkout's package on PYTHONPATH, the interpreter running
@@ -47,7 +48,6 @@ MAX_CONCURRENCY = max(CONCURRENCY)
 # rounds that add a repeat only where a verdict is still inconclusive: rounds.smk)
 DESIGN = Design.of(CFG["repeats"])
 REPEATS = list(range(1, DESIGN.min + 1))
-TRAINING_SUITES = [n for n, s in CFG["suites"].items() if s["kind"] == "training"]
 RECOMMEND_SUITES = recommendation_suites(CFG)
 
 
@@ -127,10 +127,7 @@ def server_priority(wildcards):
 
 def launch_env(wildcards):
     """The conda environment a server's engine needs (with --software-deployment-method conda)."""
-    srv = server_config(wildcards.server)
-    name = {"sglang": "sglang", "external": "specmatch"}.get(srv["engine"])
-    if name is None:
-        name = "vllm-gpu" if srv.get("profile") == "gpu" else "vllm-cpu"
+    name = pipeline.launch_env(server_config(wildcards.server))
     return str(Path(workflow.basedir) / "envs" / f"{name}.yaml")
 
 
@@ -190,15 +187,7 @@ def drafter_target(wildcards):
 
 
 def drafter_budget(wildcards):
-    spec = CFG["models"]["eagle3"][wildcards.drafter]
-    return to_json(
-        {
-            k: v
-            for k, v in spec.items()
-            if k not in ("target", "aux_layers", "regenerate")
-        }
-        | {"threads": 0}
-    )
+    return to_json(pipeline.drafter_budget(CFG["models"]["eagle3"][wildcards.drafter]))
 
 
 def drafter_regenerate(name):
@@ -267,12 +256,8 @@ def suite_inputs(wildcards):
     ins = {"manifest": "results/inspect/manifest.json", "tokenizer": tokenizer_input()}
     if suite["kind"] == "file":
         ins["file"] = suite["path"]
-        like = suite.get("length_like")
+        like = suite.get("length_like")  # a training suite (config.validate checks it)
         if like:
-            if CFG["suites"].get(like, {}).get("kind") != "training":
-                raise WorkflowError(
-                    f"config: suites.{wildcards.suite}.length_like: '{like}' is not a training suite"
-                )
             ins["like"] = f"results/prompts/{like}.jsonl"
     else:
         ins["cuts"] = "results/inspect/cuts.parquet"
@@ -297,28 +282,18 @@ def requests_json(wildcards):
     return to_json(requests_settings(CFG, wildcards.suite))
 
 
-# -- cells ----------------------------------------------------------------------------------
-CELL_JSON = "results/cells/{server}/{suite}/r{repeat}/c{concurrency}.json"
-CELL_REQUESTS = (
-    "results/cells/{server}/{suite}/r{repeat}/c{concurrency}.requests.parquet"
-)
+# -- cells: paths from specmatch.pipeline (CELL_JSON, CELL_REQUESTS, LAUNCH: one definition) -------
+SERVER_SUITES = {name: server_suites(name) for name in SERVERS}
 
 
-def cell_paths(servers, suites, ext="json", repeats=None):
-    return expand(
-        "results/cells/{server}/{suite}/r{repeat}/c{concurrency}.{ext}",
-        server=servers,
-        suite=suites,
-        repeat=repeats or REPEATS,
-        concurrency=CONCURRENCY,
-        ext=ext,
+def cell_paths(servers, suites, ext="json"):
+    return pipeline.cell_paths(
+        pipeline.grid_keys(servers, suites, REPEATS, CONCURRENCY), ext
     )
 
 
 def launch_paths(servers):
-    return expand(
-        "results/servers/{server}/r{repeat}/launch.json", server=servers, repeat=REPEATS
-    )
+    return pipeline.launch_paths(servers, REPEATS)
 
 
 def derived_cells(ext):
@@ -336,46 +311,25 @@ def round_plan(r):
 
 
 def rounds_before(r):
-    """The rounds that ran before repeat r, as (round, plan): from `min` on, until a plan continues
-    nothing (no later round runs) or the design's last round."""
-    for k in range(DESIGN.min, min(r, DESIGN.max)):
-        plan = round_plan(k)
-        yield k, plan
-        if not plan.next:
-            return
+    """The rounds that ran before repeat r, as (round, plan) (pipeline.rounds_before)."""
+    return pipeline.rounds_before(r, DESIGN.min, DESIGN.max, round_plan)
 
 
 def cell_keys_through(r):
-    """(server, suite, repeat, concurrency) of every configured server's cell measured in repeats
-    1..r: every cell up to `min`, then the cells each round's plan added."""
-    out = [
-        (name, suite, rep, c)
-        for name in SERVERS
-        for suite in server_suites(name)
-        for rep in range(1, min(r, DESIGN.min) + 1)
-        for c in CONCURRENCY
-    ]
-    for _, plan in rounds_before(r):
-        out += [(p.server, p.suite, p.repeat, p.concurrency) for p in plan.next]
-    return out
+    """Every configured server's cell measured in repeats 1..r (pipeline.cell_keys_through)."""
+    return pipeline.cell_keys_through(
+        r, SERVER_SUITES, CONCURRENCY, DESIGN.min, DESIGN.max, round_plan
+    )
 
 
 def cells_through(r, ext="json"):
     """Cells of the configured servers (each on its own suites) measured in repeats 1..r."""
-    return [
-        f"results/cells/{s}/{u}/r{rep}/c{c}.{ext}"
-        for s, u, rep, c in cell_keys_through(r)
-    ]
+    return pipeline.cell_paths(cell_keys_through(r), ext)
 
 
 def launches_through(r):
     """The launch records (one per server session) the cells of repeats 1..r were measured on."""
-    return sorted(
-        {
-            f"results/servers/{s}/r{rep}/launch.json"
-            for s, _, rep, _ in cell_keys_through(r)
-        }
-    )
+    return pipeline.launches_of(cell_keys_through(r))
 
 
 def round_plans():
@@ -389,6 +343,10 @@ def round_plans():
 def configured_cells(ext="json"):
     """Every cell of the configured servers (input functions only: past `min` it reads the rounds)."""
     return cells_through(DESIGN.max, ext)
+
+
+# the decide step's records (name -> path), outputs of `decide` and inputs of `summary`
+DECIDED = {name: f"{SUMMARY}/{file}" for name, file in DECISION_FILES.items()}
 
 
 def summary_cells(wildcards):

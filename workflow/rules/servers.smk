@@ -1,5 +1,5 @@
 # Stage 3: one launch record per server configuration and repeat: each repeat measures a fresh server
-# session. The server itself is kept running by the server manager (workflow/specmatch/server.py)
+# session. The server itself is kept running by the server manager (workflow/specmatch/serving/server.py)
 # for the cells that follow; see DESIGN "Server lifecycle". It writes its log to this rule's log.
 
 
@@ -7,8 +7,8 @@ rule launch:
     input:
         models=server_model_inputs,
     output:
-        launch="results/servers/{server}/r{repeat}/launch.json",
-        provenance=prov("results/servers/{server}/r{repeat}/launch.json"),
+        launch=LAUNCH,
+        provenance=prov(LAUNCH),
     log:
         "results/servers/{server}/r{repeat}/server.log",
     wildcard_constraints:

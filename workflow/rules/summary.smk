@@ -1,6 +1,8 @@
 # Stage 5: the decision. The recommend checkpoint decides from the configured servers' cells and
-# derives `<server>__recommended` servers, which are then measured on the same grid; the summary
-# renders verdicts, crossovers, recommendations and their verification.
+# derives `<server>__recommended` servers, which are then measured on the same grid; `decide` then
+# decides everything once, from every cell, and writes it as records (verdicts, the recommendations
+# with their verification, attribution, k sweeps, the analysis record); the summary renders those
+# records (summary.md, tables, plots) and decides nothing.
 
 
 checkpoint recommend:
@@ -36,7 +38,7 @@ checkpoint recommend:
         " --k-schedules {output.k_schedules} --adaptive-dir {output.adaptive} > {log} 2>&1"
 
 
-rule summary:
+rule decide:
     input:
         cells=summary_cells,
         requests=summary_requests,
@@ -44,6 +46,32 @@ rule summary:
         matches=expand("results/prompts/{suite}.match.json", suite=SUITES),
         derived="results/recommend/servers.json",
         recommendations="results/recommend/recommendations.json",
+    output:
+        **DECIDED,
+        provenance=prov(*DECIDED.values()),
+    log:
+        "results/logs/decide.log",
+    conda:
+        "../../envs/specmatch.yaml"
+    params:
+        baseline=CFG["baseline"],
+        settings=analysis_settings(),
+        servers=to_json(CFG["servers"]),
+        suites=RECOMMEND_SUITES,
+        out_dir=lambda wildcards, output: os.path.dirname(output.verdicts),
+    shell:
+        "python -m specmatch decide --baseline {params.baseline} --settings {params.settings:q}"
+        " --servers {params.servers:q} --cells {input.cells} --requests {input.requests}"
+        " --launches {input.launches} --matches {input.matches} --suites {params.suites}"
+        " --recommendations {input.recommendations} --derived {input.derived}"
+        " --out-dir {params.out_dir} > {log} 2>&1"
+
+
+rule summary:
+    input:
+        **DECIDED,
+        cells=summary_cells,
+        matches=expand("results/prompts/{suite}.match.json", suite=SUITES),
         rounds=lambda wildcards: round_plans() if DESIGN.sequential else [],
     output:
         md=report(
@@ -54,10 +82,6 @@ rule summary:
         table="results/summary/cells.csv",
         parquet="results/summary/cells.parquet",
         speedups="results/summary/speedups.csv",
-        verdicts="results/summary/verdicts.json",
-        recommendations="results/summary/recommendations.json",
-        attribution="results/summary/attribution.json",
-        k_sweeps="results/summary/k_sweeps.json",
         plots=report(
             directory("results/summary/plots"),
             patterns=["{name}.png"],
@@ -69,27 +93,17 @@ rule summary:
             "results/summary/cells.csv",
             "results/summary/cells.parquet",
             "results/summary/speedups.csv",
-            "results/summary/verdicts.json",
-            "results/summary/recommendations.json",
-            "results/summary/attribution.json",
-            "results/summary/k_sweeps.json",
         ),
     log:
         "results/logs/summary.log",
     conda:
         "../../envs/specmatch.yaml"
     params:
-        baseline=CFG["baseline"],
-        settings=analysis_settings(),
-        servers=to_json(CFG["servers"]),
-        suites=RECOMMEND_SUITES,
+        decided=lambda wildcards, input: os.path.dirname(input.verdicts),
         out_dir=lambda wildcards, output: os.path.dirname(output.md),
         rounds=lambda wildcards, input: (
             f"--rounds {' '.join(input.rounds)}" if input.rounds else ""
         ),
     shell:
-        "python -m specmatch summary --baseline {params.baseline} --settings {params.settings:q}"
-        " --servers {params.servers:q} --cells {input.cells} --requests {input.requests}"
-        " --launches {input.launches} --matches {input.matches} --suites {params.suites}"
-        " --recommendations {input.recommendations} --derived {input.derived}"
-        " {params.rounds} --out-dir {params.out_dir} > {log} 2>&1"
+        "python -m specmatch summary --decided {params.decided} --cells {input.cells}"
+        " --matches {input.matches} {params.rounds} --out-dir {params.out_dir} > {log} 2>&1"

@@ -30,7 +30,9 @@ STEPS: dict[str, tuple[str, str]] = {
     "cell": ("measuring.cell", "measure one (server, suite, repeat, concurrency) cell"),
     "rounds": ("deciding.rounds", "the sequential design's plan after a round: which cells the next repeat measures"),
     "recommend": ("deciding.recommend", "decide what to deploy and derive the recommended servers"),
-    "summary": ("reporting.summary", "verdicts, attribution, recommendations, plots and summary.md"),
+    "decide": ("deciding.decide", "every decision once, as records: verdicts, verified recommendations, attribution,"
+                                  " k sweeps"),
+    "summary": ("reporting.summary", "render the decision records: summary.md, tables and plots"),
     "simulate": ("calibration.simulate", "the decision rules' error rates on quick synthetic experiments"),
     "calibrate": ("calibration.harness", "the full calibration table against a discrete-event server"),
 }

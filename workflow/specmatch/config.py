@@ -177,6 +177,12 @@ def _cross_checks(cfg: dict, source: str) -> None:
     for name, suite in cfg["suites"].items():
         if suite["kind"] == "file" and not suite.get("path"):
             raise SpecmatchError(f"{source}: suites.{name}.path: required for kind file")
+        like = suite.get("length_like")
+        if suite["kind"] == "file" and like and cfg["suites"].get(like, {}).get("kind") != "training":
+            training = [n for n, u in cfg["suites"].items() if u["kind"] == "training"]
+            raise SpecmatchError(f"{source}: suites.{name}.length_like: '{like}' is not a training suite (training "
+                                 f"suites: {', '.join(training) or 'none'}): a control copies a training suite's "
+                                 "prompt lengths")
         passes = requests_settings(cfg, name)["passes"]
         if not keeps_busy(suite["size"], passes, highest):
             raise SpecmatchError(f"{source}: suites.{name}.size: {suite['size']} prompts x {passes} pass(es) cannot "

@@ -4,8 +4,12 @@ One prompt travels a one-way path: a **Cut** (one candidate assistant turn of on
 a row of `results/inspect/cuts.parquet`, written by inspection) becomes a **Prompt** (a line of
 `results/prompts/{suite}.jsonl`), each time it is sent a **RequestRecord** (a row of
 `c{C}.requests.parquet`), the records of one cell a **CellResult** (`c{C}.json`, vLLM `bench serve`
-key names where the quantity exists), and the analysis over all cells **Verdict**s and
-**Recommendation**s (`results/summary/verdicts.json`, `recommendations.json`).
+key names where the quantity exists), and the decide step's analysis over all cells **Verdict**s,
+**Recommendation**s, **Attribution**s and an **AnalysisRecord** (`results/summary/*.json`), which
+the summary renders without deciding anything.
+
+Every record is defined here but the k sweep's (KPoint, KChoice, KBand, KRecommendation, KSweeps),
+which live with their model in specmatch.deciding.kmodel (only that module builds them).
 
 The JSON and Parquet files are serialisations of these classes: `to_json`/`from_json` and
 `polars_schema` derive from the dataclass fields, so a field added here reaches every file, and
@@ -26,10 +30,13 @@ Every file under `results/` and the record it holds:
     recommend/servers.json              DerivedServers (one DerivedServer per `<server>__recommended`)
     recommend/recommendations.json      Recommendation, a list
     recommend/k_schedules.json          kmodel.KRecommendation, a list (one per k sweep and suite)
-    summary/verdicts.json               Verdict, a list
-    summary/recommendations.json        Recommendation, a list (with its Verification)
+    summary/verdicts.json               Verdict, a list                      (the decide step's records,
+    summary/recommendations.json        Recommendation, a list (with its      specmatch.deciding.decide)
+                                        Verification)
     summary/attribution.json            Attribution, a list
     summary/k_sweeps.json               kmodel.KSweeps (KRecommendation with its Verification; KPoint)
+    summary/analysis.json               AnalysisRecord (the grid, RunToRunSummary, AcceptanceSummary,
+                                        GroupAcceptance, CrossoverSet, ServerFacts, CellGoodput)
 
 What a cell sends comes from RequestSettings (the config's `requests`, with the suite's own passes).
 """
@@ -549,7 +556,7 @@ class Verdict(Record):
     dof: Optional[float] = None           # the Student t interval's degrees of freedom
     # for inconclusive: the cheapest (repeats, suite size) whose data decide it with probability
     # >= `probability` over the effect's current interval, or the best reachable: {repeats,
-    # suite_scale, prompts, probability, reachable} (analysis.comparison.deciding_design)
+    # suite_scale, prompts, probability, reachable} (deciding.comparison.deciding_design)
     design: Optional[dict] = None
 
 
@@ -768,6 +775,110 @@ class Attribution(Record):
     run_to_run: bool = False
     acceptance_source: Optional[str] = None    # per-request metrics | cell counters
     note: Optional[str] = None
+
+
+@dataclass
+class AcceptanceSummary(Record):
+    """Mean acceptance length (tokens per speculative step) of a server on a suite, pooled over its
+    cells that drafted, with a bootstrap interval over prompts (a prompt's requests stay together;
+    specmatch.deciding.acceptance)."""
+    server: str
+    suite: str
+    length: Optional[float]
+    lo: Optional[float]
+    hi: Optional[float]
+    requests: int
+    steps: int
+    holdout_share: Optional[float] = None
+
+
+@dataclass
+class GroupAcceptance(Record):
+    """Acceptance of a server on a suite for one group of requests (a training source, or the held-out
+    against the seen rows), pooled over every cell and repeat by the engine's own definition."""
+    server: str
+    suite: str
+    group: str
+    acceptance: Acceptance
+
+
+@dataclass
+class RunToRunFigure(Record):
+    """tau^2: the variance of a configuration's log figure between fresh server sessions, on one metric;
+    pooled over the grid (`concurrency` None: the headline, a robust fit) or one concurrency's level."""
+    metric: str
+    tau2: float
+    dof: Optional[float] = None
+    concurrency: Optional[int] = None
+
+
+@dataclass
+class RunToRunSummary(Record):
+    """How much a configuration's figures move between server sessions (deciding.noise.RunToRun):
+    `pooled` per metric (empty: nothing measured it, every cell was measured once) and `levels` per
+    metric and concurrency, fitted over `configurations` measured in up to `repeats` repeats."""
+    configurations: int
+    repeats: int
+    pooled: list[RunToRunFigure] = field(default_factory=list)
+    levels: list[RunToRunFigure] = field(default_factory=list)
+
+
+@dataclass
+class CrossoverSet(Record):
+    """Every crossover of one server on one suite and metric, in concurrency order (empty where its
+    verdicts never change sign)."""
+    server: str
+    suite: str
+    metric: str
+    crossovers: list[Crossover] = field(default_factory=list)
+
+
+@dataclass
+class ServerFacts(Record):
+    """What the report says of a server beside its verdicts, read off its launch record: the
+    speculative config it ran, whether its schedule runs plain steps at some batch sizes (its
+    acceptance length then counts its speculative steps only), the engine's start-up warnings the
+    baseline's session did not log, and the launch options in which it differs from the baseline's
+    (None: the baseline has no launch record to compare with)."""
+    server: str
+    speculative: Optional[dict]
+    mixed_schedule: bool
+    warnings_beside_baseline: list = field(default_factory=list)
+    launch_differences: Optional[list] = None
+
+
+@dataclass
+class CellGoodput(Record):
+    """One cell's goodput by vLLM's definition: requests meeting every SLO (config summary.slo) per second."""
+    server: str
+    suite: str
+    concurrency: int
+    repeat: int
+    goodput: Optional[float]
+
+
+@dataclass
+class AnalysisRecord(Record):
+    """`results/summary/analysis.json`: what the decide step (specmatch.deciding.decide) found besides the
+    verdicts, recommendations, attribution and k sweeps, so the report renders and decides nothing: the
+    grid analysed (baseline, servers, suites, concurrencies, the settings it was decided with), the
+    run-to-run variation, acceptance per suite and pooled per group, the cells whose server drafted
+    nothing (their throughput verdicts), every crossover, what each server's launch record says, the
+    configured-off controls that cannot be expressed and why, and each cell's goodput (with an SLO)."""
+    baseline: str
+    servers: list
+    suites: list
+    concurrencies: list
+    settings: dict                        # config `summary` (deciding.measurements.Settings), `repeats` with it
+    run_to_run: RunToRunSummary
+    acceptance: list[AcceptanceSummary] = field(default_factory=list)
+    drafted_nothing: list[Verdict] = field(default_factory=list)
+    crossovers: list[CrossoverSet] = field(default_factory=list)
+    server_facts: list[ServerFacts] = field(default_factory=list)
+    no_control: dict = field(default_factory=dict)          # server -> why it has no configured-off control
+    acceptance_by_source: list[GroupAcceptance] = field(default_factory=list)
+    acceptance_by_holdout: list[GroupAcceptance] = field(default_factory=list)
+    goodput: list[CellGoodput] = field(default_factory=list)
 
 
 class Continuation(str, enum.Enum):

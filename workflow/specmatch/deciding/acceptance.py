@@ -1,26 +1,12 @@
-"""Acceptance per suite, with intervals (the engine's own definition, pooled over cells)."""
+"""Acceptance per suite, with intervals, and pooled per group of requests (the engine's own
+definition, pooled over cells)."""
 from __future__ import annotations
-
-from dataclasses import dataclass
 
 import numpy as np
 
+from ..records import Acceptance, AcceptanceSummary, GroupAcceptance
 from ..serving.engines import definitions
 from .measurements import Measurements, _rng
-
-
-@dataclass
-class AcceptanceSummary:
-    """Mean acceptance length (tokens per speculative step) of a server on a suite, pooled over its
-    cells that drafted, with a bootstrap interval over prompts (a prompt's requests stay together)."""
-    server: str
-    suite: str
-    length: float | None
-    lo: float | None
-    hi: float | None
-    requests: int
-    steps: int
-    holdout_share: float | None = None
 
 
 def acceptance_summary(m: Measurements, server: str, suite: str) -> AcceptanceSummary:
@@ -63,3 +49,21 @@ def acceptance_summary(m: Measurements, server: str, suite: str) -> AcceptanceSu
                              int(per_prompt["num_spec_steps"].sum()), float(np.mean(hs)) if hs else None)
 
 
+
+
+def pooled_acceptance(m: Measurements, key: str) -> list[GroupAcceptance]:
+    """Acceptance per (server, suite, group) pooled over cells and repeats by the engine's own
+    definition (`key`: the cells' acceptance_by_source, or acceptance_by_holdout: held-out rows vs
+    seen ones), sorted by (server, suite, group)."""
+    parts: dict = {}
+    flavor: dict = {}
+    for (server, suite, _c, _r), cell in m.cells.items():
+        for group, acc in (getattr(cell, key) or {}).items():
+            parts.setdefault((server, suite, group), []).append(Acceptance.from_json(acc))
+            flavor[server] = cell.flavor
+    out = []
+    for (server, suite, group), accs in sorted(parts.items()):
+        a = definitions(flavor[server]).combine(accs)
+        if a is not None:
+            out.append(GroupAcceptance(server, suite, group, a))
+    return out

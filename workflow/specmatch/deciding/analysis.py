@@ -60,7 +60,8 @@ def crossover(verdicts: list[Verdict], cmps: list[Comparison], s: Settings):
 # -- everything at once -----------------------------------------------------------------------
 @dataclass
 class Analysis:
-    """The typed result the summary renders (markdown, plots, verdicts.json, recommendations.json)."""
+    """The typed result of the analysis, which the decide step writes as records (deciding.decide) for
+    the summary to render."""
     settings: Settings
     baseline: str
     servers: list

@@ -1,27 +1,21 @@
 """Render the k sweeps (issue 19): which k at which load, as summary.md's "Which k at which load"
-section, `k_sweeps.json` and `plots/k_sweep.png`.
+section and `plots/k_sweep.png`.
 
-What is rendered was decided elsewhere (kmodel: each k's speedup and verdict against the baseline,
-the best k per concurrency, the bands, the deployment, the predicted vs measured check; analysis:
-the verification of `<parent>__recommended`); nothing here decides anything.
+What is rendered was decided elsewhere and written in `k_sweeps.json` (kmodel.KSweeps, by the decide
+step: each k's speedup and verdict against the baseline, the best k per concurrency, the bands, the
+deployment, the predicted vs measured check, and the verification of `<parent>__recommended`);
+nothing here decides anything.
 """
 from __future__ import annotations
 
 import json
 import math
-from pathlib import Path
-from ..deciding.kmodel import KPoint, KRecommendation, KSweeps
+
+from ..deciding.kmodel import KPoint, KRecommendation
 from ..deciding.measurements import LABEL
-
-
-def _f(v, spec=".2f") -> str:
-    return "—" if v is None or (isinstance(v, float) and math.isnan(v)) else format(v, spec)
-
-
-def _iv(iv) -> str:
-    if iv is None or iv.value is None:
-        return "—"
-    return f"{iv.value:.2f} [{_f(iv.lo)}, {_f(iv.hi)}]"
+from .decided import Decided
+from .formats import UNKNOWN, number, of
+from .recommendations import verification_text
 
 
 def _ks(rec: KRecommendation) -> list[int]:
@@ -46,8 +40,8 @@ def table(rec: KRecommendation) -> list[str]:
         row = []
         for ch in rec.choices:
             x = ch.speedups.get(str(k))
-            row.append("—" if not x or x.get("speedup") is None else
-                       f"{x['speedup']:.2f}x [{_f(x['lo'])}, {_f(x['hi'])}] {x['verdict']}")
+            row.append(UNKNOWN if not x or x.get("speedup") is None else
+                       f"{number(x['speedup'])}x [{number(x['lo'])}, {number(x['hi'])}] {x['verdict']}")
         lines.append(f"| {k} | " + " | ".join(row) + " |")
     lines.append("| **best k** | " + " | ".join(_choice_cell(ch) for ch in rec.choices) + " |")
     return lines
@@ -87,8 +81,8 @@ def points_table(points: list[KPoint]) -> list[str]:
         if p.interpolated_between:
             rho_from = f"interpolated between k={p.interpolated_between[0]} and k={p.interpolated_between[1]}"
         within = {True: "yes", False: "**no**", None: "no check"}[p.within]
-        lines.append(f"| {p.k} | {p.concurrency} | {_iv(p.tokens_per_step)} ({p.tau_from or '—'}) | "
-                     f"{_iv(p.step_cost)} ({rho_from}) | {_iv(p.predicted)} | {_iv(p.measured)} | {within} | "
+        lines.append(f"| {p.k} | {p.concurrency} | {of(p.tokens_per_step)} ({p.tau_from or '—'}) | "
+                     f"{of(p.step_cost)} ({rho_from}) | {of(p.predicted)} | {of(p.measured)} | {within} | "
                      f"{', '.join(p.held_out) or 'nothing'}" + (f" ({p.note})" if p.note else "") + " |")
     if blank:
         ks = ", ".join(f"k={k}" for k in blank)
@@ -98,17 +92,17 @@ def points_table(points: list[KPoint]) -> list[str]:
     return lines
 
 
-def lines(an, verification_text, seen: set | None = None) -> list[str]:
+def lines(d: Decided, seen: set | None = None) -> list[str]:
     """The section: per sweep and suite, the k x c table, the bands, the deployment, its verification
-    (rendered by summary.verification_text) and predicted vs measured. `seen`: suites drawn only from
-    rows the drafter trained on (their schedule is flagged: acceptance there overstates unseen traffic's)."""
-    if not an.k_recommendations:
+    (recommendations.verification_text) and predicted vs measured. `seen`: suites drawn only from rows
+    the drafter trained on (their schedule is flagged: acceptance there overstates unseen traffic's)."""
+    if not d.k_recommendations:
         return []
     out = ["## Which k at which load", "",
-           f"Each k of a sweep against the baseline on {LABEL.get(an.settings.recommend_metric, 'throughput')} "
-           f"({an.settings.confidence:.0%} intervals). The best k at a concurrency is decided only where the data "
+           f"Each k of a sweep against the baseline on {LABEL.get(d.settings.recommend_metric, 'throughput')} "
+           f"({d.settings.confidence:.0%} intervals). The best k at a concurrency is decided only where the data "
            "decide it: better than every other candidate (off included), or equivalent within "
-           f"±{an.settings.min_effect:.0%} to the best (then the smaller k); where the best pays against the baseline "
+           f"±{d.settings.min_effect:.0%} to the best (then the smaller k); where the best pays against the baseline "
            "(at the Bonferroni level over the k measured) but the data cannot tell it from another k, speculation is "
            "decided and k is not: the best estimate is deployed (\"pays, k open\"; its verification calls a cost only "
            "where one shows against every candidate); otherwise undecided. Speculation is deployed at a concurrency "
@@ -117,7 +111,7 @@ def lines(an, verification_text, seen: set | None = None) -> list[str]:
            "its own data, never a neighbour's k: off (no k was shown to pay there); above an undecided largest "
            "concurrency speculation is off, not extrapolated. Bands switch where the two k's measured speedup "
            "curves cross."]
-    for rec in an.k_recommendations:
+    for rec in d.k_recommendations:
         flag = (" (in-sample: no prompt is held out of the drafter's training rows, so acceptance here can "
                 "overstate what unseen traffic gets; deploy what held-out rows decide)") if rec.suite in (seen or ()) else ""
         out += ["", f"**{rec.parent}** on `{rec.suite}`{flag}:", ""] + table(rec)
@@ -131,7 +125,7 @@ def lines(an, verification_text, seen: set | None = None) -> list[str]:
         v = rec.verified
         if rec.action in ("keep", "off") and v is not None and v.per_concurrency and all(
                 x.against == v.server for x in v.per_concurrency):
-            who = f"the baseline `{an.baseline}`" if rec.action == "off" else f"`{v.server}` as configured"
+            who = f"the baseline `{d.baseline}`" if rec.action == "off" else f"`{v.server}` as configured"
             out.append(f"- **Verified as measured:** the recommended deployment is {who}, so its own cells at "
                        + ", ".join(f"c={x.concurrency}" for x in v.per_concurrency) + " are its measurement "
                        "(no schedule switches k, so there is no switch to check).")
@@ -139,16 +133,16 @@ def lines(an, verification_text, seen: set | None = None) -> list[str]:
             if rec.action == "keep" and rec.server:
                 out.append(f"- The recommended deployment is one already measured (`{rec.server}`).")
             elif rec.action == "off":
-                out.append(f"- The recommended deployment is one already measured (the baseline `{an.baseline}`).")
+                out.append(f"- The recommended deployment is one already measured (the baseline `{d.baseline}`).")
             if v is not None:
-                out.append("-" + verification_text(an, rec))
+                out.append("-" + verification_text(rec.verified))
         for ch in rec.choices:
             if ch.decide and ch.k is None:
                 out.append(f"- Undecided at c={ch.concurrency}: {ch.decide}.")
             elif ch.decide:
                 out.append(f"- k undecided at c={ch.concurrency} (speculation pays; k={ch.k}, the best estimate among the k that pay, is "
                            f"deployed): {ch.decide}.")
-        pts = [p for p in an.k_points if (p.parent, p.suite) == (rec.parent, rec.suite)]
+        pts = [p for p in d.k_points if (p.parent, p.suite) == (rec.parent, rec.suite)]
         if pts:
             out += ["", "Predicted against measured TPOT speedup (τ from the largest k's per-position acceptance, ρ the "
                         "step cost in plain decode steps; a k's own data are held out of its prediction where another "
@@ -156,19 +150,13 @@ def lines(an, verification_text, seen: set | None = None) -> list[str]:
     return out
 
 
-def records(an) -> dict:
-    """`k_sweeps.json` (kmodel.KSweeps): every sweep's recommendation (with its verification) and every
-    k's KPoint."""
-    return KSweeps(an.k_recommendations, an.k_points).to_json()
-
-
-def heatmap(an, out: Path, save) -> None:
+def heatmap(d: Decided, save) -> None:
     """`plots/k_sweep.png`: k x concurrency, coloured by the log speedup over the baseline, each cell
     labelled with its speedup and verdict; the chosen k per concurrency outlined."""
     import matplotlib.pyplot as plt
     import numpy as np
 
-    recs = an.k_recommendations
+    recs = d.k_recommendations
     if not recs:
         return
     fig, axes = plt.subplots(1, len(recs), figsize=(1.6 + 1.5 * max(len(r.choices) for r in recs) * len(recs), 3.6),

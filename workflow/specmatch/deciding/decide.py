@@ -1,0 +1,185 @@
+"""Decide once: every decision the report renders, computed from the cells and written as records.
+
+The `decide` step runs after every cell, the recommended servers' included. From the cells it takes
+the primary grid's analysis, joins the recommended servers' cells and verifies each recommendation
+(recommend.verified_analysis), splits every speedup into tokens per step x step cost
+(analysis.attribute), and collects what the report needs beside the verdicts. It writes
+
+- `verdicts.json`: records.Verdict per (server, suite, concurrency, metric);
+- `recommendations.json`: records.Recommendation per speculative server and recommendation suite,
+  with its measured verification;
+- `attribution.json`: records.Attribution per speculative server, suite and concurrency;
+- `k_sweeps.json`: kmodel.KSweeps (each k sweep's recommendation and each k's predicted vs measured);
+- `analysis.json`: records.AnalysisRecord (the grid, run-to-run variation, acceptance, the cells that
+  drafted nothing, crossovers, what the launch records say, cell goodput).
+
+The summary step (specmatch.reporting.summary) reads these and renders them; it decides nothing.
+
+    python -m specmatch decide --baseline NAME --settings JSON --servers JSON --cells c*.json
+        --requests c*.requests.parquet --launches launch.json... --suites S... --matches *.match.json
+        [--recommendations R] [--derived servers.json] --out-dir results/summary
+"""
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+from .. import steps
+from ..files import read_json, write_json
+from ..pipeline import DECISION_FILES
+from ..provenance import Recorder
+from ..records import (AnalysisRecord, Attribution, CellGoodput, CrossoverSet, DerivedServers, Recommendation,
+                       RunToRunFigure, RunToRunSummary, ServerFacts, SuiteMatch, Verdict)
+from ..serving.controls import OFF, is_control, why_no_control
+from .acceptance import pooled_acceptance
+from .analysis import Analysis, ServerInfo, Settings, attribute
+from .attribution import launch_differences, mixed_servers
+from .kmodel import KSweeps
+from .recommend import SUFFIX, analysis_arguments, load, server_infos, verified_analysis
+
+# the decision records, by name: the files the decide step writes into its folder and the summary reads
+FILES = DECISION_FILES
+
+
+@dataclass
+class Decisions:
+    """Every decision of a run, as the records the decide step writes (one file each, FILES)."""
+    verdicts: list[Verdict]
+    recommendations: list[Recommendation]
+    attribution: list[Attribution]
+    k_sweeps: KSweeps
+    analysis: AnalysisRecord
+
+    def to_json(self) -> dict:
+        """name -> the JSON of its file."""
+        return {"verdicts": [v.to_json() for v in self.verdicts],
+                "recommendations": [r.to_json() for r in self.recommendations],
+                "attribution": [a.to_json() for a in self.attribution],
+                "k_sweeps": self.k_sweeps.to_json(), "analysis": self.analysis.to_json()}
+
+    @classmethod
+    def from_json(cls, obj: dict) -> "Decisions":
+        return cls([Verdict.from_json(v) for v in obj["verdicts"]],
+                   [Recommendation.from_json(r) for r in obj["recommendations"]],
+                   [Attribution.from_json(a) for a in obj["attribution"]],
+                   KSweeps.from_json(obj["k_sweeps"]), AnalysisRecord.from_json(obj["analysis"]))
+
+    def write(self, folder: Path) -> list[Path]:
+        out = []
+        for name, obj in self.to_json().items():
+            write_json(Path(folder) / FILES[name], obj)
+            out.append(Path(folder) / FILES[name])
+        return out
+
+    @classmethod
+    def read(cls, folder: Path) -> "Decisions":
+        return cls.from_json({name: read_json(Path(folder) / f) for name, f in FILES.items()})
+
+
+# -- what the report needs beside the verdicts ------------------------------------------------------
+def run_to_run_summary(an: Analysis) -> RunToRunSummary:
+    rr = an.run_to_run
+    return RunToRunSummary(rr.configurations, rr.repeats,
+                           [RunToRunFigure(m, t, rr.dof.get(m)) for m, t in rr.tau2.items()],
+                           [RunToRunFigure(m, v.total, v.dof, c) for m, lv in rr.levels.items()
+                            for c, v in sorted(lv.items())])
+
+
+def server_facts(infos: dict[str, ServerInfo], baseline: str) -> list[ServerFacts]:
+    """Every server's facts from its launch record, against the baseline's (deployment.ServerInfo)."""
+    mixed = mixed_servers(infos)
+    base = infos.get(baseline)
+    out = []
+    for name, info in infos.items():
+        warnings = [w for w in info.engine_warnings if w not in set(base.engine_warnings)] if base else []
+        diffs = launch_differences(info.argv, base.argv) if base else None
+        out.append(ServerFacts(name, info.speculative, name in mixed, warnings, diffs))
+    return out
+
+
+def uncontrolled(settings: dict, configs: dict, baseline: str) -> dict[str, str]:
+    """Speculative servers whose configured-off control was asked for (summary.controls) but cannot be
+    expressed for their engine, and why."""
+    ctl = settings.get("controls") or {}
+    if not ctl.get("configured_off"):
+        return {}
+    names = ctl.get("servers") or [n for n, c in configs.items() if c.get("speculative") and not is_control(n)
+                                   and not n.endswith(SUFFIX) and n != baseline]
+    out = {}
+    for n in names:
+        if n in configs and n + OFF not in configs:
+            why = why_no_control(configs[n])
+            if why:
+                out[n] = why
+    return out
+
+
+def analysis_record(an: Analysis, no_control: dict[str, str] | None = None) -> AnalysisRecord:
+    """The analysis's findings beside its verdicts, as the record the report renders."""
+    m = an.measurements
+    goodput = [CellGoodput(*key, m.arrays[key].point("goodput", cell)) for key, cell in sorted(m.cells.items())
+               ] if an.settings.slo else []
+    return AnalysisRecord(
+        an.baseline, list(an.servers), list(an.suites), list(an.concurrencies), dataclasses.asdict(an.settings),
+        run_to_run_summary(an), list(an.acceptance), list(an.off_cost),
+        [CrossoverSet(s, u, metric, list(xs)) for (s, u, metric), xs in an.crossovers.items()],
+        server_facts(an.infos, an.baseline), dict(no_control or {}),
+        pooled_acceptance(m, "acceptance_by_source"), pooled_acceptance(m, "acceptance_by_holdout"), goodput)
+
+
+def records_of(an: Analysis, attrs: list[Attribution], no_control: dict[str, str] | None = None) -> Decisions:
+    """An analysis and its attribution as the decision records."""
+    return Decisions(an.verdicts, an.recommendations, attrs, KSweeps(an.k_recommendations, an.k_points),
+                     analysis_record(an, no_control))
+
+
+def decide(cells, baseline: str, settings: Settings, configs: dict, infos: dict[str, ServerInfo], suites: list[str],
+           derived: dict, recs: list[Recommendation], training: list[str], no_control: dict[str, str]) -> Decisions:
+    """Everything the report renders, decided once: the verified analysis (the recommend step's
+    recommendations, each with its measured check) and the attribution, on the first recommendation
+    suite or training suite measured as the reference for prompt length."""
+    an = verified_analysis(cells, baseline, settings, configs, infos, suites, derived, recs)
+    reference = next((u for u in [*suites, *training] if u in an.suites), None)
+    return records_of(an, attribute(an, reference), no_control)
+
+
+# -- the step -----------------------------------------------------------------------------------------
+def arguments(p: argparse.ArgumentParser) -> None:
+    analysis_arguments(p)
+    p.add_argument("--matches", nargs="*", type=Path, default=[], help="the prompt suites' match reports")
+    p.add_argument("--recommendations", type=Path, help="the recommend step's recommendations.json")
+    p.add_argument("--derived", type=Path, help="the recommend step's servers.json")
+    p.add_argument("--out-dir", type=Path, required=True)
+
+
+def execute(a: argparse.Namespace) -> int:
+    raw = json.loads(a.settings)
+    settings, configs = Settings.of(raw), json.loads(a.servers)
+    rec = Recorder("decide", a.cells + a.requests + a.launches + a.matches +
+                   [x for x in (a.recommendations, a.derived) if x],
+                   {"baseline": a.baseline, "summary": settings.__dict__, "suites": a.suites})
+    cells = load(a.cells, a.requests)
+    infos = server_infos(a.launches, configs)
+    derived = DerivedServers.from_json(read_json(a.derived)).servers if a.derived else {}
+    recs = [Recommendation.from_json(r) for r in read_json(a.recommendations)] if a.recommendations else []
+    training = [m.suite for m in (SuiteMatch.from_json(read_json(x)) for x in a.matches) if m.training]
+    got = decide(cells, a.baseline, settings, configs, infos, a.suites, derived, recs, training,
+                 uncontrolled(raw, configs, a.baseline))
+    written = got.write(a.out_dir)
+    rec.write(written)
+    print(f"decide: {len(got.verdicts)} verdicts, {len(got.recommendations)} recommendations, "
+          f"{len(got.attribution)} attributions, {len(got.k_sweeps.recommendations)} k sweep recommendations "
+          f"-> {', '.join(str(p) for p in written)}")
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    return steps.main("decide", __doc__, arguments, execute, argv)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,61 @@
+"""The experiment's design as a reader needs it to trust the intervals: how much a configuration moves
+between server sessions, and what the sequential design measured and at which levels it decided."""
+from __future__ import annotations
+
+import math
+
+from ..deciding.measurements import LABEL
+from ..deciding.recommend import SUFFIX
+from ..records import RoundPlan
+from .decided import Decided
+
+
+def noise_lines(d: Decided) -> list[str]:
+    """The run-to-run variation the intervals include (deciding.noise), or that they exclude it."""
+    rr, s = d.decisions.analysis.run_to_run, d.settings
+    if not rr.pooled:
+        return [f"**These intervals exclude run-to-run variation.** Each cell was measured once (repeats: 1), so "
+                "the intervals show only how much the result moves between prompts and requests, not between "
+                "server sessions, which is usually larger (vLLM reports 1.5-3.7% on GPUs). A verdict therefore needs "
+                f"an effect beyond ±{s.min_effect:.0%}, and 'equivalent' is never called. Set `repeats: 2` or more to "
+                "measure it."]
+    parts = []
+    for f in rr.pooled:
+        levels = sorted((x for x in rr.levels if x.metric == f.metric), key=lambda x: x.concurrency)
+        by_c = ", ".join(f"c={x.concurrency} ±{math.exp(math.sqrt(x.tau2)) - 1:.1%}" for x in levels)
+        parts.append(f"{LABEL[f.metric]} ±{math.exp(math.sqrt(f.tau2)) - 1:.1%}" + (f" ({by_c})" if len(levels) > 1
+                                                                                    else ""))
+    return [f"**Run-to-run variation, measured:** between fresh server sessions a configuration's figures move by "
+            + "; ".join(parts) + f" (one standard deviation; pooled by a median fit over {rr.configurations} "
+            f"configurations measured in {rr.repeats} repeats, so one outlying cell cannot set it; by concurrency in "
+            "brackets). Each interval below uses its own server's and concurrency's, shrunk toward the pooled level "
+            "where their data are thin (empirical Bayes), beside the prompt sample's variation from a paired "
+            "bootstrap by prompt; request-to-request noise is counted once, in the run-to-run part."]
+
+
+def sequential_lines(d: Decided, plans: list[RoundPlan]) -> list[str]:
+    """The sequential design's account: what each round decided, the cells it measured against a fixed
+    design of `max` repeats, and the levels the verdicts were taken at."""
+    s = d.settings
+    design = s.design
+    primary = [k for k in d.cells if not k[0].endswith(SUFFIX)]
+    configs = {k[:3] for k in primary}
+    fixed = len(configs) * design.max
+    rounds = []
+    for p in plans:
+        rounds.append(f"after round {p.round}: " + ", ".join(f"{v} {a.value}" for a, v in p.counts().items() if v)
+                      + (f"; repeat {p.round + 1} measured {len(p.next)} cells" if p.next else "; nothing continued"))
+    levels = sorted({round(v.confidence, 3) for v in d.verdicts if v.metric == s.recommend_metric
+                     and v.run_to_run and not v.server.endswith(SUFFIX)})
+    return [f"**Sequential design (repeats {design.min}–{design.max}):** every cell was measured {design.min} times; "
+            "then, round by round, only the configurations whose "
+            f"{LABEL[s.recommend_metric]} verdict was still inconclusive "
+            "(and a k sweep's undecided choices: the best k against each candidate it could not be told from), "
+            f"and that the remaining repeats would decide with probability at least {design.min_probability:.0%} "
+            "(predicted from the data so far), were measured again (the baseline, or the other k, beside them): "
+            + ("; ".join(rounds) if rounds else "no round ran") + f". {len(primary)} cells measured against "
+            f"{fixed} for a fixed design of {design.max} repeats ({1 - len(primary) / fixed:.0%} saved). Stopping "
+            f"when a verdict is decided is optional stopping, so each look's verdict is taken at a stricter level "
+            f"(alpha spending over the looks, specmatch.deciding.sequential) that keeps the overall error at "
+            f"{1 - s.confidence:.0%}: the verdicts here stand at "
+            + ", ".join(f"{x:.1%}" for x in levels) + " confidence (verdicts.json, `confidence`)."]

@@ -1,0 +1,68 @@
+"""summary.md: the verdict first, then the evidence, assembled from the report's sections."""
+from __future__ import annotations
+
+from ..records import RoundPlan, SuiteMatch
+from . import kreport
+from .decided import Decided
+from .design import noise_lines, sequential_lines
+from .loadgen import load_generator_lines
+from .recommendations import recommendation_lines
+from .tables import acceptance_tables, across_suites_table, cells_table, speedup_table, suites_table
+from .verdicts import headline, verdict_lines
+from .why import off_lines, why_lines
+
+
+def split_suites(matches: list[SuiteMatch]) -> tuple[list[str], list[str]]:
+    """The training suites (sampled from the training mix, compared with it) and the control suites."""
+    training = [m.suite for m in matches if m.training]
+    return training, [m.suite for m in matches if m.suite not in training]
+
+
+def markdown(d: Decided, matches: list[SuiteMatch], plans: list[RoundPlan] | None = None) -> str:
+    s = d.settings
+    training, control = split_suites(matches)
+    reps = max((v.repeats for v in d.verdicts), default=1)
+    design = s.design
+    reps_text = (f"{design.min}–{design.max} repeats, sequential" if design.sequential
+                 else f"{reps} repeat{'s' if reps != 1 else ''}")
+    lines = ["# specmatch: does speculation pay off here?", ""]
+    head = headline(d, training, control)
+    if head:
+        lines += ["## The distribution effect", ""] + head + [""]
+    lines += [f"## Verdicts (throughput; {s.confidence:.0%} confidence, ±{s.min_effect:.0%} counts as no difference, "
+              f"{reps_text})", ""]
+    lines += verdict_lines(d) or [f"Only the baseline `{d.baseline}` was measured: nothing to compare."]
+    lines += ["", "pays / loses: the interval lies above / below 1 (and not within the ±min_effect band); equivalent: "
+                  "the whole interval lies within it, a decisive 'no difference'; inconclusive: neither (the table "
+                  "says what would decide it).", ""]
+    lines += noise_lines(d)
+    if design.sequential:
+        lines += [""] + sequential_lines(d, plans or [])
+    why = why_lines(d)
+    if why:
+        lines += [""] + why
+    if d.recommendations:
+        lines += ["", "## Recommendation", ""] + recommendation_lines(d, d.recommendations)
+    seen = {m.suite for m in matches if m.kind == "training" and m.holdout_share == 0}
+    ksweep = kreport.lines(d, seen)
+    if ksweep:
+        lines += [""] + ksweep
+    lines += ["", "## Speculation configured but off", ""] + off_lines(d)
+    if d.verdicts:
+        lines += [""] + speedup_table(d)
+    if len(d.suites) > 1 and d.verdicts:
+        lines += [""] + across_suites_table(d)
+    if matches:
+        lines += [""] + suites_table(matches, training)
+    lines += acceptance_tables(d)
+    k_plot, k_json = (", `plots/k_sweep.png`", ", `k_sweeps.json`") if d.k_recommendations else ("", "")
+    lines += [""] + cells_table(d)
+    lines += load_generator_lines(list(d.cells.values()))
+    lines += ["", "Definitions (every cell's `definitions` field): TTFT is the first stream chunk carrying choices, "
+                  "end-to-end latency the last one, TPOT (e2e - TTFT) / (output tokens - 1) with output tokens from the "
+                  "server's usage: vLLM bench serve's definitions. Acceptance follows each engine's own definition.",
+              "", "Plots: `plots/throughput.png`, `plots/speedup.png`, `plots/latency_throughput.png`, "
+                  f"`plots/acceptance_by_source.png`, `plots/attribution.png`{k_plot}. Machine-readable: "
+                  f"`verdicts.json`, `recommendations.json`, `attribution.json`{k_json}, `analysis.json`. "
+                  "Every file has a `.prov.json` beside it: `specmatch provenance results/summary/summary.md`."]
+    return "\n".join(lines) + "\n"
