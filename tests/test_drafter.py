@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from specmatch.training.drafter import Budget, draft_vocabulary, save, train
-from specmatch.data.inspection import inspect_root
+from specmatch.data.inspect_pass import inspect_root
 from specmatch.data.rows import ChatTemplate
 from builders import make_root
 

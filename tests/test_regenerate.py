@@ -16,7 +16,9 @@ import pytest
 from builders import make_root
 from specmatch.data import readers
 from specmatch.files import SpecmatchError, write_json
-from specmatch.data.inspection import check_manifest, inspect_root, write_cuts
+from specmatch.data.cuts import write_cuts
+from specmatch.data.inspect_pass import inspect_root
+from specmatch.data.inspection import check_manifest
 from specmatch.training.regenerate import (RowState, Settings, load_regenerated, main, regenerate, settings_of,
                                   split_row)
 from specmatch.records import Cut
