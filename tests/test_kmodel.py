@@ -323,6 +323,7 @@ def patterns():
                 yield dict(zip(cs, ks)), max_batch
 
 
+@pytest.mark.slow  # imports vLLM (about 7 s of CPU; no quick test imports it otherwise)
 def test_every_schedule_pattern_passes_vllms_own_validation():
     utils = pytest.importorskip("vllm.v1.spec_decode.dynamic.utils")
     seen = 0

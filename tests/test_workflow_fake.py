@@ -174,6 +174,7 @@ def test_snakemake_report_has_the_verdict_and_plots(workdir):
         assert needle in html, needle
 
 
+@pytest.mark.slow  # three Snakemake runs on the test workflow: about 10 s
 def test_commands_without_cores_work(workdir):
     """`--unlock`, `--summary` and a dry run take no `--cores`: no rule may need the core count
     while the rules are parsed (a `threads: workflow.cores` did, and `--unlock` failed)."""
