@@ -57,7 +57,7 @@ CHILD = """
 import sys, time, resource, json
 sys.path.insert(0, {pkg!r})
 from pathlib import Path
-from specmatch.data.inspection import inspect_root
+from specmatch.data.inspect_pass import inspect_root
 from specmatch.data.tokenizer import load_tokenizer
 load_tokenizer({tok!r})
 base = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
@@ -65,7 +65,7 @@ t0 = time.perf_counter()
 m, cuts = inspect_root(Path({root!r}), {tok!r}, workers={workers})
 dt = time.perf_counter() - t0
 peak = max(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss, resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss)
-print(json.dumps({{"seconds": dt, "rows": m["total_rows"], "tokens": m["total_tokens"], "cuts": len(cuts),
+print(json.dumps({{"seconds": dt, "rows": m.total_rows, "tokens": m.total_tokens, "cuts": cuts.height,
                   "maxrss_mb": peak / 1024, "base_mb": base}}))
 """
 

@@ -43,7 +43,8 @@ def main() -> None:
     p.add_argument("--tokenizer", default=str(REPO / "results" / "models" / "smollm2-135m"))
     p.add_argument("--workers", type=int, default=os.cpu_count() or 1)
     a = p.parse_args()
-    from specmatch.data.inspection import inspect_root, read_cuts, write_cuts
+    from specmatch.data.cuts import read_cuts, write_cuts
+    from specmatch.data.inspect_pass import inspect_root
     from specmatch.data.prompts import training_suite
     from specmatch.data.rows import ChatTemplate
     from specmatch.data.tokenizer import load_tokenizer
@@ -75,7 +76,7 @@ def main() -> None:
               f"({t_json / t_inspect:.2f}x faster than the json pass)")
         print(f"suite of {len(rows)} (from {cuts.height} cuts: filter, dedup, sample, read back, decode, split): "
               f"{t_suite:6.2f} s")
-        print(f"suite source TVD vs mix: {match['source_tvd_vs_training_mix']:.4f}")
+        print(f"suite source TVD vs mix: {match.source_tvd_vs_training_mix:.4f}")
 
 
 if __name__ == "__main__":

@@ -35,7 +35,7 @@ def main() -> None:
     import torch
 
     from specmatch.training.drafter import Budget, build_head, train, ttt_forward
-    from specmatch.data.inspection import inspect_root
+    from specmatch.data.inspect_pass import inspect_root
     from specmatch.data.rows import ChatTemplate
     from specmatch.data.tokenizer import load_tokenizer
 

@@ -20,6 +20,40 @@ from specmatch.measuring.protocols import protocol as protocol_of  # noqa: E402
 from specmatch.records import CellResult, LaunchRecord, Prompt, RequestSettings  # noqa: E402
 
 
+# -- vLLM's own checks (no server) -----------------------------------------------------------------
+def vllm_installed() -> bool:
+    """Whether vLLM can be imported here (without importing it: that takes 10 s)."""
+    import importlib.util
+
+    return importlib.util.find_spec("vllm") is not None
+
+
+def vllm_check(argv: list[str]):
+    """vLLM's own code on a server argv (`vllm serve`'s arguments, no server started): the API server's
+    argument parser, EngineArgs, the model config, the speculative config (method, drafter, k) and, for a
+    batch-size schedule, vLLM's validation of it and the dense per-batch-size lookup it builds.
+    Returns (args, speculative config or None, the lookup or None)."""
+    from vllm.config import ParallelConfig
+    from vllm.engine.arg_utils import AsyncEngineArgs
+    from vllm.entrypoints.launchers.cli_args import make_arg_parser
+
+    try:
+        from vllm.utils.argparse_utils import FlexibleArgumentParser
+    except ImportError:  # older layout
+        from vllm.utils import FlexibleArgumentParser
+    args = make_arg_parser(FlexibleArgumentParser()).parse_args(argv)
+    ea = AsyncEngineArgs.from_cli_args(args)
+    spec = ea.create_speculative_config(ea.create_model_config(), ParallelConfig(tensor_parallel_size=1))
+    dense = None
+    if spec is not None and spec.num_speculative_tokens_per_batch_size:
+        from vllm.v1.spec_decode.dynamic.utils import build_dynamic_sd_schedule_lookup
+
+        dense = build_dynamic_sd_schedule_lookup(spec.num_speculative_tokens_per_batch_size,
+                                                 vllm_max_batch_size=ea.max_num_seqs or 256,
+                                                 vllm_num_speculative_tokens=spec.num_speculative_tokens)
+    return args, spec, dense
+
+
 # -- Snakemake ------------------------------------------------------------------------------------
 NGRAM = {"engine": "vllm", "model": "results/models/smollm2-135m", "dtype": "float32", "suites": ["train_holdout"],
          "speculative": {"method": "ngram", "num_speculative_tokens": 4, "prompt_lookup_max": 4, "prompt_lookup_min": 2}}

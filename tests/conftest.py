@@ -37,6 +37,26 @@ def tok(tok_dir):
     return load_tokenizer(str(tok_dir))
 
 
+@pytest.fixture(scope="session")
+def tiny_target(tmp_path_factory, tok) -> Path:
+    """The one tiny target of the tests: a 4-layer random Llama (seed 0) with SmolLM2's vocabulary and
+    tokenizer, saved in float32. Drafter training reads it; vLLM's config checks and the real vLLM
+    engine load it (head_dim 64, which the CPU attention kernels support; float32, so that greedy
+    choices do not depend on batching). Built once per session: tests only read it."""
+    import torch
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    torch.manual_seed(0)
+    cfg = LlamaConfig(vocab_size=len(tok), hidden_size=128, intermediate_size=256, num_hidden_layers=4,
+                      num_attention_heads=2, num_key_value_heads=1, head_dim=64, max_position_embeddings=1024,
+                      tie_word_embeddings=True, bos_token_id=tok.bos_token_id, eos_token_id=tok.eos_token_id,
+                      torch_dtype="float32")
+    d = tmp_path_factory.mktemp("tiny_target")
+    LlamaForCausalLM(cfg).save_pretrained(d)
+    tok.save_pretrained(d)
+    return d
+
+
 @pytest.fixture
 def fake_server():
     from fakeserver import FakeServer

@@ -94,6 +94,7 @@ def test_explained_reads_the_interval_against_one_plain_step():
     assert explained(Interval(0.9, 0.85, 0.94), 0.05, run_to_run=False) is False
 
 
+@pytest.mark.slow  # a simulation of many identical-cost experiments: about 7 s
 def test_identical_step_costs_are_rarely_called_unexplained():
     """Truth rho = 1: 'not the drafter's doing' is a false finding; over 40 experiments at 90%
     confidence it must stay rare (each experiment makes 2 calls)."""

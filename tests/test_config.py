@@ -67,8 +67,12 @@ def test_bad_config_names_the_key(mutate, message):
 def test_shipped_example_configs_validate_and_build():
     from specmatch.serving.engines import get_engine
 
-    for f in sorted((REPO / "resources" / "configs").glob("*.yaml")):
+    files = sorted((REPO / "resources" / "configs").glob("*.yaml"))
+    assert files, "no example config found"
+    planned = []
+    for f in files:
         cfg = load(f)
+        assert cfg["servers"], f.name
         for name, srv in cfg["servers"].items():
             if srv["engine"] == "sglang":
                 srv = {**srv, "sglang_version": "0.5.23"}  # planned here, where SGLang is not installed
@@ -76,6 +80,8 @@ def test_shipped_example_configs_validate_and_build():
             assert plan.argv and plan.host == "127.0.0.1", (f.name, name)
             if srv["engine"] == "sglang":
                 assert plan.argv[plan.argv.index("--max-running-requests") + 1] == "256"
+            planned.append(srv["engine"])
+    assert {"vllm", "sglang"} <= set(planned), planned   # both engines' examples were planned
 
 
 # -- argv items and environment values reach the process exactly as written ----------------------

@@ -7,25 +7,12 @@ import pytest
 import torch
 
 from specmatch.training.drafter import Budget, draft_vocabulary, save, train
-from specmatch.data.inspection import inspect_root
+from specmatch.data.inspect_pass import inspect_root
 from specmatch.data.rows import ChatTemplate
 from builders import make_root
 
 TINY = Budget(steps=4, train_tokens=600, seq_len=64, batch_size=2, draft_vocab=64, ttt_length=2, lr=1e-3, seed=0,
               threads=1)
-
-
-@pytest.fixture(scope="module")
-def target(tmp_path_factory, tok):
-    """A 4-layer random Llama with SmolLM2's vocabulary and shapes scaled down."""
-    from transformers import LlamaConfig, LlamaForCausalLM
-
-    torch.manual_seed(0)
-    cfg = LlamaConfig(vocab_size=len(tok), hidden_size=64, intermediate_size=128, num_hidden_layers=4,
-                      num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=512, tie_word_embeddings=True)
-    d = tmp_path_factory.mktemp("target")
-    LlamaForCausalLM(cfg).save_pretrained(d)
-    return d
 
 
 @pytest.fixture(scope="module")
@@ -45,7 +32,7 @@ def test_draft_vocabulary_maps_back_to_target_ids():
     assert info["coverage"] == 1.0 and info["distinct_assistant_tokens"] == 2
 
 
-def test_training_never_reads_held_out_rows(target, data, tok, monkeypatch):
+def test_training_never_reads_held_out_rows(tiny_target, data, tok, monkeypatch):
     from specmatch.data import readers
 
     m, cuts = data
@@ -56,26 +43,26 @@ def test_training_never_reads_held_out_rows(target, data, tok, monkeypatch):
     real = readers.read_rows
     monkeypatch.setattr(readers, "read_rows", lambda df, wanted: read.extend((str(df.path), w) for w in wanted)
                         or real(df, wanted))
-    train(target, cuts, ChatTemplate.of(tok), TINY, aux_layers=[1, 2, 3], log=lambda m: None)
+    train(tiny_target, cuts, ChatTemplate.of(tok), TINY, aux_layers=[1, 2, 3], log=lambda m: None)
     assert read and not (set(read) & held)
 
 
-def test_same_seed_and_budget_give_the_same_weights(target, data, tok, tmp_path):
+def test_same_seed_and_budget_give_the_same_weights(tiny_target, data, tok, tmp_path):
     m, cuts = data
-    a = train(target, cuts, ChatTemplate.of(tok), TINY, aux_layers=[1, 2, 3], log=lambda m: None)
-    b = train(target, cuts, ChatTemplate.of(tok), TINY, aux_layers=[1, 2, 3], log=lambda m: None)
+    a = train(tiny_target, cuts, ChatTemplate.of(tok), TINY, aux_layers=[1, 2, 3], log=lambda m: None)
+    b = train(tiny_target, cuts, ChatTemplate.of(tok), TINY, aux_layers=[1, 2, 3], log=lambda m: None)
     sa, sb = a["head"].state_dict(), b["head"].state_dict()
     assert all(torch.equal(sa[k], sb[k]) for k in sa)
-    c = train(target, cuts, ChatTemplate.of(tok), Budget(**{**TINY.__dict__, "seed": 1}), aux_layers=[1, 2, 3],
+    c = train(tiny_target, cuts, ChatTemplate.of(tok), Budget(**{**TINY.__dict__, "seed": 1}), aux_layers=[1, 2, 3],
               log=lambda m: None)
     assert not all(torch.equal(sa[k], c["head"].state_dict()[k]) for k in sa)
 
 
-def test_checkpoint_is_what_vllm_loads_for_eagle3(target, data, tok, tmp_path):
+def test_checkpoint_is_what_vllm_loads_for_eagle3(tiny_target, data, tok, tmp_path):
     from safetensors.torch import load_file
 
     m, cuts = data
-    state = train(target, cuts, ChatTemplate.of(tok), TINY, aux_layers=[1, 2, 3], log=lambda m: None)
+    state = train(tiny_target, cuts, ChatTemplate.of(tok), TINY, aux_layers=[1, 2, 3], log=lambda m: None)
     save(state, tmp_path / "head", TINY, {"training_files": []})
     cfg = json.loads((tmp_path / "head" / "config.json").read_text())
     assert cfg["architectures"] == ["LlamaForCausalLMEagle3"] and cfg["num_hidden_layers"] == 1
@@ -86,8 +73,9 @@ def test_checkpoint_is_what_vllm_loads_for_eagle3(target, data, tok, tmp_path):
     assert {"fc.weight", "midlayer.self_attn.q_proj.weight", "midlayer.hidden_norm.weight", "midlayer.mlp.down_proj.weight",
             "norm.weight", "lm_head.weight", "d2t", "t2d"} <= set(w)
     assert "embed_tokens.weight" not in w  # vLLM shares the target's embeddings
-    assert w["fc.weight"].shape == (64, 3 * 64) and w["lm_head.weight"].shape == (64, 64)
-    assert w["midlayer.self_attn.q_proj.weight"].shape[1] == 2 * 64  # [embedding ; hidden]
+    hidden = json.loads((tiny_target / "config.json").read_text())["hidden_size"]
+    assert w["fc.weight"].shape == (hidden, 3 * hidden) and w["lm_head.weight"].shape == (64, hidden)
+    assert w["midlayer.self_attn.q_proj.weight"].shape[1] == 2 * hidden  # [embedding ; hidden]
     assert w["d2t"].dtype == torch.int64 and w["t2d"].dtype == torch.bool and int(w["t2d"].sum()) == 64
     used = torch.nonzero(w["t2d"]).flatten()
     assert torch.equal(torch.arange(64) + w["d2t"], used)
@@ -95,7 +83,8 @@ def test_checkpoint_is_what_vllm_loads_for_eagle3(target, data, tok, tmp_path):
     assert meta["budget"]["steps"] == 4 and "final_top1_agreement_by_step" in meta["metrics"]
 
 
-def test_training_on_regenerated_rows_reads_only_them_and_evaluation_reports_held_out(target, data, tok, monkeypatch):
+def test_training_on_regenerated_rows_reads_only_them_and_evaluation_reports_held_out(tiny_target, data, tok,
+                                                                                       monkeypatch):
     """With a regenerated store, training reads no original row (the store replaces the seen rows,
     matched by file and position, so the holdout stays the cut table's); after training, agreement
     is reported on seen rows (as trained), on their original text, and on held-out rows."""
@@ -117,7 +106,8 @@ def test_training_on_regenerated_rows_reads_only_them_and_evaluation_reports_hel
     real = readers.read_rows
     monkeypatch.setattr(readers, "read_rows", lambda df, wanted: read.extend((str(df.path), w) for w in wanted)
                         or real(df, wanted))
-    state = train(target, cuts, ChatTemplate.of(tok), budget, aux_layers=[1, 2, 3], log=lambda m: None, store=store)
+    state = train(tiny_target, cuts, ChatTemplate.of(tok), budget, aux_layers=[1, 2, 3], log=lambda m: None,
+                  store=store)
     assert not read and state["metrics"]["training_rows"] == "regenerated"
     assert all(ids in [v[0][:len(ids)] for v in store.values()] for ids, _ in state["eval"]["seqs"])
     agreement = evaluate(state, cuts, ChatTemplate.of(tok), budget, store, log=lambda m: None)

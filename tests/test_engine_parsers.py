@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from builders import REPO
+from builders import REPO, vllm_check, vllm_installed
 from specmatch.serving.engines import get_engine
 from specmatch.serving.engines.sglang import ACCEPTED_KEYS, HISTOGRAM_KEYS, PROPOSED_KEYS
 from specmatch.files import SpecmatchError
@@ -155,50 +155,16 @@ def test_meta_info_keys_we_read_are_the_ones_sglang_emits(release):
 
 
 # -- vLLM: the GPU profile through vLLM's own parser and validation ------------------------------
-@pytest.fixture(scope="module")
-def tiny_target(tmp_path_factory, tok):
-    from transformers import LlamaConfig, LlamaForCausalLM
-
-    cfg = LlamaConfig(vocab_size=len(tok), hidden_size=64, intermediate_size=128, num_hidden_layers=4,
-                      num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=512)
-    d = tmp_path_factory.mktemp("vllm_target")
-    LlamaForCausalLM(cfg).save_pretrained(d)
-    tok.save_pretrained(d)
-    return d
-
-
-def vllm_check(argv: list[str]):
-    """vLLM's own: the API server's argument parser, EngineArgs, the model config, the speculative
-    config (method, drafter, k) and the batch-size schedule validation."""
-    from vllm.engine.arg_utils import AsyncEngineArgs
-    from vllm.entrypoints.launchers.cli_args import make_arg_parser
-
-    try:
-        from vllm.utils.argparse_utils import FlexibleArgumentParser
-    except ImportError:  # older layout
-        from vllm.utils import FlexibleArgumentParser
-    args = make_arg_parser(FlexibleArgumentParser()).parse_args(argv)
-    ea = AsyncEngineArgs.from_cli_args(args)
-    model_config = ea.create_model_config()
-    from vllm.config import ParallelConfig
-
-    spec = ea.create_speculative_config(model_config, ParallelConfig(tensor_parallel_size=1))
-    if spec is not None and spec.num_speculative_tokens_per_batch_size:
-        from vllm.v1.spec_decode.dynamic.utils import build_dynamic_sd_schedule_lookup
-
-        build_dynamic_sd_schedule_lookup(spec.num_speculative_tokens_per_batch_size,
-                                         vllm_max_batch_size=ea.max_num_seqs or 256,
-                                         vllm_num_speculative_tokens=spec.num_speculative_tokens)
-    return args, spec
-
-
 def vllm_plan(cfg, max_batch=256):
     return get_engine({"engine": "vllm", "profile": "gpu", **cfg}).launch_plan(30000, max_batch)
 
 
-pytest.importorskip("vllm")
+# only the tests that run vLLM's own code skip without it (a module-level importorskip skipped the
+# SGLang tests above too, silently, on a machine without vLLM)
+needs_vllm = pytest.mark.skipif(not vllm_installed(), reason="vLLM is not installed (scripts/setup.sh installs it)")
 
 
+@needs_vllm
 @pytest.mark.slow  # vLLM's engine-config validation of every argv: half a minute
 def test_every_vllm_gpu_argv_passes_vllms_own_checks(tiny_target, tmp_path, tok):
     from specmatch.training.drafter import Budget, checkpoint_config
@@ -221,7 +187,7 @@ def test_every_vllm_gpu_argv_passes_vllms_own_checks(tiny_target, tmp_path, tok)
     }
     for name, (cfg_, method) in cases.items():
         plan = vllm_plan(cfg_, 512)
-        args, spec = vllm_check(plan.argv[3:])
+        args, spec, _ = vllm_check(plan.argv[3:])
         assert args.max_num_seqs == 512 and "-O0" not in plan.argv, name
         if name == "tensor parallel":
             assert args.tensor_parallel_size == 8
@@ -234,7 +200,8 @@ def test_every_vllm_gpu_argv_passes_vllms_own_checks(tiny_target, tmp_path, tok)
         vllm_check(bad.argv[3:])
 
 
-@pytest.mark.slow  # vLLM's own parser and validation, on a tiny target built first
+@needs_vllm
+@pytest.mark.slow  # vLLM's own parser and validation, on the tiny target
 def test_the_vllm_gpu_example_config_passes_vllms_own_checks(tiny_target):
     from specmatch.config import validate
 
@@ -249,10 +216,11 @@ def test_the_vllm_gpu_example_config_passes_vllms_own_checks(tiny_target):
             sc["method"], sc["model"] = "ngram", None  # the drafter is the user's; its schedule and k are ours
             sc = {k: v for k, v in sc.items() if v is not None} | {"prompt_lookup_max": 4}
             argv[argv.index("--speculative-config") + 1] = json.dumps(sc)
-        args, got = vllm_check(argv)
+        args, _, _ = vllm_check(argv)
         assert args.tensor_parallel_size == 8, name
 
 
+@needs_vllm
 @pytest.mark.slow  # the engine's own code in a subprocess: several seconds
 def test_a_renamed_schedule_key_is_refused_clearly():
     """An open vLLM proposal renames the schedule key (speculative_token_schedule): the adapter says

@@ -12,7 +12,8 @@ import zstandard
 
 from builders import SHARED
 from specmatch.files import SpecmatchError
-from specmatch.data.inspection import check_manifest, inspect_root
+from specmatch.data.inspect_pass import inspect_root
+from specmatch.data.inspection import check_manifest
 from specmatch.data.inspection import main as inspection_main
 from specmatch.records import Manifest, SourceSummary
 
@@ -209,7 +210,7 @@ def test_real_specforge_rows(tmp_path):
 def test_vectorised_path_equals_row_by_row_path(tmp_path, tok_dir, monkeypatch):
     """The fast path for tokenized JSON Lines (and reading in parallel ranges) must report exactly
     what the exact row-by-row path reports: the manifest and every row of the cut table."""
-    import specmatch.data.inspection as insp
+    import specmatch.data.inspect_reader as insp
 
     build_root(tmp_path)
     calls = []
@@ -227,7 +228,7 @@ def test_vectorised_path_equals_row_by_row_path(tmp_path, tok_dir, monkeypatch):
 
 
 def test_mask_only_on_later_rows_is_seen_by_the_fast_path(tmp_path, tok_dir, monkeypatch):
-    import specmatch.data.inspection as insp
+    import specmatch.data.inspect_reader as insp
 
     write_jsonl(tmp_path / "s" / "d.jsonl", [tok_row(5, 5, key="none")] + [tok_row(6, 4) for _ in range(3)])
     fast, fast_cuts = inspect_root(tmp_path, str(tok_dir))
@@ -243,7 +244,7 @@ def test_mask_only_on_later_rows_is_seen_by_the_fast_path(tmp_path, tok_dir, mon
     "[49151, 0, 10, 100, 1000, 10000]", "[-0, 1]",
 ])
 def test_integer_arrays_are_read_exactly(text):
-    from specmatch.data.inspection import _ints
+    from specmatch.data.inspect_reader import _ints
 
     want = json.loads(text)
     want = want[0] if want and isinstance(want[0], list) else want
@@ -253,7 +254,7 @@ def test_integer_arrays_are_read_exactly(text):
 @pytest.mark.parametrize("text", ["[1.5, 2]", "[1e3]", '["1"]', "[true]", "[null]", "[]", "[[1], [2]]",
                                   "[[[1]]]", "[1234567890123456789012]", "{}"])
 def test_anything_but_an_integer_array_goes_to_the_exact_path(text):
-    from specmatch.data.inspection import _ints
+    from specmatch.data.inspect_reader import _ints
 
     assert _ints(text.encode()) is None
 
@@ -261,7 +262,7 @@ def test_anything_but_an_integer_array_goes_to_the_exact_path(text):
 def test_random_integer_arrays_match_json(tmp_path):
     import random
 
-    from specmatch.data.inspection import _ints
+    from specmatch.data.inspect_reader import _ints
 
     rng = random.Random(1)
     for _ in range(300):

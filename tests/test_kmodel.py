@@ -9,7 +9,7 @@ import sys
 
 import pytest
 
-from builders import REPO, sweep_cells
+from builders import REPO, sweep_cells, vllm_check
 from specmatch.deciding.deployment import ServerInfo, server_k
 from specmatch.deciding.kmodel import (KBand, KChoice, bands, best_k, members, predict, recommend, sglang_adaptive_config,
                               sglang_deployment, tokens_per_step, vllm_deployment)
@@ -402,6 +402,7 @@ def patterns():
                 yield dict(zip(cs, ks)), max_batch
 
 
+@pytest.mark.slow  # imports vLLM (about 7 s of CPU; no quick test imports it otherwise)
 def test_every_schedule_pattern_passes_vllms_own_validation():
     utils = pytest.importorskip("vllm.v1.spec_decode.dynamic.utils")
     seen = 0
@@ -427,46 +428,18 @@ def test_every_schedule_pattern_passes_vllms_own_validation():
     assert seen > 300
 
 
-def vllm_check(argv: list[str]):
-    """vLLM's own argument parser, EngineArgs, model and speculative config and schedule lookup (as
-    tests/test_engine_parsers.py's vllm_check; test modules never import each other)."""
-    from vllm.engine.arg_utils import AsyncEngineArgs
-    from vllm.entrypoints.launchers.cli_args import make_arg_parser
-
-    try:
-        from vllm.utils.argparse_utils import FlexibleArgumentParser
-    except ImportError:
-        from vllm.utils import FlexibleArgumentParser
-    from vllm.config import ParallelConfig
-    from vllm.v1.spec_decode.dynamic.utils import build_dynamic_sd_schedule_lookup
-
-    args = make_arg_parser(FlexibleArgumentParser()).parse_args(argv)
-    ea = AsyncEngineArgs.from_cli_args(args)
-    spec = ea.create_speculative_config(ea.create_model_config(), ParallelConfig(tensor_parallel_size=1))
-    dense = build_dynamic_sd_schedule_lookup(spec.num_speculative_tokens_per_batch_size,
-                                             vllm_max_batch_size=ea.max_num_seqs or 256,
-                                             vllm_num_speculative_tokens=spec.num_speculative_tokens)
-    return spec, dense
-
-
-@pytest.mark.slow  # vLLM's engine-config validation on a tiny target built first
-def test_recommended_schedules_pass_vllms_own_parser_and_validation(tmp_path, tok):
+@pytest.mark.slow  # vLLM's engine-config validation on the tiny target
+def test_recommended_schedules_pass_vllms_own_parser_and_validation(tiny_target):
     pytest.importorskip("vllm")
-    from transformers import LlamaConfig, LlamaForCausalLM
-
     from specmatch.serving.engines import get_engine
 
-    cfg = LlamaConfig(vocab_size=len(tok), hidden_size=64, intermediate_size=128, num_hidden_layers=2,
-                      num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=512)
-    LlamaForCausalLM(cfg).save_pretrained(tmp_path)
-    tok.save_pretrained(tmp_path)
     cases = [({1: 4, 4: 2, 16: 0}, 256), ({1: 0, 4: 3}, 64), ({1: 2, 16: 5}, 512), ({1: 1, 4: 0, 16: 2}, 256)]
     for dec, max_batch in cases:
         bs = bands(choices(dec), {}, max_batch)
         _, spec = vllm_deployment({"method": "ngram", "prompt_lookup_max": 4}, bs, max_batch)
-        plan = get_engine({"engine": "vllm", "profile": "gpu", "model": str(tmp_path),
+        plan = get_engine({"engine": "vllm", "profile": "gpu", "model": str(tiny_target),
                            "speculative": spec}).launch_plan(30000, max_batch)
-        got, dense = vllm_check(plan.argv[3:])
+        _, got, dense = vllm_check(plan.argv[3:])
         assert got.num_speculative_tokens == max(b.k for b in bs)
         sched = [list(x) for x in got.num_speculative_tokens_per_batch_size]
         assert sched == spec["num_speculative_tokens_per_batch_size"]

@@ -8,7 +8,7 @@ import pytest
 from builders import CONV, SHARED, make_root
 from specmatch.data.demo import tokenize_conversation
 from specmatch.files import SpecmatchError
-from specmatch.data.inspection import inspect_root
+from specmatch.data.inspect_pass import inspect_root
 from specmatch.data.inspection import main as inspection_main
 from specmatch.data.prompts import allocate, file_suite, training_suite
 from specmatch.data.prompts import main as prompts_main
@@ -141,7 +141,7 @@ def test_real_specforge_qwen3_rows_decode_and_cut(tmp_path):
 def test_vectorised_cutting_equals_row_by_row(tmp_path, tok, tok_dir, monkeypatch):
     """Suites drawn from the fast path's cut table and from the exact path's are identical, skip
     counts included (the holdout filter too)."""
-    import specmatch.data.inspection as insp
+    import specmatch.data.inspect_reader as insp
 
     root = make_root(tmp_path, tok, {"a": 30, "b": 10})
     spec = {"size": 20, "seed": 3, "turn": "first", "weighting": "mix"}

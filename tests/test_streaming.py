@@ -36,6 +36,7 @@ def test_sglang_stream_counts_every_arrival(fake_server, incremental):
     eng = get_engine({"engine": "sglang", "model": "m"})
     recs = asyncio.run(run_load(srv.base_url, reqs(2, protocol="sglang-generate"), 1, "sglang-generate",
                                 eng.parse_request_acceptance))
+    assert len(recs) == 2
     for r in recs:
         assert r.ok and len(r.arrivals_s) == 12 and r.output_tokens == 12
         assert r.num_spec_steps == 4 and r.acceptance_length == pytest.approx(3.0)

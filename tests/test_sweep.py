@@ -92,11 +92,14 @@ def test_sglang_num_steps_sweep_sets_the_draft_tokens_it_needs():
 def test_the_expanded_sglang_members_launch():
     from specmatch.serving.engines import get_engine
 
+    launched = []
     for name, cfg in expand({"sg": sg(num_steps=[1, 3])}).items():
         argv = get_engine({**cfg, "sglang_version": "0.5.23"}).launch_plan(30000, 64).argv
         k = sweep_of(name)[1]
         assert argv[argv.index("--speculative-num-steps") + 1] == str(k)
         assert argv[argv.index("--speculative-num-draft-tokens") + 1] == str(k + 1)
+        launched.append(k)
+    assert launched == [1, 3]
 
 
 @pytest.mark.parametrize("servers, field, what", [
@@ -140,5 +143,7 @@ def test_the_workflow_wildcards_take_member_names():
     """The rules' {server} wildcard is unconstrained: a member's name is one path component, as is
     every suffix the workflow adds to it."""
     rules = "\n".join(p.read_text() for p in (REPO / "workflow" / "rules").glob("*.smk"))
-    for block in re.findall(r"wildcard_constraints:\n((?:\s{8}.*\n)+)", rules):
+    blocks = re.findall(r"wildcard_constraints:\n((?:\s{8}.*\n)+)", rules)
+    assert blocks, "no wildcard_constraints block found: the check below would see nothing"
+    for block in blocks:
         assert not re.search(r"^\s*server\s*=", block, re.M), block

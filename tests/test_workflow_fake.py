@@ -178,11 +178,13 @@ def test_snakemake_report_has_the_verdict_and_plots(workdir):
         assert needle in html, needle
 
 
+@pytest.mark.slow  # three Snakemake runs on the test workflow: about 10 s
 def test_commands_without_cores_work(workdir):
     """`--unlock`, `--summary` and a dry run take no `--cores`: no rule may need the core count
     while the rules are parsed (a `threads: workflow.cores` did, and `--unlock` failed)."""
     base = snakemake_cmd() + ["--configfile", "test.yaml"]
-    assert "Unlocked" in run(base + ["--unlock"], workdir).stdout + run(base + ["--unlock"], workdir).stderr
+    unlock = run(base + ["--unlock"], workdir)
+    assert "Unlocked" in unlock.stdout + unlock.stderr   # one run's own output (Snakemake logs to stderr)
     run(base + ["--summary"], workdir)
     run(base + ["-n"], workdir)
 

@@ -27,7 +27,7 @@ import polars as pl
 from . import readers
 from .. import steps
 from ..files import SpecmatchError, read_json, read_jsonl, write_json, write_jsonl, write_text
-from .inspection import read_cuts
+from .cuts import read_cuts
 from ..provenance import Recorder
 from ..records import Cut, Manifest, Prompt, SuiteMatch
 from .rows import ChatTemplate, normalise_messages, prompt_of

@@ -46,7 +46,7 @@ import polars as pl
 from ..data import readers
 from .. import steps
 from ..files import SpecmatchError, atomic_dir, read_json
-from ..data.inspection import read_cuts
+from ..data.cuts import read_cuts
 from ..provenance import Recorder
 from ..records import Cut, Manifest
 from ..data.rows import ChatTemplate, row_ids_and_mask, training_rows
