@@ -25,7 +25,7 @@ from pathlib import Path
 import numpy as np
 import polars as pl
 
-from . import kreport
+from . import interference, kreport
 from .. import steps
 from ..deciding.analysis import LABEL, Analysis, Settings, attribute
 from ..deciding.attribution import launch_differences, mixed_servers
@@ -202,7 +202,8 @@ def verdict_lines(an: Analysis, recs: list[Recommendation], attrs: list[Attribut
                         and v.speedup is not None), key=lambda v: v.speedup, default=None)
             if best:
                 text += f" (best {best.speedup:.2f}x at c={best.concurrency})"
-            lines.append(text + cause_note(attrs, an, server, suite) + ".")
+            lines.append(text + cause_note(attrs, an, server, suite)
+                         + interference.verdict_note(an.measurements.cells, an.verdicts, an.baseline, server, suite) + ".")
     return lines
 
 
@@ -593,6 +594,7 @@ def markdown(an: Analysis, recs: list[Recommendation], verified: dict, matches: 
                                                             + (f" over {x.spec_decode_num_drafts} speculative steps"
                                                                if server in mixed and x.spec_decode_num_drafts else "")) +
                      f" | {_fmt(x.holdout_share, '.0%')} |")
+    lines += interference.section(an.measurements.cells, an.verdicts, an.baseline)
     lines += load_generator_lines(list(an.measurements.cells.values()))
     lines += ["", "Definitions (every cell's `definitions` field): TTFT is the first stream chunk carrying choices, "
                   "end-to-end latency the last one, TPOT (e2e - TTFT) / (output tokens - 1) with output tokens from the "
