@@ -134,13 +134,17 @@ def cells_mode(a, server: dict, prompts: Path, work: Path, req: dict, quiet_firs
         for i, (label, duty) in enumerate(plan):
             for c in a.concurrency:
                 t0 = time.time()
-                with Neighbour(duty, a.pin):
+                with Neighbour(duty, a.pin) as n:
                     cell = run_cell("baseline", server, prompts, c, {**req, "on_interference": "flag"},
                                     work / f"cell{i}-c{c}.json", state, work / "server.log")
+                    pid = n.proc.pid if n.proc else None
+                seen = next((o for o in cell["interference"]["top"] if o["pid"] == pid), None)
                 cells.append({"label": label, "duty": duty, "concurrency": c, "wall_s": round(time.time() - t0, 1),
+                              "neighbour_in_top": seen is not None, "neighbour_cores": seen["cpu_cores"] if seen else None,
                               "cell": cell})
                 print(f"{label} c={c}: {cell['output_throughput']:.2f} tok/s, foreign "
-                      f"{cell['interference']['foreign_cpu_cores']:.3f} cores, flagged {cell['interference']['flagged']}",
+                      f"{cell['interference']['foreign_cpu_cores']:.3f} cores (server {cell['interference']['server_cpu_cores']:.2f}, "
+                      f"neighbour {seen['cpu_cores'] if seen else '-'}), flagged {cell['interference']['flagged']}",
                       flush=True)
         # a neighbour that leaves during the cell: flagged first, clean when re-measured
         c = a.concurrency[0]
@@ -170,6 +174,8 @@ def dose_response(res: dict) -> list[dict]:
             cell, i = x["cell"], x["cell"]["interference"]
             out.append({"label": x["label"], "concurrency": c, "duty": x["duty"],
                         "foreign_cpu_cores": i["foreign_cpu_cores"], "other_cpu_cores": i["other_cpu_cores"],
+                        "neighbour_cores": x.get("neighbour_cores"), "server_cpu_cores": i["server_cpu_cores"],
+                        "workflow_cpu_cores": i.get("workflow_cpu_cores"),
                         "top": [(o["comm"], o["cpu_cores"], o["nice"]) for o in i["top"][:3]],
                         "throughput": cell["output_throughput"], "throughput_vs_quiet": cell["output_throughput"] / q_thr,
                         "median_tpot_ms": cell["median_tpot_ms"], "tpot_vs_quiet": cell["median_tpot_ms"] / q_tpot,
@@ -180,10 +186,12 @@ def dose_response(res: dict) -> list[dict]:
 def cells_report(res: dict) -> list[str]:
     from specmatch.reporting.interference import section
 
-    lines = ["| cell | c | neighbour duty | foreign cores | top others | tok/s | vs quiet | median TPOT ms | vs quiet | "
-             "flagged |", "|---|---|---|---|---|---|---|---|---|---|"]
+    lines = ["| cell | c | neighbour duty | neighbour read | server cores | foreign cores | top others | tok/s | "
+             "vs quiet | median TPOT ms | vs quiet | flagged |", "|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for d in res["dose_response"]:
-        lines.append(f"| {d['label']} | {d['concurrency']} | {d['duty']:g} | {d['foreign_cpu_cores']:.3f} | "
+        nb = f"{d['neighbour_cores']:.3f}" if d.get("neighbour_cores") is not None else "—"
+        lines.append(f"| {d['label']} | {d['concurrency']} | {d['duty']:g} | {nb} | {d['server_cpu_cores']:.2f} | "
+                     f"{d['foreign_cpu_cores']:.3f} | "
                      + ", ".join(f"{n} {x:.2f} (nice {k})" for n, x, k in d["top"]) + f" | {d['throughput']:.2f} | "
                      f"{d['throughput_vs_quiet']:.2f} | {d['median_tpot_ms']:.1f} | {d['tpot_vs_quiet']:.2f} | "
                      f"{d['flagged']} |")

@@ -130,7 +130,8 @@ class FakeProc:
 
 def test_sampler_arithmetic_on_synthetic_proc(tmp_path):
     """Over 10 s: the server (group 500: its leader, an engine worker in its group, a child that left the
-    group but descends from it) and the load generator (pid 700 and its child) are never counted; a kernel
+    group but descends from it), the load generator (pid 700 and its child) and the workflow running it
+    (its ancestors: Snakemake and its job shell) are never counted; a kernel
     thread is reported apart; a neighbour counts its delta; a process born between scans counts all its CPU;
     one that exits keeps what was seen; a reused pid is a new process; /proc/stat's busy time that no
     process accounts for is unattributed; steal is a share of all CPU time."""
@@ -138,7 +139,9 @@ def test_sampler_arithmetic_on_synthetic_proc(tmp_path):
     fp.set(500, comm="vllm serve", pgrp=500, session=500, utime=1000)
     fp.set(501, comm="EngineCore_0", ppid=500, pgrp=500, session=500, utime=5000)
     fp.set(502, comm="escaped", ppid=501, pgrp=502, session=502, utime=10)
-    fp.set(700, comm="python -m specmatch", utime=300)
+    fp.set(650, comm="snakemake", utime=900)
+    fp.set(651, comm="bash", ppid=650, utime=5)
+    fp.set(700, comm="python -m specmatch", ppid=651, utime=300)
     fp.set(701, comm="nvidia-smi", ppid=700, pgrp=701, utime=1)
     fp.set(2, comm="kthreadd", flags=0x00208040, ppid=0)
     fp.set(30, comm="kworker/1:2", ppid=2, flags=0x04208060, utime=0, stime=50)
@@ -152,7 +155,8 @@ def test_sampler_arithmetic_on_synthetic_proc(tmp_path):
     fp.now = 5.0
     fp.set(501, comm="EngineCore_0", ppid=500, pgrp=500, session=500, utime=5000 + 5 * CLK_TCK)
     fp.set(502, comm="escaped", ppid=501, pgrp=502, session=502, utime=10 + 2 * CLK_TCK)
-    fp.set(700, comm="python -m specmatch", utime=300 + CLK_TCK)
+    fp.set(700, comm="python -m specmatch", ppid=651, utime=300 + CLK_TCK)
+    fp.set(650, comm="snakemake", utime=900 + CLK_TCK // 5)
     fp.set(701, comm="nvidia-smi", ppid=700, pgrp=701, utime=1 + CLK_TCK // 10)
     fp.set(30, comm="kworker/1:2", ppid=2, flags=0x04208060, stime=50 + CLK_TCK)
     fp.set(900, comm="yes", nice=19, utime=100 + 2 * CLK_TCK)
@@ -164,8 +168,8 @@ def test_sampler_arithmetic_on_synthetic_proc(tmp_path):
     fp.set(900, comm="yes", nice=19, utime=100 + 4 * CLK_TCK)
     fp.set(901, comm="reused pid", utime=CLK_TCK // 4, start=9000)        # a new process with an old pid
     del fp.procs[950]
-    # the machine's busy time: everything the processes above used (13.85 s) plus 0.5 s nobody accounts for
-    used = (5 + 2 + 1 + 0.1 + 1 + 4 + 0.5 + 0.25) * CLK_TCK
+    # the machine's busy time: everything the processes above used (14.05 s) plus 0.5 s nobody accounts for
+    used = (5 + 2 + 1 + 0.1 + 0.2 + 1 + 4 + 0.5 + 0.25) * CLK_TCK
     fp.cpu = [int(1000 + used + 0.5 * CLK_TCK), 0, 0, 100 * CLK_TCK, 0, 0, 0, int(0.2 * CLK_TCK), 0, 0]
     fp.write()
     s._scan()
@@ -174,6 +178,7 @@ def test_sampler_arithmetic_on_synthetic_proc(tmp_path):
     assert r.server_cpu_cores == pytest.approx((5 + 2) / 10, abs=1e-3)
     assert r.load_generator_cpu_cores == pytest.approx(1.1 / 10, abs=2e-3)
     assert r.kernel_cpu_cores == pytest.approx(0.1, abs=1e-3)
+    assert r.workflow_cpu_cores == pytest.approx(0.02, abs=1e-3)   # Snakemake, the load generator's ancestor
     assert r.other_cpu_cores == pytest.approx((4 + 0.5 + 0.25) / 10, abs=2e-3)
     assert r.other_cpu_peak_cores == pytest.approx(0.5, abs=2e-3)   # the first interval: yes 0.4 + make 0.1
     assert r.unattributed_cpu_cores == pytest.approx(0.05, abs=3e-3)
@@ -284,13 +289,16 @@ def test_server_children_and_load_generator_threads_are_never_neighbours(tmp_pat
     whose = sampler.processes()
     assert whose[engine_child][0] == "server" and whose[server.pid][0] == "server"
     assert whose[os.getpid()][0] == "self" and whose[neighbour][0] == "other"
+    assert whose[os.getppid()][0] == "workflow"   # what runs this test, as Snakemake runs a cell
     assert not {engine_child, server.pid, os.getpid()} & {o.pid for o in r.top}
-    # busy processes share two cores with whatever else runs here: each gets a fair part of one, at least
-    assert whose[neighbour][2] > 0.1 and r.other_cpu_cores >= whose[neighbour][2] - 1e-6
-    assert whose[engine_child][2] > 0.1 and r.server_cpu_cores >= whose[engine_child][2] + whose[server.pid][2] - 1e-3
-    assert r.load_generator_cpu_cores > 0.1   # this process's busy thread (and the sampler)
+    # busy processes share the cores with whatever else runs here (a loaded CI box: a dozen others): a part
+    assert whose[neighbour][2] > 0.03 and r.other_cpu_cores >= whose[neighbour][2] - 1e-6
+    assert whose[engine_child][2] > 0.03 and r.server_cpu_cores >= whose[engine_child][2] + whose[server.pid][2] - 1e-3
+    assert r.load_generator_cpu_cores > 0.03   # this process's busy thread (and the sampler)
     assert r.flagged
-    assert r.sampler_core_share < 0.01        # the sampler's own CPU: well under 1% of a core
+    # the sampler's own CPU: a scan costs a few ms, so at its default 1 s interval (stretched to stay under
+    # 0.5% of a core when scans cost more) it stays well under 1% of a core in a cell of any length
+    assert r.sampler_cpu_s / r.samples < 0.01
 
 
 def test_short_lived_processes_do_not_break_the_sampler():

@@ -344,7 +344,7 @@ class RequestSettings(Record):
     min_requests_per_worker: Optional[int] = None
     # what a cell does when others used the machine during it (measuring.interference)
     on_interference: str = "remeasure"     # remeasure | flag | fail
-    interference_threshold: float = 0.1    # cores of foreign CPU (mean over the measured part)
+    interference_threshold: float = 0.05   # cores of foreign CPU (mean over the measured part)
 
 
 @dataclass
@@ -468,8 +468,9 @@ class GpuInterference(Record):
 @dataclass
 class Interference(Record):
     """What else used the machine during a cell's measured part (specmatch.measuring.interference): CPU of
-    processes other than the server's (its process group, session and descendants) and the load
-    generator's (the cell's own process and threads, its children, the server's watchdog), steal, kernel
+    processes other than the server's (its process group, session and descendants), the load
+    generator's (the cell's own process and threads, its children, the server's watchdog) and the
+    workflow's (the load generator's ancestors: Snakemake and its job shell), steal, kernel
     threads, the cores available, the load average, and on GPUs other compute processes and clock
     slowdowns. CPU figures are mean cores over the window. `foreign_cpu_cores` (other + steal +
     unattributed where positive) is compared with `threshold_cores`; `flagged` says the cell's machine
@@ -492,6 +493,7 @@ class Interference(Record):
     irq_cpu_cores: float = 0.0
     server_cpu_cores: float = 0.0
     load_generator_cpu_cores: float = 0.0
+    workflow_cpu_cores: float = 0.0        # the load generator's ancestors (Snakemake and its job shell)
     loadavg_start: Optional[float] = None
     loadavg_end: Optional[float] = None
     processes_born: int = 0

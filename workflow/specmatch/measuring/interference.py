@@ -10,6 +10,9 @@ Whose CPU is whose. Every process is one of
   of its own, serving/server.py; the engine's workers inherit it), or a descendant of it;
 - the **load generator**: this process (all its threads, this sampler's included: /proc/<pid>/stat sums
   a process's threads), its descendants, and the server's watchdog;
+- the **workflow**: the load generator's ancestors (the shell Snakemake runs a job in, Snakemake itself,
+  which polls its jobs at about 2% of a core during a cell), pid 1 excepted: the harness every cell runs
+  under alike, reported apart and never counted as a neighbour;
 - **kernel** threads (PF_KTHREAD): reported, never counted as a neighbour (they do the loopback network
   and the page cache work of the cell itself);
 - **other**: everything else. Its CPU is the interference.
@@ -262,8 +265,15 @@ class Owners:
     own_pids: set = field(default_factory=lambda: {os.getpid()})
 
     def classify(self, procs: dict[int, PidStat]) -> dict[int, str]:
-        """pid -> server | self | kernel | other, for one scan (ancestry through ppid within it)."""
+        """pid -> server | self | workflow | kernel | other, for one scan (ancestry through ppid within it)."""
         kind: dict[int, str] = {}
+        for pid in self.own_pids:   # the load generator's ancestors: the workflow that runs it
+            seen = set()
+            up = procs[pid].ppid if pid in procs else 0
+            while up > 1 and up in procs and up not in seen and up not in self.own_pids:
+                seen.add(up)
+                kind[up] = "workflow"
+                up = procs[up].ppid
 
         def of(pid: int, depth: int = 0) -> str:
             if pid in kind:
@@ -505,7 +515,7 @@ class Sampler:
         self.stop()
 
     def processes(self) -> dict[int, tuple[str, str, float]]:
-        """pid -> (whose: server | self | kernel | other, comm, mean cores over the window) for every process
+        """pid -> (whose: server | self | workflow | kernel | other, comm, mean cores over the window) for every process
         seen (a reused pid: its latest process)."""
         window = max(self._t_last - self._t0, 1e-9)
         return {a.pid: (a.kind, a.comm, a.ticks / CLK_TCK / window) for a in self._acc.values()}
@@ -517,7 +527,7 @@ class Sampler:
             return Interference(available=False, reason=f"no {self.proc}/stat (not Linux): nothing was sampled",
                                 threshold_cores=threshold_cores)
         window = max(self._t_last - self._t0, 1e-9)
-        per = {k: 0 for k in ("server", "self", "kernel", "other")}
+        per = {k: 0 for k in ("server", "self", "workflow", "kernel", "other")}
         for acc in self._acc.values():
             per[acc.kind] += acc.ticks
         cores = {k: v / CLK_TCK / window for k, v in per.items()}
@@ -556,6 +566,7 @@ class Sampler:
             foreign_cpu_cores=round(foreign, 4), kernel_cpu_cores=round(cores["kernel"], 4),
             irq_cpu_cores=round((d.irq + d.softirq) / CLK_TCK / window, 4),
             server_cpu_cores=round(cores["server"], 4), load_generator_cpu_cores=round(cores["self"], 4),
+            workflow_cpu_cores=round(cores["workflow"], 4),
             loadavg_start=self._load0, loadavg_end=self._load1,
             processes_born=self._born, processes_exited=self._exited, unreadable=self._unreadable,
             top=[Offender(pid=a.pid, comm=a.comm, cpu_cores=round(a.ticks / CLK_TCK / window, 4), nice=a.nice)

@@ -57,7 +57,8 @@ def section(cells: dict[CellKey, CellResult], verdicts: list[Verdict], baseline:
         return []
     lines = ["", "## Machine quietness", "",
              "While each cell measured (never its warm-up), a sampler read what else used the machine: CPU of "
-             "processes outside the server's process group and the load generator, and steal, from /proc"
+             "processes outside the server's process group, the load generator and the workflow running it "
+             "(Snakemake), steal, and busy time no process accounts for, from /proc"
              + (", and other compute processes and clock slowdowns on the GPU (nvidia-smi)" if q.gpu_read else "")
              + f". A cell is flagged when that foreign CPU exceeds {_cores(q.threshold_cores)} cores "
              "(`requests.interference_threshold`): a neighbour at the lowest priority still stretches every engine "
