@@ -1,4 +1,4 @@
-"""Does a covariate adjustment (summary.adjust, deciding.adjust) pay, and is it safe? A/A and power by simulation.
+"""Does a covariate adjustment (deciding.adjust, CUPED-style) pay, and is it safe? A/A and power by simulation.
 
 Synthetic runs with a time axis: a baseline and a second server (identical: A/A; or truly `--speedup`
 faster), repeats in fresh sessions ordered as the workflow orders them (run_order.py: servers alternate

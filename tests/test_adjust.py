@@ -86,7 +86,7 @@ def test_adjusted_cell_is_the_measured_cell_on_another_clock():
     idx = np.arange(len(a.out))[None, :]
     assert b.stat("output_throughput", idx)[0] == pytest.approx(a.stat("output_throughput", idx)[0] / 1.25)
     assert adjust(cells, None) == (cells, None)
-    with pytest.raises(SpecmatchError, match="summary.adjust"):
+    with pytest.raises(SpecmatchError, match="unknown covariate"):
         adjust(cells, "weather")
     # cells without the covariate are kept as measured, and named
     for x, _ in cells[:2]:
@@ -95,24 +95,3 @@ def test_adjusted_cell_is_the_measured_cell_on_another_clock():
     assert got[0][0] is cells[0][0] and len(info.unadjusted) == 2
     assert slopes([x for x, _ in cells], "interference") == {}
 
-
-def test_the_config_key_and_the_summary_account():
-    import yaml
-
-    from builders import REPO
-    from specmatch.config import validate
-    from specmatch.reporting.interference import adjustment_lines, section
-
-    raw = yaml.safe_load((REPO / "config.yaml").read_text())
-    assert validate(raw)["summary"]["adjust"] is None
-    raw["summary"]["adjust"] = "time"
-    assert validate(raw)["summary"]["adjust"] == "time"
-    raw["summary"]["adjust"] = "weather"
-    with pytest.raises(SpecmatchError, match="summary.adjust"):
-        validate(raw)
-    drift = 0.01 * np.arange(6)
-    _, info = adjust(cells_with(drift, np.zeros(6)), "time")
-    text = "\n".join(adjustment_lines(info))
-    assert "summary.adjust: time" in text and "c=1: θ +0.0" in text and "per minute" in text
-    # cells without interference readings: the section is the adjustment's account alone
-    assert "## Machine quietness" in "\n".join(section({}, [], "baseline", info)) and section({}, [], "b") == []

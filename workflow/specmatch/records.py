@@ -598,9 +598,6 @@ class CellResult(Record):
     # the earlier measurements of this cell that were flagged and re-measured in the same session
     interference: Optional[Interference] = None
     earlier: list[EarlierMeasurement] = field(default_factory=list)
-    # a calibration probe's log speed just before the measured part (requests.calibration_probe_s; None: off):
-    # a covariate for summary.adjust: probe (deciding.adjust)
-    probe_log_speed: Optional[float] = None
 
     @property
     def flagged(self) -> bool:

@@ -29,8 +29,18 @@ exactly as it reads measured ones.
 
 Covariates: `time` (the cell's start time: a drift over the run, free), `interference` (the cell's
 foreign CPU, records.Interference: free where cells carry readings), `probe` (a calibration probe's log
-speed measured before the cell, records.CellResult.probe; needs requests.calibration_probe_s > 0).
-Config `summary.adjust` (null: no adjustment, the default).
+speed measured before the cell, attached by the caller as `cell.probe_log_speed`).
+
+NOT WIRED INTO THE WORKFLOW, on purpose. Simulated (bench/adjust_sim.py, A/A, 2 repeats, 100 runs x 4
+throughput verdicts each, 90% confidence): with no drift and a covariate that tracks nothing, identical
+servers were called different in 10.2% +- 1.5% of verdicts as measured and 17.5 / 19.2 / 21.0% (+- 2%)
+adjusted for time / probe / interference; with a drift and a neighbour the covariate tracks, 5.8% as
+measured and 10.2 / 13.2 / 15.5% adjusted. theta is fitted on the very spreads the analysis then reads
+as run-to-run variation, and those spreads rest on few independent server sessions (4 at 2 servers x 2
+repeats), so the fit removes chance session variation and the run-to-run variance (deciding.noise) is
+underestimated. Safe uses: theta fixed in advance (a probe calibrated in the engine's own units), or the
+run-to-run degrees of freedom reduced by one per fitted theta in deciding.noise. Until then this module
+is the evidence and the tool (bench/adjust_sim.py), not a config key.
 """
 from __future__ import annotations
 
@@ -56,9 +66,9 @@ def covariate(cell: CellResult, kind: str) -> float | None:
     if kind == "interference":
         i = cell.interference
         return i.foreign_cpu_cores if i is not None and i.available else None
-    if kind == "probe":
-        return cell.probe_log_speed
-    raise SpecmatchError(f"summary.adjust: unknown covariate '{kind}' (one of {', '.join(COVARIATES)})")
+    if kind == "probe":   # a probe's reading the caller attached to the cell (no workflow cell carries one)
+        return getattr(cell, "probe_log_speed", None)
+    raise SpecmatchError(f"adjust: unknown covariate '{kind}' (one of {', '.join(COVARIATES)})")
 
 
 @dataclass
@@ -74,7 +84,7 @@ class Slope:
 
 @dataclass
 class Adjustment:
-    """What summary.adjust did: the covariate, theta per concurrency, and the cells it could not adjust."""
+    """What adjust() did: the covariate, theta per concurrency, and the cells it could not adjust."""
     covariate: str
     slopes: dict = field(default_factory=dict)    # concurrency -> Slope
     unadjusted: list = field(default_factory=list)  # (server, suite, c, repeat) without the covariate
@@ -138,7 +148,7 @@ def adjust(cells: list[tuple[CellResult, pl.DataFrame]], kind: str | None
     if not kind:
         return cells, None
     if kind not in COVARIATES:
-        raise SpecmatchError(f"summary.adjust: unknown covariate '{kind}' (one of {', '.join(COVARIATES)})")
+        raise SpecmatchError(f"adjust: unknown covariate '{kind}' (one of {', '.join(COVARIATES)})")
     th = slopes([c for c, _ in cells], kind)
     xs: dict = {}
     for c, _ in cells:

@@ -30,16 +30,13 @@ from .. import steps
 from ..serving.engines.sglang import adaptive_support
 from ..files import SpecmatchError, read_json, write_json
 from ..provenance import Recorder
-from .adjust import adjust
 from ..records import CellResult, DerivedServer, DerivedServers, LaunchRecord, Recommendation
 
 SUFFIX = RECOMMENDED
 
 
-def load(cell_paths: list[Path], request_paths: list[Path], covariate: str | None = None
-         ) -> list[tuple[CellResult, pl.DataFrame]]:
-    """Cells and their request records, paired in the order Snakemake passed them (never guessed); adjusted for
-    `covariate` (config summary.adjust, deciding.adjust) where one is set."""
+def load(cell_paths: list[Path], request_paths: list[Path]) -> list[tuple[CellResult, pl.DataFrame]]:
+    """Cells and their request records, paired in the order Snakemake passed them (never guessed)."""
     if len(cell_paths) != len(request_paths):
         raise SpecmatchError(f"{len(cell_paths)} cell files but {len(request_paths)} request files")
     out = []
@@ -48,7 +45,7 @@ def load(cell_paths: list[Path], request_paths: list[Path], covariate: str | Non
         out.append((cell, pl.read_parquet(r)))
     if not out:
         raise SpecmatchError("no cells to analyse")
-    return adjust(out, covariate)[0]
+    return out
 
 
 def server_infos(launches: list[Path], configs: dict) -> dict[str, ServerInfo]:
@@ -196,8 +193,7 @@ def execute(a: argparse.Namespace) -> int:
     rec = Recorder("recommend", a.cells + a.requests + a.launches, {"baseline": a.baseline, "summary": settings.__dict__,
                                                                    "suites": a.suites, "verify": not a.no_verify})
     infos = server_infos(a.launches, configs)
-    an = primary_analysis(load(a.cells, a.requests, json.loads(a.settings).get("adjust")), a.baseline, settings,
-                          configs, infos, a.suites)
+    an = primary_analysis(load(a.cells, a.requests), a.baseline, settings, configs, infos, a.suites)
     if a.adaptive_dir:
         a.adaptive_dir.mkdir(parents=True, exist_ok=True)
     derived = {} if a.no_verify else derived_servers(an.recommendations, configs, infos, a.adaptive_dir)

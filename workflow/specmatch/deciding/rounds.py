@@ -132,8 +132,7 @@ def execute(a: argparse.Namespace) -> int:
     if not design.sequential:
         raise SpecmatchError("rounds: the configured repeats are a fixed design (no rounds to plan)")
     infos = server_infos(a.launches, configs)
-    an = primary_analysis(load(a.cells, a.requests, json.loads(a.settings).get("adjust")), a.baseline, settings,
-                          configs, infos, a.suites)
+    an = primary_analysis(load(a.cells, a.requests), a.baseline, settings, configs, infos, a.suites)
     out = plan(an, design, a.round)
     write_json(a.out, out.to_json())
     rec.write([a.out])

@@ -10,7 +10,6 @@ from __future__ import annotations
 import statistics
 from dataclasses import dataclass, field
 
-from ..deciding.adjust import Adjustment
 from ..deciding.interference import CellKey, cell_label, claims_on_flagged
 from ..records import CellResult, Decision, Verdict
 
@@ -51,29 +50,11 @@ def _cores(x: float | None) -> str:
     return "—" if x is None else f"{x:.2f}"
 
 
-def adjustment_lines(adj: Adjustment | None) -> list[str]:
-    """What summary.adjust did (deciding.adjust), in words."""
-    if adj is None:
-        return []
-    what = {"time": "the cell's start time (a drift over the run), in log throughput per minute",
-            "interference": "the cell's foreign CPU (its interference reading), in log throughput per core",
-            "probe": "the calibration probe's log speed before the cell"}[adj.covariate]
-    parts = [f"c={c}: θ {s.theta:+.4f}" + (f" ± {s.se:.4f}" if s.se is not None else "")
-             + f", {s.explained:.0%} of the spread between repeats" for c, s in sorted(adj.slopes.items())]
-    return ["", f"**Adjusted for a covariate** (`summary.adjust: {adj.covariate}`, CUPED-style): every cell's throughput "
-                f"and times were moved to what they would read at the common level of {what}, by the slope θ "
-                "fitted within configurations (so no server's own effect enters it): " + ("; ".join(parts) or
-                                                                                       "no slope could be fitted")
-            + (f". {len(adj.unadjusted)} cell(s) without the covariate were left as measured" if adj.unadjusted
-               else "") + "."]
-
-
-def section(cells: dict[CellKey, CellResult], verdicts: list[Verdict], baseline: str,
-            adjustment: Adjustment | None = None) -> list[str]:
-    """The "Machine quietness" section (only the adjustment's account where no cell carries a reading)."""
+def section(cells: dict[CellKey, CellResult], verdicts: list[Verdict], baseline: str) -> list[str]:
+    """The "Machine quietness" section (an empty list where no cell carries a reading)."""
     q = quietness(cells, verdicts, baseline)
     if not q.sampled:
-        return [""] + ["## Machine quietness"] + adjustment_lines(adjustment) if adjustment else []
+        return []
     lines = ["", "## Machine quietness", "",
              "While each cell measured (never its warm-up), a sampler read what else used the machine: CPU of "
              "processes outside the server's process group, the load generator and the workflow running it "
@@ -110,7 +91,7 @@ def section(cells: dict[CellKey, CellResult], verdicts: list[Verdict], baseline:
                          f"{v.speedup:.2f}x [{v.lo:.2f}, {v.hi:.2f}] rests on " + ", ".join(cell_label(k) for k in keys))
     elif q.flagged:
         lines += ["", "No claimed difference (pays or loses) rests on a flagged cell."]
-    return lines + adjustment_lines(adjustment)
+    return lines
 
 
 def verdict_note(cells: dict[CellKey, CellResult], verdicts: list[Verdict], baseline: str, server: str,

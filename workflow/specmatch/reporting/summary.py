@@ -35,7 +35,6 @@ from ..files import SpecmatchError, atomic_path, read_json, write_json, write_te
 from ..provenance import Recorder
 from ..records import (Acceptance, Attribution, Decision, DerivedServers, Direction, Effect, Outcome,
                       Recommendation, RoundPlan, SuiteMatch)
-from ..deciding.adjust import adjust
 from ..deciding.recommend import SUFFIX, analysis_arguments, load, server_infos, verified_analysis
 
 CELL_COLUMNS = ["server", "suite", "concurrency", "repeat", "engine", "completed", "failed", "duration",
@@ -483,7 +482,7 @@ def recommendation_lines(an: Analysis, recs: list[Recommendation], verified: dic
 
 def markdown(an: Analysis, recs: list[Recommendation], verified: dict, matches: list[SuiteMatch], training: list[str],
              control: list[str], attrs: list[Attribution] | None = None, no_control: dict | None = None,
-             plans: list[RoundPlan] | None = None, adjustment=None) -> str:
+             plans: list[RoundPlan] | None = None) -> str:
     s = an.settings
     attrs = attrs or []
     mixed = mixed_servers(an.infos)
@@ -595,7 +594,7 @@ def markdown(an: Analysis, recs: list[Recommendation], verified: dict, matches: 
                                                             + (f" over {x.spec_decode_num_drafts} speculative steps"
                                                                if server in mixed and x.spec_decode_num_drafts else "")) +
                      f" | {_fmt(x.holdout_share, '.0%')} |")
-    lines += interference.section(an.measurements.cells, an.verdicts, an.baseline, adjustment)
+    lines += interference.section(an.measurements.cells, an.verdicts, an.baseline)
     lines += load_generator_lines(list(an.measurements.cells.values()))
     lines += ["", "Definitions (every cell's `definitions` field): TTFT is the first stream chunk carrying choices, "
                   "end-to-end latency the last one, TPOT (e2e - TTFT) / (output tokens - 1) with output tokens from the "
@@ -851,7 +850,7 @@ def main(argv: list[str] | None = None) -> int:
                    [x for x in (a.recommendations, a.derived) if x],
                    {"baseline": a.baseline, "summary": settings.__dict__})
     try:
-        cells, adjustment = adjust(load(a.cells, a.requests), json.loads(a.settings).get("adjust"))
+        cells = load(a.cells, a.requests)
         infos = server_infos(a.launches, configs)
         derived = DerivedServers.from_json(read_json(a.derived)).servers if a.derived else {}
         recs = [Recommendation.from_json(r) for r in read_json(a.recommendations)] if a.recommendations else []
@@ -881,7 +880,7 @@ def main(argv: list[str] | None = None) -> int:
     write_json(out / "attribution.json", [x.to_json() for x in attrs])
     write_json(out / "k_sweeps.json", kreport.records(an))
     made = plots(an, out / "plots", attrs)
-    md = markdown(an, recs, verified, matches, training, control, attrs, no_control, plans, adjustment)
+    md = markdown(an, recs, verified, matches, training, control, attrs, no_control, plans)
     write_text(out / "summary.md", md)
     rec.write([out / "summary.md", out / "cells.csv", out / "cells.parquet", out / "speedups.csv",
                out / "verdicts.json", out / "recommendations.json", out / "attribution.json", out / "k_sweeps.json",
