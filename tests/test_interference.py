@@ -289,7 +289,8 @@ def test_server_children_and_load_generator_threads_are_never_neighbours(tmp_pat
     whose = sampler.processes()
     assert whose[engine_child][0] == "server" and whose[server.pid][0] == "server"
     assert whose[os.getpid()][0] == "self" and whose[neighbour][0] == "other"
-    assert whose[os.getppid()][0] == "workflow"   # what runs this test, as Snakemake runs a cell
+    if os.getppid() > 1:   # what runs this test, as Snakemake runs a cell (pid 1 is never the workflow's)
+        assert whose[os.getppid()][0] == "workflow"
     assert not {engine_child, server.pid, os.getpid()} & {o.pid for o in r.top}
     # busy processes share the cores with whatever else runs here (a loaded CI box: a dozen others): a part
     assert whose[neighbour][2] > 0.03 and r.other_cpu_cores >= whose[neighbour][2] - 1e-6
