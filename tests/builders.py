@@ -144,7 +144,10 @@ def make_root(tmp_path, tok, sizes):
 # -- prompts and cells ----------------------------------------------------------------------------
 REQ = {"endpoint": "completions", "passes": 2, "warmup": 0, "max_tokens": 8,
        "use_reference_length": False, "temperature": 0.0, "ignore_eos": True, "seed": 0, "timeout_s": 5,
-       "max_failure_fraction": 0.0, "request_rate": None, "burstiness": 1.0}
+       "max_failure_fraction": 0.0, "request_rate": None, "burstiness": 1.0,
+       # the machine running the tests is shared: a cell here records its neighbours but never re-measures
+       # (the tests of re-measuring choose their own readings)
+       "on_interference": "flag"}
 
 
 def prompt(i: int, text: str, source: str = "src", **fields) -> Prompt:

@@ -135,6 +135,17 @@ def requests_settings(cfg: dict, suite: str) -> dict:
     return {**cfg["requests"], **({"passes": passes} if passes else {})}
 
 
+def passes_for(n_prompts: int, passes: int, min_requests_per_worker: int | None, concurrency: int) -> int:
+    """A cell's passes over its suite: `passes` (requests.passes, or the suite's own), raised to the fewest
+    whole passes that give each of `concurrency` workers at least `min_requests_per_worker` requests
+    (requests.min_requests_per_worker; None leaves `passes`). Whole passes keep every prompt equally often
+    in a cell, and the request plan depends only on the suite, the passes and the seed, so every server at
+    one concurrency sends the same requests (paired by (prompt, pass))."""
+    if not min_requests_per_worker or n_prompts <= 0:
+        return passes
+    return max(passes, -(-min_requests_per_worker * concurrency // n_prompts))
+
+
 def keeps_busy(prompts: int, passes: int, concurrency: int) -> bool:
     """Whether a suite keeps `concurrency` workers busy: every cell sends each of its prompts once per pass."""
     return prompts * passes >= concurrency
@@ -183,7 +194,8 @@ def _cross_checks(cfg: dict, source: str) -> None:
             raise SpecmatchError(f"{source}: suites.{name}.length_like: '{like}' is not a training suite (training "
                                  f"suites: {', '.join(training) or 'none'}): a control copies a training suite's "
                                  "prompt lengths")
-        passes = requests_settings(cfg, name)["passes"]
+        req = requests_settings(cfg, name)
+        passes = passes_for(suite["size"], req["passes"], req.get("min_requests_per_worker"), highest)
         if not keeps_busy(suite["size"], passes, highest):
             raise SpecmatchError(f"{source}: suites.{name}.size: {suite['size']} prompts x {passes} pass(es) cannot "
                                  f"keep concurrency {highest} busy (every cell sends the whole suite); raise the size "

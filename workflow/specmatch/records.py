@@ -346,6 +346,12 @@ class RequestSettings(Record):
     max_failure_fraction: float = 0.0
     request_rate: Optional[float] = None
     burstiness: float = 1.0
+    # a cell's length at high concurrency: enough whole passes that every worker sends at least this many
+    # requests (None: `passes` alone; measuring.cell.passes_for)
+    min_requests_per_worker: Optional[int] = None
+    # what a cell does when others used the machine during it (measuring.interference)
+    on_interference: str = "remeasure"     # remeasure | flag | fail
+    interference_threshold: float = 0.05   # cores of foreign CPU (mean over the measured part)
 
 
 @dataclass
@@ -431,6 +437,95 @@ class LaunchRecord(Record):
     base_url_at_launch: Optional[str] = None     # an external endpoint's URL (never launched here)
 
 
+# -- what else used the machine during a cell -------------------------------------------------------
+@dataclass
+class Offender(Record):
+    """A process outside the server and the load generator that used CPU during a cell (no command line:
+    it may hold secrets). `cpu_cores`: its mean cores over the measured window."""
+    pid: int
+    comm: str
+    cpu_cores: float
+    nice: int = 0
+
+
+@dataclass
+class GpuProcess(Record):
+    """A compute process on a GPU (nvidia-smi --query-compute-apps) that is not the server's. `visible`:
+    whether this machine's /proc shows the pid (a container's pid namespace may not)."""
+    pid: int
+    gpu_uuid: Optional[str] = None
+    used_memory_mib: Optional[float] = None
+    comm: Optional[str] = None
+    visible: bool = True
+
+
+@dataclass
+class GpuInterference(Record):
+    """The GPU side of a cell's interference: other compute processes and clock event (throttle) reasons
+    seen during the cell; `available` false (with `reason`) where nothing could read them."""
+    available: bool
+    reason: Optional[str] = None
+    samples: int = 0
+    other_processes: list[GpuProcess] = field(default_factory=list)
+    server_processes: int = 0
+    throttle_reasons: list = field(default_factory=list)   # every active reason seen, gpu_idle excluded
+    slowdowns: list = field(default_factory=list)          # of those, thermal / hardware / power-brake ones
+
+
+@dataclass
+class Interference(Record):
+    """What else used the machine during a cell's measured part (specmatch.measuring.interference): CPU of
+    processes other than the server's (its process group, session and descendants), the load
+    generator's (the cell's own process and threads, its children, the server's watchdog) and the
+    workflow's (the load generator's ancestors: Snakemake and its job shell), steal, kernel
+    threads, the cores available, the load average, and on GPUs other compute processes and clock
+    slowdowns. CPU figures are mean cores over the window. `foreign_cpu_cores` (other + steal +
+    unattributed where positive) is compared with `threshold_cores`; `flagged` says the cell's machine
+    was not its own, `why` in words."""
+    available: bool
+    reason: Optional[str] = None
+    window_s: float = 0.0
+    samples: int = 0
+    interval_s: float = 0.0
+    cores: int = 0                         # CPUs this process may run on (affinity)
+    online_cores: int = 0
+    cpu_quota_cores: Optional[float] = None  # the cgroup's CPU limit, where there is one
+    other_cpu_cores: float = 0.0
+    other_cpu_peak_cores: float = 0.0      # the busiest sampling interval
+    unattributed_cpu_cores: float = 0.0    # busy time /proc/stat saw that no sampled process accounts for
+    steal_share: float = 0.0               # of all CPU time (every CPU), given to another guest
+    steal_cores: float = 0.0
+    foreign_cpu_cores: float = 0.0
+    kernel_cpu_cores: float = 0.0
+    irq_cpu_cores: float = 0.0
+    server_cpu_cores: float = 0.0
+    load_generator_cpu_cores: float = 0.0
+    workflow_cpu_cores: float = 0.0        # the load generator's ancestors (Snakemake and its job shell)
+    loadavg_start: Optional[float] = None
+    loadavg_end: Optional[float] = None
+    processes_born: int = 0
+    processes_exited: int = 0
+    unreadable: int = 0
+    top: list[Offender] = field(default_factory=list)
+    gpu: Optional[GpuInterference] = None
+    sampler_cpu_s: float = 0.0             # the sampler's own CPU (the load generator's, never interference)
+    sampler_core_share: float = 0.0
+    threshold_cores: float = 0.0
+    flagged: bool = False
+    why: list = field(default_factory=list)
+
+
+@dataclass
+class EarlierMeasurement(Record):
+    """A measurement of a cell that was flagged and re-measured (requests.on_interference: remeasure): its
+    interference and what it measured, kept beside the re-measurement that replaced it."""
+    interference: Optional[Interference]
+    started_at: float
+    duration: float
+    output_throughput: Optional[float]
+    median_tpot_ms: Optional[float] = None
+
+
 # -- one cell -----------------------------------------------------------------------------------
 
 @dataclass
@@ -506,6 +601,15 @@ class CellResult(Record):
     spec_decode_per_position_acceptance_rates: Optional[list] = None
     acceptance_by_source: dict = field(default_factory=dict)
     acceptance_by_holdout: dict = field(default_factory=dict)
+    # what else used the machine while this cell measured (None: a cell from before it was recorded), and
+    # the earlier measurements of this cell that were flagged and re-measured in the same session
+    interference: Optional[Interference] = None
+    earlier: list[EarlierMeasurement] = field(default_factory=list)
+
+    @property
+    def flagged(self) -> bool:
+        """The kept measurement ran on a machine that was not its own (interference above the threshold)."""
+        return bool(self.interference and self.interference.flagged)
 
     def set_acceptance(self, cell: CellAcceptance) -> None:
         """The cell's flat `spec_decode_*` fields (named as vLLM's metrics are) from its engine's reading."""
@@ -858,6 +962,18 @@ class CellGoodput(Record):
 
 
 @dataclass
+class FlaggedClaim(Record):
+    """A claimed difference (pays or loses) that rests on cells measured while the machine was busy
+    (deciding.interference): the verdict's key and the flagged cells, each [server, suite, concurrency, repeat]."""
+    server: str
+    suite: str
+    concurrency: int
+    metric: str
+    against: str                          # "" for the baseline
+    cells: list
+
+
+@dataclass
 class AnalysisRecord(Record):
     """`results/summary/analysis.json`: what the decide step (specmatch.deciding.decide) found besides the
     verdicts, recommendations, attribution and k sweeps, so the report renders and decides nothing: the
@@ -879,6 +995,7 @@ class AnalysisRecord(Record):
     acceptance_by_source: list[GroupAcceptance] = field(default_factory=list)
     acceptance_by_holdout: list[GroupAcceptance] = field(default_factory=list)
     goodput: list[CellGoodput] = field(default_factory=list)
+    flagged_claims: list[FlaggedClaim] = field(default_factory=list)
 
 
 class Continuation(str, enum.Enum):

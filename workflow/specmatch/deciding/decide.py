@@ -38,6 +38,7 @@ from ..serving.controls import OFF, is_control, why_no_control
 from .acceptance import pooled_acceptance
 from .analysis import Analysis, ServerInfo, Settings, attribute
 from .attribution import launch_differences, mixed_servers
+from .interference import flagged_claims
 from .kmodel import KSweeps
 from .recommend import SUFFIX, analysis_arguments, load, server_infos, verified_analysis
 
@@ -128,7 +129,8 @@ def analysis_record(an: Analysis, no_control: dict[str, str] | None = None) -> A
         run_to_run_summary(an), list(an.acceptance), list(an.off_cost),
         [CrossoverSet(s, u, metric, list(xs)) for (s, u, metric), xs in an.crossovers.items()],
         server_facts(an.infos, an.baseline), dict(no_control or {}),
-        pooled_acceptance(m, "acceptance_by_source"), pooled_acceptance(m, "acceptance_by_holdout"), goodput)
+        pooled_acceptance(m, "acceptance_by_source"), pooled_acceptance(m, "acceptance_by_holdout"), goodput,
+        flagged_claims(an.verdicts, m.cells, an.baseline))
 
 
 def records_of(an: Analysis, attrs: list[Attribution], no_control: dict[str, str] | None = None) -> Decisions:

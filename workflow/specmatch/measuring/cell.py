@@ -8,6 +8,17 @@ server-wide counters are read before and after, so acceptance is scoped to exact
 Writes `c{C}.json` (a records.CellResult, vLLM `bench serve` key names) and every request in
 `c{C}.requests.parquet` (records.RequestRecord).
 
+While the requests run (never the warm-up), a sampler records what else used the machine
+(specmatch.measuring.interference: other processes' CPU, steal, the GPU's other tenants) into the cell's
+`interference`. A cell whose foreign CPU exceeds `requests.interference_threshold` is flagged; with
+`requests.on_interference: remeasure` (the default) it is measured once more in the same session (the
+cache reset again first) and the re-measurement is kept, flagged if it still is, the first measurement's
+reading and figures in `earlier`; `flag` keeps the one measurement, flagged; `fail` fails the cell.
+
+A cell sends every prompt once per pass; `requests.min_requests_per_worker` raises a cell's passes at
+high concurrency until every worker sends at least that many requests (passes_for), so a c=16 cell of
+a 16-prompt suite is a steady state rather than one burst.
+
 A cell whose failure rate exceeds `requests.max_failure_fraction` fails its job; its partial
 records are kept as `c{C}.failed.json` / `c{C}.failed.requests.parquet`, names that never look
 complete to Snakemake. If the server died meanwhile, the error says so, with its exit status and
@@ -25,19 +36,22 @@ import random
 import sys
 import time
 from pathlib import Path
+from urllib.parse import urlsplit
 
 import requests as http
 
 from . import metrics
 from .. import steps
 from .client import DEFINITIONS, Request, run, run_load
-from ..config import keeps_busy
+from .interference import Owners, Sampler, listener_pids
+from ..config import keeps_busy, passes_for
 from ..serving.engines import get_engine
 from ..files import SpecmatchError, atomic_path, read_json, read_jsonl, write_json
 from ..provenance import Recorder
 from .protocols import protocol as protocol_of
-from ..records import CellResult, LaunchRecord, Prompt, RequestRecord, RequestSettings, frame
-from ..serving.server import LeaseKeeper, Manager, session_of
+from ..records import (CellResult, EarlierMeasurement, Interference, LaunchRecord, Prompt, RequestRecord,
+                       RequestSettings, frame)
+from ..serving.server import Attached, LeaseKeeper, Manager, session_of
 
 WARMUP_TEXT = ("Warm-up request {i} (not measured): count from one to twenty in words, separated by commas, "
                "then say which of those numbers are prime.")
@@ -106,6 +120,24 @@ def reset_cache(base_url: str, engine) -> str:
         return f"failed: {exc}"
 
 
+def owners(att: Attached, manager: Manager, base_url: str) -> Owners:
+    """Whose CPU is the cell's own: the managed server's process group (its pid is its group's and its
+    session's id) and its watchdog; for an endpoint on this machine that we did not start, the processes
+    listening on its port (and their descendants); and this process."""
+    own = Owners()
+    if att.pid:
+        own.server_groups.add(att.pid)
+        own.server_pids.add(att.pid)
+        wd = (manager.read_current() or {}).get("watchdog_pid")
+        if wd:
+            own.own_pids.add(int(wd))
+    else:
+        u = urlsplit(base_url)
+        if u.hostname in ("127.0.0.1", "localhost", "::1") and u.port:
+            own.server_pids |= listener_pids(u.port)
+    return own
+
+
 def run_cell(name: str, cfg: dict, suite: str, prompts: list[Prompt], concurrency: int, repeat: int,
              settings: RequestSettings, max_batch: int, manager: Manager, server_log: Path | None = None
              ) -> tuple[CellResult, list[RequestRecord], str | None]:
@@ -113,7 +145,7 @@ def run_cell(name: str, cfg: dict, suite: str, prompts: list[Prompt], concurrenc
     engine = get_engine(cfg)
     protocol = engine.protocol(settings.endpoint)
     proto = protocol_of(protocol)
-    passes = settings.passes
+    passes = passes_for(len(prompts), settings.passes, settings.min_requests_per_worker, concurrency)
     warnings = check_load(len(prompts), passes, concurrency, suite)
     model = engine.served_model()
     extras = engine.request_extras()
@@ -123,17 +155,31 @@ def run_cell(name: str, cfg: dict, suite: str, prompts: list[Prompt], concurrenc
     api_key = engine.api_key() if hasattr(engine, "api_key") else None
     session = session_of(repeat)
     att = manager.attach(name, cfg, max_batch, server_log, session)
+    ours = owners(att, manager, att.base_url)
+    earlier: list[EarlierMeasurement] = []
+
+    def measure() -> tuple[list[RequestRecord], dict, dict, float, str, Interference]:
+        reset = reset_cache(att.base_url, engine)  # nothing this measurement sends is cached
+        before = scrape(att.base_url, engine)
+        t0 = time.time()
+        with Sampler(ours) as sampler:  # the measured part only
+            records = run(run_load(att.base_url, reqs, concurrency, protocol, engine.parse_request_acceptance,
+                                   settings.timeout_s, api_key, request_rate=settings.request_rate,
+                                   burstiness=settings.burstiness, seed=settings.seed))
+        after = scrape(att.base_url, engine)
+        return records, before, after, t0, reset, sampler.result(settings.interference_threshold)
+
     with LeaseKeeper(manager):
         if warm:
             run(run_load(att.base_url, warm, min(concurrency, len(warm)), protocol, engine.parse_request_acceptance,
                          settings.timeout_s, api_key))
-        reset = reset_cache(att.base_url, engine)  # after the warm-up: nothing this cell sends is cached
-        before = scrape(att.base_url, engine)
-        t0 = time.time()
-        records = run(run_load(att.base_url, reqs, concurrency, protocol, engine.parse_request_acceptance,
-                               settings.timeout_s, api_key, request_rate=settings.request_rate,
-                               burstiness=settings.burstiness, seed=settings.seed))
-        after = scrape(att.base_url, engine)
+        records, before, after, t0, reset, seen = measure()
+        if seen.flagged and settings.on_interference == "remeasure" and all(r.ok for r in records):
+            first = metrics.summarize(records)
+            earlier.append(EarlierMeasurement(interference=seen, started_at=t0, duration=first["duration"],
+                                              output_throughput=first["output_throughput"],
+                                              median_tpot_ms=first["median_tpot_ms"]))
+            records, before, after, t0, reset, seen = measure()
     died = manager.death_notice(att) if any(not r.ok for r in records) else None
     summary = metrics.summarize(records)
     result = CellResult(
@@ -144,13 +190,24 @@ def run_cell(name: str, cfg: dict, suite: str, prompts: list[Prompt], concurrenc
         burstiness=settings.burstiness, started_at=t0, server_session=session,
         server_reused=att.reused, server_config_hash=att.config_hash, cache_reset=reset,
         holdout_share=sum(r.holdout for r in records) / len(records) if records else None,
-        definitions=DEFINITIONS, **summary)
+        definitions=DEFINITIONS, interference=seen, earlier=earlier, **summary)
     result.warnings = warnings + metrics.measurement_warnings(result)
     result.set_acceptance(engine.cell_acceptance(before, after, records))
     result.acceptance_by_source = metrics.acceptance_by_group(engine, records, lambda r: r.source)
     result.acceptance_by_holdout = metrics.acceptance_by_group(engine, records,
                                                                lambda r: "held_out" if r.holdout else "seen")
     return result, records, died
+
+
+def quietness(cell: CellResult) -> dict:
+    """The cell's interference as its provenance records it: the reading's headline and whether it was
+    re-measured (the full readings are in the cell)."""
+    i = cell.interference
+    if i is None or not i.available:
+        return {"available": False, "reason": i.reason if i else "not sampled"}
+    return {"flagged": i.flagged, "foreign_cpu_cores": i.foreign_cpu_cores, "other_cpu_cores": i.other_cpu_cores,
+            "steal_share": i.steal_share, "threshold_cores": i.threshold_cores, "why": i.why,
+            "remeasured": len(cell.earlier), "gpu": i.gpu.available if i.gpu else False}
 
 
 def write_requests(path: Path, records: list[RequestRecord]) -> None:
@@ -190,9 +247,9 @@ def execute(a: argparse.Namespace) -> int:
     total = result.completed + result.failed
     frac = result.failed / total if total else 1.0
     where = f"cell {a.name}/{a.suite}/r{a.repeat}/c{a.concurrency}"
+    bad_json = a.out.with_name(a.out.name.replace(".json", ".failed.json"))
+    bad_pq = a.requests_out.with_name(a.requests_out.name.replace(".requests.parquet", ".failed.requests.parquet"))
     if frac > settings.max_failure_fraction or died:
-        bad_json = a.out.with_name(a.out.name.replace(".json", ".failed.json"))
-        bad_pq = a.requests_out.with_name(a.requests_out.name.replace(".requests.parquet", ".failed.requests.parquet"))
         write_json(bad_json, result.to_json())
         write_requests(bad_pq, records)
         first = next((r.error for r in records if not r.ok), "")
@@ -200,13 +257,28 @@ def execute(a: argparse.Namespace) -> int:
               f"requests.max_failure_fraction {settings.max_failure_fraction:.1%}); first: {first}. "
               + (f"\n{died}\n" if died else "") + f"Partial records: {bad_json}, {bad_pq}", file=sys.stderr)
         return 2
+    if result.flagged and settings.on_interference == "fail":
+        write_json(bad_json, result.to_json())
+        write_requests(bad_pq, records)
+        print(f"error: {where}: the machine was not this cell's own while it measured: "
+              f"{'; '.join(result.interference.why)} (requests.on_interference: fail; raise "
+              f"requests.interference_threshold, or free the machine and rerun). Its records: {bad_json}, {bad_pq}",
+              file=sys.stderr)
+        return 2
+    for m in result.earlier:
+        print(f"warning: {where}: re-measured: the first measurement ({m.output_throughput or 0:.1f} tok/s) was "
+              f"flagged: {'; '.join(m.interference.why if m.interference else [])}", file=sys.stderr)
+    if result.flagged:
+        print(f"warning: {where}: flagged (requests.on_interference: {settings.on_interference}): "
+              f"{'; '.join(result.interference.why)}", file=sys.stderr)
     for w in result.warnings:
         print(f"warning: {where}: {w}", file=sys.stderr)
     write_requests(a.requests_out, records)
     write_json(a.out, result.to_json())
     rec.write([a.out, a.requests_out], {"server": {"name": a.name, "argv": launch.argv if launch else [],
                                                    "config_hash": result.server_config_hash,
-                                                   "session": result.server_session}})
+                                                   "session": result.server_session},
+                                        "interference": quietness(result)})
     acc = result.spec_decode_acceptance_rate
     print(f"{where}: {result.completed} ok, {result.failed} failed, {result.output_throughput or 0:.1f} tok/s, "
           f"median TTFT {result.median_ttft_ms or 0:.0f} ms" + (f", acceptance {acc:.3f}" if acc is not None else ""))

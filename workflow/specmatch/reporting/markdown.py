@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 from ..records import RoundPlan, SuiteMatch
-from . import kreport
+from . import interference, kreport
 from .decided import Decided
 from .design import noise_lines, sequential_lines
 from .loadgen import load_generator_lines
@@ -57,6 +57,7 @@ def markdown(d: Decided, matches: list[SuiteMatch], plans: list[RoundPlan] | Non
     lines += acceptance_tables(d)
     k_plot, k_json = (", `plots/k_sweep.png`", ", `k_sweeps.json`") if d.k_recommendations else ("", "")
     lines += [""] + cells_table(d)
+    lines += interference.section(d.cells, d.verdicts, d.decisions.analysis.flagged_claims)
     lines += load_generator_lines(list(d.cells.values()))
     lines += ["", "Definitions (every cell's `definitions` field): TTFT is the first stream chunk carrying choices, "
                   "end-to-end latency the last one, TPOT (e2e - TTFT) / (output tokens - 1) with output tokens from the "

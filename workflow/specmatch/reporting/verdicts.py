@@ -9,6 +9,7 @@ from ..deciding.recommend import SUFFIX
 from ..records import Attribution, Decision, Direction
 from ..serving.controls import OFF, is_control
 from .decided import Decided
+from . import interference
 from .formats import concurrencies, number
 
 
@@ -114,5 +115,6 @@ def verdict_lines(d: Decided) -> list[str]:
                         and v.speedup is not None), key=lambda v: v.speedup, default=None)
             if best:
                 text += f" (best {best.speedup:.2f}x at c={best.concurrency})"
-            lines.append(text + cause_note(d, server, suite) + ".")
+            lines.append(text + cause_note(d, server, suite)
+                         + interference.verdict_note(d.decisions.analysis.flagged_claims, server, suite) + ".")
     return lines
