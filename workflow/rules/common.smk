@@ -13,6 +13,10 @@ if _PKG not in sys.path:
 
 from specmatch.config import validate as _validate_config
 from specmatch.serving.controls import recommendation_suites, with_controls
+from specmatch.data.traffic import (
+    step_config as traffic_step_config,
+    with_traffic_suites,
+)
 from specmatch.files import SpecmatchError
 from specmatch.deciding.recommend import SUFFIX
 from specmatch.records import DerivedServers, RoundPlan
@@ -22,7 +26,8 @@ from specmatch.workflow_env import prepare as _prepare_env
 
 try:
     # the configured-off controls (`<server>__off`, summary.controls) join as configured servers
-    CFG = with_controls(_validate_config(config, "config"))
+    # ... and a verified traffic profile's suite (`traffic_<profile>`) joins as a configured suite
+    CFG = with_traffic_suites(with_controls(_validate_config(config, "config")))
 except SpecmatchError as _exc:
     raise WorkflowError(str(_exc))
 

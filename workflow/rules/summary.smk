@@ -45,6 +45,7 @@ rule summary:
         derived="results/recommend/servers.json",
         recommendations="results/recommend/recommendations.json",
         rounds=lambda wildcards: round_plans() if DESIGN.sequential else [],
+        traffic="results/prompts/traffic.json",
     output:
         md=report(
             "results/summary/summary.md",
@@ -58,6 +59,7 @@ rule summary:
         recommendations="results/summary/recommendations.json",
         attribution="results/summary/attribution.json",
         k_sweeps="results/summary/k_sweeps.json",
+        traffic="results/summary/traffic.json",
         plots=report(
             directory("results/summary/plots"),
             patterns=["{name}.png"],
@@ -73,6 +75,7 @@ rule summary:
             "results/summary/recommendations.json",
             "results/summary/attribution.json",
             "results/summary/k_sweeps.json",
+            "results/summary/traffic.json",
         ),
     log:
         "results/logs/summary.log",
@@ -92,4 +95,4 @@ rule summary:
         " --servers {params.servers:q} --cells {input.cells} --requests {input.requests}"
         " --launches {input.launches} --matches {input.matches} --suites {params.suites}"
         " --recommendations {input.recommendations} --derived {input.derived}"
-        " {params.rounds} --out-dir {params.out_dir} > {log} 2>&1"
+        " {params.rounds} --traffic {input.traffic} --out-dir {params.out_dir} > {log} 2>&1"

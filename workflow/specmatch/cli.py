@@ -34,6 +34,7 @@ STEPS: dict[str, tuple[str, str]] = {
     "summary": ("reporting.summary", "verdicts, attribution, recommendations, plots and summary.md"),
     "simulate": ("calibration.simulate", "the decision rules' error rates on quick synthetic experiments"),
     "calibrate": ("calibration.harness", "the full calibration table against a discrete-event server"),
+    "traffic_coverage": ("calibration.traffic", "the traffic predictions' coverage against a server of mixed batches"),
 }
 ALIASES = {"inspection": "inspect"}   # the module's own name works too
 

@@ -124,6 +124,15 @@ def with_traffic_suites(cfg: dict) -> dict:
     return out
 
 
+def step_config(cfg: dict) -> str:
+    """The traffic step's --config (deterministic JSON, so an unrelated config edit never reruns it): the
+    `traffic` config, the basis suite whose cells estimate the sources, and the suites' kinds (a file
+    suite is a stratum)."""
+    return json.dumps({"traffic": cfg.get("traffic") or {}, "basis": traffic_basis(cfg),
+                       "suites": {n: {"kind": s["kind"]} for n, s in cfg["suites"].items()}},
+                      sort_keys=True, separators=(",", ":"))
+
+
 # -- the step -----------------------------------------------------------------------------------
 def arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--config", required=True, help='JSON {"traffic": ..., "suites": ..., "basis": ...}')

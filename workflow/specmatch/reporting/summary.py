@@ -7,6 +7,9 @@
   verification of the recommended deployment.
 - `attribution.json`: records.Attribution per speculative server, suite and concurrency: why its TPOT
   differs (tokens per step x step cost, configured-off control, prompt length; specmatch.deciding.attribution).
+- `traffic.json`: records.TrafficRow per traffic profile, speculative server, concurrency and metric: the
+  mix's predicted speedup, the measured one where it is verified, the break-even share
+  (specmatch.deciding.traffic).
 - `cells.csv` / `cells.parquet`: one tidy row per cell (every repeat); `speedups.csv`: every verdict.
 - `plots/*.png` and `summary.md`: the verdict first, then the evidence.
 
@@ -36,6 +39,9 @@ from ..provenance import Recorder
 from ..records import (Acceptance, Attribution, Decision, DerivedServers, Direction, Effect, Outcome,
                       Recommendation, RoundPlan, SuiteMatch)
 from ..deciding.recommend import SUFFIX, analysis_arguments, load, server_infos, verified_analysis
+from ..deciding.traffic import traffic_report
+from ..records import TrafficProfiles
+from . import traffic as traffic_section
 
 CELL_COLUMNS = ["server", "suite", "concurrency", "repeat", "engine", "completed", "failed", "duration",
                 "output_throughput", "request_throughput", "total_token_throughput", "mean_ttft_ms", "median_ttft_ms",
@@ -481,7 +487,7 @@ def recommendation_lines(an: Analysis, recs: list[Recommendation], verified: dic
 
 def markdown(an: Analysis, recs: list[Recommendation], verified: dict, matches: list[SuiteMatch], training: list[str],
              control: list[str], attrs: list[Attribution] | None = None, no_control: dict | None = None,
-             plans: list[RoundPlan] | None = None) -> str:
+             plans: list[RoundPlan] | None = None, traffic: list[str] | None = None) -> str:
     s = an.settings
     attrs = attrs or []
     mixed = mixed_servers(an.infos)
@@ -502,6 +508,8 @@ def markdown(an: Analysis, recs: list[Recommendation], verified: dict, matches: 
     lines += noise_lines(an)
     if design.sequential:
         lines += [""] + sequential_lines(an, plans or [])
+    if traffic:
+        lines += [""] + traffic
     why = why_lines(an, attrs, no_control)
     if why:
         lines += [""] + why
@@ -841,11 +849,12 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--recommendations", type=Path, help="the recommend step's recommendations.json")
     p.add_argument("--derived", type=Path, help="the recommend step's servers.json")
     p.add_argument("--rounds", nargs="*", type=Path, default=[], help="the sequential design's round plans")
+    p.add_argument("--traffic", type=Path, help="results/prompts/traffic.json (the traffic profiles)")
     p.add_argument("--out-dir", type=Path, required=True)
     a = p.parse_args(argv)
     settings, configs = Settings.of(json.loads(a.settings)), json.loads(a.servers)
     rec = Recorder("summary", a.cells + a.requests + a.launches + a.matches + a.rounds +
-                   [x for x in (a.recommendations, a.derived) if x],
+                   [x for x in (a.recommendations, a.derived, a.traffic) if x],
                    {"baseline": a.baseline, "summary": settings.__dict__})
     try:
         cells = load(a.cells, a.requests)
@@ -862,6 +871,8 @@ def main(argv: list[str] | None = None) -> int:
         attrs = attribute(an, reference)
         no_control = uncontrolled(json.loads(a.settings), configs, a.baseline)
         plans = [RoundPlan.from_json(read_json(x)) for x in a.rounds]
+        profiles = TrafficProfiles.from_json(read_json(a.traffic)) if a.traffic else None
+        traffic = traffic_report(an, profiles, matches, cells)
     except SpecmatchError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 1
@@ -877,12 +888,14 @@ def main(argv: list[str] | None = None) -> int:
     write_json(out / "recommendations.json", [_recommendation_record(r) for r in recs])
     write_json(out / "attribution.json", [x.to_json() for x in attrs])
     write_json(out / "k_sweeps.json", kreport.records(an))
-    made = plots(an, out / "plots", attrs)
-    md = markdown(an, recs, verified, matches, training, control, attrs, no_control, plans)
+    write_json(out / "traffic.json", [r.to_json() for r in traffic])
+    made = plots(an, out / "plots", attrs) + traffic_section.plot(traffic, out / "plots", settings.recommend_metric)
+    md = markdown(an, recs, verified, matches, training, control, attrs, no_control, plans,
+                  traffic_section.lines(traffic, settings.recommend_metric))
     write_text(out / "summary.md", md)
     rec.write([out / "summary.md", out / "cells.csv", out / "cells.parquet", out / "speedups.csv",
                out / "verdicts.json", out / "recommendations.json", out / "attribution.json", out / "k_sweeps.json",
-               *made])
+               out / "traffic.json", *made])
     print(md.split("\n## Speedup")[0])
     return 0
 
