@@ -146,20 +146,22 @@ def traffic_experiment(seed: int, concurrencies=(1, 4), size: int = 16, repeats:
     return an, traffic_report(an, traffic_profiles(profiles), [], cells, lines=lines)
 
 
-def break_even_truth(seed: int, c: int, size: int, metric: str = "output_throughput", points: int = 11,
-                     suites: int = 300) -> float | None:
-    """Where the true speedup crosses 1 along the line from the training mix toward `generic` (the
-    generic share), interpolated between `points` shares on log speedup."""
+def break_even_truth(seed: int, c: int, size: int, points: int = 11, suites: int = 300) -> dict:
+    """Per metric, where the true speedup crosses 1 along the line from the training mix toward
+    `generic` (the generic share), interpolated between `points` shares on log speedup (None: no
+    crossing)."""
     shares = np.linspace(0, 1, points)
     ys = []
     for s in shares:
         mix = {k: (1 - s) * v for k, v in SOURCES.items()}
         mix["generic"] = s
-        ys.append(traffic_truth(seed, {k: v for k, v in mix.items() if v > 0}, size, c, suites)[metric])
-    for i in range(1, points):
-        if np.sign(ys[i]) != np.sign(ys[0]):
-            return float(shares[i - 1] + ys[i - 1] / (ys[i - 1] - ys[i]) * (shares[i] - shares[i - 1]))
-    return None
+        ys.append(traffic_truth(seed, {k: v for k, v in mix.items() if v > 0}, size, c, suites))
+    out = {}
+    for metric in ("output_throughput", "tpot"):
+        y = [t[metric] for t in ys]
+        out[metric] = next((float(shares[i - 1] + y[i - 1] / (y[i - 1] - y[i]) * (shares[i] - shares[i - 1]))
+                            for i in range(1, points) if np.sign(y[i]) != np.sign(y[0])), None)
+    return out
 
 
 def coverage(experiments: int, concurrencies=(1, 4), size: int = 16, seed: int = 1000, truth_suites: int = 400,
@@ -185,7 +187,7 @@ def coverage(experiments: int, concurrencies=(1, 4), size: int = 16, seed: int =
             got["width"].append(math.log(r.predicted.hi / r.predicted.lo))
             got["err"].append(math.log(r.predicted.value) - t)
             be = r.break_even
-            bt = be_truth.get(r.concurrency)
+            bt = be_truth.get(r.concurrency, {}).get(r.metric)
             if break_even and r.profile == "training_mix" and bt is not None and be is not None:
                 kb = ("break-even", r.concurrency, r.metric)
                 g = hits.setdefault(kb, {"in": 0, "n": 0, "width": [], "err": []})
@@ -214,7 +216,8 @@ def main(argv: list[str] | None = None) -> int:
     got = coverage(a.experiments, (1, a.concurrency), a.size, break_even=a.break_even)
     print(f"{a.experiments} experiments, suites of {a.size}, c = 1 and {a.concurrency}, 90% intervals, 2 repeats")
     for k, v in sorted(got["rows"].items(), key=lambda kv: (kv[0][0], kv[0][1], kv[0][2])):
-        t = got["truth"].get(k[:2], {}).get(k[2]) if k[0] != "break-even" else got["break_even_truth"].get(k[1])
+        t = (got["truth"].get(k[:2], {}).get(k[2]) if k[0] != "break-even"
+             else got["break_even_truth"].get(k[1], {}).get(k[2]))
         print(f"{k[0]:>14} c={k[1]:<3} {k[2]:<18} coverage {v['coverage']:.2f} ± {v['mc_se']:.2f} (n={v['n']})  "
               f"width {v['width']:.3f}  bias {v['bias']:+.3f}  sd {v['sd']:.3f}  truth "
               + ("—" if t is None else f"{t:.3f}"))

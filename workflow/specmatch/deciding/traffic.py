@@ -580,8 +580,10 @@ def model_residuals(reqs: dict, cells: dict, thetas: dict, server: str, baseline
     multipliers at 1), the mean over the repeats both servers measured. The prediction carries each
     request's own speed into the mix, so a misfit common to every suite cancels; what it cannot remove
     is how the misfit differs between batch conditions, which the spread of these residuals shows.
-    (Leaving the suite out of the fit as well was tried: with two or three suites the fit without one
-    extrapolates to contexts it never saw, a mix never does, and the check read 3-4x the actual error.)"""
+    (Leaving the suite out of the fit was tried, and read several times the actual error: without all
+    of a suite's cells the fit extrapolates to contexts it never saw, 3-4x; without its cells at c
+    alone, the suite's level at c is extrapolated from other concurrencies, which a mix never needs,
+    1.5-3x. tests/test_traffic.py measures the coverage this check gives.)"""
     out = {}
     if any(thetas.get(x) is None for x in (server, baseline)):
         return out
@@ -774,6 +776,10 @@ def _rows(rep: Report, pair: Pair, pred: Predictor, metric: str, lines: bool = T
         merr = model_error(res, cell_part)
         if merr is None:
             note_model = "the model's error at c > 1 is unchecked (fewer than two measured suites)"
+        if not any(k[2] == 1 and k[0] in (x, an.baseline) for k in rep.reqs):
+            note_model = "; ".join(n for n in (note_model, (
+                "no c=1 cells: the step model's batch dependence rests on the batched cells alone (a mix unlike "
+                "the measured suites may be mispredicted beyond its interval)")) if n)
 
     def parts_for(est: Estimate, key) -> VarianceSum:
         out = VarianceSum().add(("traffic-w", x, c, metric) + key, est.var_w, est.dof_w)
