@@ -51,7 +51,9 @@ def break_even_text(b, c: int) -> str | None:
     if b is None:
         return None
     if b.share is None:
-        return f"c={c}: {b.note}" if b.note else None
+        changes = [_share(v) for v in (b.lo, b.hi) if v is not None]
+        return (f"c={c}: {b.note}" + (f" (the interval's verdict changes at {' and '.join(changes)})" if changes else "")
+                if b.note else None)
     side = "at most" if b.direction == Direction.STOPS_PAYING else "at least"
     decided = []
     if b.lo is not None:
@@ -79,7 +81,7 @@ def lines(rows: list[TrafficRow], metric: str) -> list[str]:
     conf = rows[0].confidence
     servers = list(dict.fromkeys(r.server for r in rows))
     profiles = list(dict.fromkeys(r.profile for r in rows))
-    declared = [p for p in profiles if p != TRAINING_MIX] or profiles
+    declared = [p for p in profiles if p != TRAINING_MIX] + [p for p in profiles if p == TRAINING_MIX]
     out = [f"## Your traffic: predicted from per-source measurements ({label}; {conf:.0%} intervals)", ""]
     for p in declared:
         mix = next(r.mix for r in rows if r.profile == p)
