@@ -284,3 +284,10 @@ def _rho_at(xs: tuple, ys: tuple, b: int) -> float:
     import numpy as np
 
     return float(np.interp(math.log(max(b, 1)), xs, ys))
+
+
+# -- simulated traffic mixes ----------------------------------------------------------------------
+# the discrete-event server's mixed batches and their truth live with the calibration
+# (specmatch.calibration.traffic); tests use them from here
+from specmatch.calibration.traffic import (TRAFFIC_STRATA, traffic_cells, traffic_experiment,  # noqa: E402,F401
+                                           traffic_profiles, traffic_prompts, traffic_truth)

@@ -16,6 +16,10 @@ from specmatch import pipeline
 from specmatch.config import validate as _validate_config
 from specmatch.pipeline import CELL_JSON, CELL_REQUESTS, DECISION_FILES, LAUNCH, SUMMARY
 from specmatch.serving.controls import recommendation_suites, with_controls
+from specmatch.data.traffic import (
+    step_config as traffic_step_config,
+    with_traffic_suites,
+)
 from specmatch.files import SpecmatchError
 from specmatch.records import DerivedServers, RoundPlan
 from specmatch.run_order import UPSTREAM, priority as _run_priority
@@ -24,7 +28,8 @@ from specmatch.workflow_env import prepare as _prepare_env
 
 try:
     # the configured-off controls (`<server>__off`, summary.controls) join as configured servers
-    CFG = with_controls(_validate_config(config, "config"))
+    # ... and a verified traffic profile's suite (`traffic_<profile>`) joins as a configured suite
+    CFG = with_traffic_suites(with_controls(_validate_config(config, "config")))
 except SpecmatchError as _exc:
     raise WorkflowError(str(_exc))
 

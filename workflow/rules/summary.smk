@@ -46,6 +46,7 @@ rule decide:
         matches=expand("results/prompts/{suite}.match.json", suite=SUITES),
         derived="results/recommend/servers.json",
         recommendations="results/recommend/recommendations.json",
+        traffic="results/prompts/traffic.json",
     output:
         **DECIDED,
         provenance=prov(*DECIDED.values()),
@@ -63,7 +64,7 @@ rule decide:
         "python -m specmatch decide --baseline {params.baseline} --settings {params.settings:q}"
         " --servers {params.servers:q} --cells {input.cells} --requests {input.requests}"
         " --launches {input.launches} --matches {input.matches} --suites {params.suites}"
-        " --recommendations {input.recommendations} --derived {input.derived}"
+        " --recommendations {input.recommendations} --derived {input.derived} --traffic {input.traffic}"
         " --out-dir {params.out_dir} > {log} 2>&1"
 
 

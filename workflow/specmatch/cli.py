@@ -21,6 +21,7 @@ STEPS: dict[str, tuple[str, str]] = {
     "demo": ("data.demo", "build the demo training root (prepared/<source>/...) from text on this machine"),
     "inspect": ("data.inspection", "describe every training source and write the cut table (one pass)"),
     "prompts": ("data.prompts", "draw one prompt suite from the cut table or a prompt file"),
+    "traffic": ("data.traffic", "resolve the traffic profiles against the sources inspection found"),
     "model": ("training.model", "the embedded target model, or a draft model cut from a target's layers"),
     "regenerate": ("training.regenerate", "the target's own greedy answers for the drafter's seen rows"),
     "drafter": ("training.drafter", "train an EAGLE-3 head on the seen rows"),
@@ -35,6 +36,7 @@ STEPS: dict[str, tuple[str, str]] = {
     "summary": ("reporting.summary", "render the decision records: summary.md, tables and plots"),
     "simulate": ("calibration.simulate", "the decision rules' error rates on quick synthetic experiments"),
     "calibrate": ("calibration.harness", "the full calibration table against a discrete-event server"),
+    "traffic_coverage": ("calibration.traffic", "the traffic predictions' coverage against a server of mixed batches"),
 }
 ALIASES = {"inspection": "inspect"}   # the module's own name works too
 

@@ -208,6 +208,63 @@ def _cross_checks(cfg: dict, source: str) -> None:
     for name in servers:
         if name.endswith("__recommended"):
             raise SpecmatchError(f"{source}: servers.{name}: names ending in __recommended are the workflow's own")
+    _traffic_checks(cfg, source)
+
+
+TRAINING_MIX = "training_mix"   # the implicit traffic profile, and the mix key for the training proportions
+TRAFFIC_PREFIX = "traffic_"     # a verified profile's derived suite: traffic_<profile>
+
+
+def traffic_basis(cfg: dict) -> str | None:
+    """The suite whose cells estimate every training source of a traffic mix: the first training suite of
+    summary.recommend_suites (held-out rows, where recommendations stand), else the first training suite."""
+    training = [n for n, s in cfg["suites"].items() if s["kind"] == "training"]
+    listed = [u for u in cfg["summary"].get("recommend_suites") or [] if u in training]
+    return (listed or training or [None])[0]
+
+
+def _traffic_checks(cfg: dict, source: str) -> None:
+    """What the config alone says about `traffic` (the sources are checked against the manifest by the
+    traffic step, specmatch.data.traffic): no reserved or clashing names, a mix of positive weight, a
+    basis suite for source names, a verifying suite that can be drawn and keeps the grid busy."""
+    suites = cfg["suites"]
+    files = [n for n, s in suites.items() if s["kind"] == "file"]
+    training = [n for n, s in suites.items() if s["kind"] == "training"]
+    if cfg.get("traffic") and TRAINING_MIX in suites:
+        raise SpecmatchError(f"{source}: suites.{TRAINING_MIX}: the name is traffic's own (the training mix); rename "
+                             "the suite")
+    for name, prof in (cfg.get("traffic") or {}).items():
+        where = f"{source}: traffic.{name}"
+        if name == TRAINING_MIX:
+            raise SpecmatchError(f"{where}: the training mix is always a profile; choose another name")
+        mix = prof["mix"]
+        if sum(mix.values()) <= 0:
+            raise SpecmatchError(f"{where}.mix: every weight is zero")
+        for key in mix:
+            if key in training:
+                raise SpecmatchError(f"{where}.mix: '{key}' is a training suite; a mix weighs its sources (name "
+                                     f"them) or `{TRAINING_MIX}` (file suites: {', '.join(files) or 'none'})")
+        sources = [k for k, w in mix.items() if k not in files and w > 0]
+        if sources and traffic_basis(cfg) is None:
+            raise SpecmatchError(f"{where}.mix: {', '.join(sources)} name training sources, but no training suite "
+                                 "measures them (add a suite of kind training)")
+        if not prof.get("verify"):
+            continue
+        derived = TRAFFIC_PREFIX + name
+        if derived in suites:
+            raise SpecmatchError(f"{where}.verify: its suite would be named '{derived}', which is a configured suite")
+        for key in mix:
+            if key in files and suites[key].get("length_like") and mix[key] > 0:
+                raise SpecmatchError(f"{where}.mix: '{key}' composes its prompts to another suite's lengths "
+                                     "(length_like), which a verifying suite cannot draw; weigh it in an unverified "
+                                     "profile")
+        basis = traffic_basis(cfg)
+        size = prof.get("size") or (suites[basis]["size"] if basis else max(suites[k]["size"] for k in mix
+                                                                             if k in suites))
+        passes = requests_settings(cfg, basis)["passes"] if basis else cfg["requests"]["passes"]
+        if not keeps_busy(size, passes, max(cfg["concurrency"])):
+            raise SpecmatchError(f"{where}.size: {size} prompts x {passes} pass(es) cannot keep concurrency "
+                                 f"{max(cfg['concurrency'])} busy")
 
 
 def load(path: str | Path, overrides: dict | None = None) -> dict:

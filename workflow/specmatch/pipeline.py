@@ -27,7 +27,8 @@ LAUNCH = "results/servers/{server}/r{repeat}/launch.json"
 # folder beside what the summary step renders from them.
 SUMMARY = "results/summary"
 DECISION_FILES = {"verdicts": "verdicts.json", "recommendations": "recommendations.json",
-                  "attribution": "attribution.json", "k_sweeps": "k_sweeps.json", "analysis": "analysis.json"}
+                  "attribution": "attribution.json", "k_sweeps": "k_sweeps.json", "analysis": "analysis.json",
+                  "traffic": "traffic.json"}
 
 CellKey = tuple  # (server, suite, repeat, concurrency)
 

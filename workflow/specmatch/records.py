@@ -22,6 +22,7 @@ Every file under `results/` and the record it holds:
     inspect/cuts.parquet                Cut, one row each
     prompts/<suite>.jsonl               Prompt, one line each
     prompts/<suite>.match.json          SuiteMatch
+    prompts/traffic.json                TrafficProfiles (the traffic mixes, resolved against the manifest)
     servers/<server>/r<R>/launch.json   LaunchRecord
     cells/.../c<C>.json                 CellResult (its acceptance from the engine: CellAcceptance)
     cells/.../c<C>.requests.parquet     RequestRecord, one row each
@@ -37,6 +38,8 @@ Every file under `results/` and the record it holds:
     summary/k_sweeps.json               kmodel.KSweeps (KRecommendation with its Verification; KPoint)
     summary/analysis.json               AnalysisRecord (the grid, RunToRunSummary, AcceptanceSummary,
                                         GroupAcceptance, CrossoverSet, ServerFacts, CellGoodput)
+    summary/traffic.json                TrafficRow, a list (each mix's predicted speedup, measured where
+                                        a profile is verified, and its break-even share)
 
 What a cell sends comes from RequestSettings (the config's `requests`, with the suite's own passes).
 """
@@ -281,7 +284,7 @@ class Manifest(Record):
         return [{"path": f["path"], "sha256": f["sha256"], "bytes": f["bytes"]} for s in self.sources for f in s.files]
 
 
-SUITE_KINDS = ("training", "file")
+SUITE_KINDS = ("training", "file", "traffic")
 
 
 @dataclass
@@ -290,7 +293,7 @@ class SuiteMatch(Record):
     TVD, and for training suites a prompt-length KS statistic against the eligible cuts weighted to the
     suite's target mix), and what was skipped or fell short."""
     suite: str
-    kind: str                            # training (sampled from the cut table) | file (a prompt file)
+    kind: str                            # training (the cut table) | file (a prompt file) | traffic (a mix of both)
     prompts: int
     holdout_share: Optional[float]
     suite_sources: dict                  # source -> prompts in the suite
@@ -316,6 +319,11 @@ class SuiteMatch(Record):
     training_prompt_tokens_by_source: Optional[dict] = None
     length_like: Optional[str] = None
     length_match: Optional[dict] = None
+    # the suite as strata of a traffic mix (specmatch.deciding.traffic): stratum -> {kind: source | file,
+    # prompts, training_share (post-stratification weight of the training mix), share (a traffic suite's
+    # drawn share)}; and the per-source floor of a stratified training suite
+    strata: Optional[dict] = None
+    min_per_source: int = 0
 
     @property
     def training(self) -> bool:
@@ -327,6 +335,34 @@ class SuiteMatch(Record):
         if "kind" not in obj:  # a file from before the field: only training suites were allocated by source
             obj = {**obj, "kind": "training" if "allocation" in obj else "file"}
         return super().from_json(obj)
+
+
+@dataclass
+class TrafficProfile(Record):
+    """One traffic mix (config `traffic.<name>`, or the implicit `training_mix`): each stratum's share
+    of requests, normalised, with `training_mix` expanded into the sources' shares of the training rows.
+    A stratum is a training source (measured in the basis suite) or a file suite (one stratum, by its
+    suite name). `suite`: the derived suite that measures it (`traffic_<name>`, verify: true)."""
+    name: str
+    mix: dict                            # stratum -> share of requests (sums to 1)
+    declared: dict = field(default_factory=dict)   # as configured (weights before normalising)
+    verify: bool = False
+    suite: Optional[str] = None
+
+
+@dataclass
+class TrafficProfiles(Record):
+    """`results/prompts/traffic.json`: the traffic profiles resolved against what inspection found
+    (specmatch.data.traffic): the basis suite whose per-source cells estimate every training source,
+    each source's share of the training rows, the file suites that enter mixes as one stratum each,
+    and the profiles (the training mix first)."""
+    basis: Optional[str]
+    sources: dict                        # source -> share of the training rows
+    files: list                          # file suites usable as strata
+    profiles: list[TrafficProfile] = field(default_factory=list)
+
+    def profile(self, name: str) -> Optional[TrafficProfile]:
+        return next((p for p in self.profiles if p.name == name), None)
 
 
 # -- one request ------------------------------------------------------------------------------
@@ -996,6 +1032,64 @@ class AnalysisRecord(Record):
     acceptance_by_holdout: list[GroupAcceptance] = field(default_factory=list)
     goodput: list[CellGoodput] = field(default_factory=list)
     flagged_claims: list[FlaggedClaim] = field(default_factory=list)
+
+
+@dataclass
+class BreakEven(Record):
+    """Along the line from a traffic mix toward one stratum (its share of requests growing from `start`
+    to 1, the rest keeping the mix's proportions): `share`, the stratum's share of requests where the
+    predicted speedup crosses 1, and `lo`/`hi`, the shares where the interval's verdict changes (its
+    bounds cross 1): the shares whose interval contains 1, a confidence set for the crossing (test
+    inversion). `direction`: whether it stops or starts paying as the share grows. `curve`: [share,
+    predicted, lo, hi] along the line; `measured`: [share, speedup, lo, hi, suite] of measured suites
+    whose mix lies on it (specmatch.deciding.traffic)."""
+    toward: str
+    share: Optional[float]
+    lo: Optional[float]
+    hi: Optional[float]
+    direction: Optional[Direction] = None
+    start: float = 0.0
+    curve: list = field(default_factory=list)
+    measured: list = field(default_factory=list)
+    note: Optional[str] = None
+
+
+@dataclass
+class TrafficCheck(Record):
+    """A verified profile: its measured speedup against the prediction. `error` = measured / predicted
+    - 1 with its interval (`lo`, `hi`; the server sessions both share cancel); `agree`: that interval
+    contains 0 (the measurement is within what the prediction's uncertainty allows)."""
+    error: float
+    lo: float
+    hi: float
+    agree: bool
+
+
+@dataclass
+class TrafficRow(Record):
+    """`results/summary/traffic.json`, one per (profile, speculative server, concurrency, metric): the
+    predicted speedup of that traffic mix over the baseline with its interval (prompt sample per
+    stratum, run to run, the model's own error), the verdict the interval gives, the measured speedup
+    of its `traffic_<profile>` suite where it is verified (and `check`), and the break-even share toward
+    the first file suite (`break_even`; `break_evens`: toward every stratum, the training mix only).
+    `strata`: each stratum's own predicted speedup (which sources carry the gain); `parts`: the
+    interval's variance by part (prompts, run_to_run, model) and the model check's size."""
+    profile: str
+    mix: dict
+    server: str
+    concurrency: int
+    metric: str
+    predicted: Optional[Interval]
+    measured: Optional[Interval]
+    verdict: Decision
+    break_even: Optional[BreakEven] = None
+    suite: Optional[str] = None
+    check: Optional[TrafficCheck] = None
+    break_evens: list[BreakEven] = field(default_factory=list)
+    strata: dict[str, Interval] = field(default_factory=dict)
+    parts: dict = field(default_factory=dict)
+    confidence: float = 0.9
+    note: Optional[str] = None
 
 
 class Continuation(str, enum.Enum):

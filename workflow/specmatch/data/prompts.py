@@ -33,21 +33,50 @@ from ..records import Cut, Manifest, Prompt, SuiteMatch
 from .rows import ChatTemplate, normalise_messages, prompt_of
 from ..stats import describe, ks_critical, ks_statistic, total_variation
 from .tokenizer import load_tokenizer
+from .traffic import resolve_mix, training_shares
 
 ORDER = ["source", "file", "row", "turn"]
 
 
-def allocate(size: int, weights: dict[str, float]) -> dict[str, int]:
-    """Largest-remainder allocation of `size` draws to sources by weight (deterministic)."""
+def allocate(size: int, weights: dict[str, float], minimum: int = 0) -> dict[str, int]:
+    """Largest-remainder allocation of `size` draws to sources by weight (deterministic). With a
+    `minimum`, every source of positive weight gets at least that many (minimum_allocation)."""
     total = sum(weights.values())
     if total <= 0:
         raise SpecmatchError("suite weighting: all source weights are zero")
+    if minimum > 0:
+        return minimum_allocation(size, weights, minimum)
     exact = {s: size * w / total for s, w in weights.items()}
     alloc = {s: int(v) for s, v in exact.items()}
     rest = size - sum(alloc.values())
     for s in sorted(exact, key=lambda s: (-(exact[s] - alloc[s]), s))[:rest]:
         alloc[s] += 1
     return alloc
+
+
+def minimum_allocation(size: int, weights: dict[str, float], minimum: int) -> dict[str, int]:
+    """Proportional allocation with a floor (a stratified design that estimates every stratum): the
+    strata whose proportional share falls below `minimum` get exactly `minimum`, and the rest of the
+    suite is shared by weight among the others, repeated until no share falls below it. Post-
+    stratification (each stratum reweighted to its share in the training mix, recorded in the match
+    record) then estimates any mix from it, so oversampling a small source costs no bias."""
+    positive = {s: w for s, w in weights.items() if w > 0}
+    if minimum * len(positive) > size:
+        raise SpecmatchError(f"min_per_source: {minimum} prompts x {len(positive)} sources of positive weight is more "
+                             f"than the suite's size ({size})")
+    fixed: dict[str, int] = {}
+    while True:
+        free = {s: w for s, w in positive.items() if s not in fixed}
+        rest = size - sum(fixed.values())
+        low = {s for s, w in free.items() if rest * w / sum(free.values()) < minimum} if free else set()
+        if not low:
+            break
+        fixed.update({s: minimum for s in low})
+    out = {s: 0 for s in weights}
+    out.update(fixed)
+    if free:
+        out.update(allocate(size - sum(fixed.values()), free))
+    return out
 
 
 def source_weights(manifest: Manifest, weighting) -> dict[str, float]:
@@ -108,11 +137,12 @@ def eligible(cuts: pl.DataFrame, spec: dict, skipped: Counter) -> pl.DataFrame:
     return df
 
 
-def sample(pool: pl.DataFrame, size: int, weights: dict[str, float], seed: int
+def sample(pool: pl.DataFrame, size: int, weights: dict[str, float], seed: int, minimum: int = 0
            ) -> tuple[pl.DataFrame, dict[str, int], dict]:
-    """Stratified by source (largest-remainder allocation), seeded, then shuffled: the chosen cuts, the
-    allocation, and each source's shortfall ({wanted, available}) where it had too few."""
-    alloc = allocate(size, weights)
+    """Stratified by source (largest-remainder allocation, at least `minimum` per source of positive
+    weight), seeded, then shuffled: the chosen cuts, the allocation, and each source's shortfall
+    ({wanted, available}) where it had too few."""
+    alloc = allocate(size, weights, minimum)
     rng = random.Random(seed)
     by_src = {s: g for (s,), g in pool.group_by(["source"], maintain_order=True)}
     parts, shortfall = [], {}
@@ -179,12 +209,26 @@ def training_suite(name: str, spec: dict, manifest: Manifest, cuts: pl.DataFrame
         raise SpecmatchError(f"suite {name}: no eligible prompt in the weighted sources of {manifest.root} "
                              f"(weights: {srcs}; eligible cuts in any source: {pool.height}; skipped: "
                              f"{dict(skipped) or 'nothing'})")
-    chosen, allocation, shortfall = sample(weighted, spec.get("size", 64), weights, spec.get("seed", 0))
+    minimum, size = spec.get("min_per_source", 0), spec.get("size", 64)
+    positive = sorted(s for s, w in weights.items() if w > 0)
+    if minimum * len(positive) > size:
+        raise SpecmatchError(f"suites.{name}.min_per_source: {minimum} prompts x {len(positive)} sources of positive "
+                             f"weight ({', '.join(positive)}) is more than suites.{name}.size ({size})")
+    chosen, allocation, shortfall = sample(weighted, size, weights, spec.get("seed", 0), minimum)
     prompts = load_prompts(name, chosen, template, need_messages)
     match = match_report(name, "training", prompts, manifest, weights, weighted)
     match.candidates, match.skipped = pool.height, dict(skipped)
     match.allocation, match.shortfall = allocation, shortfall
+    match.min_per_source, match.strata = minimum, source_strata(match.suite_sources, manifest)
     return prompts, match
+
+
+def source_strata(counts: dict, manifest: Manifest) -> dict:
+    """A training suite's strata (its sources): prompts drawn and the source's share in the training
+    mix (rows), the post-stratification weight that turns the suite's per-source figures into the
+    training mix's whatever the suite's own allocation (min_per_source, equal, weights)."""
+    return {s: {"kind": "source", "prompts": int(counts.get(s, 0)), "training_share": share}
+            for s, share in training_shares(manifest).items()}
 
 
 def file_suite(name: str, spec: dict, template: ChatTemplate, manifest: Manifest | None,
@@ -242,6 +286,58 @@ def file_suite(name: str, spec: dict, template: ChatTemplate, manifest: Manifest
     match = match_report(name, "file", prompts, manifest, None, None)
     match.candidates, match.skipped = len(raw), dict(skipped)
     match.shortfall = {"file": {"wanted": size, "available": len(raw)}} if size > len(raw) else {}
+    match.strata = file_stratum(name, prompts)
+    return prompts, match
+
+
+def file_stratum(name: str, prompts: list[Prompt]) -> dict:
+    """A prompt file is one stratum of any traffic mix, named by its suite (its rows' own categories,
+    kept as their source, do not split it): none of the training mix is in it."""
+    return {name: {"kind": "file", "prompts": len(prompts), "training_share": 0.0}}
+
+
+def traffic_suite(name: str, spec: dict, manifest: Manifest, cuts: pl.DataFrame, template: ChatTemplate,
+                  need_messages: bool = False) -> tuple[list[Prompt], SuiteMatch]:
+    """A suite drawn with a traffic mix (specmatch.data.traffic): stratified over the strata, each stratum
+    drawn as its own suite draws it, shuffled; its match record names each stratum's share."""
+    files = list(spec.get("files") or {})
+    sources = training_shares(manifest)
+    shares = resolve_mix(f"traffic.{spec['profile']}.mix", spec["mix"], sources, files)
+    size, seed = spec["size"], spec.get("seed", 1)
+    alloc = allocate(size, shares)
+    skipped: Counter = Counter()
+    prompts: list[Prompt] = []
+    shortfall: dict = {}
+    wanted = {s: k for s, k in alloc.items() if s in sources and k > 0}
+    if wanted:
+        pool = eligible(cuts, {**spec.get("training", {}), "seed": seed}, skipped)
+        pool = pool.filter(pl.col("source").is_in(list(wanted)))
+        chosen, _, short = sample(pool, sum(wanted.values()), {s: float(k) for s, k in wanted.items()}, seed)
+        shortfall.update(short)
+        prompts += load_prompts(name, chosen, template, need_messages)
+    for f in files:
+        k = alloc.get(f, 0)
+        if not k:
+            continue
+        got, m = file_suite(f, {"path": spec["files"][f]["path"], "size": k, "seed": seed}, template, manifest)
+        for reason, n in m.skipped.items():
+            skipped[f"{f}: {reason}"] += n
+        if len(got) < k:
+            shortfall[f] = {"wanted": k, "available": len(got)}
+        for p in got:
+            p.source = f   # the stratum: a file's rows are one stratum whatever their category
+        prompts += got
+    random.Random(seed).shuffle(prompts)
+    for i, p in enumerate(prompts):
+        p.id, p.suite = f"{name}-{i:05d}", name
+    match = match_report(name, "traffic", prompts, manifest, shares, None)
+    got = Counter(p.source for p in prompts)
+    match.strata = {s: {"kind": "file" if s in files else "source", "prompts": got.get(s, 0), "share": share,
+                        "training_share": sources.get(s, 0.0)} for s, share in shares.items()}
+    match.allocation, match.shortfall, match.skipped = alloc, shortfall, dict(skipped)
+    match.representative = None
+    match.verdict = (f"drawn with traffic profile `{spec['profile']}`: "
+                     + ", ".join(f"{s} {share:.0%}" for s, share in shares.items()))
     return prompts, match
 
 
@@ -376,6 +472,11 @@ def execute(a: argparse.Namespace) -> int:
             raise SpecmatchError(f"suite {a.suite}: a training suite needs --manifest and --cuts")
         prompts, match = training_suite(a.suite, spec, manifest, read_cuts(a.cuts), template,
                                         need_messages=a.endpoint == "chat")
+    elif spec["kind"] == "traffic":   # a traffic profile's verifying suite (specmatch.data.traffic)
+        if manifest is None or a.cuts is None:
+            raise SpecmatchError(f"suite {a.suite}: a traffic suite needs --manifest and --cuts")
+        prompts, match = traffic_suite(a.suite, spec, manifest, read_cuts(a.cuts), template,
+                                       need_messages=a.endpoint == "chat")
     else:
         if spec.get("length_like") and a.like is None:
             raise SpecmatchError(f"suite {a.suite}: length_like needs --like (the training suite's prompts)")

@@ -11,13 +11,17 @@ the primary grid's analysis, joins the recommended servers' cells and verifies e
 - `attribution.json`: records.Attribution per speculative server, suite and concurrency;
 - `k_sweeps.json`: kmodel.KSweeps (each k sweep's recommendation and each k's predicted vs measured);
 - `analysis.json`: records.AnalysisRecord (the grid, run-to-run variation, acceptance, the cells that
-  drafted nothing, crossovers, what the launch records say, cell goodput).
+  drafted nothing, crossovers, what the launch records say, cell goodput, the claims resting on cells
+  measured while the machine was busy);
+- `traffic.json`: records.TrafficRow per traffic profile, speculative server, concurrency and metric:
+  the mix's predicted speedup, the measured one where it is verified, the break-even share
+  (specmatch.deciding.traffic).
 
 The summary step (specmatch.reporting.summary) reads these and renders them; it decides nothing.
 
     python -m specmatch decide --baseline NAME --settings JSON --servers JSON --cells c*.json
         --requests c*.requests.parquet --launches launch.json... --suites S... --matches *.match.json
-        [--recommendations R] [--derived servers.json] --out-dir results/summary
+        [--recommendations R] [--derived servers.json] [--traffic traffic.json] --out-dir results/summary
 """
 from __future__ import annotations
 
@@ -33,13 +37,15 @@ from ..files import read_json, write_json
 from ..pipeline import DECISION_FILES
 from ..provenance import Recorder
 from ..records import (AnalysisRecord, Attribution, CellGoodput, CrossoverSet, DerivedServers, Recommendation,
-                       RunToRunFigure, RunToRunSummary, ServerFacts, SuiteMatch, Verdict)
+                       RunToRunFigure, RunToRunSummary, ServerFacts, SuiteMatch, TrafficProfiles, TrafficRow,
+                       Verdict)
 from ..serving.controls import OFF, is_control, why_no_control
 from .acceptance import pooled_acceptance
 from .analysis import Analysis, ServerInfo, Settings, attribute
 from .attribution import launch_differences, mixed_servers
 from .interference import flagged_claims
 from .kmodel import KSweeps
+from .traffic import traffic_report
 from .recommend import SUFFIX, analysis_arguments, load, server_infos, verified_analysis
 
 # the decision records, by name: the files the decide step writes into its folder and the summary reads
@@ -54,20 +60,23 @@ class Decisions:
     attribution: list[Attribution]
     k_sweeps: KSweeps
     analysis: AnalysisRecord
+    traffic: list[TrafficRow] = dataclasses.field(default_factory=list)
 
     def to_json(self) -> dict:
         """name -> the JSON of its file."""
         return {"verdicts": [v.to_json() for v in self.verdicts],
                 "recommendations": [r.to_json() for r in self.recommendations],
                 "attribution": [a.to_json() for a in self.attribution],
-                "k_sweeps": self.k_sweeps.to_json(), "analysis": self.analysis.to_json()}
+                "k_sweeps": self.k_sweeps.to_json(), "analysis": self.analysis.to_json(),
+                "traffic": [t.to_json() for t in self.traffic]}
 
     @classmethod
     def from_json(cls, obj: dict) -> "Decisions":
         return cls([Verdict.from_json(v) for v in obj["verdicts"]],
                    [Recommendation.from_json(r) for r in obj["recommendations"]],
                    [Attribution.from_json(a) for a in obj["attribution"]],
-                   KSweeps.from_json(obj["k_sweeps"]), AnalysisRecord.from_json(obj["analysis"]))
+                   KSweeps.from_json(obj["k_sweeps"]), AnalysisRecord.from_json(obj["analysis"]),
+                   [TrafficRow.from_json(t) for t in obj.get("traffic") or []])
 
     def write(self, folder: Path) -> list[Path]:
         out = []
@@ -140,13 +149,16 @@ def records_of(an: Analysis, attrs: list[Attribution], no_control: dict[str, str
 
 
 def decide(cells, baseline: str, settings: Settings, configs: dict, infos: dict[str, ServerInfo], suites: list[str],
-           derived: dict, recs: list[Recommendation], training: list[str], no_control: dict[str, str]) -> Decisions:
+           derived: dict, recs: list[Recommendation], training: list[str], no_control: dict[str, str],
+           matches: list[SuiteMatch] | None = None, profiles: TrafficProfiles | None = None) -> Decisions:
     """Everything the report renders, decided once: the verified analysis (the recommend step's
     recommendations, each with its measured check) and the attribution, on the first recommendation
     suite or training suite measured as the reference for prompt length."""
     an = verified_analysis(cells, baseline, settings, configs, infos, suites, derived, recs)
     reference = next((u for u in [*suites, *training] if u in an.suites), None)
-    return records_of(an, attribute(an, reference), no_control)
+    got = records_of(an, attribute(an, reference), no_control)
+    got.traffic = traffic_report(an, profiles, matches or [], cells)
+    return got
 
 
 # -- the step -----------------------------------------------------------------------------------------
@@ -155,6 +167,7 @@ def arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--matches", nargs="*", type=Path, default=[], help="the prompt suites' match reports")
     p.add_argument("--recommendations", type=Path, help="the recommend step's recommendations.json")
     p.add_argument("--derived", type=Path, help="the recommend step's servers.json")
+    p.add_argument("--traffic", type=Path, help="results/prompts/traffic.json (the traffic profiles)")
     p.add_argument("--out-dir", type=Path, required=True)
 
 
@@ -162,15 +175,17 @@ def execute(a: argparse.Namespace) -> int:
     raw = json.loads(a.settings)
     settings, configs = Settings.of(raw), json.loads(a.servers)
     rec = Recorder("decide", a.cells + a.requests + a.launches + a.matches +
-                   [x for x in (a.recommendations, a.derived) if x],
+                   [x for x in (a.recommendations, a.derived, a.traffic) if x],
                    {"baseline": a.baseline, "summary": settings.__dict__, "suites": a.suites})
     cells = load(a.cells, a.requests)
     infos = server_infos(a.launches, configs)
     derived = DerivedServers.from_json(read_json(a.derived)).servers if a.derived else {}
     recs = [Recommendation.from_json(r) for r in read_json(a.recommendations)] if a.recommendations else []
-    training = [m.suite for m in (SuiteMatch.from_json(read_json(x)) for x in a.matches) if m.training]
+    matches = [SuiteMatch.from_json(read_json(x)) for x in a.matches]
+    training = [m.suite for m in matches if m.training]
+    profiles = TrafficProfiles.from_json(read_json(a.traffic)) if a.traffic else None
     got = decide(cells, a.baseline, settings, configs, infos, a.suites, derived, recs, training,
-                 uncontrolled(raw, configs, a.baseline))
+                 uncontrolled(raw, configs, a.baseline), matches, profiles)
     written = got.write(a.out_dir)
     rec.write(written)
     print(f"decide: {len(got.verdicts)} verdicts, {len(got.recommendations)} recommendations, "

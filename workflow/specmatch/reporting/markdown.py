@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 from ..records import RoundPlan, SuiteMatch
-from . import interference, kreport
+from . import interference, kreport, traffic
 from .decided import Decided
 from .design import noise_lines, sequential_lines
 from .loadgen import load_generator_lines
@@ -38,6 +38,8 @@ def markdown(d: Decided, matches: list[SuiteMatch], plans: list[RoundPlan] | Non
     lines += noise_lines(d)
     if design.sequential:
         lines += [""] + sequential_lines(d, plans or [])
+    if d.decisions.traffic:
+        lines += [""] + traffic.lines(d.decisions.traffic, d.settings.recommend_metric)
     why = why_lines(d)
     if why:
         lines += [""] + why

@@ -1,0 +1,187 @@
+"""Traffic predictions against servers whose per-source acceptance and step costs are known: a
+discrete-event server (specmatch.calibration.des) serving batches that mix sources, so the truth of a
+mixed suite comes from the simulation, not from the prediction's model."""
+import json
+import math
+
+import numpy as np
+import pytest
+
+from builders import traffic_cells, traffic_experiment, traffic_profiles, traffic_truth
+from specmatch.calibration.traffic import PROFILES, break_even_truth, coverage
+from specmatch.config import TRAINING_MIX
+from specmatch.deciding.analysis import Settings, analyse
+from specmatch.deciding.traffic import simulate, traffic_report
+from specmatch.records import Decision, TrafficRow
+from specmatch.reporting import traffic as section
+
+
+def _reference(theta, c, ptok, out, steps, m_dec, m_adm):
+    """The closed loop one step at a time (what simulate sums in closed form between events)."""
+    n = len(ptok)
+    w = min(c, n)
+    slot, fresh, left, gen = list(range(w)), [True] * w, [steps[i] for i in range(w)], [0.0] * w
+    nxt, t = w, 0.0
+    start, ttft, end = np.zeros(n), np.zeros(n), np.zeros(n)
+    while any(s >= 0 for s in slot):
+        act = [j for j in range(w) if slot[j] >= 0]
+        dec, pre = [j for j in act if not fresh[j]], [j for j in act if fresh[j]]
+        C = sum(ptok[slot[j]] + 1 + gen[j] for j in dec) / 1000
+        P = sum(ptok[slot[j]] for j in pre) / 1000
+        mult = (sum(m_dec[slot[j]] for j in dec) + sum(m_adm[slot[j]] for j in pre)) / len(act)
+        t += (theta[0] + theta[1] * len(dec) + theta[2] * C + theta[3] * P) * mult
+        for j in pre:
+            ttft[slot[j]] = t - start[slot[j]]
+        for j in dec:
+            i = slot[j]
+            gen[j] += (out[i] - 1) / steps[i] if steps[i] > 0 else 0
+            left[j] -= 1
+        for j in act:
+            fresh[j] = False
+            if left[j] <= 1e-9:
+                end[slot[j]] = t
+                if nxt < n:
+                    slot[j], start[nxt], left[j], gen[j], fresh[j] = nxt, t, steps[nxt], 0.0, True
+                    nxt += 1
+                else:
+                    slot[j] = -1
+    return end - start, ttft, end.max()
+
+
+def test_the_simulated_closed_loop_is_the_step_by_step_one():
+    rng = np.random.default_rng(0)
+    R, n = 4, 12
+    ptok = rng.integers(20, 400, (R, n)).astype(float)
+    out = np.full((R, n), 24.0)
+    steps = rng.integers(6, 24, (R, n)).astype(float)
+    steps[:, 2] = 0      # a one-token answer: done with its prefill
+    m_dec, m_adm = rng.uniform(0.8, 1.2, (R, n)), rng.uniform(0.8, 1.2, (R, n))
+    theta = np.array([0.01, 0.0005, 0.002, 0.02])
+    for c in (1, 3, 12, 16):
+        e2e, ttft, span = simulate(theta, c, ptok, out, steps, m_dec, m_adm)
+        for r in range(R):
+            e, t, s = _reference(theta, c, ptok[r], out[r], steps[r], m_dec[r], m_adm[r])
+            assert np.allclose(e2e[r], e) and np.allclose(ttft[r], t) and span[r] == pytest.approx(s)
+
+
+def test_at_c1_a_stratum_alone_is_its_measured_speedup():
+    """c=1 is exact: one request at a time, so a file suite's stratum alone predicts exactly the
+    throughput speedup its own cells measured (sum of tokens over sum of latencies)."""
+    an, rows = traffic_experiment(3, (1,), profiles={"generic_only": {"generic": 1.0}})
+    row = next(r for r in rows if r.profile == "generic_only" and r.metric == "output_throughput")
+    assert row.predicted.value == pytest.approx(an.verdict("spec", "generic", 1).speedup, rel=1e-9)
+    assert row.parts["model"] == 0.0
+
+
+def _dear(b: int) -> float:
+    return 1.6
+
+
+def _width(seed: int, agent: int) -> float:
+    _, rows = traffic_experiment(seed, (1,), basis={"agent": agent, "code": 8, "chat": 5},
+                                 profiles={"agentic": PROFILES["agentic"]})
+    r = next(r for r in rows if r.metric == "output_throughput")
+    return math.log(r.predicted.hi / r.predicted.lo)
+
+
+def test_intervals_widen_when_a_source_has_few_prompts():
+    few = np.mean([_width(s, 3) for s in (11, 12, 13)])
+    many = np.mean([_width(s, 12) for s in (11, 12, 13)])
+    assert few > 1.3 * many, (few, many)
+    _, rows = traffic_experiment(11, (1,), basis={"agent": 1, "code": 8, "chat": 5},
+                                 profiles={"agentic": PROFILES["agentic"], "no_agent": {"code": 1, "chat": 1}})
+    got = {r.profile: r for r in rows if r.metric == "output_throughput"}
+    assert got["agentic"].predicted is None and "agent: fewer than 2 prompts" in got["agentic"].note
+    assert got["no_agent"].predicted is not None   # a mix without the thin stratum is still predicted
+
+
+def test_a_verified_profile_is_set_beside_its_measured_suite_and_rendered():
+    """A `traffic_<profile>` suite drawn with the mix and measured like any suite: the row carries its
+    measured speedup, the check, and the summary section answers first."""
+    mix = PROFILES["generic_heavy"]
+    counts = {"agent": 3, "code": 5, "chat": 2, "generic": 6}     # 16 prompts drawn with the mix
+    cells = traffic_cells(21, {"basis": {"agent": 5, "code": 6, "chat": 5}, "generic": {"generic": 16},
+                               "traffic_generic_heavy": counts}, concurrencies=(1,), repeats=2)
+    an = analyse(cells, "base", Settings(bootstrap=300))
+    profiles = traffic_profiles({"training_mix": PROFILES["training_mix"], "generic_heavy": mix})
+    profiles.profiles[1].verify, profiles.profiles[1].suite = True, "traffic_generic_heavy"
+    rows = traffic_report(an, profiles, [], cells)
+    row = next(r for r in rows if r.profile == "generic_heavy" and r.metric == "output_throughput")
+    assert row.measured.value == pytest.approx(an.verdict("spec", "traffic_generic_heavy", 1).speedup)
+    assert row.check is not None and row.check.lo < row.check.error < row.check.hi
+    assert row.check.agree == (row.check.lo <= 0 <= row.check.hi)
+    assert "drawn composition" in row.note   # 16 prompts cannot hold the mix's shares exactly
+    tm = next(r for r in rows if r.profile == TRAINING_MIX and r.metric == "output_throughput")
+    assert {b.toward for b in tm.break_evens} == {"agent", "code", "chat", "generic"}
+    assert tm.break_even.toward == "generic" and set(tm.strata) == {"agent", "code", "chat", "generic"}
+    on_line = {m[4] for m in tm.break_even.measured}
+    assert {"generic", "traffic_generic_heavy"} <= on_line   # measured suites on the line toward generic
+    for r in rows:   # the contract: every row is a TrafficRow's serialisation
+        j = json.loads(json.dumps(r.to_json()))
+        assert {"profile", "mix", "server", "concurrency", "metric", "predicted", "measured", "verdict",
+                "break_even"} <= set(j)
+        assert TrafficRow.from_json(j).to_json() == j
+    text = "\n".join(section.lines(rows, "output_throughput"))
+    assert text.startswith("## Your traffic") and "- At your mix `generic_heavy` (" in text
+    assert "Measured on `traffic_generic_heavy`" in text and "Break-even from the training mix toward `generic`" in text
+
+
+def test_the_break_even_share_is_where_the_interval_and_the_point_cross_one():
+    """With a speculative step of 1.6 plain steps the training mix pays and the generic stratum alone
+    loses: the point estimate crosses 1 inside [lo, hi], and the curve's ends carry the strata's own
+    predictions."""
+    an, rows = traffic_experiment(5, (1,), profiles={"training_mix": PROFILES["training_mix"]}, lines=True,
+                                  rho=_dear)
+    r = next(r for r in rows if r.metric == "output_throughput")
+    be = r.break_even
+    assert r.verdict == Decision.PAYS and be.share is not None and be.lo <= be.share <= be.hi
+    assert be.direction.value == "stops paying" and be.start == 0.0 and be.curve[-1][0] == 1.0
+    assert be.curve[0][1] == pytest.approx(r.predicted.value, rel=0.05)  # the line starts at the training mix
+    assert r.strata["generic"].value == pytest.approx(be.curve[-1][1])
+
+
+# -- coverage, by simulation ----------------------------------------------------------------------------
+@pytest.mark.slow   # 60 experiments of c=1 and c=4 (about 5 minutes of CPU)
+def test_predictions_cover_the_true_mixed_speedup_at_c1_and_a_batched_concurrency():
+    got = coverage(60, (1, 4), 16)
+    _report(got)
+    for (profile, c, metric), v in got["rows"].items():
+        assert v["n"] == 60
+        # 90% intervals; 3 Monte-Carlo standard errors (0.039 each at 0.9) below, and not uselessly wide
+        assert v["coverage"] >= 0.78, (profile, c, metric, v)
+        assert abs(v["bias"]) < 0.5 * v["sd"] + 0.02, (profile, c, metric, v)
+
+
+@pytest.mark.slow   # 60 experiments of c=1 and c=16 with 16 prompts: every batched cell one burst
+def test_predictions_cover_the_true_mixed_speedup_in_a_burst():
+    got = coverage(60, (1, 16), 16)
+    _report(got)
+    for key, v in got["rows"].items():
+        assert v["coverage"] >= 0.72, (key, v)
+
+
+@pytest.mark.slow   # 30 experiments with break-even lines (about 4 minutes)
+def test_the_break_even_share_is_recovered():
+    truth = break_even_truth(998, 4, 16)
+    # the scenario pays at the training mix and loses on generic alone, on both metrics
+    assert all(t is not None and 0.2 < t < 0.95 for t in truth.values()), truth
+    got = coverage(30, (4,), 16, break_even=True)
+    _report(got)
+    for metric in ("output_throughput", "tpot"):
+        v = got["rows"][("break-even", 4, metric)]
+        assert v["n"] >= 25 and v["coverage"] >= 0.7 and abs(v["bias"]) < 0.08, (metric, v)
+
+
+def _report(got: dict) -> None:
+    for k, v in sorted(got["rows"].items(), key=str):
+        print(k, {x: round(y, 3) if isinstance(y, float) else y for x, y in v.items()})
+
+
+def test_truth_is_the_simulated_mix_not_the_model():
+    """The truth of a mixed suite is what the discrete-event server measures on it: generic prompts
+    (little to accept) pull a mix's speedup toward their own, so a 40% generic mix lies between the
+    training mix and generic alone, nearer the training mix."""
+    t = {p: traffic_truth(7, m, 16, 1, suites=60)["output_throughput"]
+         for p, m in (("tm", PROFILES["training_mix"]), ("heavy", PROFILES["generic_heavy"]),
+                      ("generic", {"generic": 1.0}))}
+    assert t["generic"] < t["heavy"] < t["tm"]

@@ -1,0 +1,158 @@
+"""Traffic mixes, the data side: a stratified training suite (a floor per source, each source's
+training share recorded), profiles resolved against the sources inspection found (an unknown name is
+an error that names it and what exists), the config's own checks, and a verifying suite drawn with
+the profile's mix."""
+import json
+from collections import Counter
+
+import pytest
+
+from builders import make_root, shipped_config
+from specmatch.config import validate
+from specmatch.data.inspection import inspect_root
+from specmatch.data.inspection import main as inspection_main
+from specmatch.data.prompts import allocate, main as prompts_main, traffic_suite, training_suite
+from specmatch.data.rows import ChatTemplate
+from specmatch.data.traffic import main as traffic_main, resolve, resolve_mix, with_traffic_suites
+from specmatch.files import SpecmatchError
+from specmatch.records import SuiteMatch, TrafficProfiles
+
+
+def test_minimum_allocation_floors_small_sources_and_keeps_the_rest_proportional():
+    demo = {"code_instruct": 64, "code_explain": 36, "agent_traces": 24, "python_docs": 48, "reasoning": 20}
+    assert allocate(16, demo) == {"code_instruct": 5, "code_explain": 3, "agent_traces": 2, "python_docs": 4,
+                                  "reasoning": 2}
+    got = allocate(16, demo, minimum=3)
+    assert sum(got.values()) == 16 and min(got.values()) == 3 and got["code_instruct"] == 4
+    big = allocate(100, {"a": 90, "b": 8, "c": 2}, minimum=10)
+    assert big == {"a": 80, "b": 10, "c": 10}   # the rest follows the weights of the unfloored sources
+    assert allocate(10, {"a": 1, "b": 0}, minimum=2) == {"a": 10, "b": 0}  # zero weight: no floor
+
+
+def test_stratified_suite_records_each_source_share_of_the_training_mix(tmp_path, tok, tok_dir):
+    root = make_root(tmp_path, tok, {"big": 60, "small": 6})
+    m, cuts = inspect_root(root, str(tok_dir))
+    spec = {"size": 12, "seed": 0, "weighting": "mix", "min_per_source": 4}
+    prompts, match = training_suite("t", spec, m, cuts, ChatTemplate.of(tok))
+    assert Counter(p.source for p in prompts) == {"big": 8, "small": 4}   # mix alone would give 11 / 1
+    assert match.min_per_source == 4
+    assert match.strata["big"] == {"kind": "source", "prompts": 8, "training_share": pytest.approx(60 / 66)}
+    assert match.strata["small"]["training_share"] == pytest.approx(6 / 66)
+    with pytest.raises(SpecmatchError, match=r"suites\.t\.min_per_source: 7 prompts x 2 sources .* suites\.t\.size \(12\)"):
+        training_suite("t", {**spec, "min_per_source": 7}, m, cuts, ChatTemplate.of(tok))
+
+
+def test_an_unknown_source_is_an_error_that_names_it_and_what_exists():
+    sources, files = {"agent": 0.25, "chat": 0.75}, ["generic"]
+    with pytest.raises(SpecmatchError) as e:
+        resolve_mix("traffic.prod.mix", {"agents": 0.5, "generic": 0.5}, sources, files)
+    msg = str(e.value)
+    assert "traffic.prod.mix: 'agents' is neither a training source nor a file suite" in msg
+    assert "agent, chat" in msg and "file suites: generic" in msg and "training_mix" in msg
+    mix = resolve_mix("w", {"training_mix": 0.6, "generic": 0.4}, sources, files)
+    assert mix == pytest.approx({"agent": 0.15, "chat": 0.45, "generic": 0.4})
+    assert resolve_mix("w", {"agent": 3, "chat": 1, "generic": 0}, sources, files) == {"agent": 0.75, "chat": 0.25}
+    with pytest.raises(SpecmatchError, match="both a training source and a file suite"):
+        resolve_mix("w", {"chat": 1}, sources, ["chat"])
+
+
+def test_the_training_mix_is_always_a_profile(tmp_path, tok, tok_dir):
+    root = make_root(tmp_path, tok, {"a": 30, "b": 10})
+    m, _ = inspect_root(root, str(tok_dir))
+    suites = {"t": {"kind": "training"}, "generic": {"kind": "file"}}
+    got = resolve({}, suites, "t", m)
+    assert [p.name for p in got.profiles] == ["training_mix"] and got.files == ["generic"]
+    assert got.profiles[0].mix == pytest.approx({"a": 0.75, "b": 0.25}) and got.sources == got.profiles[0].mix
+    got = resolve({"heavy": {"mix": {"b": 1, "generic": 1}, "verify": True}}, suites, "t", m)
+    heavy = got.profile("heavy")
+    assert heavy.mix == {"b": 0.5, "generic": 0.5} and heavy.verify and heavy.suite == "traffic_heavy"
+    assert TrafficProfiles.from_json(json.loads(json.dumps(got.to_json()))) == got
+
+
+def test_config_checks_what_the_config_alone_shows():
+    cfg = shipped_config()
+    ok = validate({**cfg, "traffic": {"gen": {"mix": {"training_mix": 0.6, "generic": 0.4}, "verify": True}}})
+    assert ok["traffic"]["gen"]["verify"] and ok["traffic"]["gen"]["seed"] == 1
+    assert validate(cfg)["traffic"] == {}   # the default: no profile beyond the implicit training mix
+    for traffic, msg in (
+            ({"training_mix": {"mix": {"generic": 1}}}, "traffic.training_mix: the training mix is always a profile"),
+            ({"x": {"mix": {"train_holdout": 1}}}, "'train_holdout' is a training suite"),
+            ({"x": {"mix": {"generic": 0}}}, "every weight is zero"),
+            ({"x": {"mix": {"generic": 1}, "verify": True, "size": 4}}, "traffic.x.size: 4 prompts"),
+            ({"x": {"mix": {"generic": -1}}}, "traffic.x.mix.generic")):
+        with pytest.raises(SpecmatchError, match=msg):
+            validate({**cfg, "traffic": traffic})
+
+
+def test_a_verified_profile_becomes_an_ordinary_suite_on_the_grid():
+    cfg = shipped_config()
+    cfg["servers"]["eagle3"]["suites"] = ["train_holdout"]
+    cfg = validate({**cfg, "traffic": {"gen": {"mix": {"training_mix": 0.6, "generic": 0.4}, "verify": True},
+                                       "agents": {"mix": {"agent_traces": 1}}}})
+    out = with_traffic_suites(cfg)
+    assert list(out["suites"]) == ["train_mix", "train_holdout", "generic", "traffic_gen"]
+    spec = out["suites"]["traffic_gen"]
+    assert spec["kind"] == "traffic" and spec["basis"] == "train_holdout" and spec["size"] == 16
+    assert spec["training"]["holdout"] == "only" and spec["files"] == {"generic": {"path": "resources/prompts/generic.jsonl"}}
+    assert all("traffic_gen" in s["suites"] for n, s in out["servers"].items() if n.startswith("eagle3@"))
+    assert with_traffic_suites(validate(shipped_config())) == validate(shipped_config())   # nothing verified
+
+
+def test_a_verifying_suite_is_drawn_with_the_mix(tmp_path, tok, tok_dir):
+    root = make_root(tmp_path, tok, {"a": 40, "b": 40})
+    out = tmp_path / "out"
+    assert inspection_main(["--root", str(root), "--tokenizer", str(tok_dir), "--out", str(out / "m.json"),
+                            "--cuts", str(out / "cuts.parquet"), "--holdout", json.dumps({"fraction": 0.5})]) == 0
+    ctl = tmp_path / "generic.jsonl"
+    ctl.write_text("".join(json.dumps({"prompt": f"Question {i}?", "category": "misc"}) + "\n" for i in range(30)))
+    spec = {"kind": "traffic", "profile": "p", "mix": {"a": 1, "generic": 1}, "size": 10, "seed": 1,
+            "basis": "t", "training": {"holdout": "only", "turn": "last"}, "files": {"generic": {"path": str(ctl)}}}
+    common = ["--manifest", str(out / "m.json"), "--tokenizer", str(tok_dir), "--cuts", str(out / "cuts.parquet")]
+    assert prompts_main(["--suite", "traffic_p", "--spec", json.dumps(spec), "--out", str(out / "p.jsonl"),
+                         "--match", str(out / "p.match.json"), *common]) == 0
+    rows = [json.loads(x) for x in (out / "p.jsonl").read_text().splitlines()]
+    assert Counter(r["source"] for r in rows) == {"a": 5, "generic": 5}   # a file's rows are one stratum
+    assert all(r["holdout"] for r in rows) and [r["id"] for r in rows] == [f"traffic_p-{i:05d}" for i in range(10)]
+    match = SuiteMatch.from_json(json.loads((out / "p.match.json").read_text()))
+    assert match.kind == "traffic" and match.strata["generic"]["share"] == 0.5 and match.strata["a"]["prompts"] == 5
+    again = tmp_path / "again.jsonl"
+    assert prompts_main(["--suite", "traffic_p", "--spec", json.dumps(spec), "--out", str(again),
+                         "--match", str(tmp_path / "again.match.json"), *common]) == 0
+    assert again.read_text() == (out / "p.jsonl").read_text()   # seeded
+    bad = {**spec, "mix": {"c": 1}}
+    assert prompts_main(["--suite", "traffic_p", "--spec", json.dumps(bad), "--out", str(again),
+                         "--match", str(tmp_path / "again.match.json"), *common]) == 1
+    # the traffic step: the same check right after inspection, for every profile
+    cfg = {"traffic": {"p": {"mix": {"zz": 1}}}, "suites": {"t": {"kind": "training"}}, "basis": "t"}
+    assert traffic_main(["--config", json.dumps(cfg), "--manifest", str(out / "m.json"),
+                         "--out", str(out / "traffic.json")]) == 1
+    cfg["traffic"]["p"]["mix"] = {"b": 1}
+    assert traffic_main(["--config", json.dumps(cfg), "--manifest", str(out / "m.json"),
+                         "--out", str(out / "traffic.json")]) == 0
+    got = TrafficProfiles.from_json(json.loads((out / "traffic.json").read_text()))
+    assert [p.name for p in got.profiles] == ["training_mix", "p"]
+
+
+def test_the_default_workflow_measures_a_verified_profile_on_the_whole_grid(tmp_path):
+    """A dry run of the shipped default with two profiles, one verified: the profiles are resolved right
+    after inspection, the verified one gets an ordinary prompts job and the cells of every suite
+    (baseline and both k-sweep members, both concurrencies, both repeats of the sequential minimum),
+    and the decide step reads the profiles."""
+    import yaml
+
+    from builders import copy_workflow, job_counts, run, snakemake_cmd
+
+    wd = copy_workflow(tmp_path)
+    cfg = yaml.safe_load((wd / "config.yaml").read_text())
+    cfg["traffic"] = {"generic_heavy": {"mix": {"training_mix": 0.6, "generic": 0.4}, "verify": True},
+                      "agentic": {"mix": {"agent_traces": 0.6, "code_instruct": 0.4}}}
+    (wd / "traffic.yaml").write_text(yaml.safe_dump(cfg))
+    out = run(snakemake_cmd() + ["-n", "--cores", "2", "--configfile", "traffic.yaml"], wd).stdout
+    counts = job_counts(out)
+    assert counts["traffic_profiles"] == 1 and counts["prompts"] == 4
+    assert counts["cell"] == (4 + 4 + 4) * 2 * 2   # was (3 + 3 + 3) * 2 * 2 without the verified profile
+    for x in ("baseline", "eagle3@k=3", "eagle3@k=5"):
+        assert f"results/cells/{x}/traffic_generic_heavy/r2/c16.json" in out
+    assert "--traffic results/prompts/traffic.json" in out and "results/summary/traffic.json" in out
+    plain = run(snakemake_cmd() + ["-n", "--cores", "2"], wd).stdout
+    assert job_counts(plain)["cell"] == 9 * 2 * 2 and job_counts(plain)["traffic_profiles"] == 1

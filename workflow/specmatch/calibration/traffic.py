@@ -1,0 +1,228 @@
+"""Traffic mixes whose truth is known: a discrete-event server (specmatch.calibration.des) serving
+batches that mix sources of different acceptance and prompt length, and the coverage of the traffic
+predictions (specmatch.deciding.traffic) against it.
+
+An experiment measures a baseline and a speculative server (k=3, a step cost that grows with the
+batch) on a stratified basis suite of three sources and a file suite (`generic`), at c = 1 and a
+batched concurrency, in repeats with session and cell run-to-run effects, as the workflow does; the
+analysis sees only cells and request records. The truth of a mix is what a suite of the same size
+drawn with it measures: the mean over many fresh suites served by the same server without run-to-run
+noise (its Monte-Carlo error is printed). The server batches whatever the suite mixes (per-prompt
+acceptance: which drafts are right is fixed per prompt and position, as greedy decoding makes it),
+so the truth of a mixed suite comes from the simulation, not from the prediction's model.
+
+    python -m specmatch traffic_coverage [--experiments 100] [--concurrency 4] [--size 16]
+prints each profile's coverage (truth inside its interval), the mean interval width and the
+prediction's bias and spread, per concurrency and metric, and the break-even share's coverage.
+"""
+from __future__ import annotations
+
+import argparse
+import math
+import sys
+from dataclasses import replace
+
+import numpy as np
+import polars as pl
+
+from .des import serve
+from .harness import BASE
+from .simulate import cell
+from ..deciding.analysis import Settings, analyse
+from ..deciding.traffic import traffic_report
+from ..records import TrafficProfile, TrafficProfiles
+
+# Strata of a synthetic deployment: per-token acceptance Beta(a, b) and prompt length (median tokens,
+# sd of log), as speculation sees agentic rows (long, predictable), instructions and encyclopedic
+# questions (short, little to accept).
+TRAFFIC_STRATA = {"agent": ((9.0, 3.0), (320, 0.35)), "code": ((6.0, 4.0), (200, 0.4)),
+                  "chat": ((4.0, 5.0), (120, 0.4)), "generic": ((2.5, 6.0), (50, 0.35))}
+SOURCES = {"agent": 0.3, "code": 0.5, "chat": 0.2}      # the training mix's shares
+PROFILES = {"training_mix": dict(SOURCES),
+            "generic_heavy": {"agent": 0.18, "code": 0.3, "chat": 0.12, "generic": 0.4},
+            "agentic": {"agent": 0.7, "code": 0.2, "generic": 0.1}}
+
+
+def _traffic_rho(b: int) -> float:
+    """A speculative step (k=3) in plain decode steps at batch size b: cheap at 1, dear at 16."""
+    return float(np.interp(b, (1, 4, 16), (1.25, 1.5, 2.3)))
+
+
+def traffic_prompts(rng, strata: dict, counts: dict, out_tokens: int = 24):
+    """Fresh prompts of a suite, `counts` per stratum, in a seeded shuffled order: each with its prompt
+    tokens, acceptance probability and which drafts are right at each output position (greedy: fixed
+    per prompt)."""
+    names = [s for s, k in counts.items() for _ in range(k)]
+    rng.shuffle(names)
+    n = len(names)
+    tokens, alpha = np.zeros(n), np.zeros(n)
+    for i, s in enumerate(names):
+        (a, b), (med, sd) = strata[s]
+        alpha[i] = rng.beta(a, b)
+        tokens[i] = float(np.clip(np.round(rng.lognormal(np.log(med), sd)), 8, 1024))
+    match = rng.random((n, out_tokens + 8)) < alpha[:, None]
+    return names, tokens, alpha, match
+
+
+def traffic_cells(seed: int, suites: dict, concurrencies=(1, 4), repeats: int = 2, out_tokens: int = 24,
+                  session_sd: float = 0.02, cell_sd: float = 0.02, strata: dict | None = None, rho=None):
+    """Cells of a baseline `base` and a speculative server `spec` (k=3, step cost `rho(b)`) on `suites`
+    (name -> {stratum: prompts}) at every concurrency and repeat, simulated by specmatch.calibration.des:
+    continuous batching of whatever each suite mixes, per-prompt acceptance, every cell moved by its
+    session's and its own run-to-run effect. Request frames carry each prompt's stratum as `source`.
+    A file suite is one stratum named like the suite (`generic`)."""
+    strata = strata or TRAFFIC_STRATA
+    rng = np.random.default_rng(seed)
+    engines = {"base": BASE, "spec": replace(BASE, k=3, rho=rho or _traffic_rho)}
+    prompts = {u: traffic_prompts(rng, strata, counts, out_tokens) for u, counts in suites.items()}
+    sessions = {(x, r): rng.normal(0, session_sd) for x in engines for r in range(1, repeats + 1)}
+    out = []
+    for u, (names, tokens, alpha, match) in prompts.items():
+        ids = [f"{u}-{i:03d}" for i in range(len(names))]
+        for c in concurrencies:
+            keys = [(x, r) for x in engines for r in range(1, repeats + 1)]
+            m = len(keys)
+            served = serve([engines[x] for x, _ in keys], c, np.tile(tokens, (m, 1)),
+                           np.full((m, len(names)), out_tokens), rng, match=np.broadcast_to(match, (m,) + match.shape))
+            served = served.scaled(np.exp([sessions[k] + rng.normal(0, cell_sd) for k in keys]))
+            ot = np.full(len(names), float(out_tokens))
+            for i, (x, r) in enumerate(keys):
+                one = served.row(i)
+                spec = engines[x].k > 0
+                res, req = cell(x, u, c, r, one.e2e, one.ttft, ot, ids, one.steps if spec else None,
+                                one.accepted if spec else None, tokens, int(one.steps.sum()) if spec else None,
+                                starts=one.start, duration=float(one.duration[0]),
+                                drafted=one.drafted if spec else None, session=f"{x}-r{r}")
+                if spec:
+                    res.spec_decode_acceptance_length = 1 + float(one.accepted.sum() / max(one.steps.sum(), 1))
+                out.append((res, req.with_columns(pl.Series("source", names))))
+    return out
+
+
+def traffic_truth(seed: int, mix: dict, size: int, c: int, suites: int = 300, out_tokens: int = 24,
+                  strata: dict | None = None, rho=None) -> dict:
+    """The true log speedup (throughput and TPOT, as a cell measures them) of a suite of `size` prompts
+    whose every prompt's stratum is drawn with the mix's probabilities from the strata's populations:
+    the mean over `suites` fresh suites served by the discrete-event server (no run-to-run noise), and
+    the Monte-Carlo standard error of each."""
+    strata = strata or TRAFFIC_STRATA
+    rng = np.random.default_rng(seed)
+    names = list(mix)
+    p = np.array([mix[s] for s in names], float)
+    p /= p.sum()
+    tok, match = np.zeros((suites, size)), np.zeros((suites, size, out_tokens + 8), bool)
+    for j in range(suites):
+        counts = dict(zip(names, rng.multinomial(size, p)))
+        _, tok[j], _, match[j] = traffic_prompts(rng, strata, counts, out_tokens)
+    ot = np.full((suites, size), out_tokens)
+    spec = replace(BASE, k=3, rho=rho or _traffic_rho)
+    b, x = serve(BASE, c, tok, ot, rng, match=match), serve(spec, c, tok, ot, rng, match=match)
+    thr = np.log(b.duration / x.duration)
+    tpot = np.log((b.e2e - b.ttft).mean(1) / (x.e2e - x.ttft).mean(1))
+    return {"output_throughput": float(thr.mean()), "tpot": float(tpot.mean()),
+            "se": {"output_throughput": float(thr.std(ddof=1) / np.sqrt(suites)),
+                   "tpot": float(tpot.std(ddof=1) / np.sqrt(suites))}}
+
+
+def traffic_profiles(profiles: dict | None = None) -> TrafficProfiles:
+    """The experiments' profiles resolved as the traffic step resolves a config's (basis suite `basis`,
+    file suite `generic`)."""
+    return TrafficProfiles("basis", dict(SOURCES), ["generic"],
+                           [TrafficProfile(n, dict(m)) for n, m in (profiles or PROFILES).items()])
+
+
+def basis_counts(size: int, small: int | None = None) -> dict:
+    """A stratified basis suite of `size` prompts: at least `small` (default a third) of agent and chat."""
+    k = small if small is not None else size // 3
+    return {"agent": k, "code": size - 2 * (size // 3) + (size // 3 - k), "chat": size // 3}
+
+
+def traffic_experiment(seed: int, concurrencies=(1, 4), size: int = 16, repeats: int = 2, bootstrap: int = 400,
+                       profiles: dict | None = None, lines: bool = False, basis: dict | None = None, **kw):
+    """One experiment's analysis and traffic rows."""
+    cells = traffic_cells(seed, {"basis": basis or basis_counts(size), "generic": {"generic": size}},
+                          concurrencies=concurrencies, repeats=repeats, **kw)
+    an = analyse(cells, "base", Settings(bootstrap=bootstrap))
+    return an, traffic_report(an, traffic_profiles(profiles), [], cells, lines=lines)
+
+
+def break_even_truth(seed: int, c: int, size: int, points: int = 11, suites: int = 300) -> dict:
+    """Per metric, where the true speedup crosses 1 along the line from the training mix toward
+    `generic` (the generic share), interpolated between `points` shares on log speedup (None: no
+    crossing)."""
+    shares = np.linspace(0, 1, points)
+    ys = []
+    for s in shares:
+        mix = {k: (1 - s) * v for k, v in SOURCES.items()}
+        mix["generic"] = s
+        ys.append(traffic_truth(seed, {k: v for k, v in mix.items() if v > 0}, size, c, suites))
+    out = {}
+    for metric in ("output_throughput", "tpot"):
+        y = [t[metric] for t in ys]
+        out[metric] = next((float(shares[i - 1] + y[i - 1] / (y[i - 1] - y[i]) * (shares[i] - shares[i - 1]))
+                            for i in range(1, points) if np.sign(y[i]) != np.sign(y[0])), None)
+    return out
+
+
+def coverage(experiments: int, concurrencies=(1, 4), size: int = 16, seed: int = 1000, truth_suites: int = 400,
+             break_even: bool = False) -> dict:
+    """Per (profile, concurrency, metric): how often the truth lies inside the predicted interval, with
+    the Monte-Carlo standard error, the mean log width, and the prediction's bias and sd; with
+    `break_even`, how often the true break-even share toward generic lies in [lo, hi]."""
+    truth = {(p, c): traffic_truth(seed - 1, m, size, c, truth_suites) for p, m in PROFILES.items()
+             for c in concurrencies}
+    be_truth = {c: break_even_truth(seed - 2, c, size) for c in concurrencies} if break_even else {}
+    hits: dict = {}
+    for e in range(experiments):
+        _, rows = traffic_experiment(seed + e, concurrencies, size, lines=break_even,
+                                     profiles=None if not break_even else {"training_mix": PROFILES["training_mix"]})
+        for r in rows:
+            if r.predicted is None:
+                continue
+            t = truth[(r.profile, r.concurrency)][r.metric]
+            k = (r.profile, r.concurrency, r.metric)
+            got = hits.setdefault(k, {"in": 0, "n": 0, "width": [], "err": []})
+            got["in"] += math.log(r.predicted.lo) <= t <= math.log(r.predicted.hi)
+            got["n"] += 1
+            got["width"].append(math.log(r.predicted.hi / r.predicted.lo))
+            got["err"].append(math.log(r.predicted.value) - t)
+            be = r.break_even
+            bt = be_truth.get(r.concurrency, {}).get(r.metric)
+            if break_even and r.profile == "training_mix" and bt is not None and be is not None:
+                kb = ("break-even", r.concurrency, r.metric)
+                g = hits.setdefault(kb, {"in": 0, "n": 0, "width": [], "err": []})
+                lo = be.lo if be.lo is not None else be.start
+                hi = be.hi if be.hi is not None else 1.0
+                g["in"] += min(lo, hi) <= bt <= max(lo, hi)
+                g["n"] += 1
+                g["width"].append(abs(hi - lo))
+                g["err"].append((be.share if be.share is not None else float("nan")) - bt)
+    out = {}
+    for k, g in hits.items():
+        p = g["in"] / g["n"]
+        err = np.array(g["err"], float)
+        out[k] = {"coverage": p, "mc_se": math.sqrt(max(p * (1 - p), 1e-12) / g["n"]), "n": g["n"],
+                  "width": float(np.mean(g["width"])), "bias": float(np.nanmean(err)), "sd": float(np.nanstd(err))}
+    return {"rows": out, "truth": truth, "break_even_truth": be_truth}
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m specmatch traffic_coverage", description=__doc__.split("\n\n")[0])
+    p.add_argument("--experiments", type=int, default=100)
+    p.add_argument("--concurrency", type=int, default=4, help="the batched concurrency (besides c=1)")
+    p.add_argument("--size", type=int, default=16, help="prompts per suite")
+    p.add_argument("--break-even", action="store_true", help="the break-even share's coverage too (slower)")
+    a = p.parse_args(argv)
+    got = coverage(a.experiments, (1, a.concurrency), a.size, break_even=a.break_even)
+    print(f"{a.experiments} experiments, suites of {a.size}, c = 1 and {a.concurrency}, 90% intervals, 2 repeats")
+    for k, v in sorted(got["rows"].items(), key=lambda kv: (kv[0][0], kv[0][1], kv[0][2])):
+        t = (got["truth"].get(k[:2], {}).get(k[2]) if k[0] != "break-even"
+             else got["break_even_truth"].get(k[1], {}).get(k[2]))
+        print(f"{k[0]:>14} c={k[1]:<3} {k[2]:<18} coverage {v['coverage']:.2f} ± {v['mc_se']:.2f} (n={v['n']})  "
+              f"width {v['width']:.3f}  bias {v['bias']:+.3f}  sd {v['sd']:.3f}  truth "
+              + ("—" if t is None else f"{t:.3f}"))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

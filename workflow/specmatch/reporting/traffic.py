@@ -1,0 +1,179 @@
+"""Render the traffic predictions (specmatch.deciding.traffic): the summary's "Your traffic" section,
+which answers first ("At your mix X: pays / loses / no difference / undecided at c=..."), and the
+break-even plot (predicted speedup against a stratum's share, one line per concurrency, measured
+suites on it). Nothing here decides anything."""
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+from ..config import TRAINING_MIX
+from ..deciding.measurements import LABEL
+from ..files import atomic_path
+from ..records import Decision, Direction, TrafficRow
+
+WORD = {Decision.PAYS: "pays", Decision.LOSES: "loses", Decision.EQUIVALENT: "no difference",
+        Decision.INCONCLUSIVE: "undecided"}
+
+
+def _x(v) -> str:
+    return "—" if v is None or not math.isfinite(v) else f"{v:.2f}x"
+
+
+def _iv(iv) -> str:
+    return f"{_x(iv.value)} [{iv.lo:.2f}, {iv.hi:.2f}]" if iv is not None and iv.value is not None else "—"
+
+
+def _share(v) -> str:
+    return "—" if v is None else f"{v:.0%}"
+
+
+def mix_text(mix: dict, top: int = 4) -> str:
+    items = sorted(mix.items(), key=lambda kv: -kv[1])
+    text = ", ".join(f"{k} {v:.0%}" for k, v in items[:top])
+    return text + (f", {len(items) - top} more" if len(items) > top else "")
+
+
+def answer(rows: list[TrafficRow], profile: str, server: str, metric: str) -> str:
+    """'pays at c=1 (1.31x [1.21, 1.42]), undecided at c=16 (...)' for one profile and server."""
+    mine = sorted((r for r in rows if (r.profile, r.server, r.metric) == (profile, server, metric)),
+                  key=lambda r: r.concurrency)
+    parts = []
+    for r in mine:
+        if r.predicted is None:
+            parts.append(f"not predicted at c={r.concurrency} ({r.note})")
+        else:
+            parts.append(f"**{WORD[r.verdict]}** at c={r.concurrency} ({_iv(r.predicted)})")
+    return ", ".join(parts)
+
+
+def break_even_text(b, c: int) -> str | None:
+    if b is None:
+        return None
+    if b.share is None:
+        changes = [_share(v) for v in (b.lo, b.hi) if v is not None]
+        return (f"c={c}: {b.note}" + (f" (the interval's verdict changes at {' and '.join(changes)})" if changes else "")
+                if b.note else None)
+    side = "at most" if b.direction == Direction.STOPS_PAYING else "at least"
+    decided = []
+    if b.lo is not None:
+        decided.append(f"interval's verdict changes at {_share(b.lo)}")
+    if b.hi is not None:
+        decided.append(f"and at {_share(b.hi)}")
+    return (f"c={c}: pays while `{b.toward}` is {side} {_share(b.share)} of requests"
+            + (f" ({' '.join(decided)})" if decided else " (the interval never decides on one side)"))
+
+
+def check_text(r: TrafficRow) -> str:
+    if r.measured is None:
+        return "—"
+    if r.check is None:
+        return f"{_iv(r.measured)}"
+    how = "within the prediction" if r.check.agree else "**outside** the prediction"
+    return f"{_iv(r.measured)}: {r.check.error:+.0%} [{r.check.lo:+.0%}, {r.check.hi:+.0%}], {how}"
+
+
+def lines(rows: list[TrafficRow], metric: str) -> list[str]:
+    """The summary section (empty without predictions)."""
+    if not rows:
+        return []
+    label = LABEL.get(metric, metric)
+    conf = rows[0].confidence
+    servers = list(dict.fromkeys(r.server for r in rows))
+    profiles = list(dict.fromkeys(r.profile for r in rows))
+    declared = [p for p in profiles if p != TRAINING_MIX] + [p for p in profiles if p == TRAINING_MIX]
+    out = [f"## Your traffic: predicted from per-source measurements ({label}; {conf:.0%} intervals)", ""]
+    for p in declared:
+        mix = next(r.mix for r in rows if r.profile == p)
+        for x in servers:
+            out.append(f"- At {'the training mix' if p == TRAINING_MIX else f'your mix `{p}`'} ({mix_text(mix)}): "
+                       f"`{x}` {answer(rows, p, x, metric)}.")
+    for x in servers:
+        for r in sorted((r for r in rows if (r.server, r.metric) == (x, metric) and r.check is not None),
+                        key=lambda r: (r.profile, r.concurrency)):
+            out.append(f"- Measured on `{r.suite}` (`{x}`, c={r.concurrency}): {check_text(r)}.")
+    for x in servers:
+        be = [break_even_text(r.break_even, r.concurrency)
+              for r in sorted((r for r in rows if (r.profile, r.server, r.metric) == (TRAINING_MIX, x, metric)),
+                              key=lambda r: r.concurrency)]
+        be = [b for b in be if b]
+        if be:
+            toward = next(r.break_even.toward for r in rows if r.profile == TRAINING_MIX and r.server == x
+                          and r.break_even is not None)
+            out.append(f"- Break-even from the training mix toward `{toward}`, `{x}`: " + "; ".join(be) + ".")
+        for r in sorted((r for r in rows if (r.profile, r.server, r.metric) == (TRAINING_MIX, x, metric)
+                         and r.strata), key=lambda r: r.concurrency):
+            carry = sorted(r.strata.items(), key=lambda kv: -(kv[1].value or 0))
+            out.append(f"- Which sources carry the gain (`{x}`, c={r.concurrency}, each stratum alone): "
+                       + ", ".join(f"{k} {_iv(v)}" for k, v in carry) + ".")
+    out += ["", "| profile | server | c | predicted | verdict | TPOT predicted | measured | prompts / run to run / "
+                "model (sd) |", "|---|---|---|---|---|---|---|---|"]
+    for p in profiles:
+        for x in servers:
+            for r in sorted((r for r in rows if (r.profile, r.server, r.metric) == (p, x, metric)),
+                            key=lambda r: r.concurrency):
+                tp = next((t for t in rows if (t.profile, t.server, t.concurrency, t.metric) ==
+                           (p, x, r.concurrency, "tpot")), None)
+                sd = "—"
+                if r.parts:
+                    sd = " / ".join("—" if r.parts.get(k) is None else f"{math.sqrt(r.parts[k]):.3f}"
+                                    for k in ("prompts", "run_to_run", "model"))
+                out.append(f"| {p} | {x} | {r.concurrency} | {_iv(r.predicted)} | {WORD[r.verdict]} | "
+                           f"{_iv(tp.predicted) if tp else '—'} | {check_text(r)} | {sd} |"
+                           + (f" {r.note}" if r.note and r.predicted is None else ""))
+    notes = sorted({r.note for r in rows if r.note and r.predicted is not None})
+    out += [""] + [f"- note: {n}" for n in notes]
+    out += ["", "A mix is predicted from each stratum's requests as measured (post-stratification): at c=1 exactly "
+                "(a request takes the time it took alone); at higher concurrency through a model of each server's "
+                "step cost by batch size, context and prefill, fitted to the cells' own timelines, with every "
+                "request's own decode steps (acceptance is per sequence) and speed. It assumes a request's "
+                "acceptance does not depend on what it is batched with, the step cost depends on the batch and not "
+                "on its sources, and the strata's measured prompts stand for their traffic. Intervals: the prompt "
+                "sample per stratum, run to run, and the model's own error (`traffic.json`, README \"Your "
+                "traffic\"); plot: `plots/traffic.png`."]
+    return out
+
+
+def plot(rows: list[TrafficRow], out: Path, metric: str) -> list[Path]:
+    """plots/traffic.png: per speculative server, the predicted speedup along the line from the training
+    mix toward the first file suite, one line (and band) per concurrency, measured suites on it."""
+    mine = [r for r in rows if r.profile == TRAINING_MIX and r.metric == metric and r.break_even is not None
+            and r.break_even.curve]
+    if not mine:
+        return []
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    servers = list(dict.fromkeys(r.server for r in mine))
+    fig, axes = plt.subplots(1, len(servers), figsize=(5.5 * len(servers), 4), squeeze=False)
+    colours = plt.rcParams["axes.prop_cycle"].by_key()["color"]
+    for ax, x in zip(axes[0], servers):
+        rs = sorted((r for r in mine if r.server == x), key=lambda r: r.concurrency)
+        toward = rs[0].break_even.toward
+        for i, r in enumerate(rs):
+            col = colours[i % len(colours)]
+            cv = r.break_even.curve
+            ax.plot([p[0] for p in cv], [p[1] for p in cv], color=col, marker=".", label=f"c={r.concurrency} predicted")
+            ax.fill_between([p[0] for p in cv], [p[2] for p in cv], [p[3] for p in cv], color=col, alpha=0.15)
+            for share, v, lo, hi, suite in r.break_even.measured:
+                ax.errorbar([share], [v], yerr=[[v - lo], [hi - v]], color=col, marker="s", capsize=3,
+                            linestyle="none", label=f"c={r.concurrency} measured")
+                ax.annotate(suite, (share, v), fontsize=7, alpha=0.7)
+        ax.axhline(1.0, color="black", lw=1)
+        ax.set_title(f"{x}: training mix → {toward}")
+        ax.set_xlabel(f"share of requests from {toward}")
+        ax.set_ylabel(f"{LABEL.get(metric, metric)} speedup vs baseline")
+        ax.grid(alpha=0.3)
+        handles, labels = ax.get_legend_handles_labels()
+        keep = dict(zip(labels, handles))
+        ax.legend(keep.values(), keep.keys(), fontsize=7)
+    fig.suptitle("Your traffic: predicted speedup as the mix moves (band: interval; squares: measured suites)")
+    fig.tight_layout()
+    out.mkdir(parents=True, exist_ok=True)
+    path = out / "traffic.png"
+    with atomic_path(path, ".png") as tmp:
+        fig.savefig(tmp, format="png", dpi=110, bbox_inches="tight")
+    plt.close(fig)
+    return [path]
