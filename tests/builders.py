@@ -17,7 +17,7 @@ if str(REPO / "workflow") not in sys.path:
 
 from specmatch.measuring.client import Request  # noqa: E402
 from specmatch.measuring.protocols import protocol as protocol_of  # noqa: E402
-from specmatch.records import CellResult, LaunchRecord, Prompt, RequestSettings  # noqa: E402
+from specmatch.records import CellResult, LaunchRecord, Prompt, RequestSettings, Session, SessionTurn  # noqa: E402
 
 
 # -- Snakemake ------------------------------------------------------------------------------------
@@ -134,6 +134,29 @@ def load_requests(n: int, text: str = "hello world", protocol: str = "openai-com
 def prompts_file(tmp_path, texts) -> Path:
     p = tmp_path / "s.jsonl"
     p.write_text("".join(json.dumps(prompt(i, t).to_json()) + "\n" for i, t in enumerate(texts)))
+    return p
+
+
+def session(i: int, texts: list[str], answers: list[str] | None = None, source: str = "src",
+            answers_mode: str = "live", max_prompt_tokens: int | None = 2048, **fields) -> Session:
+    """Session `s-{i}` of suite `s`: turn t adds `texts[t]` to the history (word counts stand in for
+    token counts, as the fake server counts them), recorded answers `answers` (default `A<t>`)."""
+    answers = answers or [f" A{t}" for t in range(len(texts))]
+    turns, context = [], 0
+    for t, text in enumerate(texts):
+        added = len(text.split())
+        context += added + (len(answers[t - 1].split()) if t else 0)
+        turns.append(SessionTurn(t, text, answers[t], context, len(answers[t].split()), added,
+                                 [{"role": "user", "content": text}]))
+    base = dict(id=f"s-{i:05d}", suite="s", source=source, file="s.jsonl", line=i + 1, row=None, row_id=str(i),
+                holdout=True, turns=turns, answers=answers_mode, max_prompt_tokens=max_prompt_tokens,
+                turns_in_row=len(texts))
+    return Session(**{**base, **fields})
+
+
+def sessions_file(tmp_path, sessions: list[Session]) -> Path:
+    p = tmp_path / "s.jsonl"
+    p.write_text("".join(json.dumps(x.to_json()) + "\n" for x in sessions))
     return p
 
 
