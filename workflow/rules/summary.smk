@@ -58,6 +58,9 @@ rule summary:
         recommendations="results/summary/recommendations.json",
         attribution="results/summary/attribution.json",
         k_sweeps="results/summary/k_sweeps.json",
+        context="results/summary/context.json",
+        context_trends="results/summary/context_trends.json",
+        stopping="results/summary/stopping.json",
         plots=report(
             directory("results/summary/plots"),
             patterns=["{name}.png"],
@@ -73,6 +76,9 @@ rule summary:
             "results/summary/recommendations.json",
             "results/summary/attribution.json",
             "results/summary/k_sweeps.json",
+            "results/summary/context.json",
+            "results/summary/context_trends.json",
+            "results/summary/stopping.json",
         ),
     log:
         "results/logs/summary.log",

@@ -615,6 +615,7 @@ class CellResult(Record):
     past_stop_tokens: Optional[int] = None           # output tokens generated after the natural stop
     past_stop_share: Optional[float] = None          # ... as a share of the output tokens of the requests measured
     served_context: Optional[int] = None             # the server's max_model_len (/v1/models), when read
+    ignore_eos: Optional[bool] = None                # what the requests were sent with (None: a cell from before)
     sessions: Optional[SessionsOutcome] = None
 
     def set_acceptance(self, cell: CellAcceptance) -> None:

@@ -166,7 +166,7 @@ def run_cell(name: str, cfg: dict, suite: str, prompts: list[Prompt], concurrenc
         server_reused=att.reused, server_config_hash=att.config_hash, cache_reset=reset,
         holdout_share=sum(r.holdout for r in records) / len(records) if records else None,
         definitions=DEFINITIONS, **summary)
-    result.sessions, result.served_context = outcome, served
+    result.sessions, result.served_context, result.ignore_eos = outcome, served, settings.ignore_eos
     result.warnings = warnings + metrics.measurement_warnings(result)
     result.set_acceptance(engine.cell_acceptance(before, after, records))
     result.acceptance_by_source = metrics.acceptance_by_group(engine, records, lambda r: r.source)

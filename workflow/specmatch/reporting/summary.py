@@ -25,7 +25,7 @@ from pathlib import Path
 import numpy as np
 import polars as pl
 
-from . import kreport
+from . import context as context_view, kreport
 from .. import steps
 from ..deciding.analysis import LABEL, Analysis, Settings, attribute
 from ..deciding.attribution import launch_differences, mixed_servers
@@ -481,7 +481,7 @@ def recommendation_lines(an: Analysis, recs: list[Recommendation], verified: dic
 
 def markdown(an: Analysis, recs: list[Recommendation], verified: dict, matches: list[SuiteMatch], training: list[str],
              control: list[str], attrs: list[Attribution] | None = None, no_control: dict | None = None,
-             plans: list[RoundPlan] | None = None) -> str:
+             plans: list[RoundPlan] | None = None, extra: list[str] | None = None) -> str:
     s = an.settings
     attrs = attrs or []
     mixed = mixed_servers(an.infos)
@@ -505,6 +505,8 @@ def markdown(an: Analysis, recs: list[Recommendation], verified: dict, matches: 
     why = why_lines(an, attrs, no_control)
     if why:
         lines += [""] + why
+    if extra:   # context length, natural stopping, sessions (reporting.context)
+        lines += [""] + extra
     if recs:
         lines += ["", "## Recommendation", ""] + recommendation_lines(an, recs, verified, attrs)
     seen = {m.suite for m in matches if m.kind == "training" and m.holdout_share == 0}
@@ -857,11 +859,12 @@ def main(argv: list[str] | None = None) -> int:
         verified = {(r.server, r.suite): r.verified for r in recs if r.verified is not None}
         matches = [SuiteMatch.from_json(read_json(m)) for m in a.matches]
         training = [m.suite for m in matches if m.training]
-        control = [m.suite for m in matches if m.suite not in training]
+        control = [m.suite for m in matches if m.suite not in training and m.kind != "session"]
         reference = next((u for u in [*a.suites, *training] if u in an.suites), None)
         attrs = attribute(an, reference)
         no_control = uncontrolled(json.loads(a.settings), configs, a.baseline)
         plans = [RoundPlan.from_json(read_json(x)) for x in a.rounds]
+        ctx = context_view.report(an, cells, matches)
     except SpecmatchError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 1
@@ -874,15 +877,17 @@ def main(argv: list[str] | None = None) -> int:
     with atomic_path(out / "speedups.csv") as tmp:
         verdicts_frame(an).write_csv(tmp)
     write_json(out / "verdicts.json", [v.to_json() for v in an.verdicts])
+    made_ctx = context_view.write(out, ctx)
     write_json(out / "recommendations.json", [_recommendation_record(r) for r in recs])
     write_json(out / "attribution.json", [x.to_json() for x in attrs])
     write_json(out / "k_sweeps.json", kreport.records(an))
     made = plots(an, out / "plots", attrs)
-    md = markdown(an, recs, verified, matches, training, control, attrs, no_control, plans)
+    md = markdown(an, recs, verified, matches, training, control, attrs, no_control, plans,
+                  context_view.lines(ctx, an))
     write_text(out / "summary.md", md)
     rec.write([out / "summary.md", out / "cells.csv", out / "cells.parquet", out / "speedups.csv",
                out / "verdicts.json", out / "recommendations.json", out / "attribution.json", out / "k_sweeps.json",
-               *made])
+               *made, *made_ctx])
     print(md.split("\n## Speedup")[0])
     return 0
 

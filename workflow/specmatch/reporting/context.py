@@ -1,0 +1,243 @@
+"""Render the context-length axis, natural stopping and sessions (specmatch.deciding.context,
+specmatch.deciding.stopping): what the summary step writes beside verdicts.json.
+
+- `context.json`: deciding.context.ContextRow per (server, suite, concurrency, context bin):
+  `[{server, suite, concurrency, bin: {lo, hi}, requests, tokens_per_step, step_cost_ratio, tpot_speedup,
+  verdict, ...}]`, each figure {value, lo, hi};
+- `context_trends.json`: deciding.context.ContextTrend per (server, suite, concurrency): acceptance per
+  doubling of the context (falls / rises / no detectable trend) and where the TPOT speedup crosses 1;
+- `stopping.json`: deciding.stopping.StoppingReport (outputs against the baseline's, tokens past the
+  natural stop, the session suites' sessions);
+- `plots/context.png`: tau, rho and the TPOT speedup against context length;
+- markdown lines for summary.md ("Context length", "Natural stopping", "Sessions").
+
+One call computes it all (`report`), one writes it (`write`); nothing here decides anything.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+import polars as pl
+
+from ..deciding.context import ContextAxis, context_report
+from ..deciding.stopping import StoppingReport, session_ids, stopping_report
+from ..files import atomic_path, write_json
+from ..records import CellResult, Decision, SuiteMatch
+
+AXIS_KINDS = ("training", "session")
+
+
+@dataclass
+class Report:
+    axis: ContextAxis
+    stopping: StoppingReport
+    suites: list                      # the suites the axis was computed on (training and session suites)
+
+
+def report(an, cells: list[tuple[CellResult, pl.DataFrame]], matches: list[SuiteMatch] | None = None) -> Report:
+    """The context-length axis over the training and session suites (every suite without match records),
+    and the natural-stopping and session report over every cell."""
+    kinds = {m.suite: m.kind for m in matches or []}
+    suites = [u for u in an.suites if not kinds or kinds.get(u) in AXIS_KINDS]
+    axis = context_report(an, session_ids(cells), suites) if suites else ContextAxis([], [])
+    return Report(axis, stopping_report(cells, an.baseline, an.settings, an.run_to_run), suites)
+
+
+def write(out: Path, rep: Report) -> list[Path]:
+    """context.json, context_trends.json, stopping.json and plots/context.png (when there is a row)."""
+    paths = [out / "context.json", out / "context_trends.json", out / "stopping.json"]
+    write_json(paths[0], [r.to_json() for r in rep.axis.rows])
+    write_json(paths[1], [t.to_json() for t in rep.axis.trends])
+    write_json(paths[2], rep.stopping.to_json())
+    if rep.axis.rows:
+        paths.append(plot(out / "plots" / "context.png", rep.axis))
+    return paths
+
+
+# -- markdown ---------------------------------------------------------------------------------------
+def _iv(x, spec=".2f") -> str:
+    if x is None or x.value is None:
+        return "—"
+    return f"{x.value:{spec}} [{x.lo:{spec}}, {x.hi:{spec}}]"
+
+
+def _ctx(v: float) -> str:
+    return f"{v:,.0f}"
+
+
+def lines(rep: Report, an) -> list[str]:
+    out = context_lines(rep, an)
+    out += stopping_lines(rep, an)
+    out += session_lines(rep, an)
+    return out
+
+
+def context_lines(rep: Report, an) -> list[str]:
+    axis = rep.axis
+    if not axis.rows:
+        return []
+    conf = an.settings.confidence
+    out = ["## Context length", "",
+           f"Acceptance τ, step cost ρ and the TPOT speedup τ/ρ by context length (the baseline's prompt tokens; "
+           f"a session suite's turns by their own context), paired by prompt or turn, {conf:.0%} intervals from a "
+           "bootstrap by prompt (a session suite: by session) plus run-to-run variation; each bin's verdict on the "
+           "TPOT speedup at that level (not adjusted for the number of bins). `context.json`, `plots/context.png`.", ""]
+    for t in axis.trends:
+        text = f"- **{t.server}** on `{t.suite}` at c={t.concurrency}"
+        if t.contexts:
+            text += f" ({_ctx(t.contexts[0])}–{_ctx(t.contexts[1])} tokens of context, {t.bins} bin(s))"
+        if t.acceptance == "falls":
+            text += f": acceptance falls, ×{_iv(t.acceptance_per_doubling)} per doubling of the context"
+        elif t.acceptance == "rises":
+            text += f": acceptance rises, ×{_iv(t.acceptance_per_doubling)} per doubling of the context"
+        elif t.acceptance == "no detectable trend":
+            text += f": no detectable trend in acceptance (×{_iv(t.acceptance_per_doubling)} per doubling)"
+        else:
+            text += ": acceptance by context not measured (no per-request metrics, or no spread of context)"
+        rows = sorted((r for r in axis.rows if (r.server, r.suite, r.concurrency) == (t.server, t.suite, t.concurrency)),
+                      key=lambda r: r.bin.lo)
+        groups: dict = {}
+        for r in rows:
+            groups.setdefault(r.verdict, []).append(f"{_ctx(r.bin.lo)}–{_ctx(r.bin.hi)}")
+        order = [Decision.PAYS, Decision.EQUIVALENT, Decision.LOSES, Decision.INCONCLUSIVE]
+        text += "; TPOT " + "; ".join(f"{d.value} at {', '.join(groups[d])} tokens" for d in order if d in groups)
+        for x in t.crossovers:
+            verb = "stops paying" if x.direction.value == "stops paying" else "starts paying"
+            text += (f"; speculation {verb} from about {_ctx(x.point)} tokens of context [{_ctx(x.lo)}, {_ctx(x.hi)}] "
+                     f"(between the bins around {_ctx(x.below)} and {_ctx(x.above)} tokens, whose verdicts decide it)")
+        if t.note:
+            text += f" ({t.note})"
+        out.append(text + ".")
+    out += ["", "| server | suite | c | context (tokens) | requests (units) | τ tokens/step | ρ step cost | TPOT speedup "
+                "| verdict |", "|---|---|---|---|---|---|---|---|---|"]
+    for r in sorted(axis.rows, key=lambda r: (r.server, r.suite, r.concurrency, r.bin.lo)):
+        out.append(f"| {r.server} | {r.suite} | {r.concurrency} | {_ctx(r.bin.lo)}–{_ctx(r.bin.hi)} (median "
+                   f"{_ctx(r.median_context or 0)}) | {r.requests} ({r.units}) | {_iv(r.tokens_per_step)} | "
+                   f"{_iv(r.step_cost_ratio)} | {_iv(r.tpot_speedup)} | {r.verdict.value} |")
+    return out + [""]
+
+
+def stopping_lines(rep: Report, an) -> list[str]:
+    st = rep.stopping
+    if not st.agreement and not st.past_stop:
+        return []
+    out = ["## Natural stopping", ""]
+    for a in st.agreement:
+        if not a.compared:
+            continue
+        head = f"- **{a.server}** on `{a.suite}` at c={a.concurrency}"
+        floor = ""
+        if a.baseline_floor and a.baseline_floor["compared"]:
+            f = a.baseline_floor
+            floor = f" (the baseline against its own first repeat: {f['identical']} of {f['compared']} identical)"
+        if a.same_work:
+            text = (f"{head}: the same tokens as `{a.against}` in all {a.compared} requests compared{floor}"
+                    + ("; both did the same work, so its throughput verdicts compare like with like"
+                       if a.ignore_eos is False else ""))
+        else:
+            where = ""
+            if a.first_divergence:
+                d = a.first_divergence
+                where = f", first differing at token {d['min']:.0f}–{d['max']:.0f} (median {d['p50']:.0f})"
+            text = (f"{head}: **outputs diverge from `{a.against}`'s in {a.differ} of {a.compared} requests**{where}"
+                    f"{floor}")
+            if a.ignore_eos is False:
+                tpot = [v for v in an.verdicts if (v.server, v.suite, v.concurrency, v.metric) ==
+                        (a.server, a.suite, a.concurrency, "tpot")]
+                text += ("; with natural stopping the two servers generated different amounts, so compare them per "
+                         "token: TPOT " + (f"{tpot[0].speedup:.2f}x [{tpot[0].lo:.2f}, {tpot[0].hi:.2f}] "
+                                           f"{tpot[0].verdict.value}" if tpot and tpot[0].speedup else "not decided"))
+            if a.not_compared:
+                text += f" ({a.not_compared} not compared: no output recorded, or a session's later turns)"
+        out.append(text + ".")
+    for p in st.past_stop:
+        if not p.past_stop_tokens and p.ignore_eos is False:
+            continue
+        text = (f"- `{p.suite}` on **{p.server}**: {p.past_stop_tokens} of {p.output_tokens} output tokens "
+                f"({p.share:.0%}) were decoded after the model's own end-of-sequence token, in {p.requests_past} of "
+                f"{p.requests} requests" + (" (requests.ignore_eos: true)" if p.ignore_eos else ""))
+        if p.warn:
+            text = ("- **warning**: " + text[2:] + f" — over {st.warning_share:.0%}: acceptance and step costs were "
+                    "partly measured on text the model would not have written (`ignore_eos: false` stops where it stops)")
+        out.append(text + ".")
+    return out + [""] if len(out) > 2 else []
+
+
+def session_lines(rep: Report, an) -> list[str]:
+    ss = rep.stopping.sessions
+    if not ss:
+        return []
+    out = ["## Sessions", "",
+           "Session suites replay whole conversations turn by turn (each turn the history so far; concurrency = "
+           "sessions in flight; the prefix cache reset once before each cell). Session throughput: each session's "
+           "output tokens over its wall time, against the baseline's same session.", "",
+           "| server | suite | c | sessions (whole / cut short) | turns sent (failed, not sent) | prefix-cache hit | "
+           "TTFT ms by turn | session throughput vs baseline | verdict |", "|---|---|---|---|---|---|---|---|---|"]
+    for x in ss:
+        cut = ", ".join(f"{n} {k}" for k, n in sorted(x.cut_short.items())) or "0"
+        ttft = " / ".join(f"{v:.0f}" for _, v in sorted(x.ttft_ms_by_turn.items(), key=lambda kv: int(kv[0])))
+        hit = f"{x.prefix_cache_hit_share:.0%}" if x.prefix_cache_hit_share is not None else "not reported"
+        thr = (f"{_iv(x.session_throughput)} ({x.paired_sessions} sessions)" if x.session_throughput else
+               ("—" if x.server == an.baseline else f"— ({x.paired_sessions} sessions whole on both)"))
+        out.append(f"| {x.server} | {x.suite} | {x.concurrency} | {x.sessions} ({x.completed} / {cut}) | "
+                   f"{x.turns_sent} ({x.turns_failed}, {x.turns_not_sent}) | {hit} | {ttft or '—'} | {thr} | "
+                   f"{x.verdict.value if x.verdict else '—'} |")
+    return out + [""]
+
+
+# -- the plot -----------------------------------------------------------------------------------------
+def plot(path: Path, axis: ContextAxis) -> Path:
+    """tau and rho (top) and the TPOT speedup (bottom) against context length, one column per suite, one
+    line per server and concurrency, each bin at its median context with its interval."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    suites = list(dict.fromkeys(r.suite for r in axis.rows))
+    fig, axes = plt.subplots(2, len(suites), figsize=(5.5 * len(suites), 7.5), squeeze=False, sharex="col")
+    colours = ["#1f77b4", "#d62728", "#2ca02c", "#9467bd", "#ff7f0e", "#8c564b", "#e377c2", "#17becf"]
+    lines_ = list(dict.fromkeys((r.server, r.concurrency) for r in axis.rows))
+    colour = {k: colours[i % len(colours)] for i, k in enumerate(lines_)}
+    for j, suite in enumerate(suites):
+        top, bottom = axes[0][j], axes[1][j]
+        for key in lines_:
+            rows = sorted((r for r in axis.rows if (r.server, r.concurrency) == key and r.suite == suite),
+                          key=lambda r: r.median_context or 0)
+            rows = [r for r in rows if r.median_context]
+            if not rows:
+                continue
+            x = [r.median_context for r in rows]
+            label = f"{key[0]} c={key[1]}"
+            for attr, mark, ls in (("tokens_per_step", "o", "-"), ("step_cost_ratio", "s", "--")):
+                pts = [(xx, getattr(r, attr)) for xx, r in zip(x, rows) if getattr(r, attr) is not None]
+                if pts:
+                    top.errorbar([p[0] for p in pts], [p[1].value for p in pts],
+                                 yerr=[[p[1].value - p[1].lo for p in pts], [p[1].hi - p[1].value for p in pts]],
+                                 marker=mark, linestyle=ls, color=colour[key], capsize=3)
+            pts = [(xx, r.tpot_speedup) for xx, r in zip(x, rows) if r.tpot_speedup is not None]
+            if pts:
+                bottom.plot([p[0] for p in pts], [p[1].value for p in pts], marker="o", color=colour[key], label=label)
+                bottom.fill_between([p[0] for p in pts], [p[1].lo for p in pts], [p[1].hi for p in pts],
+                                    color=colour[key], alpha=0.15)
+        top.axhline(1.0, color="black", lw=1)
+        bottom.axhline(1.0, color="black", lw=1)
+        top.set_title(f"suite {suite}")
+        top.set_ylabel("τ tokens/step (solid), ρ plain steps/step (dashed)")
+        bottom.set_ylabel("TPOT speedup τ / ρ")
+        bottom.set_xlabel("context length (prompt tokens)")
+        for ax in (top, bottom):
+            ax.set_xscale("log", base=2)
+            ax.grid(alpha=0.3)
+        bottom.legend(fontsize=8)
+    fig.suptitle("Context length: acceptance τ and step cost ρ (top), TPOT speedup (bottom)")
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with atomic_path(path, ".png") as tmp:
+        fig.savefig(tmp, format="png", dpi=110, bbox_inches="tight")
+    plt.close(fig)
+    return path
+
+
+__all__ = ["Report", "report", "write", "lines", "plot"]
