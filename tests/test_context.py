@@ -79,7 +79,8 @@ def test_a_session_suite_resamples_sessions():
 def test_error_rates_by_simulation():
     """Monte Carlo over 60 experiments per truth (90% confidence): flat acceptance called falling or
     rising, identical servers' bins called pays or loses, and the crossover interval's coverage of the
-    true crossing. Measured with 200 experiments (notes/wp-e.md): 7.0% / 6.1% (of 1,027 bins) / 87.5%."""
+    true crossing. Measured with 200 experiments each (notes/wp-e.md): 11.5% ± 2.3%, 7.9% ± 1.0% (of 786
+    bins), 88.3% ± 2.3%."""
     n = 60
     trend_calls, bins, wrong_bins, covered, crossed = 0, 0, 0, 0, 0
     for seed in range(n):
