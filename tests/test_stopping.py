@@ -114,7 +114,8 @@ def test_greedy_outputs_agree_and_the_summary_says_so(tmp_path, fake_server):
     for a in agree.values():
         assert a["compared"] == 12 and a["identical"] == 12 and a["differ"] == 0 and a["ignore_eos"] is False
         assert a["baseline_floor"] == {"compared": 6, "identical": 6}
-    assert "**spec** on `s` at c=1: the same tokens as `baseline` in all 12 requests compared" in md
+    assert ("**spec** on `s` at c=1,2: the same tokens as `baseline` in all 24 requests compared (the baseline "
+            "against its own first repeat: 12 of 12 identical); both did the same work") in md
     assert "compare like with like" in md and "diverge" not in md
     assert all(p["past_stop_tokens"] == 0 for p in stop["past_stop"])
 
@@ -142,7 +143,8 @@ def test_tokens_past_the_natural_stop_are_counted_and_warned_about(tmp_path, fak
     for p in past.values():   # 10 tokens each, the model's end at the 5th: 5 past it in every request
         assert p["requests"] == 12 and p["output_tokens"] == 120 and p["past_stop_tokens"] == 60
         assert p["share"] == pytest.approx(0.5) and p["warn"] and p["ignore_eos"] is True
-    assert "**warning**: `s` on **spec**: 60 of 120 output tokens (50%) were decoded after the model's own" in md
+    assert ("**warning**: `s`: 60 of 120 output tokens (50%) of `baseline` were decoded after the model's own "
+            "end-of-sequence token, in 12 of 12 requests (requests.ignore_eos: true) (`spec` 50%)") in md
     cell = json.loads((tmp_path / "cells" / "spec" / "s" / "r1" / "c1.json").read_text())
     assert cell["past_stop_tokens"] == 30 and cell["past_stop_share"] == pytest.approx(0.5)
     assert any("after the model's own end-of-sequence token" in w for w in cell["warnings"])

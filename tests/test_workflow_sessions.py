@@ -60,7 +60,7 @@ def test_a_session_suite_through_the_workflow(tmp_path, tok, tok_dir, endpoints)
     summary = res / "summary"
     md = (summary / "summary.md").read_text()
     assert "## Context length" in md and "## Natural stopping" in md and "## Sessions" in md
-    assert "**eagle** on `sessions` at c=1: the same tokens as `baseline`" in md
+    assert "**eagle** on `sessions` at c=1,2: the same tokens as `baseline`" in md
     ctx = json.loads((summary / "context.json").read_text())
     assert {r["suite"] for r in ctx} == {"train_mix", "sessions"}
     assert all(set(r) >= {"server", "suite", "concurrency", "bin", "requests", "tokens_per_step", "step_cost_ratio",

@@ -119,49 +119,73 @@ def context_lines(rep: Report, an) -> list[str]:
 
 
 def stopping_lines(rep: Report, an) -> list[str]:
+    """Per (server, suite): its outputs against the baseline's (one line where every concurrency agrees,
+    a line per concurrency where one diverges); per suite: the tokens decoded past the natural stop."""
     st = rep.stopping
-    if not st.agreement and not st.past_stop:
-        return []
-    out = ["## Natural stopping", ""]
+    out = []
+    groups: dict = {}
     for a in st.agreement:
-        if not a.compared:
+        if a.compared:
+            groups.setdefault((a.server, a.suite), []).append(a)
+    for (server, suite), rows in groups.items():
+        rows = sorted(rows, key=lambda a: a.concurrency)
+        head = f"- **{server}** on `{suite}`"
+        if all(a.same_work for a in rows):
+            n = sum(a.compared for a in rows)
+            cs = ",".join(str(a.concurrency) for a in rows)
+            text = f"{head} at c={cs}: the same tokens as `{rows[0].against}` in all {n} requests compared"
+            text += floor_text(rows)
+            if all(a.ignore_eos is False for a in rows):
+                text += "; both did the same work, so its throughput verdicts compare like with like"
+            out.append(text + ".")
             continue
-        head = f"- **{a.server}** on `{a.suite}` at c={a.concurrency}"
-        floor = ""
-        if a.baseline_floor and a.baseline_floor["compared"]:
-            f = a.baseline_floor
-            floor = f" (the baseline against its own first repeat: {f['identical']} of {f['compared']} identical)"
-        if a.same_work:
-            text = (f"{head}: the same tokens as `{a.against}` in all {a.compared} requests compared{floor}"
-                    + ("; both did the same work, so its throughput verdicts compare like with like"
-                       if a.ignore_eos is False else ""))
-        else:
-            where = ""
-            if a.first_divergence:
-                d = a.first_divergence
-                where = f", first differing at token {d['min']:.0f}–{d['max']:.0f} (median {d['p50']:.0f})"
-            text = (f"{head}: **outputs diverge from `{a.against}`'s in {a.differ} of {a.compared} requests**{where}"
-                    f"{floor}")
-            if a.ignore_eos is False:
-                tpot = [v for v in an.verdicts if (v.server, v.suite, v.concurrency, v.metric) ==
-                        (a.server, a.suite, a.concurrency, "tpot")]
-                text += ("; with natural stopping the two servers generated different amounts, so compare them per "
-                         "token: TPOT " + (f"{tpot[0].speedup:.2f}x [{tpot[0].lo:.2f}, {tpot[0].hi:.2f}] "
-                                           f"{tpot[0].verdict.value}" if tpot and tpot[0].speedup else "not decided"))
-            if a.not_compared:
-                text += f" ({a.not_compared} not compared: no output recorded, or a session's later turns)"
-        out.append(text + ".")
+        for a in rows:
+            out.append(divergence_text(a, an) + ".")
+    by_suite: dict = {}
     for p in st.past_stop:
-        if not p.past_stop_tokens and p.ignore_eos is False:
+        by_suite.setdefault(p.suite, []).append(p)
+    for suite, ps in by_suite.items():
+        if all(not p.past_stop_tokens for p in ps) and all(p.ignore_eos is False for p in ps):
             continue
-        text = (f"- `{p.suite}` on **{p.server}**: {p.past_stop_tokens} of {p.output_tokens} output tokens "
-                f"({p.share:.0%}) were decoded after the model's own end-of-sequence token, in {p.requests_past} of "
-                f"{p.requests} requests" + (" (requests.ignore_eos: true)" if p.ignore_eos else ""))
-        if p.warn:
-            text = ("- **warning**: " + text[2:] + f" — over {st.warning_share:.0%}: acceptance and step costs were "
-                    "partly measured on text the model would not have written (`ignore_eos: false` stops where it stops)")
+        base = next((p for p in ps if p.server == an.baseline), ps[0])
+        text = (f"`{suite}`: {base.past_stop_tokens} of {base.output_tokens} output tokens ({base.share:.0%}) of "
+                f"`{base.server}` were decoded after the model's own end-of-sequence token, in {base.requests_past} of "
+                f"{base.requests} requests" + (" (requests.ignore_eos: true)" if base.ignore_eos else ""))
+        others = [f"`{p.server}` {p.share:.0%}" for p in ps if p is not base and p.share is not None]
+        if others:
+            text += " (" + ", ".join(others) + ")"
+        if any(p.warn for p in ps):
+            text = ("- **warning**: " + text + f" — over {st.warning_share:.0%}: acceptance and step costs were partly "
+                    "measured on text the model would not have written (`ignore_eos: false` stops where it stops)")
+        else:
+            text = "- " + text
         out.append(text + ".")
-    return out + [""] if len(out) > 2 else []
+    return ["## Natural stopping", ""] + out + [""] if out else []
+
+
+def floor_text(rows) -> str:
+    got = [a.baseline_floor for a in rows if a.baseline_floor and a.baseline_floor["compared"]]
+    if not got:
+        return ""
+    n, same = sum(f["compared"] for f in got), sum(f["identical"] for f in got)
+    return f" (the baseline against its own first repeat: {same} of {n} identical)"
+
+
+def divergence_text(a, an) -> str:
+    where = ""
+    if a.first_divergence:
+        d = a.first_divergence
+        where = f", first differing at token {d['min']:.0f}–{d['max']:.0f} (median {d['p50']:.0f})"
+    text = (f"- **{a.server}** on `{a.suite}` at c={a.concurrency}: **outputs diverge from `{a.against}`'s in "
+            f"{a.differ} of {a.compared} requests**{where}{floor_text([a])}")
+    if a.ignore_eos is False:
+        tpot = an.verdict(a.server, a.suite, a.concurrency, "tpot")
+        text += ("; with natural stopping the two servers generated different amounts, so compare them per token: "
+                 "TPOT " + (f"{tpot.speedup:.2f}x [{tpot.lo:.2f}, {tpot.hi:.2f}] {tpot.verdict.value}"
+                            if tpot is not None and tpot.speedup else "not decided"))
+    if a.not_compared:
+        text += f" ({a.not_compared} not compared: no output recorded, or a session's later turns)"
+    return text
 
 
 def session_lines(rep: Report, an) -> list[str]:
