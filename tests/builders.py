@@ -17,7 +17,7 @@ if str(REPO / "workflow") not in sys.path:
 
 from specmatch.measuring.client import Request  # noqa: E402
 from specmatch.measuring.protocols import protocol as protocol_of  # noqa: E402
-from specmatch.records import CellResult, LaunchRecord, Prompt, RequestSettings  # noqa: E402
+from specmatch.records import CellResult, LaunchRecord, Prompt, RequestSettings, Session, SessionTurn  # noqa: E402
 
 
 # -- vLLM's own checks (no server) -----------------------------------------------------------------
@@ -174,6 +174,29 @@ def prompts_file(tmp_path, texts) -> Path:
     return p
 
 
+def session(i: int, texts: list[str], answers: list[str] | None = None, source: str = "src",
+            answers_mode: str = "live", max_prompt_tokens: int | None = 2048, **fields) -> Session:
+    """Session `s-{i}` of suite `s`: turn t adds `texts[t]` to the history (word counts stand in for
+    token counts, as the fake server counts them), recorded answers `answers` (default `A<t>`)."""
+    answers = answers or [f" A{t}" for t in range(len(texts))]
+    turns, context = [], 0
+    for t, text in enumerate(texts):
+        added = len(text.split())
+        context += added + (len(answers[t - 1].split()) if t else 0)
+        turns.append(SessionTurn(t, text, answers[t], context, len(answers[t].split()), added,
+                                 [{"role": "user", "content": text}]))
+    base = dict(id=f"s-{i:05d}", suite="s", source=source, file="s.jsonl", line=i + 1, row=None, row_id=str(i),
+                holdout=True, turns=turns, answers=answers_mode, max_prompt_tokens=max_prompt_tokens,
+                turns_in_row=len(texts))
+    return Session(**{**base, **fields})
+
+
+def sessions_file(tmp_path, sessions: list[Session]) -> Path:
+    p = tmp_path / "s.jsonl"
+    p.write_text("".join(json.dumps(x.to_json()) + "\n" for x in sessions))
+    return p
+
+
 def cell_args(tmp_path, url, prompts, req) -> list[str]:
     """`python -m specmatch cell` arguments for cell c2 of an external server at `url`."""
     return ["--name", "ext", "--server", json.dumps({"engine": "external", "base_url": url, "flavor": "vllm"}),
@@ -291,3 +314,58 @@ def _rho_at(xs: tuple, ys: tuple, b: int) -> float:
 # (specmatch.calibration.traffic); tests use them from here
 from specmatch.calibration.traffic import (TRAFFIC_STRATA, traffic_cells, traffic_experiment,  # noqa: E402,F401
                                            traffic_profiles, traffic_prompts, traffic_truth)
+
+
+# -- synthetic cells whose acceptance depends on context ---------------------------------------------
+def context_cells(seed: int, tau_at, rho_at, prompts: int = 48, repeats: int = 2, concurrencies=(1,),
+                  out_tokens: int = 64, lengths=(64, 2048), session_sd: float = 0.02, cell_sd: float = 0.02,
+                  request_cv: float = 0.05, tau_cv: float = 0.05, sessions: int | None = None):
+    """Cells of a baseline `base` and a speculative `spec` on suite `ctx` whose truth depends on each
+    prompt's context length L (log-uniform over `lengths`): tau_at(L) tokens per speculative step (times a
+    per-prompt lognormal of `tau_cv`) and rho_at(L) plain decode steps per speculative step, so the true
+    TPOT speedup is tau_at(L) / rho_at(L). A plain decode step costs more over a longer context (1 + L/2000).
+    Per request vLLM's counts (1 + accepted / steps = tau); run-to-run noise per server session and cell.
+    `sessions`: group the prompts into that many sessions (prompt ids `<session>.t<k>`), contexts
+    growing within a session, and return the prompt -> session map as well."""
+    import numpy as np
+
+    from specmatch.calibration.simulate import cell
+
+    rng = np.random.default_rng(seed)
+    L = np.exp(rng.uniform(np.log(lengths[0]), np.log(lengths[1]), prompts))
+    if sessions:
+        L = np.sort(L)
+        owner = rng.permutation(np.arange(prompts) % sessions)
+        ids, turn_of = [], {}
+        for i in range(prompts):
+            k = turn_of.get(owner[i], 0)
+            turn_of[owner[i]] = k + 1
+            ids.append(f"sess-{owner[i]:03d}.t{k}")
+        unit = {p: p.split(".t")[0] for p in ids}
+    else:
+        ids, unit = [f"ctx-{i:03d}" for i in range(prompts)], None
+    tau_p = np.array([tau_at(x) for x in L]) * rng.lognormal(0.0, tau_cv, prompts)
+    tau_p = np.maximum(tau_p, 1.0)
+    rho_p = np.array([rho_at(x) for x in L])
+    difficulty = rng.lognormal(0.0, 0.1, prompts)
+    out = np.full(prompts, float(out_tokens))
+    cells = []
+    for r in range(1, repeats + 1):
+        for name in ("base", "spec"):
+            session = rng.normal(0.0, session_sd)
+            for c in concurrencies:
+                plain = 0.02 * (1 + 0.1 * (c - 1)) * (1 + L / 2000.0) * difficulty
+                speed = np.exp(session + rng.normal(0.0, cell_sd))
+                noise = rng.lognormal(0.0, request_cv, prompts)
+                if name == "base":
+                    tpot, steps, accepted = plain * speed * noise, None, None
+                else:
+                    steps = np.round((out - 1) / tau_p)
+                    accepted = np.round(steps * (tau_p - 1))
+                    tau_real = (steps + accepted) / steps
+                    tpot = plain * rho_p / tau_real * speed * noise
+                ttft = 0.05 * noise
+                e2e = ttft + tpot * (out - 1)
+                cells.append(cell(name, "ctx", c, r, e2e, ttft, out, ids, steps, accepted, L.round(), None,
+                                  session=f"{name}-r{r}"))
+    return (cells, unit) if sessions else cells

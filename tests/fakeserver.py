@@ -9,20 +9,35 @@ serves SGLang's native /generate (cumulative or, with `incremental`, delta text;
 SGLang's error event). It also serves /health, /metrics (spec-decode counters), /v1/models and
 /reset_prefix_cache, and counts what it saw.
 
+Scripted outputs (`words=True`), for the natural-stopping and session tests: a request's output is a
+deterministic function of its prompt, as greedy decoding is (token k: id 100 + a hash of the prompt and
+k, text " w<id>"); `eos_at(prompt)` puts the end-of-sequence token (id 2, empty text) at that output
+position, where the stream stops unless the request says `ignore_eos` (then decoding goes on to
+max_tokens); `diverge(prompt)` makes this server's tokens differ from that position on (a lossy
+"speculative" server); `return_token_ids` is honoured; `cache=True` simulates a prefix cache (a
+prompt's cached tokens are its longest common word prefix with the prompts seen since the last
+reset, reported as vLLM's usage.prompt_tokens_details.cached_tokens and SGLang's
+meta_info.cached_tokens); `max_model_len` is announced on /v1/models. Every request is logged with its
+prompt and the times it began and ended (`log`).
+
     python tests/fakeserver.py --port 0 --tokens 16 --ttft 0.05 --itl 0.01
 """
 from __future__ import annotations
 
 import argparse
 import asyncio
+import hashlib
 import json
 import threading
 import time
 
+EOS = 2
+
 
 class FakeServer:
     def __init__(self, tokens=16, ttft=0.02, itl=0.005, spec=None, tokens_per_event=1, host="127.0.0.1", port=0,
-                 tls=None, usage_delay=0.0, empty_first=False, incremental=False):
+                 tls=None, usage_delay=0.0, empty_first=False, incremental=False, words=False, eos_at=None,
+                 diverge=None, cache=False, max_model_len=None):
         self.tokens, self.ttft, self.itl = tokens, ttft, itl
         self.spec = spec  # e.g. {"k": 4, "accept": 2}: per step, 4 drafted, 2 accepted
         self.tokens_per_event = tokens_per_event
@@ -32,6 +47,15 @@ class FakeServer:
         self.usage_delay = usage_delay  # seconds between the last token chunk and the usage chunk
         self.empty_first = empty_first  # the first chunk carries choices with empty text (as vLLM's role chunk)
         self.incremental = incremental  # SGLang /generate: delta text per event (--incremental-streaming-output)
+        self.words = words              # scripted outputs: a function of the prompt (module docstring)
+        self.eos_at = eos_at            # prompt -> output position of the end-of-sequence token (or None)
+        self.diverge = diverge          # prompt -> output position from which this server's tokens differ
+        self.cache = cache              # simulate a prefix cache and report its hits
+        self.max_model_len = max_model_len
+        self._cached_prompts: list[list[str]] = []
+        self.log: list[dict] = []       # every completion request: {prompt, start, end, cached}
+        self.in_flight = 0
+        self.max_in_flight = 0
         self.events: list[str] = []     # what happened, in order: "warmup", "request", "reset"
         self._bodies: dict = {}
         self.requests_seen = 0
@@ -41,6 +65,40 @@ class FakeServer:
         self._loop = None
         self._server = None
         self._thread = None
+
+    # -- scripted outputs ------------------------------------------------------------------------
+    def script(self, prompt: str, n: int, ignore_eos: bool) -> tuple[list[int], list[str], str]:
+        """(token ids, their texts, finish reason) of a scripted greedy output of at most n tokens."""
+        eos = self.eos_at(prompt) if callable(self.eos_at) else self.eos_at
+        off = self.diverge(prompt) if callable(self.diverge) else self.diverge
+        ids, texts = [], []
+        for k in range(n):
+            if eos is not None and k == eos:
+                ids.append(EOS)
+                texts.append("")
+                if not ignore_eos:
+                    return ids, texts, "stop"
+                continue
+            h = int(hashlib.md5(f"{prompt}\0{k}".encode()).hexdigest()[:8], 16) % 900
+            if off is not None and k >= off:
+                h = (h + 1) % 900
+            ids.append(100 + h)
+            texts.append(f" w{100 + h}")
+        return ids, texts, "length"
+
+    def cached_tokens(self, prompt: str) -> int:
+        """The longest word prefix this prompt shares with one seen since the last reset (a prefix cache)."""
+        words = prompt.split()
+        best = 0
+        for seen in self._cached_prompts:
+            k = 0
+            for a, b in zip(seen, words):
+                if a != b:
+                    break
+                k += 1
+            best = max(best, k)
+        self._cached_prompts.append(words)
+        return best
 
     # -- HTTP ----------------------------------------------------------------------------------
     async def _handle(self, reader, writer):
@@ -73,10 +131,11 @@ class FakeServer:
         if path == "/health":
             self._plain(writer, "200 OK", "")
         elif path == "/v1/models":
-            self._plain(writer, "200 OK", json.dumps({"object": "list", "data": [{"id": "fake", "object": "model"}]}),
-                        "application/json")
+            card = {"id": "fake", "object": "model", **({"max_model_len": self.max_model_len} if self.max_model_len else {})}
+            self._plain(writer, "200 OK", json.dumps({"object": "list", "data": [card]}), "application/json")
         elif path in ("/reset_prefix_cache", "/flush_cache"):
             self.resets += 1
+            self._cached_prompts = []
             self.events.append("reset")
             self._plain(writer, "200 OK", "")
         elif path == "/metrics":
@@ -115,18 +174,29 @@ class FakeServer:
             return True
         k = self.tokens_per_event
         sent, out = 0, ""
+        cached = self.cached_tokens(text) if self.cache else None
+        if self.words:
+            ids, texts, reason = self.script(text, n, bool((req.get("sampling_params") or {}).get("ignore_eos")))
+            n = len(ids)
         while sent < n:
             await asyncio.sleep(self.ttft if sent == 0 else self.itl)
             step = min(k, n - sent)
             sent += step
-            piece = "x" * step
+            piece = "".join(texts[sent - step:sent]) if self.words else "x" * step
             out += piece
             meta = {"prompt_tokens": len(text.split()), "completion_tokens": sent}
+            if cached is not None:
+                meta["cached_tokens"] = cached
+            if self.words:
+                meta["finish_reason"] = {"type": reason} if sent == n else None
             if self.spec:
                 steps = max(1, sent // (1 + self.spec["accept"]))
                 meta.update({"spec_verify_ct": steps, "spec_num_correct_drafts": steps * self.spec["accept"],
                              "spec_num_proposed_drafts": steps * self.spec["k"]})
-            chunk({"text": piece if self.incremental else out, "meta_info": meta})
+            event = {"text": piece if self.incremental else out, "meta_info": meta}
+            if self.words:
+                event["output_ids"] = ids[sent - step:sent] if self.incremental else ids[:sent]
+            chunk(event)
             await writer.drain()
         chunk(b"[DONE]")
         writer.write(b"0\r\n\r\n")
@@ -142,6 +212,8 @@ class FakeServer:
             self._plain(writer, "500 Internal Server Error", json.dumps({"error": "scripted failure"}))
             await writer.drain()
             return True
+        if self.words:
+            return await self._scripted(req, text, n, writer, chat)
         t0 = time.perf_counter()  # CLOCK_MONOTONIC: comparable with the client's clock on one machine
         writer.write(b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nTransfer-Encoding: chunked\r\n\r\n")
 
@@ -213,6 +285,52 @@ class FakeServer:
         await writer.drain()
         return True
 
+    async def _scripted(self, req, text, n, writer, chat) -> bool:
+        """A scripted greedy output (`words`), streamed one token per chunk, with vLLM's token ids,
+        finish reason and usage (cached tokens included when the cache is simulated)."""
+        entry = {"prompt": text, "start": time.perf_counter(), "end": None, "cached": None}
+        self.log.append(entry)
+        self.in_flight += 1
+        self.max_in_flight = max(self.max_in_flight, self.in_flight)
+        cached = self.cached_tokens(text) if self.cache else None
+        entry["cached"] = cached
+        ids, texts, reason = self.script(text, n, bool(req.get("ignore_eos")))
+        writer.write(b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nTransfer-Encoding: chunked\r\n\r\n")
+
+        def chunk(obj):
+            data = b"data: " + (obj if isinstance(obj, bytes) else json.dumps(obj).encode()) + b"\n\n"
+            writer.write(f"{len(data):x}\r\n".encode() + data + b"\r\n")
+
+        try:
+            for k, (tid, piece) in enumerate(zip(ids, texts)):
+                await asyncio.sleep(self.ttft if k == 0 else self.itl)
+                choice = {"index": 0, "delta": {"content": piece}} if chat else {"index": 0, "text": piece}
+                if req.get("return_token_ids"):
+                    choice["token_ids"] = [tid]
+                choice["finish_reason"] = reason if k == len(ids) - 1 else None
+                chunk({"id": "c", "object": "chunk", "choices": [choice], "usage": None})
+                await writer.drain()
+            m = len(text.split())
+            usage = {"prompt_tokens": m, "completion_tokens": len(ids), "total_tokens": m + len(ids)}
+            if cached is not None:
+                usage["prompt_tokens_details"] = {"cached_tokens": cached}
+            final = {"id": "c", "choices": [], "usage": usage}
+            if self.spec:
+                steps = max(1, len(ids) // (1 + self.spec["accept"]))
+                drafted, accepted = steps * self.spec["k"], steps * self.spec["accept"]
+                final["metrics"] = {"speculative_decoding": {
+                    "mean_acceptance_length": 1 + accepted / steps, "draft_acceptance_rate": accepted / drafted,
+                    "num_spec_steps": steps, "num_accepted_draft_tokens": accepted, "num_draft_tokens": drafted,
+                    "num_spec_tokens": self.spec["k"]}}
+            chunk(final)
+            chunk(b"[DONE]")
+            writer.write(b"0\r\n\r\n")
+            await writer.drain()
+        finally:
+            self.in_flight -= 1
+            entry["end"] = time.perf_counter()
+        return True
+
     # -- lifecycle -----------------------------------------------------------------------------
     def start(self) -> "FakeServer":
         ready = threading.Event()
@@ -276,9 +394,15 @@ def main():
     p.add_argument("--tokens-per-event", type=int, default=1)
     p.add_argument("--seconds", type=float, default=3600)
     p.add_argument("--port", type=int, default=0)
+    p.add_argument("--words", action="store_true", help="scripted greedy outputs (a function of the prompt)")
+    p.add_argument("--eos-at", type=int, default=None, help="with --words: the end-of-sequence token's position")
+    p.add_argument("--diverge-at", type=int, default=None, help="with --words: this server's tokens differ from here on")
+    p.add_argument("--cache", action="store_true", help="simulate a prefix cache and report its hits")
+    p.add_argument("--max-model-len", type=int, default=None)
     a, _unknown = p.parse_known_args()  # tolerate engine flags when standing in for a server
     s = FakeServer(a.tokens, a.ttft, a.itl, json.loads(a.spec) if a.spec else None, a.tokens_per_event,
-                   port=a.port)
+                   port=a.port, words=a.words, eos_at=a.eos_at, diverge=a.diverge_at, cache=a.cache,
+                   max_model_len=a.max_model_len)
     s.start()
     print(json.dumps({"base_url": s.base_url}), flush=True)
     time.sleep(a.seconds)

@@ -329,3 +329,108 @@ def test_match_files_are_suite_match_records(tmp_path, tok, tok_dir):
     old = {k: v for k, v in written["train"].items() if k != "kind"}
     assert SuiteMatch.from_json(old).training
     assert not SuiteMatch.from_json({k: v for k, v in written["ctl"].items() if k != "kind"}).training
+
+
+# -- session suites and length strata -----------------------------------------------------------------
+def test_a_session_suite_is_whole_conversations_replayable_by_appending(tmp_path, tok, tok_dir):
+    """Each session is every assistant turn of one multi-turn row, in order: turn t's history is the
+    previous prompt + its recorded answer + what the data adds (so the recorded replay is exactly the
+    training cut's prompt), with the turn's own messages and token counts."""
+    from specmatch.data.prompts import session_suite
+    from specmatch.measuring.sessions import turn_prompt
+
+    root = make_root(tmp_path, tok, {"a": 12, "b": 6})
+    m, cuts = inspect_root(root, str(tok_dir), holdout={"fraction": 0.5})
+    template = ChatTemplate.of(tok)
+    sessions, match = session_suite("sess", {"size": 4, "seed": 1, "max_prompt_tokens": 2048}, m, cuts, template,
+                                    need_messages=True)
+    assert len(sessions) == 4 and all(s.holdout for s in sessions)        # held-out rows unless said otherwise
+    full = {json.loads(l)["id"]: json.loads(l) for src in ("a", "b") for l in open(root / src / "tokenized_data.jsonl")}
+    for s in sessions:
+        row = full[s.row_id]
+        spans = spans_from_mask(row["loss_mask"])
+        assert [t.turn for t in s.turns] == [0, 1] and s.turns_in_row == 2 and s.answers == "live"
+        for t, turn in enumerate(s.turns):
+            prompt = turn_prompt(s, t, [x.answer for x in s.turns[:t]])
+            assert tok(prompt.text, add_special_tokens=False)["input_ids"] == row["input_ids"][:spans[t][0]]
+            assert turn.prompt_tokens == spans[t][0] and turn.answer_tokens == spans[t][1] - spans[t][0] - 1
+            assert prompt.messages[-1]["role"] == "user" and turn.messages[-1]["role"] == "user"
+        assert s.turns[1].added_tokens == s.turns[1].prompt_tokens - s.turns[0].prompt_tokens - s.turns[0].answer_tokens
+        assert "def add" in s.turns[0].answer and s.turns[1].text.startswith("<|im_end|>")
+    assert match.kind == "session" and match.prompts == 8 and match.sessions["sessions"] == 4
+    assert match.sessions["turns_per_session"]["p50"] == 2 and match.holdout_share == 1.0
+    again, _ = session_suite("sess", {"size": 4, "seed": 1, "max_prompt_tokens": 2048}, m, cuts, template)
+    assert [s.to_json() for s in again] == [s.to_json() for s in sessions]      # seeded: the same sessions
+
+
+def test_a_session_suite_counts_what_it_leaves_out(tmp_path, tok, tok_dir):
+    from specmatch.data.prompts import session_suite
+
+    root = make_root(tmp_path, tok, {"a": 6})
+    single = root / "single" / "tokenized_data.jsonl"
+    single.parent.mkdir()
+    single.write_text("".join(json.dumps({"id": f"s{i}", **tokenize_conversation(tok, CONV[:3])}) + "\n"
+                              for i in range(3)))
+    m, cuts = inspect_root(root, str(tok_dir), holdout={})
+    template = ChatTemplate.of(tok)
+    sessions, match = session_suite("sess", {"size": 6, "seed": 0, "holdout": "any", "max_prompt_tokens": 2048},
+                                    m, cuts, template)
+    assert len(sessions) == 6 and {s.source for s in sessions} == {"a"}
+    assert match.skipped["fewer than 2 assistant turns (not a session)"] == 3
+    assert match.skipped["source single: no multi-turn row eligible"] == 1
+    second = min(s.turns[1].prompt_tokens for s in sessions)
+    with pytest.raises(SpecmatchError, match=r"no multi-turn training row to replay as a session .*'fewer than 2 "
+                                             rf"turns within max_prompt_tokens \({second - 1}\)': 6"):
+        session_suite("sess", {"size": 6, "seed": 0, "holdout": "any", "max_prompt_tokens": second - 1}, m, cuts,
+                      template)
+    one, _ = session_suite("sess", {"size": 2, "seed": 0, "holdout": "any", "max_turns": 2, "min_turns": 2,
+                                    "max_prompt_tokens": 2048}, m, cuts, template)
+    assert all(len(s.turns) == 2 for s in one)
+
+
+def test_length_strata_measure_the_long_tail(tmp_path, tok, tok_dir):
+    """Equal shares of each prompt-length stratum (each by source weighting), where a mix-weighted draw
+    of the same size would leave the long stratum nearly empty; the match record gives each stratum's
+    share of the mix and says the suite is stratified on purpose."""
+    root = tmp_path / "prepared"
+    (root / "a").mkdir(parents=True)
+    with open(root / "a" / "tokenized_data.jsonl", "w") as fh:
+        for i in range(60):   # prompts from ~30 to ~150 tokens
+            conv = [dict(m) for m in CONV[:3]]
+            conv[1]["content"] = f"[{i}] " + "and then some more words " * (i // 3) + conv[1]["content"]
+            fh.write(json.dumps({"id": f"a-{i}", **tokenize_conversation(tok, conv)}) + "\n")
+    m, cuts = inspect_root(root, str(tok_dir), holdout={})
+    lengths = sorted(cuts["prompt_tokens"].to_list())
+    edge = lengths[int(len(lengths) * 0.85)]       # the longest sixth or so
+    spec = {"size": 10, "seed": 0, "weighting": "mix", "length_strata": [edge]}
+    rows, match = training_suite("t", spec, m, cuts, ChatTemplate.of(tok))
+    long = sum(r.prompt_tokens >= edge for r in rows)
+    assert long == 5 and len(rows) == 10
+    strata = match.length_strata
+    assert [s["drawn"] for s in strata.values()] == [5, 5] and sum(s["training_share"] for s in strata.values()) \
+        == pytest.approx(1.0)
+    assert list(strata.values())[1]["training_share"] < 0.2 and "stratified by prompt length" in match.verdict
+    plain, _ = training_suite("t", {**spec, "length_strata": None}, m, cuts, ChatTemplate.of(tok))
+    assert sum(r.prompt_tokens >= edge for r in plain) < 5
+    # a stratum with too few prompts gives its share to the others
+    few, match = training_suite("t", {**spec, "size": 30, "length_strata": [lengths[-1]]}, m, cuts,
+                                ChatTemplate.of(tok))
+    assert len(few) == 30 and list(match.length_strata.values())[1]["drawn"] < 15
+
+
+def test_the_demo_can_build_long_agent_sessions_held_out_whole(tmp_path, tok_dir):
+    from specmatch.data.demo import build
+    from specmatch.data.prompts import session_suite
+    from specmatch.data.tokenizer import load_tokenizer
+
+    out = tmp_path / "prepared"
+    assert build(out, str(tok_dir), {"code_instruct": 4, "agent_sessions": 6})["rows"] == {"code_instruct": 4,
+                                                                                         "agent_sessions": 6}
+    m, cuts = inspect_root(out, str(tok_dir), holdout={"files": ["agent_sessions/sessions.jsonl"]})
+    s = cuts.filter(cuts["source"] == "agent_sessions")
+    assert s["holdout"].all() and 4 <= s["turns"].min() and s["turns"].max() <= 6
+    assert s["prompt_tokens"].max() > 500                      # contexts grow with every file read
+    sessions, match = session_suite("sess", {"size": 6, "seed": 0, "max_prompt_tokens": 2048}, m, cuts,
+                                    ChatTemplate.of(load_tokenizer(str(tok_dir))))
+    assert len(sessions) == 6 and match.suite_sources == {"agent_sessions": 6}
+    assert all(t.messages[-1]["role"] in ("user", "tool") for x in sessions for t in x.turns)

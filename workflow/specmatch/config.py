@@ -109,6 +109,7 @@ def validate(config: dict, source: str = "config") -> dict:
         raise SpecmatchError("invalid configuration:\n  " + "\n  ".join(lines))
     for top in ("requests", "summary", "demo", "models"):
         cfg.setdefault(top, {})
+    session_defaults(cfg)
     _fill_defaults(schema, cfg, schema)
     # a k sweep (a list of num_speculative_tokens / num_steps) becomes one ordinary server per value
     # (`<name>@k=<v>`, specmatch.sweep) before anything else reads the servers
@@ -128,11 +129,22 @@ def _message(e: jsonschema.ValidationError) -> str:
     return e.message
 
 
+def session_defaults(cfg: dict) -> None:
+    """What a session suite takes where it says nothing (before the schema's defaults, which are every
+    suite's): held-out rows only, and answers that stop where the model stops."""
+    for spec in (cfg.get("suites") or {}).values():
+        if isinstance(spec, dict) and spec.get("kind") == "session":
+            spec.setdefault("holdout", "only")
+            spec.setdefault("ignore_eos", False)
+
+
 def requests_settings(cfg: dict, suite: str) -> dict:
     """The `requests` settings a cell of `suite` is sent with (records.RequestSettings): the config's,
-    with the suite's own `passes` where it sets them."""
-    passes = cfg["suites"][suite].get("passes")
-    return {**cfg["requests"], **({"passes": passes} if passes else {})}
+    with the suite's own `passes` and `ignore_eos` where it sets them."""
+    spec = cfg["suites"][suite]
+    passes = spec.get("passes")
+    own = {"ignore_eos": spec["ignore_eos"]} if spec.get("ignore_eos") is not None else {}
+    return {**cfg["requests"], **({"passes": passes} if passes else {}), **own}
 
 
 def passes_for(n_prompts: int, passes: int, min_requests_per_worker: int | None, concurrency: int) -> int:
@@ -188,6 +200,7 @@ def _cross_checks(cfg: dict, source: str) -> None:
     for name, suite in cfg["suites"].items():
         if suite["kind"] == "file" and not suite.get("path"):
             raise SpecmatchError(f"{source}: suites.{name}.path: required for kind file")
+        suite_kind_checks(cfg, name, suite, source)
         like = suite.get("length_like")
         if suite["kind"] == "file" and like and cfg["suites"].get(like, {}).get("kind") != "training":
             training = [n for n, u in cfg["suites"].items() if u["kind"] == "training"]
@@ -195,7 +208,8 @@ def _cross_checks(cfg: dict, source: str) -> None:
                                  f"suites: {', '.join(training) or 'none'}): a control copies a training suite's "
                                  "prompt lengths")
         req = requests_settings(cfg, name)
-        passes = passes_for(suite["size"], req["passes"], req.get("min_requests_per_worker"), highest)
+        passes = (req["passes"] if suite["kind"] == "session"   # a session replays whole, closed-loop
+                  else passes_for(suite["size"], req["passes"], req.get("min_requests_per_worker"), highest))
         if not keeps_busy(suite["size"], passes, highest):
             raise SpecmatchError(f"{source}: suites.{name}.size: {suite['size']} prompts x {passes} pass(es) cannot "
                                  f"keep concurrency {highest} busy (every cell sends the whole suite); raise the size "
@@ -265,6 +279,20 @@ def _traffic_checks(cfg: dict, source: str) -> None:
         if not keeps_busy(size, passes, max(cfg["concurrency"])):
             raise SpecmatchError(f"{where}.size: {size} prompts x {passes} pass(es) cannot keep concurrency "
                                  f"{max(cfg['concurrency'])} busy")
+
+
+ONLY_FOR = {"answers": "session", "max_turns": "session", "min_turns": "session", "length_strata": "training"}
+
+
+def suite_kind_checks(cfg: dict, name: str, suite: dict, source: str) -> None:
+    """Keys that mean something for one suite kind only, and what a session suite cannot be: an open
+    loop (a session's next turn waits for its answer: concurrency is the sessions in flight)."""
+    for key, kind in ONLY_FOR.items():
+        if suite.get(key) is not None and suite["kind"] != kind:
+            raise SpecmatchError(f"{source}: suites.{name}.{key}: only for kind {kind}")
+    if suite["kind"] == "session" and cfg["requests"].get("request_rate") is not None:
+        raise SpecmatchError(f"{source}: requests.request_rate: suite {name} is a session suite, replayed closed-loop "
+                             "(each turn waits for the previous answer; concurrency is the sessions in flight)")
 
 
 def load(path: str | Path, overrides: dict | None = None) -> dict:

@@ -28,7 +28,8 @@ LAUNCH = "results/servers/{server}/r{repeat}/launch.json"
 SUMMARY = "results/summary"
 DECISION_FILES = {"verdicts": "verdicts.json", "recommendations": "recommendations.json",
                   "attribution": "attribution.json", "k_sweeps": "k_sweeps.json", "analysis": "analysis.json",
-                  "traffic": "traffic.json"}
+                  "traffic": "traffic.json", "context": "context.json", "context_trends": "context_trends.json",
+                  "stopping": "stopping.json"}
 
 CellKey = tuple  # (server, suite, repeat, concurrency)
 

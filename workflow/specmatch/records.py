@@ -20,7 +20,7 @@ Every file under `results/` and the record it holds:
     inspect/manifest.json               Manifest (one SourceSummary per source; checked against
                                         workflow/schemas/manifest.schema.yaml when written)
     inspect/cuts.parquet                Cut, one row each
-    prompts/<suite>.jsonl               Prompt, one line each
+    prompts/<suite>.jsonl               Prompt, one line each (a session suite: Session, one line each)
     prompts/<suite>.match.json          SuiteMatch
     prompts/traffic.json                TrafficProfiles (the traffic mixes, resolved against the manifest)
     servers/<server>/r<R>/launch.json   LaunchRecord
@@ -40,6 +40,9 @@ Every file under `results/` and the record it holds:
                                         GroupAcceptance, CrossoverSet, ServerFacts, CellGoodput)
     summary/traffic.json                TrafficRow, a list (each mix's predicted speedup, measured where
                                         a profile is verified, and its break-even share)
+    summary/context.json                deciding.context.ContextRow, a list (the context-length axis)
+    summary/context_trends.json         deciding.context.ContextTrend, a list
+    summary/stopping.json               deciding.stopping.StoppingReport (natural stopping, sessions)
 
 What a cell sends comes from RequestSettings (the config's `requests`, with the suite's own passes).
 """
@@ -231,6 +234,72 @@ class Prompt(Record):
 
 
 @dataclass
+class SessionTurn(Record):
+    """One assistant turn of a session (records.Session), as the load generator replays it.
+
+    `text` is what the rendered conversation adds before this turn's answer: for turn 0 the whole
+    prompt; for a later turn what follows the previous answer's content (its end-of-turn marker, the
+    user and tool turns as the data has them, the assistant header), so the prompt of turn t is
+    text_0 + answer_0 + text_1 + ... + text_t with the served model's answers (`answers: live`) or the
+    recorded ones (`answers: recorded`: exactly the training cut's prompt). `messages` (the chat
+    endpoint) are the non-assistant messages since the previous answer, as the template splits them.
+    Token counts are the data's: the recorded context before the turn, its answer's tokens, and
+    `added_tokens`, what the turn adds to the context beyond the previous answer (a live session
+    predicts its next context from the server's own usage plus this)."""
+    turn: int                               # the assistant turn of the row (0-based)
+    text: str
+    answer: str                             # the recorded answer's content
+    prompt_tokens: int
+    answer_tokens: int
+    added_tokens: int
+    messages: Optional[list] = None
+
+    def to_json(self) -> dict:
+        out = super().to_json()
+        if out["messages"] is None:
+            del out["messages"]
+        return out
+
+
+@dataclass
+class Session(Record):
+    """One whole conversation of a session suite (`kind: session`, a line of prompts/<suite>.jsonl):
+    the ordered assistant turns of one training row, each replayed with the history before it
+    (specmatch.measuring.sessions). `max_prompt_tokens` is the suite's: a live session stops (counted,
+    with its reason) when its next turn would be longer, or would not fit the served context."""
+    id: str
+    suite: str
+    source: str
+    file: str
+    line: Optional[int]
+    row: Optional[int]
+    row_id: str
+    holdout: bool
+    turns: list[SessionTurn]
+    answers: str = "live"                   # live | recorded
+    max_prompt_tokens: Optional[int] = None
+    turns_in_row: int = 0                   # assistant turns the row has (turns beyond the suite's limits are cut)
+    kind: str = "session"                   # tells a session line from a Prompt line
+
+    @property
+    def origin(self) -> str:
+        return location(self.file, self.line, self.row)
+
+    def turn_id(self, t: int) -> str:
+        """The prompt id of turn t's request: one pairing unit per turn (`<session>.t<turn>`)."""
+        return f"{self.id}.t{self.turns[t].turn}"
+
+    @classmethod
+    def from_json(cls, obj: dict) -> "Session":
+        return super().from_json({"line": None, "row": None, **obj})
+
+
+def is_session_line(obj: dict) -> bool:
+    """Whether a line of prompts/<suite>.jsonl is a Session (else a Prompt)."""
+    return obj.get("kind") == "session"
+
+
+@dataclass
 class SourceSummary(Record):
     """One training-data source in the manifest: what inspection read and how its rows are shaped.
     `files` ({path, bytes, format, compression, hf_dataset, schemas, rows, sha256}), `skipped`
@@ -284,7 +353,7 @@ class Manifest(Record):
         return [{"path": f["path"], "sha256": f["sha256"], "bytes": f["bytes"]} for s in self.sources for f in s.files]
 
 
-SUITE_KINDS = ("training", "file", "traffic")
+SUITE_KINDS = ("training", "file", "traffic", "session")
 
 
 @dataclass
@@ -293,7 +362,7 @@ class SuiteMatch(Record):
     TVD, and for training suites a prompt-length KS statistic against the eligible cuts weighted to the
     suite's target mix), and what was skipped or fell short."""
     suite: str
-    kind: str                            # training (the cut table) | file (a prompt file) | traffic (a mix of both)
+    kind: str                            # training (the cut table) | file (a prompt file) | traffic (a mix of both) | session
     prompts: int
     holdout_share: Optional[float]
     suite_sources: dict                  # source -> prompts in the suite
@@ -324,6 +393,11 @@ class SuiteMatch(Record):
     # drawn share)}; and the per-source floor of a stratified training suite
     strata: Optional[dict] = None
     min_per_source: int = 0
+    # a training suite stratified by prompt length (`length_strata`): per stratum {lo, hi, wanted, drawn,
+    # available, training_share}
+    length_strata: Optional[dict] = None
+    # a session suite: {sessions, turns, turns_per_session, context_tokens, answers, sources, dropped_turns}
+    sessions: Optional[dict] = None
 
     @property
     def training(self) -> bool:
@@ -388,6 +462,7 @@ class RequestSettings(Record):
     # what a cell does when others used the machine during it (measuring.interference)
     on_interference: str = "remeasure"     # remeasure | flag | fail
     interference_threshold: float = 0.05   # cores of foreign CPU (mean over the measured part)
+    record_outputs: bool = True          # keep each output's hash, token ids and natural stop
 
 
 @dataclass
@@ -416,8 +491,27 @@ class RequestRecord(Record):
     acceptance_rate: Optional[float] = None
     arrival_clock: str = "read"
     read_lag_max_s: Optional[float] = None
+    # a session suite's turn: the session (records.Session.id) and the assistant turn of its row; the
+    # context length is `prompt_tokens` (the server's usage)
+    session_id: Optional[str] = None
+    turn: Optional[int] = None
+    # prompt tokens served from the prefix cache, as the engine reports them (vLLM
+    # usage.prompt_tokens_details.cached_tokens with --enable-prompt-tokens-details, SGLang
+    # meta_info.cached_tokens); None where it does not
+    cached_tokens: Optional[int] = None
+    # the output (requests.record_outputs): why it ended, a hash of its text, its token ids where the
+    # engine returns them (vLLM return_token_ids, SGLang output_ids), and the natural stop: the tokens
+    # up to and including the first end-of-sequence/stop token of the served model (None: none in the
+    # output), and how many were generated after it (ignore_eos: true); None where not measured
+    finish_reason: Optional[str] = None
+    output_sha256: Optional[str] = None
+    output_token_ids: list[int] = field(default_factory=list)
+    natural_stop: Optional[int] = None
+    past_stop_tokens: Optional[int] = None
     # the server's own clock for this request: only the bench's load targets send it; never written
     server_timing: Optional[dict] = field(default=None, metadata={"written": False})
+    # the output's text, kept in memory for a live session's next turn; never written (large)
+    output_text: Optional[str] = field(default=None, metadata={"written": False})
 
 
 # -- acceptance ---------------------------------------------------------------------------------
@@ -562,6 +656,23 @@ class EarlierMeasurement(Record):
     median_tpot_ms: Optional[float] = None
 
 
+@dataclass
+class SessionsOutcome(Record):
+    """What a session cell's sessions did (specmatch.measuring.sessions): every session is counted,
+    whole or cut short, never dropped. `cut_short` counts sessions by reason (`failed`: a turn failed
+    and the session could not go on; `context`: its next turn would exceed the served context or the
+    suite's max_prompt_tokens); `examples` names a few cut-short sessions with their reason."""
+    sessions: int = 0
+    completed: int = 0
+    cut_short: dict = field(default_factory=dict)
+    turns_planned: int = 0
+    turns_sent: int = 0
+    turns_failed: int = 0
+    turns_not_sent: int = 0
+    answers: str = "live"
+    examples: list = field(default_factory=list)
+
+
 # -- one cell -----------------------------------------------------------------------------------
 
 @dataclass
@@ -641,6 +752,13 @@ class CellResult(Record):
     # the earlier measurements of this cell that were flagged and re-measured in the same session
     interference: Optional[Interference] = None
     earlier: list[EarlierMeasurement] = field(default_factory=list)
+    # prefix reuse and natural stopping (where the engine reports them) and a session suite's sessions
+    prefix_cache_hit_share: Optional[float] = None   # cached / prompt tokens over the requests that report it
+    past_stop_tokens: Optional[int] = None           # output tokens generated after the natural stop
+    past_stop_share: Optional[float] = None          # ... as a share of the output tokens of the requests measured
+    served_context: Optional[int] = None             # the server's max_model_len (/v1/models), when read
+    ignore_eos: Optional[bool] = None                # what the requests were sent with (None: a cell from before)
+    sessions: Optional[SessionsOutcome] = None
 
     @property
     def flagged(self) -> bool:

@@ -108,6 +108,7 @@ def conversations(rows_per_source: dict[str, int], seed: int = 0) -> dict[str, l
             {"role": "assistant", "content": f"`{name}{sig}` in `{path}`:\n\n{doc[:MAX_CHARS // 3]}\n\n"
                                              "The failing test should check this contract."}]})
     out["agent_traces"] = traces
+    out["agent_sessions"] = agent_sessions(rows_per_source.get("agent_sessions", 0), funcs, rng)
     n = rows_per_source.get("python_docs", 0)
     out["python_docs"] = [
         {"id": f"pd-{i}", "messages": [
@@ -128,6 +129,37 @@ def conversations(rows_per_source: dict[str, int], seed: int = 0) -> dict[str, l
                                                    {"role": "assistant", "content": ans}]})
     out["reasoning"] = rows
     return {k: v for k, v in out.items() if v}
+
+
+def agent_sessions(n: int, funcs: list, rng: random.Random) -> list[dict]:
+    """Long agent sessions (opt-in: `demo.rows_per_source.agent_sessions`): the agent reads three to five
+    functions of one module, one tool call a turn, each tool result a whole function's source, then
+    states their contracts; 4-6 assistant turns whose contexts grow to 600-1,400 tokens (SmolLM2's
+    tokenizer), the multi-turn traffic session suites replay (`kind: session`). Written to their own file
+    (agent_sessions/sessions.jsonl), so a config can hold them out whole (`dataset.holdout.files`)."""
+    by_mod: dict[str, list] = {}
+    for f in funcs:
+        by_mod.setdefault(f[0], []).append(f)
+    mods = sorted(m for m, fs in by_mod.items() if len(fs) >= 3)
+    rows = []
+    for i in range(n):
+        mod = mods[rng.randrange(len(mods))]
+        picks = rng.sample(by_mod[mod], min(len(by_mod[mod]), rng.randint(3, 5)))
+        path = f"Lib/{mod.replace('.', '/')}.py"
+        names = ", ".join(f"`{p[1]}`" for p in picks)
+        msgs = [{"role": "system", "content": SYSTEM_AGENT},
+                {"role": "user", "content": f"Tests around `{mod}` fail after a refactor. Review {names} in {path} "
+                                            "and say which contract each keeps."}]
+        for k, (_m, name, sig, _doc, src) in enumerate(picks):
+            call = json.dumps({"name": "read_file", "arguments": {"path": path, "symbol": name}})
+            lead = "I'll start with" if k == 0 else "Next,"
+            msgs += [{"role": "assistant", "content": f"{lead} `{name}`.\n<tool_call>{call}</tool_call>"},
+                     {"role": "tool", "content": src.rstrip()}]
+        summary = "\n".join(f"- `{name}{sig}`: {doc.splitlines()[0]}" for _m, name, sig, doc, _src in picks)
+        msgs.append({"role": "assistant", "content": f"The contracts in `{path}`:\n\n{summary}\n\n"
+                                                     "The failing tests should check these."})
+        rows.append({"id": f"as-{i}", "messages": msgs})
+    return rows
 
 
 def tokenize_conversation(tok, messages: list[dict]) -> dict:
@@ -164,6 +196,10 @@ def build(out: Path, tokenizer: str, rows_per_source: dict[str, int], seed: int 
             if source == "code_explain":  # a Parquet source, like HF datasets exports
                 d.mkdir(parents=True)
                 pl.DataFrame(tokenized).write_parquet(d / "train-00000-of-00001.parquet")
+            elif source == "agent_sessions":  # one file, so a config can hold the source out whole
+                d.mkdir(parents=True)
+                with open(d / "sessions.jsonl", "w", encoding="utf-8") as fh:
+                    fh.writelines(json.dumps(r) + "\n" for r in tokenized)
             elif source == "agent_traces":  # nested, gzip-compressed shards
                 d = d / "2026-11"
                 d.mkdir(parents=True)

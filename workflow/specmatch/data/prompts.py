@@ -11,6 +11,12 @@ exactly what training saw, and its messages come from that text by the template'
 Control suites read prompt files: {"prompt"}, {"messages"}, Spec-Bench/MT-bench {"turns"} (category
 kept as the source) or ShareGPT {"conversations"}.
 
+Session suites (`kind: session`) draw whole multi-turn rows the same way (seeded, by source weighting,
+held-out rows unless the suite says otherwise) and write one records.Session per line: every assistant
+turn of the row in order, with what the rendered history adds before it, so the load generator can
+replay the conversation with the served model's own answers (specmatch.measuring.sessions). A training
+suite with `length_strata` is drawn in equal shares from prompt-length strata (sample_by_length).
+
     python -m specmatch prompts --suite NAME --spec JSON --manifest M --cuts C --tokenizer T --out S.jsonl
 """
 from __future__ import annotations
@@ -22,6 +28,7 @@ import sys
 from collections import Counter
 from pathlib import Path
 
+import numpy as np
 import polars as pl
 
 from . import readers
@@ -29,8 +36,8 @@ from .. import steps
 from ..files import SpecmatchError, read_json, read_jsonl, write_json, write_jsonl, write_text
 from .cuts import read_cuts
 from ..provenance import Recorder
-from ..records import Cut, Manifest, Prompt, SuiteMatch
-from .rows import ChatTemplate, normalise_messages, prompt_of
+from ..records import Cut, Manifest, Prompt, Session, SessionTurn, SuiteMatch
+from .rows import ChatTemplate, flat, mask_of, normalise_messages, prompt_of, spans_from_mask, tools_of
 from ..stats import describe, ks_critical, ks_statistic, total_variation
 from .tokenizer import load_tokenizer
 from .traffic import resolve_mix, training_shares
@@ -214,12 +221,21 @@ def training_suite(name: str, spec: dict, manifest: Manifest, cuts: pl.DataFrame
     if minimum * len(positive) > size:
         raise SpecmatchError(f"suites.{name}.min_per_source: {minimum} prompts x {len(positive)} sources of positive "
                              f"weight ({', '.join(positive)}) is more than suites.{name}.size ({size})")
-    chosen, allocation, shortfall = sample(weighted, size, weights, spec.get("seed", 0), minimum)
+    strata = None
+    if spec.get("length_strata"):
+        if minimum:
+            raise SpecmatchError(f"suites.{name}: length_strata and min_per_source cannot be combined (a suite is "
+                                 "stratified by prompt length or by source, not both)")
+        chosen, allocation, shortfall, strata = sample_by_length(weighted, spec, weights)
+    else:
+        chosen, allocation, shortfall = sample(weighted, size, weights, spec.get("seed", 0), minimum)
     prompts = load_prompts(name, chosen, template, need_messages)
     match = match_report(name, "training", prompts, manifest, weights, weighted)
     match.candidates, match.skipped = pool.height, dict(skipped)
     match.allocation, match.shortfall = allocation, shortfall
     match.min_per_source, match.strata = minimum, source_strata(match.suite_sources, manifest)
+    if strata is not None:
+        stratified(match, strata)
     return prompts, match
 
 
@@ -446,6 +462,247 @@ def match_markdown(m: SuiteMatch) -> str:
     return "\n".join(l for l in lines if l is not None) + "\n"
 
 
+# -- length strata ----------------------------------------------------------------------------------
+def length_edges(spec: dict) -> list[int]:
+    """[0, e1, ..., ek, max_prompt_tokens + 1]: the strata's edges (each stratum is [lo, hi))."""
+    top = spec.get("max_prompt_tokens", 2048)
+    inner = sorted(e for e in set(spec["length_strata"]) if 0 < e <= top)
+    return [0, *inner, top + 1]
+
+
+def sample_by_length(pool: pl.DataFrame, spec: dict, weights: dict[str, float]
+                     ) -> tuple[pl.DataFrame, dict[str, int], dict, dict]:
+    """A training suite in equal shares from prompt-length strata (`length_strata`), each stratum drawn
+    by source weighting (sample); a stratum with fewer eligible prompts than its share gives the rest to
+    the others (by largest remainder, as far as they have prompts). Returns the chosen cuts (shuffled),
+    the per-source allocation summed over strata, the shortfall, and per stratum {lo, hi, wanted, drawn,
+    available, training_share} (the share of the eligible pool in it, by source weight)."""
+    size, seed = spec.get("size", 64), spec.get("seed", 0)
+    edges = length_edges(spec)
+    bands = list(zip(edges, edges[1:]))
+    parts = [pool.filter((pl.col("prompt_tokens") >= lo) & (pl.col("prompt_tokens") < hi)) for lo, hi in bands]
+    avail = [p.height for p in parts]
+    want = allocate(size, {str(i): 1.0 for i in range(len(bands))})
+    take = {i: min(want[str(i)], avail[i]) for i in range(len(bands))}
+    rest = size - sum(take.values())
+    while rest > 0:
+        room = {str(i): float(avail[i] - take[i]) for i in take if avail[i] > take[i]}
+        if not room:
+            break
+        extra = allocate(min(rest, int(sum(room.values()))), room)
+        for k, n in extra.items():
+            take[int(k)] += min(n, avail[int(k)] - take[int(k)])
+        rest = size - sum(take.values())
+    n_src = dict(pool.group_by("source").len().iter_rows()) if pool.height else {}
+    total_w = sum(weights.get(src, 0.0) for src in n_src) or 1.0
+    chosen, alloc, shortfall, strata = [], Counter(), {}, {}
+    for i, ((lo, hi), part) in enumerate(zip(bands, parts)):
+        share = sum(weights.get(src, 0.0) / total_w * n / n_src[src]
+                    for src, n in part.group_by("source").len().iter_rows()) if part.height else 0.0
+        label = f"[{lo}, {hi})"
+        strata[label] = {"lo": lo, "hi": hi, "wanted": want[str(i)], "drawn": take[i], "available": avail[i],
+                         "training_share": share}
+        if take[i]:
+            got, a, _short = sample(part, take[i], {k: v for k, v in weights.items() if k in n_src}, seed + 7919 * i)
+            chosen.append(got)
+            alloc.update(a)
+    if sum(take.values()) < size:
+        shortfall["length_strata"] = {"wanted": size, "available": sum(avail)}
+    out = pl.concat(chosen) if chosen else pool.clear()
+    order = list(range(out.height))
+    random.Random(seed).shuffle(order)
+    return out[order], dict(alloc), shortfall, strata
+
+
+def stratified(match: SuiteMatch, strata: dict) -> None:
+    """A length-stratified suite's match record: the strata, and a verdict that says its length
+    distribution differs from the mix's on purpose (not a biased sample)."""
+    match.length_strata = strata
+    match.representative = False
+    match.verdict = ("stratified by prompt length (`length_strata`): the long tail measured on purpose, so its "
+                     "length distribution is not the training mix's")
+
+
+# -- session suites -----------------------------------------------------------------------------------
+def session_pool(cuts: pl.DataFrame, spec: dict, skipped: Counter) -> pl.DataFrame:
+    """One row per eligible session: a training row with at least `min_turns` assistant turns whose
+    contexts fit `max_prompt_tokens` (its first turns, up to `max_turns`), by the suite's holdout
+    setting, duplicates (the same whole history) once. Every row it leaves out is counted by reason."""
+    min_turns, max_turns = spec.get("min_turns") or 2, spec.get("max_turns")
+    max_p = spec.get("max_prompt_tokens", 2048)
+    df = cuts.sort(ORDER)
+    want = spec.get("holdout", "only")
+    if want != "any":
+        keep = pl.col("holdout") if want == "only" else ~pl.col("holdout")
+        for hold, n in df.filter(~keep).unique(["file", "row"]).group_by("holdout").len().iter_rows():
+            skipped[f"holdout={hold} excluded by suite setting"] += n
+        df = df.filter(keep)
+    over = pl.when(pl.col("prompt_tokens") > max_p).then(pl.col("turn")).otherwise(pl.col("turns"))
+    rows = (df.with_columns(over.alias("_fit"))
+              .group_by(["file", "row"], maintain_order=True)
+              .agg(pl.all().exclude("_fit").first(), pl.col("_fit").min(),
+                   pl.col("key").sort_by("turn").alias("_keys")))
+    usable = pl.col("_fit") if not max_turns else pl.min_horizontal(pl.col("_fit"), pl.lit(max_turns))
+    rows = rows.with_columns(usable.alias("usable_turns"))
+    few = rows.filter(pl.col("turns") < min_turns).height
+    if few:
+        skipped[f"fewer than {min_turns} assistant turns (not a session)"] += few
+    rows = rows.filter(pl.col("turns") >= min_turns)
+    short = rows.filter(pl.col("usable_turns") < min_turns).height
+    if short:
+        skipped[f"fewer than {min_turns} turns within max_prompt_tokens ({max_p})"] += short
+    rows = rows.filter(pl.col("usable_turns") >= min_turns)
+    rows = rows.with_columns(pl.col("_keys").list.get(pl.col("usable_turns") - 1).alias("key")).drop("_keys")
+    first = rows.with_row_index("_i").group_by("key", maintain_order=True).agg(pl.col("_i").first())["_i"]
+    if len(first) < rows.height:
+        skipped["duplicate session"] += rows.height - len(first)
+        rows = rows[first.sort()]
+    return rows
+
+
+def session_suite(name: str, spec: dict, manifest: Manifest, cuts: pl.DataFrame, template: ChatTemplate,
+                  need_messages: bool = False) -> tuple[list[Session], SuiteMatch]:
+    """Whole conversations of multi-turn training rows, sampled like a training suite (seeded, by source
+    weighting: `mix` over the sources that have such rows; those that have none are counted), each a
+    records.Session. An empty pool is an error that says why the rows gave none."""
+    skipped: Counter = Counter()
+    weights = source_weights(manifest, spec.get("weighting", "mix"))
+    pool = session_pool(cuts, spec, skipped)
+    have = set(pool["source"].to_list())
+    if spec.get("weighting", "mix") == "mix":
+        for src in sorted(set(weights) - have):
+            skipped[f"source {src}: no multi-turn row eligible"] += 1
+        weights = {src: w for src, w in weights.items() if src in have}
+    weighted = pool.filter(pl.col("source").is_in([src for src, w in weights.items() if w > 0]))
+    if weighted.is_empty():
+        raise SpecmatchError(f"suite {name}: no multi-turn training row to replay as a session in {manifest.root} "
+                             f"(skipped: {dict(skipped) or 'nothing'}); kind session needs rows with at least "
+                             f"{spec.get('min_turns') or 2} assistant turns")
+    chosen, allocation, shortfall = sample(weighted, spec.get("size", 64), weights, spec.get("seed", 0))
+    sessions = load_sessions(name, spec, chosen, cuts, template, need_messages, skipped)
+    match = session_match(name, spec, sessions, manifest, weights, skipped)
+    match.candidates, match.allocation = weighted.height, allocation
+    match.shortfall = dict(shortfall)
+    if len(sessions) < chosen.height:
+        match.shortfall["unusable rows"] = {"wanted": chosen.height, "available": len(sessions)}
+    return sessions, match
+
+
+def row_turn_texts(template: ChatTemplate, row: dict, schema: str, n: int
+                   ) -> tuple[list[str], list[str], list[int], list[int] | None]:
+    """The first n turns of a row as text: the prompt before each assistant turn (the training cut's,
+    exactly), each answer's content (its end-of-turn token left to the history that follows), each
+    answer's token count, and (token ids in the row) each prompt's token count as the row has it."""
+    if schema == "conversations":
+        conv = normalise_messages(row.get("conversations", row.get("messages")), row.get("system"))
+        tools = tools_of(row)
+        idx = [k for k, m in enumerate(conv) if m["role"] == "assistant"][:n]
+        prompts = [template.render(conv[:k], tools) for k in idx]
+        answers = [conv[k]["content"] for k in idx]
+        return prompts, answers, [len(template.tok(a, add_special_tokens=False)["input_ids"]) for a in answers], None
+    if schema == "tokenized":
+        ids = flat(row["input_ids"])
+        mask, _ = mask_of(row)
+        spans = spans_from_mask(mask) if mask is not None else template.spans_in_array(np.asarray(ids))
+    else:
+        ids = template.tok(row["text"], add_special_tokens=False)["input_ids"]
+        spans = template.spans_in_array(np.asarray(ids))
+    spans = spans[:n]
+    ends = [e - 1 if e > s and template.end_id is not None and ids[e - 1] == template.end_id else e for s, e in spans]
+    decode = lambda a, b: template.tok.decode(ids[a:b], skip_special_tokens=False)  # noqa: E731
+    return ([decode(0, s) for s, _ in spans], [decode(s, c) for (s, _), c in zip(spans, ends)],
+            [c - s for (s, _), c in zip(spans, ends)], [s for s, _ in spans])
+
+
+def session_of(name: str, i: int, spec: dict, c: Cut, row: dict, template: ChatTemplate, counts: list[int],
+               need_messages: bool) -> Session | str:
+    """One row as a records.Session, or why it cannot be one (the history is not the previous prompt
+    plus its answer: a template that rewrites earlier turns cannot be replayed by appending)."""
+    n = len(counts)
+    prompts, answers, answer_tokens, lengths = row_turn_texts(template, row, c.schema, n)
+    if len(prompts) < n or (lengths is not None and lengths != counts):
+        raise SpecmatchError(f"{c.origin}: the row changed since inspection (its turns' prompts are "
+                             f"{lengths or len(prompts)} tokens, the cut table says {counts}); rerun inspect")
+    texts = [prompts[0]]
+    for t in range(1, n):
+        head = prompts[t - 1] + answers[t - 1]
+        if not prompts[t].startswith(head):
+            return "the rendered history of a turn is not the previous prompt and its answer"
+        texts.append(prompts[t][len(head):])
+    messages = session_messages(template, prompts, need_messages)
+    turns = []
+    for t in range(n):
+        added = counts[t] if t == 0 else counts[t] - counts[t - 1] - answer_tokens[t - 1]
+        turns.append(SessionTurn(t, texts[t], answers[t], counts[t], answer_tokens[t], added,
+                                 messages[t] if messages else None))
+    return Session(f"{name}-{i:05d}", name, c.source, c.file, c.line, c.row, c.row_id, c.holdout, turns,
+                   answers=spec.get("answers") or "live", max_prompt_tokens=spec.get("max_prompt_tokens", 2048),
+                   turns_in_row=c.turns)
+
+
+def session_messages(template: ChatTemplate, prompts: list[str], need: bool) -> list[list] | None:
+    """Each turn's own messages (those since the previous answer), split from the rendered prompts by the
+    template's markers; None where the template cannot split them (an error when the chat endpoint needs
+    them)."""
+    try:
+        split = [template.split(p) for p in prompts]
+    except SpecmatchError:
+        if need:
+            raise
+        return None
+    out = [split[0]]
+    for prev, cur in zip(split, split[1:]):
+        if len(cur) <= len(prev) or cur[len(prev)]["role"] != "assistant":
+            if need:
+                raise SpecmatchError("chat template: a turn's messages do not extend the previous turn's")
+            return None
+        out.append(cur[len(prev) + 1:])
+    return out
+
+
+def load_sessions(name: str, spec: dict, chosen: pl.DataFrame, cuts: pl.DataFrame, template: ChatTemplate,
+                  need_messages: bool, skipped: Counter) -> list[Session]:
+    """Read back only the chosen rows and build their sessions (a row that cannot be one is counted)."""
+    firsts = [Cut.from_json({k: v for k, v in r.items() if k in Cut.__dataclass_fields__}) for r in chosen.to_dicts()]
+    usable = chosen["usable_turns"].to_list()
+    rows = readers.read_located((c.file, c.position) for c in firsts)
+    counts_of = {(f, r, t): n for f, r, t, n in cuts.select("file", "row", "turn", "prompt_tokens").iter_rows()}
+    out = []
+    for c, n in zip(firsts, usable):
+        counts = [counts_of[(c.file, c.row, t)] for t in range(n)]
+        got = session_of(name, len(out), spec, c, rows[(c.file, c.position)], template, counts, need_messages)
+        if isinstance(got, str):
+            skipped[got] += 1
+            continue
+        out.append(got)
+    return out
+
+
+def session_match(name: str, spec: dict, sessions: list[Session], manifest: Manifest, weights: dict,
+                  skipped: Counter) -> SuiteMatch:
+    """A session suite's match record: its sources against the mix's, and its sessions, turns and context
+    lengths (SuiteMatch.sessions)."""
+    mix = Counter(x.source for x in sessions)
+    train_mix = {src.name: src.rows for src in manifest.sources}
+    turns = [t for x in sessions for t in x.turns]
+    return SuiteMatch(
+        suite=name, kind="session", prompts=len(turns),
+        holdout_share=sum(x.holdout for x in sessions) / len(sessions) if sessions else None,
+        suite_sources=dict(sorted(mix.items())), training_sources=train_mix,
+        target_shares={k: v / sum(weights.values()) for k, v in weights.items()} if weights else {},
+        source_tvd_vs_target=total_variation(dict(mix), weights) if weights else None,
+        source_tvd_vs_training_mix=total_variation(dict(mix), train_mix) if train_mix else None,
+        prompt_tokens=describe([t.prompt_tokens for t in turns]),
+        completion_tokens=describe([t.answer_tokens for t in turns]),
+        representative=None, skipped=dict(skipped),
+        verdict="sessions: whole multi-turn training rows, replayed turn by turn",
+        sessions={"sessions": len(sessions), "turns": len(turns),
+                  "turns_per_session": describe([len(x.turns) for x in sessions]),
+                  "context_tokens": describe([t.prompt_tokens for t in turns]),
+                  "last_turn_context_tokens": describe([x.turns[-1].prompt_tokens for x in sessions]),
+                  "answers": spec.get("answers") or "live", "sources": dict(sorted(mix.items())),
+                  "turns_cut": sum(x.turns_in_row - len(x.turns) for x in sessions)})
+
 
 def arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--suite", required=True)
@@ -467,11 +724,12 @@ def execute(a: argparse.Namespace) -> int:
                    {"suite": a.suite, "spec": spec, "tokenizer": a.tokenizer, "endpoint": a.endpoint})
     template = ChatTemplate.of(load_tokenizer(a.tokenizer))
     manifest = Manifest.from_json(read_json(a.manifest)) if a.manifest else None
-    if spec["kind"] == "training":
+    if spec["kind"] in ("training", "session"):
         if manifest is None or a.cuts is None:
-            raise SpecmatchError(f"suite {a.suite}: a training suite needs --manifest and --cuts")
-        prompts, match = training_suite(a.suite, spec, manifest, read_cuts(a.cuts), template,
-                                        need_messages=a.endpoint == "chat")
+            raise SpecmatchError(f"suite {a.suite}: a {spec['kind']} suite needs --manifest and --cuts")
+        build = session_suite if spec["kind"] == "session" else training_suite
+        prompts, match = build(a.suite, spec, manifest, read_cuts(a.cuts), template,
+                               need_messages=a.endpoint == "chat")
     elif spec["kind"] == "traffic":   # a traffic profile's verifying suite (specmatch.data.traffic)
         if manifest is None or a.cuts is None:
             raise SpecmatchError(f"suite {a.suite}: a traffic suite needs --manifest and --cuts")
@@ -489,7 +747,7 @@ def execute(a: argparse.Namespace) -> int:
         write_text(a.match_md, match_markdown(match))
         outputs.append(a.match_md)
     rec.write(outputs)
-    print(f"suite {a.suite}: {len(prompts)} prompts; {match.verdict}")
+    print(f"suite {a.suite}: {len(prompts)} {'sessions' if spec['kind'] == 'session' else 'prompts'}; {match.verdict}")
     return 0
 
 

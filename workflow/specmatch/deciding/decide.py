@@ -13,6 +13,11 @@ the primary grid's analysis, joins the recommended servers' cells and verifies e
 - `analysis.json`: records.AnalysisRecord (the grid, run-to-run variation, acceptance, the cells that
   drafted nothing, crossovers, what the launch records say, cell goodput, the claims resting on cells
   measured while the machine was busy);
+- `context.json`, `context_trends.json`: deciding.context.ContextRow per (server, suite, concurrency,
+  context bin) and ContextTrend per (server, suite, concurrency): tau, rho and the TPOT speedup by
+  context length, acceptance per doubling of the context, where the speedup crosses 1;
+- `stopping.json`: deciding.stopping.StoppingReport (outputs against the baseline's, tokens past the
+  natural stop, the session suites' sessions);
 - `traffic.json`: records.TrafficRow per traffic profile, speculative server, concurrency and metric:
   the mix's predicted speedup, the measured one where it is verified, the break-even share
   (specmatch.deciding.traffic).
@@ -44,7 +49,9 @@ from .acceptance import pooled_acceptance
 from .analysis import Analysis, ServerInfo, Settings, attribute
 from .attribution import launch_differences, mixed_servers
 from .interference import flagged_claims
+from .context import ContextAxis, ContextRow, ContextTrend, context_report
 from .kmodel import KSweeps
+from .stopping import StoppingReport, session_ids, stopping_report
 from .traffic import traffic_report
 from .recommend import SUFFIX, analysis_arguments, load, server_infos, verified_analysis
 
@@ -61,6 +68,9 @@ class Decisions:
     k_sweeps: KSweeps
     analysis: AnalysisRecord
     traffic: list[TrafficRow] = dataclasses.field(default_factory=list)
+    context: list[ContextRow] = dataclasses.field(default_factory=list)
+    context_trends: list[ContextTrend] = dataclasses.field(default_factory=list)
+    stopping: StoppingReport = dataclasses.field(default_factory=StoppingReport)
 
     def to_json(self) -> dict:
         """name -> the JSON of its file."""
@@ -68,7 +78,10 @@ class Decisions:
                 "recommendations": [r.to_json() for r in self.recommendations],
                 "attribution": [a.to_json() for a in self.attribution],
                 "k_sweeps": self.k_sweeps.to_json(), "analysis": self.analysis.to_json(),
-                "traffic": [t.to_json() for t in self.traffic]}
+                "traffic": [t.to_json() for t in self.traffic],
+                "context": [r.to_json() for r in self.context],
+                "context_trends": [t.to_json() for t in self.context_trends],
+                "stopping": self.stopping.to_json()}
 
     @classmethod
     def from_json(cls, obj: dict) -> "Decisions":
@@ -76,7 +89,10 @@ class Decisions:
                    [Recommendation.from_json(r) for r in obj["recommendations"]],
                    [Attribution.from_json(a) for a in obj["attribution"]],
                    KSweeps.from_json(obj["k_sweeps"]), AnalysisRecord.from_json(obj["analysis"]),
-                   [TrafficRow.from_json(t) for t in obj.get("traffic") or []])
+                   [TrafficRow.from_json(t) for t in obj.get("traffic") or []],
+                   [ContextRow.from_json(r) for r in obj.get("context") or []],
+                   [ContextTrend.from_json(t) for t in obj.get("context_trends") or []],
+                   StoppingReport.from_json(obj["stopping"]) if obj.get("stopping") else StoppingReport())
 
     def write(self, folder: Path) -> list[Path]:
         out = []
@@ -158,7 +174,21 @@ def decide(cells, baseline: str, settings: Settings, configs: dict, infos: dict[
     reference = next((u for u in [*suites, *training] if u in an.suites), None)
     got = records_of(an, attribute(an, reference), no_control)
     got.traffic = traffic_report(an, profiles, matches or [], cells)
+    axis, got.stopping = context_and_stopping(an, cells, matches or [])
+    got.context, got.context_trends = axis.rows, axis.trends
     return got
+
+
+AXIS_KINDS = ("training", "session")   # the suites the context-length axis is read on
+
+
+def context_and_stopping(an: Analysis, cells: list, matches: list[SuiteMatch]) -> tuple[ContextAxis, StoppingReport]:
+    """The context-length axis over the training and session suites (every suite, where no match record
+    says its kind), and natural stopping and the session suites' sessions over every cell."""
+    kinds = {m.suite: m.kind for m in matches}
+    suites = [u for u in an.suites if not kinds or kinds.get(u) in AXIS_KINDS]
+    axis = context_report(an, session_ids(cells), suites) if suites else ContextAxis([], [])
+    return axis, stopping_report(cells, an.baseline, an.settings, an.run_to_run)
 
 
 # -- the step -----------------------------------------------------------------------------------------

@@ -50,8 +50,9 @@ from ..files import SpecmatchError, atomic_path, read_json, read_jsonl, write_js
 from ..provenance import Recorder
 from .protocols import protocol as protocol_of
 from ..records import (CellResult, EarlierMeasurement, Interference, LaunchRecord, Prompt, RequestRecord,
-                       RequestSettings, frame)
+                       RequestSettings, Session, frame)
 from ..serving.server import Attached, LeaseKeeper, Manager, session_of
+from .sessions import check_sessions, describe_outcome, read_suite, run_sessions, served_context
 
 WARMUP_TEXT = ("Warm-up request {i} (not measured): count from one to twenty in words, separated by commas, "
                "then say which of those numbers are prime.")
@@ -138,19 +139,32 @@ def owners(att: Attached, manager: Manager, base_url: str) -> Owners:
     return own
 
 
+def output_settings(engine, settings: RequestSettings) -> tuple[dict, frozenset | None]:
+    """With requests.record_outputs: the body fields that return each output's token ids, and the served
+    model's stop token ids (the natural stop is looked for there); nothing otherwise."""
+    if not settings.record_outputs:
+        return {}, None
+    return engine.output_extras(), engine.stop_token_ids()
+
+
 def run_cell(name: str, cfg: dict, suite: str, prompts: list[Prompt], concurrency: int, repeat: int,
-             settings: RequestSettings, max_batch: int, manager: Manager, server_log: Path | None = None
-             ) -> tuple[CellResult, list[RequestRecord], str | None]:
-    """Measure the cell; returns its result, its request records, and a death notice if the server died."""
+             settings: RequestSettings, max_batch: int, manager: Manager, server_log: Path | None = None,
+             sessions: list[Session] | None = None) -> tuple[CellResult, list[RequestRecord], str | None]:
+    """Measure the cell; returns its result, its request records, and a death notice if the server died.
+    `sessions`: a session suite's sessions, replayed turn by turn (specmatch.measuring.sessions)."""
     engine = get_engine(cfg)
     protocol = engine.protocol(settings.endpoint)
     proto = protocol_of(protocol)
-    passes = passes_for(len(prompts), settings.passes, settings.min_requests_per_worker, concurrency)
-    warnings = check_load(len(prompts), passes, concurrency, suite)
+    passes = (settings.passes if sessions is not None
+              else passes_for(len(prompts), settings.passes, settings.min_requests_per_worker, concurrency))
+    warnings = (check_sessions(len(sessions), passes, concurrency, suite) if sessions is not None
+                else check_load(len(prompts), passes, concurrency, suite))
     model = engine.served_model()
-    extras = engine.request_extras()
-    reqs = [Request(i, p.id, p.source, p.holdout, proto.body(p, model, settings, extras), k)
-            for i, (p, k) in enumerate(plan_requests(prompts, passes, settings.seed))]
+    out_extras, stop_ids = output_settings(engine, settings)
+    extras = {**engine.request_extras(), **out_extras}
+    reqs = [Request(i, p.id, p.source, p.holdout, proto.body(p, model, settings, extras), k,
+                    collect=settings.record_outputs, stop_ids=stop_ids)
+            for i, (p, k) in enumerate(plan_requests(prompts, passes, settings.seed))] if sessions is None else []
     warm = warmup_requests(settings.warmup, protocol, model, settings, extras)
     api_key = engine.api_key() if hasattr(engine, "api_key") else None
     session = session_of(repeat)
@@ -158,39 +172,49 @@ def run_cell(name: str, cfg: dict, suite: str, prompts: list[Prompt], concurrenc
     ours = owners(att, manager, att.base_url)
     earlier: list[EarlierMeasurement] = []
 
-    def measure() -> tuple[list[RequestRecord], dict, dict, float, str, Interference]:
-        reset = reset_cache(att.base_url, engine)  # nothing this measurement sends is cached
+    def measure() -> tuple[list[RequestRecord], dict, dict, float, str, Interference, object, object]:
+        reset = reset_cache(att.base_url, engine)  # after the warm-up: nothing this measurement sends is cached
         before = scrape(att.base_url, engine)
         t0 = time.time()
+        outcome = served = None
         with Sampler(ours) as sampler:  # the measured part only
-            records = run(run_load(att.base_url, reqs, concurrency, protocol, engine.parse_request_acceptance,
-                                   settings.timeout_s, api_key, request_rate=settings.request_rate,
-                                   burstiness=settings.burstiness, seed=settings.seed))
+            if sessions is not None:
+                served = served_context(att.base_url, api_key)
+                records, outcome = run(run_sessions(
+                    att.base_url, plan_requests(sessions, passes, settings.seed), concurrency, protocol, model,
+                    settings, extras, engine.parse_request_acceptance, api_key, served, stop_ids,
+                    settings.record_outputs))
+            else:
+                records = run(run_load(att.base_url, reqs, concurrency, protocol, engine.parse_request_acceptance,
+                                       settings.timeout_s, api_key, request_rate=settings.request_rate,
+                                       burstiness=settings.burstiness, seed=settings.seed))
         after = scrape(att.base_url, engine)
-        return records, before, after, t0, reset, sampler.result(settings.interference_threshold)
+        return records, before, after, t0, reset, sampler.result(settings.interference_threshold), outcome, served
 
     with LeaseKeeper(manager):
         if warm:
             run(run_load(att.base_url, warm, min(concurrency, len(warm)), protocol, engine.parse_request_acceptance,
                          settings.timeout_s, api_key))
-        records, before, after, t0, reset, seen = measure()
+        records, before, after, t0, reset, seen, outcome, served = measure()
         if seen.flagged and settings.on_interference == "remeasure" and all(r.ok for r in records):
             first = metrics.summarize(records)
             earlier.append(EarlierMeasurement(interference=seen, started_at=t0, duration=first["duration"],
                                               output_throughput=first["output_throughput"],
                                               median_tpot_ms=first["median_tpot_ms"]))
-            records, before, after, t0, reset, seen = measure()
+            records, before, after, t0, reset, seen, outcome, served = measure()
     died = manager.death_notice(att) if any(not r.ok for r in records) else None
     summary = metrics.summarize(records)
     result = CellResult(
         server=name, suite=suite, concurrency=concurrency, repeat=repeat, engine=cfg["engine"], protocol=protocol,
         flavor=engine.flavor,
-        max_concurrency=concurrency, num_prompts=len(reqs), suite_prompts=len(prompts), passes=passes,
+        max_concurrency=concurrency, num_prompts=len(records) if sessions is not None else len(reqs),
+        suite_prompts=len(sessions) if sessions is not None else len(prompts), passes=passes,
         warmup_requests=len(warm), request_rate=settings.request_rate or "inf",
         burstiness=settings.burstiness, started_at=t0, server_session=session,
         server_reused=att.reused, server_config_hash=att.config_hash, cache_reset=reset,
         holdout_share=sum(r.holdout for r in records) / len(records) if records else None,
         definitions=DEFINITIONS, interference=seen, earlier=earlier, **summary)
+    result.sessions, result.served_context, result.ignore_eos = outcome, served, settings.ignore_eos
     result.warnings = warnings + metrics.measurement_warnings(result)
     result.set_acceptance(engine.cell_acceptance(before, after, records))
     result.acceptance_by_source = metrics.acceptance_by_group(engine, records, lambda r: r.source)
@@ -237,9 +261,9 @@ def execute(a: argparse.Namespace) -> int:
     mgr = Manager(a.state_dir)
     rec = Recorder("cell", [a.prompts, a.launch], {"server": cfg, "suite": a.suite, "concurrency": a.concurrency,
                                                    "repeat": a.repeat, "requests": req_cfg})
-    prompts = [Prompt.from_json(r) for r in read_jsonl(a.prompts)]
+    prompts, sessions = read_suite(read_jsonl(a.prompts))
     result, records, died = run_cell(a.name, cfg, a.suite, prompts, a.concurrency, a.repeat, settings,
-                                     a.max_batch, mgr, a.server_log)
+                                     a.max_batch, mgr, a.server_log, sessions)
     launch = LaunchRecord.from_json(read_json(a.launch)) if a.launch and a.launch.exists() else None
     if launch and launch.config_hash and launch.config_hash != result.server_config_hash:
         print(f"warning: the running server's config hash {result.server_config_hash} differs from its launch "
@@ -279,6 +303,8 @@ def execute(a: argparse.Namespace) -> int:
                                                    "config_hash": result.server_config_hash,
                                                    "session": result.server_session},
                                         "interference": quietness(result)})
+    if result.sessions is not None:
+        print(f"{where}: {describe_outcome(result.sessions)}")
     acc = result.spec_decode_acceptance_rate
     print(f"{where}: {result.completed} ok, {result.failed} failed, {result.output_throughput or 0:.1f} tok/s, "
           f"median TTFT {result.median_ttft_ms or 0:.0f} ms" + (f", acceptance {acc:.3f}" if acc is not None else ""))

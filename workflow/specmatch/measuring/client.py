@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import asyncio
 import gc
+import hashlib
 import json
 import random
 import ssl
@@ -34,13 +35,19 @@ from .transport import Connection, HTTPError
 
 @dataclass
 class Request:
-    """One request to send. `payload` is the protocol's JSON body for its prompt (Protocol.body)."""
+    """One request to send. `payload` is the protocol's JSON body for its prompt (Protocol.body).
+    `collect`: keep its output (text, token ids, finish reason: parses every event); `stop_ids`: the
+    served model's end-of-sequence and stop token ids, where the natural stop is looked for."""
     index: int
     prompt_id: str
     source: str
     holdout: bool
     payload: dict
     pass_index: int = 0
+    collect: bool = False
+    stop_ids: frozenset | None = None
+    session_id: str | None = None
+    turn: int | None = None
 
 
 def _timeout(seconds: float):
@@ -84,6 +91,10 @@ class RequestRun:
         self.final: dict | None = None  # the event that carries the counts
         self.error: str | None = None
         self.tokens_seen = 0  # SGLang: the completion tokens reported so far (cumulative in every mode)
+        self.collect = req.collect
+        self.text_parts: list[str] = []
+        self.token_ids: list[int] = []
+        self.finish_reason: str | None = None
 
     def on_event(self, payload: bytes, now: float) -> None:
         self.protocol.on_event(self, payload, now)
@@ -99,15 +110,18 @@ class RequestRun:
             # token events that arrived in the same read as their stream's previous one: the server
             # wrote them separately, so the client (or the network) fell behind; their ITL reads as 0
             coalesced_events=sum(a == b for a, b in zip(self.arrivals, self.arrivals[1:])),
-            error=self.error)
+            error=self.error, session_id=self.req.session_id, turn=self.req.turn)
         counts = self.protocol.counts(self)
         if counts is not None:
             rec.prompt_tokens, rec.output_tokens = counts
+            rec.cached_tokens = self.protocol.cached(self)
             acc = self.parse_acceptance(self.final)
             if acc is not None:
                 rec.num_draft_tokens, rec.num_accepted_tokens = acc.num_draft_tokens, acc.num_accepted_tokens
                 rec.num_spec_steps = acc.num_spec_steps
                 rec.acceptance_length, rec.acceptance_rate = acc.acceptance_length, acc.acceptance_rate
+        if self.collect:
+            self.keep_output(rec)
         if rec.error is None:
             if rec.output_tokens is None:
                 rec.error = "no usage: the stream carried no token counts (stream_options.include_usage?)"
@@ -116,6 +130,34 @@ class RequestRun:
             else:
                 rec.ok = True
         return rec
+
+
+    def keep_output(self, rec: RequestRecord) -> None:
+        """The output as the server wrote it: its text (in memory only), a hash of the text, its token ids
+        and the natural stop (output.natural_stop)."""
+        text = "".join(self.text_parts)
+        rec.output_text = text
+        rec.output_sha256 = hashlib.sha256(text.encode("utf-8")).hexdigest()
+        rec.finish_reason = self.finish_reason
+        rec.output_token_ids = list(self.token_ids)
+        rec.natural_stop, rec.past_stop_tokens = natural_stop(self.token_ids, self.req.stop_ids, rec.output_tokens)
+
+
+def natural_stop(ids: list[int], stop_ids: frozenset | None, output_tokens: int | None
+                 ) -> tuple[int | None, int | None]:
+    """(tokens up to and including the first end-of-sequence/stop token, tokens generated after it).
+
+    Measured from the output's own token ids: the point a server that honours its end-of-sequence
+    token (requests.ignore_eos: false) would have stopped at under the same greedy decoding. No stop
+    token in the output: (None, 0). Not measurable (no token ids from the engine, or the served
+    model's stop tokens unknown): (None, None)."""
+    if not ids or not stop_ids:
+        return None, None
+    total = output_tokens if output_tokens is not None else len(ids)
+    for i, t in enumerate(ids):
+        if t in stop_ids:
+            return i + 1, max(total - (i + 1), 0)
+    return None, 0
 
 
 async def _one(conn: Connection, req: Request, protocol: Protocol, parse_acc, timeout: float, t_origin: float,

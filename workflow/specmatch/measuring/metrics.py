@@ -11,6 +11,12 @@ import numpy as np
 
 from ..records import CellResult, RequestRecord
 
+# A cell whose outputs ran past the model's natural stop (requests.ignore_eos: true) by more than this
+# share of their tokens is warned about: acceptance and step costs were measured on text the model
+# would not have written (the summary says it per suite too, specmatch.deciding.stopping).
+PAST_STOP_WARNING = 0.10
+
+
 def _dist(prefix: str, values, unit: str = "ms") -> dict:
     a = np.asarray(values, dtype=float)
     if a.size == 0:
@@ -79,7 +85,22 @@ def summarize(records: list[RequestRecord]) -> dict:
     events = sum(len(r.arrivals_s) for r in ok)
     out["coalesced_token_events"] = sum(r.coalesced_events for r in ok)
     out["coalesced_token_share"] = out["coalesced_token_events"] / events if events else None
+    out.update(reuse_and_stopping(ok))
     return out
+
+
+def reuse_and_stopping(ok: list[RequestRecord]) -> dict:
+    """The share of prompt tokens served from the prefix cache (over the requests whose engine reports
+    it) and the output tokens generated after the natural stop (over the requests where it was
+    measured: client.natural_stop); None where no request reports them."""
+    cached = [r for r in ok if r.cached_tokens is not None and r.prompt_tokens]
+    measured = [r for r in ok if r.past_stop_tokens is not None and r.output_tokens]
+    past = sum(r.past_stop_tokens for r in measured)
+    out_measured = sum(r.output_tokens for r in measured)
+    return {"prefix_cache_hit_share": (sum(r.cached_tokens for r in cached) / sum(r.prompt_tokens for r in cached)
+                                       if cached else None),
+            "past_stop_tokens": past if measured else None,
+            "past_stop_share": past / out_measured if out_measured else None}
 
 
 def measurement_warnings(cell: CellResult) -> list[str]:
@@ -91,6 +112,10 @@ def measurement_warnings(cell: CellResult) -> list[str]:
                    f"together with their stream's previous token (worst read lag "
                    f"{cell.max_client_read_lag_ms or 0:.1f} ms): the client or the network fell behind, those "
                    f"inter-token gaps read as 0, and ITL/TPOT percentiles are understated")
+    if cell.past_stop_share is not None and cell.past_stop_share > PAST_STOP_WARNING:
+        out.append(f"{cell.past_stop_tokens} output tokens ({cell.past_stop_share:.0%}) were generated after the model's "
+                   "own end-of-sequence token (requests.ignore_eos: true): acceptance and step costs were partly "
+                   "measured on text the model would not have written (ignore_eos: false stops where it stops)")
     if "read" in (cell.arrival_clock or "").split(",") and cell.concurrency > 16:
         out.append("token arrivals were stamped when the client read each socket (this platform gives no kernel "
                    "receive timestamps): with many streams receiving a token in one engine step, the last socket "

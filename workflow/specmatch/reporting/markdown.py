@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 from ..records import RoundPlan, SuiteMatch
-from . import interference, kreport, traffic
+from . import context, interference, kreport, traffic
 from .decided import Decided
 from .design import noise_lines, sequential_lines
 from .loadgen import load_generator_lines
@@ -15,7 +15,7 @@ from .why import off_lines, why_lines
 def split_suites(matches: list[SuiteMatch]) -> tuple[list[str], list[str]]:
     """The training suites (sampled from the training mix, compared with it) and the control suites."""
     training = [m.suite for m in matches if m.training]
-    return training, [m.suite for m in matches if m.suite not in training]
+    return training, [m.suite for m in matches if m.suite not in training and m.kind not in ("session", "traffic")]
 
 
 def markdown(d: Decided, matches: list[SuiteMatch], plans: list[RoundPlan] | None = None) -> str:
@@ -43,6 +43,9 @@ def markdown(d: Decided, matches: list[SuiteMatch], plans: list[RoundPlan] | Non
     why = why_lines(d)
     if why:
         lines += [""] + why
+    extra = context.lines(d)   # context length, natural stopping, sessions
+    if extra:
+        lines += [""] + extra
     if d.recommendations:
         lines += ["", "## Recommendation", ""] + recommendation_lines(d, d.recommendations)
     seen = {m.suite for m in matches if m.kind == "training" and m.holdout_share == 0}

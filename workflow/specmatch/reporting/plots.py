@@ -12,7 +12,7 @@ import numpy as np
 from ..deciding.recommend import SUFFIX
 from ..files import atomic_path
 from ..serving.controls import OFF, is_control
-from . import kreport, traffic
+from . import context, kreport, traffic
 from .decided import Decided
 
 PALETTE = ["#4d4d4d", "#1f77b4", "#d62728", "#2ca02c", "#9467bd", "#ff7f0e", "#8c564b", "#e377c2", "#17becf",
@@ -235,4 +235,4 @@ def plots(d: Decided, out: Path) -> list[Path]:
     for figure in FIGURES:
         figure(cv)
     kreport.heatmap(d, cv.save)
-    return cv.made + traffic.plot(d.decisions.traffic, out, d.settings.recommend_metric)
+    return cv.made + traffic.plot(d.decisions.traffic, out, d.settings.recommend_metric) + context.plots(d, out)

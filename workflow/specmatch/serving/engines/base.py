@@ -1,6 +1,7 @@
 """The engine adapter interface and what every adapter shares."""
 from __future__ import annotations
 
+import json
 import re
 import sys
 from dataclasses import dataclass, field
@@ -113,6 +114,18 @@ class Engine:
         """Extra JSON fields for every request (engine-specific switches)."""
         return {}
 
+    def output_extras(self) -> dict:
+        """Extra JSON fields that make the engine return each output's token ids (requests.record_outputs);
+        an engine that returns them anyway (SGLang's output_ids) or cannot needs none."""
+        return {}
+
+    def stop_token_ids(self) -> frozenset | None:
+        """The served model's end-of-sequence and stop token ids, where its natural stop is looked for
+        (the config's `stop_token_ids`, else read from the model folder: model_stop_ids); None where they
+        cannot be known here."""
+        ids = self.cfg.get("stop_token_ids")
+        return frozenset(int(x) for x in ids) if ids else model_stop_ids(self.cfg.get("model"))
+
     def parse_request_acceptance(self, final: dict) -> Acceptance | None:
         """Per-request speculative statistics (an Acceptance of one request) from the stream event that
         carries them, if the engine reports them."""
@@ -161,6 +174,42 @@ class Engine:
         if acc is None:
             return CellAcceptance()
         return CellAcceptance(f"per-request metrics ({self.acceptance_definition})", acc)
+
+
+def model_stop_ids(model: str | None) -> frozenset | None:
+    """The token ids that end generation for a model in a local folder, as vLLM collects them
+    (sampling_params.py:772-800, `_all_stop_token_ids`): the tokenizer's end-of-sequence token and the
+    `eos_token_id`s of generation_config.json (and config.json). Read from the JSON files alone (no
+    tokenizer is loaded: a cell must start measuring at once). None for a hub id or a folder that
+    names none."""
+    if not model:
+        return None
+    root = Path(model)
+    if not root.is_dir():
+        return None
+
+    def load(name):
+        try:
+            return json.loads((root / name).read_text())
+        except (OSError, ValueError):
+            return {}
+
+    ids: set[int] = set()
+    for name in ("generation_config.json", "config.json"):
+        v = load(name).get("eos_token_id")
+        ids.update([v] if isinstance(v, int) else [x for x in v if isinstance(x, int)] if isinstance(v, list) else [])
+    tc = load("tokenizer_config.json")
+    eos = tc.get("eos_token")
+    eos = eos.get("content") if isinstance(eos, dict) else eos
+    if isinstance(eos, str):
+        table = {str(t.get("content")): int(i) for i, t in (tc.get("added_tokens_decoder") or {}).items()
+                 if isinstance(t, dict) and str(i).isdigit()}
+        if eos not in table:
+            table.update({str(t.get("content")): int(t["id"]) for t in load("tokenizer.json").get("added_tokens") or []
+                          if isinstance(t, dict) and isinstance(t.get("id"), int)})
+        if eos in table:
+            ids.add(table[eos])
+    return frozenset(ids) or None
 
 
 def total(records: list, key: str) -> int | None:

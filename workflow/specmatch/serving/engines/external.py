@@ -41,6 +41,9 @@ class ExternalEngine(Engine):
     def protocol(self, endpoint: str) -> str:
         return self._reader.protocol(endpoint)
 
+    def output_extras(self) -> dict:
+        return self._reader.output_extras()
+
     def parse_request_acceptance(self, final: dict) -> Acceptance | None:
         return self._reader.parse_request_acceptance(final)
 

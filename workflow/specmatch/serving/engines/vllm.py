@@ -114,6 +114,10 @@ class VLLMEngine(Engine):
             argv += ["--enable-per-request-metrics"]
             if spec:
                 argv += ["--per-request-spec-decode-metrics", "summary"]
+        # each request's prefix-cache hit in its usage (prompt_tokens_details.cached_tokens): only adds
+        # a field to the usage chunk (vllm/entrypoints/launchers/cli_args.py:148,
+        # openai/completion/serving.py:453-456)
+        argv += ["--enable-prompt-tokens-details"]
         env = {"VLLM_NO_USAGE_STATS": "1", "HF_HUB_OFFLINE": "1", "VLLM_SERVER_DEV_MODE": "1"}
         if self.profile() == "cpu":
             # -O0: start-up 33 s instead of ~140 s for the same throughput (measured, engines.md).
@@ -153,6 +157,11 @@ class VLLMEngine(Engine):
             raise SpecmatchError(f"servers: speculative.{unknown[0]}: vLLM {version} has no such speculative config "
                                  f"key" + (f"; its batch-size schedule is {', '.join(schedule)}" if schedule else
                                            "; it has no batch-size schedule"))
+
+    def output_extras(self) -> dict:
+        """Each stream chunk carries its token ids (vLLM's `return_token_ids`, completion/protocol.py:171,
+        chat_completion/protocol.py:423): what the natural-stopping checks read."""
+        return {"return_token_ids": True}
 
     def parse_request_acceptance(self, final: dict) -> Acceptance | None:
         sd = ((final or {}).get("metrics") or {}).get("speculative_decoding")
