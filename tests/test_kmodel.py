@@ -1,7 +1,7 @@
-"""Which k at which load (specmatch.deciding.kmodel): the model of the speedup per k, the best k per band and
-the deployment, on simulated sweeps whose truth is known (specmatch.calibration.des: a continuously batching
-server whose speculative step drafts k tokens, accepts each with the prompt's probability until the
-first rejection, and costs rho(k, b) plain decode steps at batch size b)."""
+"""Which k at which load (specmatch.deciding: kmodel, kchoice, kbands, krecommend): the model of the speedup
+per k, the best k per band and the deployment, on simulated sweeps whose truth is known
+(specmatch.calibration.des: a continuously batching server whose speculative step drafts k tokens, accepts each
+with the prompt's probability until the first rejection, and costs rho(k, b) plain decode steps at batch size b)."""
 import json
 import re
 import subprocess
@@ -11,11 +11,14 @@ import pytest
 
 from builders import REPO, sweep_cells, vllm_check
 from specmatch.deciding.deployment import ServerInfo, server_k
-from specmatch.deciding.kmodel import (KBand, KChoice, bands, best_k, members, predict, recommend, sglang_adaptive_config,
-                              sglang_deployment, tokens_per_step, vllm_deployment)
+from specmatch.deciding.kbands import bands
+from specmatch.deciding.kchoice import best_k
+from specmatch.deciding.kmodel import KBand, KChoice, predict, tokens_per_step
+from specmatch.deciding.krecommend import recommend, sglang_adaptive_config, sglang_deployment, vllm_deployment
 from specmatch.deciding.measurements import Measurements, Settings
 from specmatch.deciding.noise import run_to_run
 from specmatch.records import Decision
+from specmatch.sweep import members
 
 # the truth: the step cost of each k at c = 1, 4, 16. With these prompts tau(1, 2, 4) is about 1.5, 1.75, 2.0
 # (per step: hard prompts take more steps), so the TPOT speedups tau / rho are about
@@ -168,7 +171,7 @@ def scripted_choice(monkeypatch, table: dict):
     import math
     from types import SimpleNamespace
 
-    from specmatch.deciding import kmodel
+    from specmatch.deciding import kchoice
     from specmatch.records import Verdict
 
     def compare(m, rr, server, against, suite, c, metric):
@@ -182,8 +185,8 @@ def scripted_choice(monkeypatch, table: dict):
         return Verdict(cmp.server, "s", 1, s.recommend_metric, verdict, x, x * 0.9, x * 1.1, s.confidence, 2,
                        against=cmp.against, decide="more repeats" if verdict == Decision.INCONCLUSIVE else None)
 
-    monkeypatch.setattr(kmodel, "compare", compare)
-    monkeypatch.setattr(kmodel, "decide", decide)
+    monkeypatch.setattr(kchoice, "compare", compare)
+    monkeypatch.setattr(kchoice, "decide", decide)
     ks = {2: "spec@k=2", 4: "spec@k=4"}
     ch, _ = best_k(_Scripted(["base", *ks.values()]), None, "spec", ks, "base", "s", 1, Settings(**SETTINGS))
     return ch
@@ -223,7 +226,7 @@ def test_a_band_where_speculation_pays_but_k_is_open_speculates_with_the_best_es
     """Both k pay at c=1 (k=4 truly about 8% faster) and the data cannot rank them; off is best at c=16.
     Before, the undecided c=1 took c=16's off (the one option both k were shown to beat there); now c=1
     deploys the best estimate, and its verification calls a cost there only against both k."""
-    from specmatch.deciding.kmodel import references
+    from specmatch.deciding.krecommend import references
 
     rho = {2: {1: 1.10, 16: 3.5}, 4: {1: 1.16, 16: 5.0}}
     cells = sweep_cells(3, rho, concurrencies=(1, 16), repeats=2, session_sd=0.04, cell_sd=0.03)
@@ -349,7 +352,7 @@ def test_above_an_undecided_largest_concurrency_speculation_is_off_not_extrapola
     """The largest measured concurrency undecided (here between off and k=2, k=2's estimate above 1): the
     batch sizes above it run off whatever `beyond` says, and the record and the text say why; above a
     decided largest concurrency its k extends, flagged as an extrapolation."""
-    from specmatch.deciding.kmodel import recommendation
+    from specmatch.deciding.krecommend import recommendation
 
     chs = at({1: 2}, undecided_at(16, [0, 2], {2: (1.03, "inconclusive"), 4: (0.8, "loses")}))
     for beyond in ("extend", "off"):
@@ -368,7 +371,7 @@ def test_above_an_undecided_largest_concurrency_speculation_is_off_not_extrapola
 
 
 def test_the_recommendation_states_the_bound_on_a_false_speculate_per_concurrency_and_over_the_schedule():
-    from specmatch.deciding.kmodel import recommendation
+    from specmatch.deciding.krecommend import recommendation
 
     s = Settings(**SETTINGS)
     rec = recommendation(at({1: 2, 4: 2, 16: 0}), {}, info(16), "spec", {2: "spec@k=2"}, "base", "s", s)
@@ -539,7 +542,7 @@ def test_without_per_position_acceptance_only_the_measured_k_are_modelled(sweep)
 
 
 def test_the_derived_server_config(sweep):
-    from specmatch.deciding.kmodel import derived_config
+    from specmatch.deciding.krecommend import derived_config
 
     m, rr = sweep
     rec = recommend(m, rr, info(32), "spec", members("spec", m.servers()), "base", "s", m.settings)

@@ -25,7 +25,7 @@ of the run-to-run variance), so it is honest however strongly they are correlate
 The k sweeps (issue 34; K_SCENARIOS, k_table): a baseline and a sweep's members whose throughput
 speedup at each concurrency is known (each member's step cost calibrated in the same simulated server),
 on the embedded default's shape (one suite of 16 prompts, 24 output tokens, c = 1 and 16, the sequential
-design 2..3), decided by kmodel.recommend as the workflow decides it (round 2's plan picks the cells of
+design 2..3), decided by krecommend.recommend as the workflow decides it (round 2's plan picks the cells of
 repeat 3): where speculation is deployed, where off runs although a k beat it, the null's false
 "speculate" per concurrency. And three external endpoints (a baseline, its twin, one that pays at low
 load and loses at high load), decided by analysis.analyse: the recommendation a vLLM schedule that
@@ -527,7 +527,7 @@ def _sequential(cells: list, s, ks: dict, info) -> list:
     """The cells the sequential design measures: repeats 1-2 of every cell, and repeat 3 of the cells
     round 2's plan (deciding.rounds.plan, on the k choice) continues."""
     from ..deciding.analysis import Analysis
-    from ..deciding.kmodel import recommend
+    from ..deciding.krecommend import recommend
     from ..deciding.measurements import Measurements
     from ..deciding.noise import run_to_run as rr_of
     from ..deciding.rounds import plan
@@ -545,12 +545,12 @@ def _sequential(cells: list, s, ks: dict, info) -> list:
 def ksweep_task(a: dict) -> dict:
     """`experiments` simulated k sweeps of KScenario `name` (k_engines), each decided as the workflow
     decides it (the sequential design 2..3, `design` "sequential"; or a fixed `repeats`) by
-    kmodel.recommend, max_batch 256. Per experiment: the action, the k deployed at each measured
+    krecommend.recommend, max_batch 256. Per experiment: the action, the k deployed at each measured
     concurrency and above the largest (`above`: batch 256), each concurrency's choice, the k that pay
     against off at alpha (the verdicts shown) and at alpha / K (`paying`: read here, not by the code
     under test), and whether the recommendation carries its verification or names what measures it."""
     from ..deciding.deployment import ServerInfo
-    from ..deciding.kmodel import recommend
+    from ..deciding.krecommend import recommend
     from ..deciding.measurements import Measurements
     from ..deciding.noise import run_to_run as rr_of
 

@@ -37,7 +37,7 @@ from .deployment import (RECOMMENDED, ServerInfo, _pairs_crossing, _spans, decis
 from .measurements import (LABEL, LATENCY, Arrays, Measurements, Settings, _log, _rng, cell_log_stat,
                            closed_loop_makespan, drafted_nothing)
 from .noise import RunToRun, VarianceSum, _tau2_dof, fit_tau2, run_to_run
-from .kmodel import references, sweep_report
+from .krecommend import references, sweep_report
 from ..records import (AdjustedSpeedup, Attribution, CellResult, Contrast, Decision, DerivedServer, Effect, Interval,
                        Outcome, Recommendation, Verdict, Verification)
 from ..sweep import members as sweep_members, parents as sweep_parents, sweep_of
@@ -178,7 +178,7 @@ def endpoint_k(m: Measurements, infos: dict[str, ServerInfo]) -> dict[str, Serve
 
 
 def k_reports(an: Analysis, suites: list[str], primary: list[str] | None = None) -> tuple[list, list]:
-    """Which k at which load for every k sweep of the grid (kmodel.sweep_report) on each suite the
+    """Which k at which load for every k sweep of the grid (krecommend.sweep_report) on each suite the
     recommendations stand on where the sweep was measured: its KRecommendation and each k's KPoint."""
     names = [x for x in an.servers if primary is None or x in primary]
     recs, points = [], []
@@ -266,7 +266,7 @@ def verify_k_recommendations(an: Analysis, recs: list, derived: dict[str, Derive
     it: a schedule by `<parent>__recommended` (only by one that deploys this suite's schedule: with several
     recommendation suites, `<parent>__recommended` deploys one of them); one k everywhere by that member
     as configured and off everywhere by the baseline (each its own measurement, checked against the
-    references like a schedule: kmodel.derived_config). An undecided recommendation deploys nothing."""
+    references like a schedule: krecommend.derived_config). An undecided recommendation deploys nothing."""
     for r in recs:
         if r.action in ("keep", "off") and (r.derived_server or r.server) in an.servers:
             r.derived_server = r.derived_server or r.server
@@ -290,7 +290,7 @@ def verify_k_recommendations(an: Analysis, recs: list, derived: dict[str, Derive
 
 
 def verify_k(an: Analysis, rec, derived: str) -> Verification:
-    """A k schedule's deployment `derived`, measured, against the member each band runs (kmodel.references),
+    """A k schedule's deployment `derived`, measured, against the member each band runs (krecommend.references),
     with the same test as every verification (deployment.verify_against)."""
     primary = [x for x in an.servers if x == derived or not x.endswith(RECOMMENDED)]
     refs = references(rec, sweep_members(rec.parent, an.servers), an.baseline, an.concurrencies)

@@ -332,7 +332,7 @@ def verification(m, rr, rec: Recommendation, info: ServerInfo | None, baseline: 
 
 def verify_against(m, rr, suite: str, derived: str, refs: dict[int, Reference], s: Settings) -> Verification:
     """The recommended deployment `derived`, measured on the grid, against its reference at each
-    concurrency (`refs`: onoff_references, or a k schedule's, kmodel.references) on
+    concurrency (`refs`: onoff_references, or a k schedule's, krecommend.references) on
     `summary.recommend_metric`, as records.Verification describes.
 
     alpha = 1 - confidence. "Verified" asks, at every concurrency, that the deployment cost no more

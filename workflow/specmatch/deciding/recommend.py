@@ -24,7 +24,8 @@ import polars as pl
 
 from .analysis import (RECOMMENDED, Analysis, ServerInfo, Settings, analyse, join_derived, server_k,
                        verify_k_recommendations, verify_recommendations)
-from .kmodel import KRecommendation, derived_config
+from .kmodel import KRecommendation
+from .krecommend import derived_config
 from ..sweep import members as sweep_members
 from .. import steps
 from ..serving.engines.sglang import adaptive_support
