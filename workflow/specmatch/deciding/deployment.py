@@ -11,12 +11,14 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from typing import Callable, TypeVar
 from .comparison import Comparison, compare, crossovers, decision, regions
 from .measurements import Settings
 from ..records import Decision, Outcome, Recommendation, Verdict, Verification, VerificationRow
 from ..stats import t_ppf
 
 RECOMMENDED = "__recommended"   # the suffix of a derived server that deploys a recommendation
+T = TypeVar("T")
 
 def server_k(spec: dict, batch: int) -> int:
     """Speculative tokens the server itself uses at a batch size: its own schedule (with vLLM's
@@ -56,27 +58,39 @@ def on_per_batch(dec: dict[int, bool | None], cross_points: dict[tuple[int, int]
     (interpolated on log concurrency, within that bracket; else the geometric mean). Below the smallest
     measured concurrency its decision holds; above the largest, a decided one's decision extends (an
     extrapolation, which the recommendation flags), an undecided one's is off (nothing measured shows
-    that speculation pays at or above it, and speculation costs more per step as the batch grows)."""
+    that speculation pays at or above it, and speculation costs more per step as the batch grows). The rule
+    is per_batch_schedule's, the one the k bands follow too (kbands)."""
     if not any(d is not None for d in dec.values()):
         return None
     runs = {c: bool(d) for c, d in dec.items()}
+    top = max(runs)
+
+    def switch_at(lo: int, hi: int) -> float:
+        inside = sorted((a, x) for (a, z), x in cross_points.items() if lo <= a and z <= hi)
+        return inside[0][1] if inside else math.sqrt(lo * hi)
+
+    return per_batch_schedule(runs, switch_at, max_batch, runs[top] if dec[top] is not None else False)
+
+
+def per_batch_schedule(runs: dict[int, T], switch_at: Callable[[int, int], float], max_batch: int, above: T
+                       ) -> list[T]:
+    """The setting that runs at every batch size 1..max_batch, from the setting each measured concurrency
+    runs by its own data (`runs`: c -> setting; on/off for on_per_batch, a k for kbands.bands): the one
+    rule both schedules follow. At and below the smallest measured concurrency its setting holds; at each
+    measured concurrency its own; between two neighbouring measured concurrencies whose settings differ,
+    the lower one's below the switch point `switch_at(lo, hi)` and the upper one's from it on; above the
+    largest, `above` (the caller decides: the largest one's setting extended, or off)."""
     known = sorted(runs)
-    top = known[-1]
     out = []
     for b in range(1, max_batch + 1):
-        if b <= known[0]:
+        if b > known[-1]:
+            out.append(above)
+        elif b <= known[0]:
             out.append(runs[known[0]])
-        elif b >= top:
-            out.append(runs[top] if b == top or dec[top] is not None else False)
         else:
             lo = max(c for c in known if c <= b)
             hi = min(c for c in known if c >= b)
-            if runs[lo] == runs[hi]:
-                out.append(runs[lo])
-                continue
-            inside = sorted((a, x) for (a, z), x in cross_points.items() if lo <= a and z <= hi)
-            switch = inside[0][1] if inside else math.sqrt(lo * hi)
-            out.append(runs[lo] if b < switch else runs[hi])
+            out.append(runs[lo] if runs[lo] == runs[hi] or b < switch_at(lo, hi) else runs[hi])
     return out
 
 

@@ -1,5 +1,8 @@
 """Which k at which load, part three: the batch bands, the k deployed at every batch size 1..max_batch
-from each measured concurrency's choice (kchoice.best_k). The record is kmodel.KBand.
+from each measured concurrency's choice (kchoice.best_k). The per-batch rule itself (each measured
+concurrency runs its own setting, switches between neighbours that differ, what holds above the largest)
+is deployment.per_batch_schedule, the one the on/off recommendation uses too; here the settings are k and
+the switch points the crossings of two k's speedup curves. The record is kmodel.KBand.
 
 **Bands** (bands). Batch sizes 1..max_batch. Every measured concurrency runs its OWN choice: a decided
 one its k; an undecided one its best-supported candidate, which is off (no k pays there against off at
@@ -25,6 +28,7 @@ from __future__ import annotations
 
 import math
 
+from .deployment import per_batch_schedule
 from .kmodel import KBand, KChoice
 
 
@@ -55,32 +59,14 @@ def _switch(cmps_by_c: dict, lo: int, hi: int, ka: int, kb: int) -> tuple[float,
     return math.sqrt(lo * hi), "geometric mean"
 
 
-def _per_batch(dec: dict[int, int], top: int, cmps_by_c: dict, max_batch: int, beyond: str
-               ) -> tuple[list[int], dict]:
-    """The k at every batch size 1..max_batch from decided concurrencies `dec` (c -> k), and the
-    switches between neighbours whose k differ ((lo, hi) -> (where, how))."""
+def _per_batch(dec: dict[int, int], cmps_by_c: dict, max_batch: int, beyond: str) -> tuple[list[int], dict]:
+    """The k at every batch size 1..max_batch from the k each measured concurrency runs (`dec`: c -> k) by
+    deployment.per_batch_schedule, and the switches between neighbours whose k differ ((lo, hi) ->
+    (where, how)). Above the largest: its k (`beyond` "extend") or off."""
     known = sorted(dec)
-    switches = {}
-    for a, b in zip(known, known[1:]):
-        if dec[a] != dec[b]:
-            switches[(a, b)] = _switch(cmps_by_c, a, b, dec[a], dec[b])
-    per_batch = []
-    for b in range(1, max_batch + 1):
-        if b > top:
-            per_batch.append(dec[known[-1]] if beyond == "extend" else 0)
-        elif b <= known[0]:
-            per_batch.append(dec[known[0]])
-        elif b >= known[-1]:
-            per_batch.append(dec[known[-1]])
-        else:
-            lo = max(c for c in known if c <= b)
-            hi = min(c for c in known if c >= b)
-            if dec[lo] == dec[hi]:
-                per_batch.append(dec[lo])
-            else:
-                x, _ = switches[(lo, hi)]
-                per_batch.append(dec[lo] if b < x else dec[hi])
-    return per_batch, switches
+    switches = {(a, b): _switch(cmps_by_c, a, b, dec[a], dec[b]) for a, b in zip(known, known[1:]) if dec[a] != dec[b]}
+    above = dec[known[-1]] if beyond == "extend" else 0
+    return per_batch_schedule(dec, lambda lo, hi: switches[(lo, hi)][0], max_batch, above), switches
 
 
 def runs(ch: KChoice) -> int | None:
@@ -111,7 +97,7 @@ def bands(choices: list[KChoice], cmps_by_c: dict, max_batch: int, beyond: str =
         return []
     pinned = sorted(c for c in own if c not in decided)
     top, bottom = max(own), min(own)
-    per_batch, switches = _per_batch(own, top, cmps_by_c, max_batch, "off" if top in pinned else beyond)
+    per_batch, switches = _per_batch(own, cmps_by_c, max_batch, "off" if top in pinned else beyond)
     out: list[KBand] = []
     for b, k in enumerate(per_batch, 1):
         ext = "above" if b > top else "below" if b < bottom else None
