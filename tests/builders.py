@@ -59,15 +59,19 @@ NGRAM = {"engine": "vllm", "model": "results/models/smollm2-135m", "dtype": "flo
          "speculative": {"method": "ngram", "num_speculative_tokens": 4, "prompt_lookup_max": 4, "prompt_lookup_min": 2}}
 
 
-def shipped_config(ngram=None) -> dict:
-    """The shipped config.yaml as written (its eagle3 k sweep included). `ngram`: also an n-gram server
-    `ngram` on train_holdout drafting that k (a list: a sweep), for tests that need a second speculative
-    server or one that is not a sweep."""
+KSWEEP_CONFIG = "resources/configs/cpu_ksweep.yaml"   # the shipped k sweep with the in-sample suite
+
+
+def shipped_config(ngram=None, path: str = KSWEEP_CONFIG) -> dict:
+    """A shipped config as written: by default resources/configs/cpu_ksweep.yaml (the eagle3 k sweep on
+    train_mix, train_holdout and generic, which these tests edit); `path="config.yaml"` for the embedded
+    default. `ngram`: also an n-gram server `ngram` on train_holdout drafting that k (a list: a sweep),
+    for tests that need a second speculative server or one that is not a sweep."""
     import copy
 
     import yaml
 
-    cfg = yaml.safe_load((REPO / "config.yaml").read_text())
+    cfg = yaml.safe_load((REPO / path).read_text())
     if ngram is not None:
         cfg["servers"]["ngram"] = copy.deepcopy(NGRAM)
         cfg["servers"]["ngram"]["speculative"]["num_speculative_tokens"] = ngram

@@ -3,7 +3,7 @@ import copy
 import pytest
 import yaml
 
-from builders import REPO, shipped_config
+from builders import KSWEEP_CONFIG, REPO, shipped_config
 from specmatch.config import deep_merge, load, validate
 from specmatch.files import SpecmatchError
 
@@ -14,15 +14,33 @@ def base():
 
 
 def test_shipped_config_is_valid_and_gets_defaults():
+    """The embedded default: a baseline and one EAGLE-3 server on held-out rows stratified by source,
+    the encyclopedic control and live agent sessions, two traffic profiles (one verified), steady-state
+    cells at c=16."""
     cfg = load(REPO / "config.yaml")
-    assert cfg["baseline"] == "baseline"
-    assert cfg["servers"]["eagle3@k=3"]["host"] == "127.0.0.1"   # the default's k sweep, expanded
-    assert cfg["servers"]["eagle3@k=5"]["startup_timeout_s"] == 1200 and "eagle3" not in cfg["servers"]
-    assert cfg["servers"]["eagle3@k=5"]["speculative"]["num_speculative_tokens"] == 5
-    assert cfg["suites"]["train_mix"]["turn"] == "last"
-    assert cfg["requests"]["request_rate"] is None
+    assert cfg["baseline"] == "baseline" and set(cfg["servers"]) == {"baseline", "eagle3"}
+    assert cfg["servers"]["eagle3"]["host"] == "127.0.0.1" and cfg["servers"]["eagle3"]["startup_timeout_s"] == 1200
+    assert cfg["servers"]["eagle3"]["speculative"]["num_speculative_tokens"] == 3
+    suites = cfg["suites"]
+    assert suites["train_holdout"]["holdout"] == "only" and suites["train_holdout"]["min_per_source"] >= 2
+    assert suites["train_holdout"]["max_prompt_tokens"] + cfg["requests"]["max_tokens"] <= 2048   # served context
+    assert suites["agent_sessions"]["kind"] == "session" and suites["agent_sessions"]["answers"] == "live"
+    assert suites["agent_sessions"]["holdout"] == "only" and suites["agent_sessions"]["ignore_eos"] is False
+    assert suites["generic"]["kind"] == "file"
+    assert [n for n, p in cfg["traffic"].items() if p.get("verify")] == ["generic_heavy"] and len(cfg["traffic"]) >= 2
+    assert "agent_sessions/sessions.jsonl" in cfg["dataset"]["holdout"]["files"]
+    assert cfg["requests"]["request_rate"] is None and cfg["requests"]["min_requests_per_worker"] == 2
     assert cfg["requests"]["passes"] == 1 and cfg["repeats"]["min"] >= 2 and cfg["repeats"]["max"] >= cfg["repeats"]["min"]
     assert cfg["summary"]["min_effect"] == 0.05 and cfg["summary"]["verify_recommendation"] is True
+
+
+def test_shipped_ksweep_config_is_the_k_sweep_with_the_in_sample_suite():
+    cfg = load(REPO / KSWEEP_CONFIG)
+    assert cfg["servers"]["eagle3@k=3"]["host"] == "127.0.0.1"   # the k sweep, expanded
+    assert cfg["servers"]["eagle3@k=5"]["startup_timeout_s"] == 1200 and "eagle3" not in cfg["servers"]
+    assert cfg["servers"]["eagle3@k=5"]["speculative"]["num_speculative_tokens"] == 5
+    assert cfg["suites"]["train_mix"]["turn"] == "last" and cfg["suites"]["train_mix"]["holdout"] == "exclude"
+    assert cfg["summary"]["recommend_suites"] == ["train_holdout", "train_mix"]
 
 
 @pytest.mark.parametrize("mutate, message", [

@@ -6,7 +6,7 @@ import json
 import pytest
 import yaml
 
-from builders import copy_workflow, job_counts, run, shipped_config, snakemake_cmd
+from builders import KSWEEP_CONFIG, copy_workflow, job_counts, run, shipped_config, snakemake_cmd
 from specmatch.config import validate
 from specmatch.serving.controls import OFF, control_plan, recommendation_suites, with_controls
 from specmatch.files import SpecmatchError
@@ -95,7 +95,7 @@ def test_the_default_workflow_measures_the_controls_and_the_long_control(tmp_pat
     are launched and measured on the recommendation suite only, the long encyclopedic control is built
     from train_holdout's prompts, and the old hand-written schedule server is gone."""
     wd = copy_workflow(tmp_path)
-    cfg = yaml.safe_load((wd / "config.yaml").read_text())
+    cfg = yaml.safe_load((wd / KSWEEP_CONFIG).read_text())
     cfg["summary"]["controls"] = {"configured_off": True}
     cfg["suites"]["generic_long"] = {"kind": "file", "path": "resources/prompts/generic.jsonl", "size": 16,
                                      "seed": 0, "length_like": "train_holdout"}

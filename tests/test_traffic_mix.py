@@ -134,16 +134,16 @@ def test_a_verifying_suite_is_drawn_with_the_mix(tmp_path, tok, tok_dir):
 
 
 def test_the_default_workflow_measures_a_verified_profile_on_the_whole_grid(tmp_path):
-    """A dry run of the shipped default with two profiles, one verified: the profiles are resolved right
+    """A dry run of the shipped k-sweep config with two profiles, one verified: the profiles are resolved right
     after inspection, the verified one gets an ordinary prompts job and the cells of every suite
     (baseline and both k-sweep members, both concurrencies, both repeats of the sequential minimum),
     and the decide step reads the profiles."""
     import yaml
 
-    from builders import copy_workflow, job_counts, run, snakemake_cmd
+    from builders import KSWEEP_CONFIG, copy_workflow, job_counts, run, snakemake_cmd
 
     wd = copy_workflow(tmp_path)
-    cfg = yaml.safe_load((wd / "config.yaml").read_text())
+    cfg = yaml.safe_load((wd / KSWEEP_CONFIG).read_text())
     cfg["traffic"] = {"generic_heavy": {"mix": {"training_mix": 0.6, "generic": 0.4}, "verify": True},
                       "agentic": {"mix": {"agent_traces": 0.6, "code_instruct": 0.4}}}
     (wd / "traffic.yaml").write_text(yaml.safe_dump(cfg))
@@ -154,5 +154,9 @@ def test_the_default_workflow_measures_a_verified_profile_on_the_whole_grid(tmp_
     for x in ("baseline", "eagle3@k=3", "eagle3@k=5"):
         assert f"results/cells/{x}/traffic_generic_heavy/r2/c16.json" in out
     assert "--traffic results/prompts/traffic.json" in out and "results/summary/traffic.json" in out
+    # the embedded default: baseline and eagle3 on train_holdout, generic, agent_sessions and its verified
+    # profile's suite traffic_generic_heavy
     plain = run(snakemake_cmd() + ["-n", "--cores", "2"], wd).stdout
-    assert job_counts(plain)["cell"] == 9 * 2 * 2 and job_counts(plain)["traffic_profiles"] == 1
+    assert job_counts(plain)["cell"] == 2 * 4 * 2 * 2 and job_counts(plain)["traffic_profiles"] == 1
+    assert "results/cells/eagle3/traffic_generic_heavy/r2/c16.json" in plain
+    assert "results/cells/baseline/agent_sessions/r1/c1.json" in plain
