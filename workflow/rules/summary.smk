@@ -8,6 +8,7 @@ checkpoint recommend:
         cells=lambda wildcards: configured_cells("json"),
         requests=lambda wildcards: configured_cells("requests.parquet"),
         launches=lambda wildcards: launches_through(DESIGN.max),
+        rounds=lambda wildcards: round_plans() if DESIGN.sequential else [],
     output:
         servers="results/recommend/servers.json",
         recommendations="results/recommend/recommendations.json",
@@ -28,10 +29,13 @@ checkpoint recommend:
         servers=to_json(CFG["servers"]),
         suites=RECOMMEND_SUITES,
         verify="" if CFG["summary"]["verify_recommendation"] else "--no-verify",
+        rounds=lambda wildcards, input: (
+            f"--rounds {' '.join(input.rounds)}" if input.rounds else ""
+        ),
     shell:
         "python -m specmatch recommend --baseline {params.baseline} --settings {params.settings:q}"
         " --servers {params.servers:q} --cells {input.cells} --requests {input.requests}"
-        " --launches {input.launches} --suites {params.suites} {params.verify}"
+        " --launches {input.launches} --suites {params.suites} {params.verify} {params.rounds}"
         " --out {output.servers} --recommendations {output.recommendations}"
         " --k-schedules {output.k_schedules} --adaptive-dir {output.adaptive} > {log} 2>&1"
 

@@ -795,6 +795,17 @@ class RoundDecision(Record):
     lo: Optional[float] = None
     hi: Optional[float] = None
     against: Optional[str] = None         # a k choice's comparison: the other candidate (None: the baseline)
+    # the rest of the verdict at this look, so that a configuration that stops here keeps it (frozen_verdicts):
+    dof: Optional[float] = None           # the interval's Student t degrees of freedom (None: normal)
+    run_to_run: bool = True               # whether the interval includes run-to-run variation
+    decide: Optional[str] = None          # inconclusive: what would decide it (Verdict.decide)
+    design: Optional[dict] = None         # inconclusive: the design that would (Verdict.design)
+
+    @property
+    def final(self) -> bool:
+        """Whether the configuration stopped at this look (decided, at max, or unlikely to be decided), so
+        its verdict here is its verdict: later data on other configurations cannot re-decide it."""
+        return self.action != Continuation.CONTINUE and self.speedup is not None
 
 
 @dataclass

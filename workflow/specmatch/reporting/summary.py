@@ -27,7 +27,7 @@ import polars as pl
 
 from . import kreport
 from .. import steps
-from ..deciding.analysis import LABEL, Analysis, Settings, attribute
+from ..deciding.analysis import LABEL, Analysis, Settings, attribute, frozen_verdicts
 from ..deciding.attribution import launch_differences, mixed_servers
 from ..serving.controls import OFF, is_control, why_no_control
 from ..serving.engines import definitions
@@ -540,6 +540,11 @@ def markdown(an: Analysis, recs: list[Recommendation], verified: dict, matches: 
                     lines.append(f"| {server} | {suite} | {c} | {_fmt(np.mean([x for x in thr if x]), '.1f')} | "
                                  f"{_fmt(np.mean([x for x in base if x]), '.1f')} | " + " | ".join(cols) +
                                  f" | {acc_txt} | {t.verdict.value} | {t.decide or ''} |")
+        if any(a.closed for a in an.measurements.arrays.values()):
+            lines += ["", "Throughput speedups compare the rate at the load: C × output tokens / the sum of the "
+                          "requests' latencies (Little's law: what a stream of requests at concurrency C gets), not the "
+                          "tok/s columns (vLLM's tokens / the cell's duration, whose end is its slowest request's). "
+                          "They differ most where a cell is one burst (C at least its requests)."]
         if s.slo:
             lines += ["", "Goodput follows vLLM's `--goodput`: requests meeting every SLO (" + ", ".join(
                 f"{k} ≤ {v:g}" for k, v in s.slo.items()) + ") per second. Its verdicts: " + "; ".join(
@@ -852,7 +857,9 @@ def main(argv: list[str] | None = None) -> int:
         infos = server_infos(a.launches, configs)
         derived = DerivedServers.from_json(read_json(a.derived)).servers if a.derived else {}
         recs = [Recommendation.from_json(r) for r in read_json(a.recommendations)] if a.recommendations else []
-        an = verified_analysis(cells, a.baseline, settings, configs, infos, a.suites, derived, recs)
+        plans = [RoundPlan.from_json(read_json(x)) for x in a.rounds]
+        an = verified_analysis(cells, a.baseline, settings, configs, infos, a.suites, derived, recs,
+                               frozen_verdicts(plans, a.baseline))
         recs = an.recommendations
         verified = {(r.server, r.suite): r.verified for r in recs if r.verified is not None}
         matches = [SuiteMatch.from_json(read_json(m)) for m in a.matches]
@@ -861,7 +868,6 @@ def main(argv: list[str] | None = None) -> int:
         reference = next((u for u in [*a.suites, *training] if u in an.suites), None)
         attrs = attribute(an, reference)
         no_control = uncontrolled(json.loads(a.settings), configs, a.baseline)
-        plans = [RoundPlan.from_json(read_json(x)) for x in a.rounds]
     except SpecmatchError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 1
