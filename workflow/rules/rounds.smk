@@ -36,4 +36,4 @@ checkpoint sequential_round:
         "python -m specmatch rounds --round {wildcards.round} --baseline {params.baseline}"
         " --settings {params.settings:q} --servers {params.servers:q} --cells {input.cells}"
         " --requests {input.requests} --launches {input.launches} --suites {params.suites}"
-        " {params.rounds} --out {output.plan} > {log} 2>&1"
+        " --out {output.plan} {params.rounds} > {log} 2>&1"
