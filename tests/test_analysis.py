@@ -300,8 +300,10 @@ def test_verification_catches_a_switch_that_costs_throughput():
     for res, req in cells:
         if res.server == "baseline":
             e2e = req["e2e_s"].to_numpy()
-            # the recommended server runs at c=16 like the baseline, minus 20% (a costly switch)
-            slower = e2e / 0.8 if res.concurrency == 16 else e2e / (1.4 if res.concurrency == 1 else 1.0)
+            # the recommended server runs at c=16 like the baseline, minus 30% (a costly switch; with the rate at
+            # the load a burst's interval is honest and wider than the makespan's: a 20% cost on two repeats
+            # read [0.60, 1.06] at the verification's Bonferroni level, issue 34)
+            slower = e2e / 0.7 if res.concurrency == 16 else e2e / (1.4 if res.concurrency == 1 else 1.0)
             rec_cells.append(cell("spec__recommended", "s", res.concurrency, res.repeat, slower, slower * 0.05, out,
                                   req["prompt_id"].to_list()))
     an = analyse(cells, "baseline", S, {"spec": VLLM}, ["s"], primary=["baseline", "spec"])
@@ -383,7 +385,7 @@ def test_noise_that_differs_by_concurrency_widens_only_there():
     an = analyse(cells, "baseline", S)
     for u in ("a", "b", "c"):
         w1, w16 = (math.log(v.hi / v.lo) for v in (an.verdict("spec", u, 1), an.verdict("spec", u, 16)))
-        assert w16 > 2.2 * w1, (u, w1, w16)
+        assert w16 > 2.0 * w1, (u, w1, w16)   # pooled: ~1x (2.2 before c=16's burst got its prompt variance)
     sd = an.run_to_run.sd_at
     assert sd("output_throughput", "spec", 16) > 2 * sd("output_throughput", "spec", 1)
 
@@ -625,7 +627,9 @@ def test_a_repeat_without_a_goodput_figure_keeps_the_run_to_run_variance():
 
     base = {(r.server, r.repeat): (r, q) for r, q in cells if (r.suite, r.concurrency) == ("a", 16)}
     fixed = [x for x in cells if (x[0].suite, x[0].concurrency) != ("a", 16) or x[0].server == "baseline"]
-    fixed.append(redo(*base[("spec", 1)], base[("baseline", 1)][0].duration / base[("spec", 1)][0].duration / 1.12))
+    # 12% faster at the load (the rate a closed loop's throughput and goodput compare: C x tokens / sum of latencies)
+    lat = {k: v[1]["e2e_s"].sum() for k, v in base.items()}
+    fixed.append(redo(*base[("spec", 1)], lat[("baseline", 1)] / lat[("spec", 1)] / 1.12))
     fixed.append(redo(*base[("spec", 2)], 1000.0))   # no request met the SLO in this repeat
     an = analyse(fixed, "baseline", s)
     cmp = next(c for c in an.comparisons[("spec", "a", "goodput")] if c.concurrency == 16)

@@ -58,8 +58,9 @@ N_NULL = 120                # experiments per scenario and R
 N_QUIET = 50                # quiet machine, analysed at R=1 and R=3
 N_POWER = 16                # per effect (analysed at R=2, 3 and 4, fixed and sequential)
 N_VERIFY = 40               # per machine (plain, quiet)
+N_HINTS = 24                # per population ('what would decide it' carried out: the slowest experiments)
 LONG = (pytest.mark.calibration, pytest.mark.slow)   # scripts/test.sh --quick leaves them out
-CALIBRATED = ("plain", "hetero", "t3", "drift", "outlier")
+CALIBRATED = ("plain", "hetero", "t3", "drift", "outlier", "prompts15", "prompts30")
 TIMING = ("output_throughput", "tpot", "e2el")   # metrics whose truth is exactly 1 + effect
 
 
@@ -157,7 +158,9 @@ def runs():
     specs = {("plain", 0): experiments("plain", (2, 3, 4), N_NULL, teeth=True, claims=True, sequential=True),
              ("hetero", 0): experiments("hetero", (2, 3), N_NULL),
              ("t3", 0): experiments("t3", (2, 3), N_NULL),
-             ("quiet", 0): experiments("quiet", (1, 3), N_QUIET)}
+             ("quiet", 0): experiments("quiet", (1, 3), N_QUIET),
+             ("prompts15", 0): experiments("prompts15", (2, 3), N_NULL),
+             ("prompts30", 0): experiments("prompts30", (2, 3), N_NULL)}
     for name in ("drift", "outlier"):
         for R in (2, 3):
             specs[(name, R)] = experiments(name, (R,), N_NULL)
@@ -165,6 +168,8 @@ def runs():
         specs[("power", e)] = experiments("plain", (2, 3, 4), N_POWER, effect=e, sequential=True)
     for name in ("plain", "quiet"):
         specs[("verify", name)] = dict(kind="verify", name=name, experiments=N_VERIFY, repeats=2)
+    for name in ("aa", "effects"):
+        specs[("hints", name)] = dict(kind="hints", name=name, experiments=N_HINTS, chunk=3, bootstrap=150)
     return cal.compute(specs, seed=18)
 
 
@@ -339,25 +344,48 @@ def test_the_sequential_design_saves_repeats_at_the_power_of_a_fixed_design(runs
 
 
 @long
-@pytest.mark.xfail(strict=True, reason="issue 18 item 3, in part: the probability is now a posterior predictive "
-                                       "(the effect given today's data, the variance re-estimated at the future "
-                                       "dof), so identical servers are mostly told 10-40 repeats; where it still "
-                                       "names 3 or 4 (39 of ~1,000 inconclusive R=2 verdicts) it states 85% and "
-                                       "36% decide (was 85% vs 25% of 59). Over every inconclusive A/A verdict at R=2 "
-                                       "the probability stated for 4 repeats is ~25% and ~8% decide: with two "
-                                       "repeats a server-wide effect cannot be told from its sessions' noise, so "
-                                       "the prior over effects (comparison.effect_prior) is wide where the truth "
-                                       "is exactly 0 (at a true 5%: 37% vs 24%; at 15%: 69% vs 91%; 40 "
-                                       "experiments each; the old formula stated 31%, 41%, 58%)")
-def test_what_would_decide_it_states_an_honest_probability(runs):
-    """An inconclusive verdict's design (Verdict.design: the repeats that decide it with probability p)
-    checked against the same experiment analysed with those repeats: among identical servers, the
-    share decided must be within 15 points of the stated probability."""
-    stated, decided, n = cal.hint_calibration(runs[("plain", 0)]["hints"])
-    print(f"\nA/A 'what would decide it' (throughput, R=2 -> 3 or 4 repeats): stated {stated:.0%}, decided "
-          f"{decided:.0%} of {n}")
-    assert n >= 20
-    assert abs(stated - decided) <= 0.15
+def test_a_speedup_that_varies_by_prompt_is_not_called_different_in_one_burst(runs):
+    """Issue 34, finding 2: servers identical on average whose speedup varies by prompt (log-sd 0.15 and
+    0.30; each server's pace per prompt drawn independently, so every estimand's truth is 1) at c = 16
+    with 16 prompts, one burst. The makespan is then the slowest request and a bootstrap of a maximum
+    understated the prompt sample's variance: 12-18% and 24-31% false calls at nominal 10%. Throughput
+    there, R = 2 and 3 pooled, must be within nominal plus two Monte-Carlo errors."""
+    for name in ("prompts15", "prompts30"):
+        p, se, n = pooled(runs, name).rate(metric="output_throughput", c=16)
+        print(f"\n{name}: throughput at c=16 called different in {p:.1%} ± {se:.1%} of {n} verdicts")
+        assert n >= 2 * N_NULL * 3
+        assert p <= NOMINAL + 2 * se, f"{name}: {p:.1%} ± {se:.1%}"
+
+
+def _hint_text(rows) -> str:
+    out = []
+    for name, lo, hi, reach in (("statements", 0.0, 1.01, True), ("  stated in [80%, 90%)", 0.8, 0.9, True),
+                                ("  stated in [90%, 100%]", 0.9, 1.01, True), ("'unlikely'", 0.0, 1.01, False)):
+        st, dec, se, n = cal.hint_rates(rows, lo, hi, reach)
+        out.append(f"{name}: stated {st:.0%}, decided {dec:.0%} ± {se:.0%} of {n}" if n else f"{name}: none")
+    return "; ".join(out)
+
+
+@long
+@pytest.mark.parametrize("population", ["aa", "effects"])
+def test_what_would_decide_it_comes_true_when_carried_out(runs, population):
+    """Issue 34, finding 3 (it stated ~81% each time; carried out as the workflow would, the named design
+    decided 45%, 64% on a quiet machine, 17% for identical servers): every inconclusive throughput verdict
+    at R = 2 whose design says "decides it with probability p" (p >= 80%) has that design carried out
+    on its own experiment (harness.carry_out: more repeats add fresh sessions to today's cells; a larger
+    suite reruns every cell with new prompts and sessions), and the verdict read again. The share decided
+    must come within a few points of the mean stated p: 3 Monte-Carlo errors or 6 points, whichever is
+    larger (N_HINTS experiments: ~200 statements, MC error ~3-4% as hints of one experiment share its
+    sessions). 'More data is unlikely to decide it' must not be contradicted: its best design decides at
+    most what it states plus the same allowance."""
+    rows = runs[("hints", population)]["rows"]
+    print(f"\n{population} ({cal.HINT_POPULATIONS[population][1]}): " + _hint_text(rows))
+    st, dec, se, n = cal.hint_rates(rows, reachable=True)
+    assert n >= 60, f"only {n} statements: too few to check"
+    assert abs(dec - st) <= max(3 * se, 0.06), f"stated {st:.1%}, decided {dec:.1%} ± {se:.1%} of {n}"
+    st, dec, se, n = cal.hint_rates(rows, reachable=False)
+    if n >= 20:
+        assert dec <= st + max(3 * se, 0.06), f"'unlikely' at {st:.1%}, decided {dec:.1%} ± {se:.1%} of {n}"
 
 
 def _verification_text(v: dict) -> str:

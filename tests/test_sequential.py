@@ -186,3 +186,81 @@ def test_a_round_continues_only_the_undecided_and_their_baseline(simulated):
         assert x.confidence > first.confidence    # the second look is stricter still
     stopped = an3.verdict("fast", cal.SUITES[0], 1)
     assert stopped.repeats == 2 and stopped.verdict == Decision.PAYS
+
+
+# -- a configuration's verdict is final where the design stopped it (issue 34, item 5) -------------------
+def test_a_stopped_configuration_keeps_its_verdict_when_other_cells_are_added(simulated):
+    """Round 2 stops every configuration it decided (and those unlikely to be decided); round 3 measures
+    other configurations and the baseline beside them, which moves the run-to-run estimate every
+    interval rests on. Re-analysed with the round plans (analysis.frozen_verdicts), each stopped
+    configuration keeps the verdict, level and interval of the look where it stopped; without them
+    (what the summary did) the same data get other intervals (the issue's default run: decided 1.34x
+    [1.05, 1.71] in round 2, inconclusive [0.98, 1.83] in the summary)."""
+    from specmatch.deciding.analysis import frozen_verdicts
+
+    d = Design(2, 3)
+    an2 = analyse([x for x in simulated if x[0].repeat <= 2], "baseline", settings())
+    p2 = plan(an2, d, 2)
+    stopped = [x for x in p2.decisions if x.final]
+    assert len(stopped) >= 9 and any(x.action == Continuation.CONTINUE for x in p2.decisions)
+    planned = {(c.server, c.suite, c.concurrency) for c in p2.next}
+    cells = [x for x in simulated if x[0].repeat <= 2 or (x[0].server, x[0].suite, x[0].concurrency) in planned]
+    # the plan reads back from JSON with everything a stopped verdict needs
+    p2 = RoundPlan.from_json(p2.to_json())
+    frozen = frozen_verdicts([p2], "baseline")
+    assert set(frozen) == {(x.server, "baseline", x.suite, x.concurrency, "output_throughput") for x in stopped}
+    kept = analyse(cells, "baseline", settings(), frozen=frozen)
+    again = analyse(cells, "baseline", settings())
+    moved = 0
+    for x in stopped:
+        v = kept.verdict(x.server, x.suite, x.concurrency)
+        assert (v.verdict, v.speedup, v.lo, v.hi, v.confidence, v.dof, v.repeats, v.decide) == (
+            x.verdict, x.speedup, x.lo, x.hi, x.confidence, x.dof, x.repeats, x.decide)
+        w = again.verdict(x.server, x.suite, x.concurrency)
+        moved += abs(math.log(w.hi / w.lo) - math.log(x.hi / x.lo)) > 1e-6
+    assert moved >= len(stopped) // 2, "the added cells did not move the run-to-run estimate: no teeth"
+    # the next round does not look at them again, and keeps looking at the ones that continued
+    p3 = plan(kept, d, 3)
+    assert {(x.server, x.suite, x.concurrency) for x in p3.decisions} == {
+        (x.server, x.suite, x.concurrency) for x in p2.decisions if x.action == Continuation.CONTINUE}
+    # a stopped configuration measured again (other data than it stopped with) is not frozen
+    more = analyse(simulated, "baseline", settings(), frozen=frozen)
+    x = next(x for x in stopped if x.server == "fast")
+    assert more.verdict(x.server, x.suite, x.concurrency).repeats == 3
+
+
+def test_a_frozen_pair_is_the_same_verdict_asked_either_way_round(simulated):
+    """A k sweep's pair may be asked the other way round once the best k changes: the kept verdict is
+    then the same interval upside down, and a stricter level (the k model's Bonferroni check) works on
+    the data as they stood where it stopped."""
+    import dataclasses
+
+    from specmatch.deciding.comparison import compare, decide
+    from specmatch.deciding.noise import run_to_run
+
+    an = analyse([x for x in simulated if x[0].repeat <= 2], "baseline", settings())
+    u = cal.SUITES[0]
+    v = decide(compare(an.measurements, an.run_to_run, "fast", "same", u, 4, "output_throughput"), an.settings)
+    assert v.verdict == Decision.PAYS
+    m = an.measurements
+    m.frozen = {("fast", "same", u, 4, "output_throughput"): dataclasses.replace(v, lo=1.01, hi=2.5)}
+    rr = run_to_run(m)
+    back = decide(compare(m, rr, "same", "fast", u, 4, "output_throughput"), an.settings)
+    assert back.verdict == Decision.LOSES and (back.server, back.against) == ("same", "fast")
+    assert back.lo == pytest.approx(1 / 2.5) and back.hi == pytest.approx(1 / 1.01)
+    assert back.speedup == pytest.approx(1 / v.speedup)
+    strict = decide(compare(m, rr, "fast", "same", u, 4, "output_throughput"),
+                    dataclasses.replace(an.settings, confidence=0.99))
+    assert strict.lo < 1.01 and strict.hi > 2.5 and strict.confidence > v.confidence
+
+
+def test_old_round_plans_still_read():
+    old = {"round": 2, "design": {"min": 2, "max": 3}, "metric": "output_throughput", "next": [],
+           "decisions": [{"server": "s", "suite": "u", "concurrency": 4, "repeats": 2, "verdict": "pays",
+                          "confidence": 0.93, "action": "decided", "speedup": 1.3, "lo": 1.1, "hi": 1.5}]}
+    p = RoundPlan.from_json(old)
+    assert p.decisions[0].final and p.decisions[0].dof is None and p.decisions[0].run_to_run
+    from specmatch.deciding.analysis import frozen_verdicts
+
+    v = frozen_verdicts([p], "b")[("s", "b", "u", 4, "output_throughput")]
+    assert (v.verdict, v.lo, v.hi, v.against) == (Decision.PAYS, 1.1, 1.5, "b")

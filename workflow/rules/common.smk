@@ -337,11 +337,11 @@ def launches_through(r):
     return pipeline.launches_of(cell_keys_through(r))
 
 
-def round_plans():
-    """The plan files of the rounds that ran."""
+def round_plans(r=None):
+    """The plan files of the rounds that ran (before repeat r: every one by default)."""
     return [
         checkpoints.sequential_round.get(round=k).output.plan
-        for k, _ in rounds_before(DESIGN.max)
+        for k, _ in rounds_before(DESIGN.max if r is None else r)
     ]
 
 

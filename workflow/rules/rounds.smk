@@ -12,6 +12,8 @@ checkpoint sequential_round:
             int(wildcards.round), "requests.parquet"
         ),
         launches=lambda wildcards: launches_through(int(wildcards.round)),
+        # the earlier rounds' plans: the configurations they stopped keep their verdicts
+        rounds=lambda wildcards: round_plans(int(wildcards.round)),
     output:
         plan="results/rounds/r{round}.json",
         provenance=prov("results/rounds/r{round}.json"),
@@ -27,8 +29,11 @@ checkpoint sequential_round:
         servers=to_json(CFG["servers"]),
         # the k sweeps' undecided choices are planned on the suites their k is decided on
         suites=RECOMMEND_SUITES,
+        rounds=lambda wildcards, input: (
+            f"--rounds {' '.join(input.rounds)}" if input.rounds else ""
+        ),
     shell:
         "python -m specmatch rounds --round {wildcards.round} --baseline {params.baseline}"
         " --settings {params.settings:q} --servers {params.servers:q} --cells {input.cells}"
         " --requests {input.requests} --launches {input.launches} --suites {params.suites}"
-        " --out {output.plan} > {log} 2>&1"
+        " --out {output.plan} {params.rounds} > {log} 2>&1"

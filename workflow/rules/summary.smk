@@ -10,6 +10,7 @@ checkpoint recommend:
         cells=lambda wildcards: configured_cells("json"),
         requests=lambda wildcards: configured_cells("requests.parquet"),
         launches=lambda wildcards: launches_through(DESIGN.max),
+        rounds=lambda wildcards: round_plans() if DESIGN.sequential else [],
     output:
         servers="results/recommend/servers.json",
         recommendations="results/recommend/recommendations.json",
@@ -30,10 +31,13 @@ checkpoint recommend:
         servers=to_json(CFG["servers"]),
         suites=RECOMMEND_SUITES,
         verify="" if CFG["summary"]["verify_recommendation"] else "--no-verify",
+        rounds=lambda wildcards, input: (
+            f"--rounds {' '.join(input.rounds)}" if input.rounds else ""
+        ),
     shell:
         "python -m specmatch recommend --baseline {params.baseline} --settings {params.settings:q}"
         " --servers {params.servers:q} --cells {input.cells} --requests {input.requests}"
-        " --launches {input.launches} --suites {params.suites} {params.verify}"
+        " --launches {input.launches} --suites {params.suites} {params.verify} {params.rounds}"
         " --out {output.servers} --recommendations {output.recommendations}"
         " --k-schedules {output.k_schedules} --adaptive-dir {output.adaptive} > {log} 2>&1"
 
@@ -47,6 +51,7 @@ rule decide:
         derived="results/recommend/servers.json",
         recommendations="results/recommend/recommendations.json",
         traffic="results/prompts/traffic.json",
+        rounds=lambda wildcards: round_plans() if DESIGN.sequential else [],
     output:
         **DECIDED,
         provenance=prov(*DECIDED.values()),
@@ -60,12 +65,15 @@ rule decide:
         servers=to_json(CFG["servers"]),
         suites=RECOMMEND_SUITES,
         out_dir=lambda wildcards, output: os.path.dirname(output.verdicts),
+        rounds=lambda wildcards, input: (
+            f"--rounds {' '.join(input.rounds)}" if input.rounds else ""
+        ),
     shell:
         "python -m specmatch decide --baseline {params.baseline} --settings {params.settings:q}"
         " --servers {params.servers:q} --cells {input.cells} --requests {input.requests}"
         " --launches {input.launches} --matches {input.matches} --suites {params.suites}"
         " --recommendations {input.recommendations} --derived {input.derived} --traffic {input.traffic}"
-        " --out-dir {params.out_dir} > {log} 2>&1"
+        " {params.rounds} --out-dir {params.out_dir} > {log} 2>&1"
 
 
 rule summary:

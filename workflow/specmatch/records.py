@@ -1150,6 +1150,7 @@ class AnalysisRecord(Record):
     acceptance_by_holdout: list[GroupAcceptance] = field(default_factory=list)
     goodput: list[CellGoodput] = field(default_factory=list)
     flagged_claims: list[FlaggedClaim] = field(default_factory=list)
+    closed_loop: bool = False             # a throughput speedup is the closed-loop rate (Little's law) somewhere
 
 
 @dataclass
@@ -1235,6 +1236,17 @@ class RoundDecision(Record):
     lo: Optional[float] = None
     hi: Optional[float] = None
     against: Optional[str] = None         # a k choice's comparison: the other candidate (None: the baseline)
+    # the rest of the verdict at this look, so that a configuration that stops here keeps it (frozen_verdicts):
+    dof: Optional[float] = None           # the interval's Student t degrees of freedom (None: normal)
+    run_to_run: bool = True               # whether the interval includes run-to-run variation
+    decide: Optional[str] = None          # inconclusive: what would decide it (Verdict.decide)
+    design: Optional[dict] = None         # inconclusive: the design that would (Verdict.design)
+
+    @property
+    def final(self) -> bool:
+        """Whether the configuration stopped at this look (decided, at max, or unlikely to be decided), so
+        its verdict here is its verdict: later data on other configurations cannot re-decide it."""
+        return self.action != Continuation.CONTINUE and self.speedup is not None
 
 
 @dataclass

@@ -96,7 +96,8 @@ def _table(engines: list[Engine], c: int, what: str) -> np.ndarray:
 
 
 def serve(engines: Engine | list[Engine], c: int, prompt_tokens: np.ndarray, out_tokens: np.ndarray,
-          rng: np.random.Generator, alpha: np.ndarray | None = None, match: np.ndarray | None = None) -> Served:
+          rng: np.random.Generator, alpha: np.ndarray | None = None, match: np.ndarray | None = None,
+          pace: np.ndarray | None = None) -> Served:
     """Simulate cells: `engines` (one per cell, or one for all) serve `prompt_tokens`/`out_tokens`
     (cells x requests, each row in the order the workers send them) with `c` closed-loop workers.
 
@@ -104,7 +105,12 @@ def serve(engines: Engine | list[Engine], c: int, prompt_tokens: np.ndarray, out
     every step; or `match` (cells x requests x positions, bool) says whether a draft of the output
     token at each position is right, fixed per prompt as greedy decoding makes it (the same prompt
     accepts the same drafts in every cell and repeat): a step at position p accepts the leading run
-    of right drafts among positions p .. p+k-1."""
+    of right drafts among positions p .. p+k-1.
+
+    Plain engines: `pace` (cells x requests) is how many tokens of its output one decode step
+    advances each request (default 1), fixed per prompt: how a server's speed varies by prompt
+    (what acceptance does to a speculative server, abstracted from drafts). A request finishes at the
+    first step its progress reaches its output length; its token counts are unchanged."""
     pt = np.atleast_2d(np.asarray(prompt_tokens, float))
     ot = np.atleast_2d(np.asarray(out_tokens, np.int64))
     M, n = pt.shape
@@ -121,11 +127,17 @@ def serve(engines: Engine | list[Engine], c: int, prompt_tokens: np.ndarray, out
     kmax = int(max(par["k"].max(), 1))
     if match is not None:
         match = np.broadcast_to(np.asarray(match, bool), (M, n, match.shape[-1]))
+    if pace is not None:
+        if configured.any():
+            raise ValueError("serve: a per-prompt pace is for plain engines (a speculative one has its drafts)")
+        pace = np.broadcast_to(np.asarray(pace, float), (M, n))
+        if (pace <= 0).any():
+            raise ValueError("serve: a pace must be positive")
     w = min(c, n)
     rows = np.arange(M)[:, None]
     slot = np.tile(np.arange(w), (M, 1))              # request index per worker slot (-1: idle)
     fresh = np.ones((M, w), bool)                     # admitted this step: prefill
-    left = ot[:, :w].copy()
+    left = ot[:, :w].astype(float) if pace is not None else ot[:, :w].copy()
     ctx = pt[:, :w].copy()
     nxt = np.full(M, w)
     t = np.zeros(M)
@@ -166,6 +178,8 @@ def serve(engines: Engine | list[Engine], c: int, prompt_tokens: np.ndarray, out
             s_here = drafting[:, None] & dec
             np.add.at(steps, (np.broadcast_to(rows, idx.shape)[s_here], idx[s_here]), 1)
             np.add.at(acc, (np.broadcast_to(rows, idx.shape)[s_here], idx[s_here]), (g - 1)[s_here])
+        elif pace is not None:
+            gain = np.where(dec, pace[rows, idx], gain)
         else:
             gain = np.where(dec, 1, gain)
         gain = np.where(active, gain, 0)
@@ -174,7 +188,7 @@ def serve(engines: Engine | list[Engine], c: int, prompt_tokens: np.ndarray, out
         left -= gain
         ctx += gain
         fresh[:] = False
-        done = active & (left <= 0)
+        done = active & (left <= 1e-9)
         if done.any():
             end[rows.repeat(w, 1)[done], idx[done]] = np.broadcast_to(t[:, None], done.shape)[done]
             rank = np.cumsum(done, 1) - 1

@@ -42,7 +42,7 @@ import re
 import sys
 import time
 from concurrent.futures import ProcessPoolExecutor
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 
 import numpy as np
 
@@ -68,6 +68,7 @@ class Scenario:
     tails: float | None = None             # Student-t degrees of freedom (None: normal)
     drift: float = 0.0                     # log slow-down from the run's first cell to its last
     outlier: float = 0.0                   # one session per experiment slower by log(1 + outlier)
+    prompt_sd: float = 0.0                 # log-sd of the speedup from prompt to prompt (identical on average)
     about: str = ""
 
     def cell_sd_at(self, c: int) -> float:
@@ -88,6 +89,10 @@ SCENARIOS = {s.name: s for s in (
     Scenario("drift", drift=0.10, about="plain + 10% linear slow-down over the run"),
     Scenario("outlier", outlier=0.20, about="plain + one session per experiment 20% slower"),
     Scenario("quiet", session_sd=0.0093, cell_sd=0.0118, about="run to run 1.5% (vLLM on GPUs, the low end)"),
+    Scenario("prompts15", prompt_sd=0.15, about="plain + a speedup that varies by prompt (log-sd 0.15), identical "
+                                                "on average"),
+    Scenario("prompts30", prompt_sd=0.30, about="plain + a speedup that varies by prompt (log-sd 0.30), identical "
+                                                "on average"),
 )}
 
 BASE = Engine(hiccup_p=0.002, hiccup_s=0.015)
@@ -107,22 +112,32 @@ ALPHA = (6.0, 4.0)                 # Beta: a prompt's per-token acceptance proba
 @dataclass
 class Workload:
     """One experiment's suites: prompt ids, prompt tokens, acceptance probability per prompt, and
-    which drafts are right at each output position (greedy decoding: fixed per prompt)."""
+    which drafts are right at each output position (greedy decoding: fixed per prompt); and, where a
+    scenario's speedup varies by prompt, each plain server's pace per prompt (des.serve)."""
     ids: dict
     tokens: dict
     alpha: dict
     match: dict
+    pace: dict = field(default_factory=dict)   # server -> suite -> tokens per decode step, per prompt
 
     @classmethod
-    def draw(cls, rng: np.random.Generator, suites=SUITES, prompts=PROMPTS, out_tokens=OUT_TOKENS) -> "Workload":
+    def draw(cls, rng: np.random.Generator, suites=SUITES, prompts=PROMPTS, prompt_sd: float = 0.0,
+             servers=("baseline", "spec"), out_tokens=OUT_TOKENS) -> "Workload":
+        """`prompt_sd` > 0: every server gets its own pace per prompt, lognormal with log-sd prompt_sd / sqrt(2),
+        drawn independently, so the speedup of one over another varies by prompt with log-sd prompt_sd and
+        the servers are exchangeable: identical on average for every estimand, a burst's slowest request
+        included (one server's max is no likelier to be the larger)."""
         ids = {u: [f"{u}-{i:03d}" for i in range(prompts)] for u in suites}
         tokens = {u: np.clip(np.round(rng.lognormal(math.log(200), 0.6, prompts)), 16, 768) for u in suites}
         alpha = {u: rng.beta(*ALPHA, prompts) for u in suites}
         match = {u: rng.random((prompts, out_tokens + 8)) < alpha[u][:, None] for u in suites}
-        return cls(ids, tokens, alpha, match)
+        pace = ({s: {u: np.exp(rng.normal(0.0, prompt_sd / math.sqrt(2), prompts)) for u in suites} for s in servers}
+                if prompt_sd else {})
+        return cls(ids, tokens, alpha, match, pace)
 
     def only(self, suites) -> "Workload":
-        return Workload(*({u: d[u] for u in suites} for d in (self.ids, self.tokens, self.alpha, self.match)))
+        return Workload(*({u: d[u] for u in suites} for d in (self.ids, self.tokens, self.alpha, self.match)),
+                        {s: {u: d[u] for u in suites} for s, d in self.pace.items()})
 
 
 def run_order(servers: list[str], repeats: int) -> list[tuple[str, int]]:
@@ -168,7 +183,7 @@ def simulate_cells(rng: np.random.Generator, work: list[Workload], engines: dict
     E = len(work)
     out: list[list] = [[] for _ in range(E)]
     for c in concurrencies:
-        keys, eng, pt, al, mt = [], [], [], [], []
+        keys, eng, pt, al, mt, pc = [], [], [], [], [], []
         for e, w in enumerate(work):
             for s, en in engines.items():
                 reps = repeats[s] if isinstance(repeats, dict) else repeats
@@ -179,10 +194,13 @@ def simulate_cells(rng: np.random.Generator, work: list[Workload], engines: dict
                         pt.append(w.tokens[u])
                         al.append(w.alpha[u])
                         mt.append(w.match[u])
+                        pc.append(w.pace.get(s, {}).get(u, np.ones(len(w.ids[u]))))
         if not keys:
             continue
         pt, al = np.array(pt), np.array(al)
-        served = serve(eng, c, pt, np.full(pt.shape, out_tokens), rng, al, np.array(mt))
+        paced = any(w.pace for w in work)
+        served = serve(eng, c, pt, np.full(pt.shape, out_tokens), rng, al, np.array(mt),
+                       np.array(pc) if paced else None)
         factor = np.exp([effects[e][(s, u, c, r)] for e, s, u, r in keys])
         served = served.scaled(factor)
         out_tok = np.full(pt.shape[1], float(out_tokens))
@@ -285,7 +303,7 @@ def experiment_task(a: dict) -> dict:
     sc = SCENARIOS[name]
     rng = np.random.default_rng(a["seed"])
     rmax = rs[-1]
-    work = [Workload.draw(rng) for _ in range(n)]
+    work = [Workload.draw(rng, prompt_sd=sc.prompt_sd) for _ in range(n)]
     eff = [run_to_run(rng, sc, ["baseline", "spec"], SUITES, CONCURRENCIES, rmax) for _ in range(n)]
     cells = simulate_cells(rng, work, {"baseline": BASE, "spec": BASE.faster(1 + effect)}, eff, rmax)
     s = settings(a.get("bootstrap", 250))
@@ -485,7 +503,7 @@ def calibrated(k: int, targets: tuple, step_at: int | None = None, draws: int = 
     (rho <- rho x measured / target), c in increasing order (a larger c's tail runs the smaller batch
     sizes); rho(b) linear in log b between them (`step_at`: lo up to that batch, hi above, two targets)."""
     rng = np.random.default_rng(seed_of("calibrated", k, targets, step_at))
-    work = [Workload.draw(rng, ("s",), K_PROMPTS, K_OUT_TOKENS) for _ in range(draws)]
+    work = [Workload.draw(rng, ("s",), K_PROMPTS, out_tokens=K_OUT_TOKENS) for _ in range(draws)]
     cs = [c for c, _ in targets]
     rho = {c: 1.8 / x for c, x in targets}
 
@@ -564,7 +582,7 @@ def ksweep_task(a: dict) -> dict:
     ks = {int(name.split("=")[1]): name for name in engines if name != "base"}
     max_batch = a.get("max_batch", 256)
     info = ServerInfo(ks[max(ks)], "vllm", "vllm", {"method": "ngram", "num_speculative_tokens": max(ks)}, max_batch)
-    work = [Workload.draw(rng, ("s",), K_PROMPTS, K_OUT_TOKENS) for _ in range(n)]
+    work = [Workload.draw(rng, ("s",), K_PROMPTS, out_tokens=K_OUT_TOKENS) for _ in range(n)]
     eff = [run_to_run(rng, K_NOISE[sc.noise], list(engines), ("s",), sc.concurrencies, R) for _ in range(n)]
     cells = simulate_cells(rng, work, engines, eff, R, sc.concurrencies, K_OUT_TOKENS)
     rows = []
@@ -635,7 +653,7 @@ def kcompare_task(a: dict) -> dict:
     s = settings(a.get("bootstrap", 250), repeats=R)
     engines = k_engines(sc)
     ks = {int(name.split("=")[1]): name for name in engines if name != "base"}
-    work = [Workload.draw(rng, ("s",), K_PROMPTS, K_OUT_TOKENS) for _ in range(n)]
+    work = [Workload.draw(rng, ("s",), K_PROMPTS, out_tokens=K_OUT_TOKENS) for _ in range(n)]
     eff = [run_to_run(rng, K_NOISE[sc.noise], list(engines), ("s",), sc.concurrencies, R) for _ in range(n)]
     cells = simulate_cells(rng, work, engines, eff, R, sc.concurrencies, K_OUT_TOKENS)
     rows = []
@@ -702,7 +720,7 @@ def external_task(a: dict) -> dict:
     s = settings(a.get("bootstrap", 250), repeats=R)
     engines = {"base": BASE, "twin": BASE, "spec": calibrated(4, EXT_TRUTH, step_at=4)}
     infos = {x: ServerInfo(x, "external", "vllm", None, a.get("max_batch", 0)) for x in ("twin", "spec")}
-    work = [Workload.draw(rng, ("s",), K_PROMPTS, K_OUT_TOKENS) for _ in range(n)]
+    work = [Workload.draw(rng, ("s",), K_PROMPTS, out_tokens=K_OUT_TOKENS) for _ in range(n)]
     eff = [run_to_run(rng, K_NOISE[a.get("noise", "quiet")], list(engines), ("s",), EXT_CONCURRENCIES, R)
            for _ in range(n)]
     cells = simulate_cells(rng, work, engines, eff, R, EXT_CONCURRENCIES, K_OUT_TOKENS)
@@ -794,6 +812,108 @@ def k_table(experiments: int = 300, n_workers: int | None = None, out=sys.stdout
     return res
 
 
+# -- what would decide it, carried out ---------------------------------------------------------------
+HINT_POPULATIONS = {
+    "aa": ("plain", "identical servers"),
+    "effects": ("plain", "a uniform speedup per experiment, log-uniform within ±12%"),
+    "quiet": ("quiet", "identical servers on a quiet machine"),
+}
+
+
+def _hint_engines(name: str, rng: np.random.Generator) -> dict:
+    if name == "effects":
+        return {"baseline": BASE, "spec": BASE.faster(math.exp(rng.uniform(-0.12, 0.12)))}
+    return {"baseline": BASE, "spec": BASE}
+
+
+def carry_out(rng: np.random.Generator, sc: Scenario, eng: dict, work: Workload, eff: dict, cells: list, design: dict,
+              today: int, s, metrics=("output_throughput",)) -> dict:
+    """A verdict's named design (Verdict.design) carried out on its experiment as the workflow would:
+    more repeats of today's suite (suite_scale 1) add fresh sessions' cells to today's; a larger suite
+    reruns every cell with ceil(PROMPTS x g) new prompts in fresh sessions (today's data are not part
+    of it). Analysed under `s`'s design with the named repeats (fixed: one look at R'; sequential:
+    repeats {min, max: R'}, every look from min on, decided at the first that decides). Returns
+    {(suite, concurrency, metric): decided} of the second server."""
+    from ..deciding import comparison
+    from ..deciding.analysis import Settings, analyse
+
+    Rn, g = int(design["repeats"]), float(design["suite_scale"])
+    servers = list(eng)
+    if g == 1:
+        new = run_to_run(rng, sc, servers, SUITES, CONCURRENCIES, Rn)
+        new = {k: (eff[k] if k[3] <= today else v) for k, v in new.items()}
+        data = cells + (simulate_cells(rng, [work], eng, [new], range(today + 1, Rn + 1))[0] if Rn > today else [])
+        first = today + 1
+    else:
+        big = Workload.draw(rng, prompts=int(math.ceil(PROMPTS * g)))
+        data = simulate_cells(rng, [big], eng, [run_to_run(rng, sc, servers, SUITES, CONCURRENCIES, Rn)], Rn)[0]
+        first = 1
+    seq = s.design.sequential and Rn > s.design.min
+    looks = list(range(max(first, s.design.min), Rn + 1)) if seq else [Rn]
+    at = Settings.of(vars(s) | {"repeats": {"min": s.design.min, "max": Rn} if seq else Rn})
+    keep = comparison.what_would_decide   # the carried-out verdicts' own hints are not asked for
+    comparison.what_would_decide = lambda cmp, s_: ("", None)
+    out: dict = {}
+    try:
+        for R in looks:
+            for v in analyse([x for x in data if x[0].repeat <= R], "baseline", at).verdicts:
+                if v.server == "spec" and v.metric in metrics:
+                    key = (v.suite, v.concurrency, v.metric)
+                    out[key] = out.get(key, False) or _decided(v)
+    finally:
+        comparison.what_would_decide = keep
+    return out
+
+
+def hint_task(a: dict) -> dict:
+    """'What would decide it', checked by carrying it out (issue 34, item 4): `experiments` experiments of
+    HINT_POPULATIONS[`name`], analysed at R = 2 (fixed design, or `sequential`: repeats {min: 2, max: 3}),
+    throughput only; for every inconclusive verdict, its named design carried out on the same
+    experiment (carry_out) and the verdict read again. Returns {"rows": [(experiment, stated
+    probability, reachable, decided, repeats, suite scale)]}."""
+    from ..deciding.analysis import Settings, analyse
+
+    scenario, _ = HINT_POPULATIONS[a["name"]]
+    sc = SCENARIOS[scenario]
+    rng = np.random.default_rng(a["seed"])
+    s = Settings.of(vars(settings(a.get("bootstrap", 250), slo={}))
+                    | {"repeats": {"min": 2, "max": 3} if a.get("sequential") else 2})
+    rows = []
+    for e in range(a["experiments"]):
+        work, eng = Workload.draw(rng), _hint_engines(a["name"], rng)
+        eff = run_to_run(rng, sc, list(eng), SUITES, CONCURRENCIES, 2)
+        cells = simulate_cells(rng, [work], eng, [eff], 2)[0]
+        an = analyse(cells, "baseline", s)
+        done: dict = {}
+        for v in an.verdicts:
+            if v.server != "spec" or v.metric != "output_throughput" or v.speedup is None or _decided(v) or not v.design:
+                continue
+            d = v.design
+            key = (d["repeats"], d["suite_scale"])
+            if key not in done:
+                done[key] = carry_out(rng, sc, eng, work, eff, cells, d, 2, s)
+            rows.append((e, float(d["probability"]), bool(d["reachable"]),
+                         bool(done[key].get((v.suite, v.concurrency, v.metric))), d["repeats"], d["suite_scale"]))
+    return {"rows": rows}
+
+
+def hint_rates(rows: list, lo: float = 0.0, hi: float = 1.01, reachable: bool | None = None
+               ) -> tuple[float, float, float, int]:
+    """(mean stated probability, share decided, its Monte-Carlo error, n) of carried-out hints whose
+    stated probability is in [lo, hi) (and reachable, where given). The error is a ratio estimator's
+    over experiments (rows carry their experiment; hints of one experiment share its sessions)."""
+    x = [r for r in rows if lo <= r[1] < hi and (reachable is None or r[2] == reachable)]
+    if not x:
+        return float("nan"), float("nan"), float("nan"), 0
+    ids = np.unique([r[0] for r in x], return_inverse=True)[1]
+    k = np.bincount(ids, [float(r[3]) for r in x])
+    m = np.bincount(ids).astype(float)
+    p = k.sum() / m.sum()
+    E = len(m)
+    se = math.sqrt(E / max(E - 1, 1) * float(((k - p * m) ** 2).sum())) / m.sum()
+    return float(np.mean([r[1] for r in x])), float(p), se, len(x)
+
+
 # -- running many -------------------------------------------------------------------------------
 def workers() -> int:
     """Worker processes (SPECMATCH_CALIBRATION_WORKERS; default: up to 2, the cores a default run has)."""
@@ -850,20 +970,24 @@ def _merge(a: dict, b: dict) -> dict:
 def compute(specs: dict, seed: int = 0, chunk: int = 10, bootstrap: int = 250, n_workers: int | None = None) -> dict:
     """Every experiment of every spec in one pool (chunks of `chunk` experiments, the slowest first).
     `specs`: key -> dict(kind="experiment", name, effect, repeats=(R, ...), experiments, teeth, claims,
-    sequential) or dict(kind="verify", name, experiments, repeats). Result: key -> experiment_task's
-    or verify_task's output, summed over chunks."""
+    sequential), dict(kind="verify", name, experiments, repeats) or dict(kind="hints", name,
+    experiments, sequential) (optional: chunk, bootstrap). Result: key -> experiment_task's,
+    verify_task's or hint_task's output, summed over chunks."""
     jobs, owner, cost = [], [], []
     for key, spec in specs.items():
         fn = {"verify": verify_task, "ksweep": ksweep_task, "external": external_task,
-              "kcompare": kcompare_task}.get(spec["kind"], experiment_task)
+              "kcompare": kcompare_task, "hints": hint_task}.get(spec["kind"], experiment_task)
         n = spec["experiments"]
-        for i in range(0, n, chunk):
-            args = {**spec, "experiments": min(chunk, n - i), "bootstrap": bootstrap,
+        step = spec.get("chunk", chunk)
+        for i in range(0, n, step):
+            args = {**spec, "experiments": min(step, n - i), "bootstrap": spec.get("bootstrap", bootstrap),
                     "seed": seed_of(seed, tuple(sorted((k, str(v)) for k, v in spec.items())), i)}
             jobs.append((fn, args))
             owner.append(key)
-            rs = spec["repeats"] if isinstance(spec["repeats"], (tuple, list)) else (spec["repeats"],)
-            cost.append(args["experiments"] * (1.2 * spec["repeats"] if fn is verify_task else sum(rs)))
+            rs = spec.get("repeats", (2,))
+            rs = rs if isinstance(rs, (tuple, list)) else (rs,)
+            cost.append(args["experiments"] * (1.2 * spec["repeats"] if fn is verify_task else 12 if fn is hint_task
+                                               else sum(rs)))
     order = sorted(range(len(jobs)), key=lambda i: -cost[i])
     res = run_tasks([jobs[i] for i in order], n_workers)
     out: dict = {}
@@ -923,6 +1047,9 @@ def table(experiments: int = 300, power_experiments: int = 100, verify_experimen
                                    experiments=power_experiments, sequential=True)
     for name in ("plain", "quiet"):
         specs[("verify", name)] = dict(kind="verify", name=name, experiments=verify_experiments, repeats=2)
+    hint_experiments = max(10, power_experiments // 2)
+    for name in HINT_POPULATIONS:
+        specs[("hints", name)] = dict(kind="hints", name=name, experiments=hint_experiments, chunk=3)
     res = compute(specs, n_workers=n_workers)
 
     def tally(name, R):
@@ -977,6 +1104,15 @@ def table(experiments: int = 300, power_experiments: int = 100, verify_experimen
     mp, dec, nh = hint_calibration(pl0["hints"])
     p(f"  A/A: 'what would decide it' at R=2 (throughput), where it named 3 or 4 repeats: stated {mp:.0%}, "
       f"decided {dec:.0%} of {nh}")
+    p(f"\n'What would decide it', carried out (R=2, throughput; every inconclusive verdict's named design run on "
+      f"its experiment as the workflow would, the verdict read again; {hint_experiments} experiments each):")
+    for name, (_, about) in HINT_POPULATIONS.items():
+        rows = res[("hints", name)]["rows"]
+        parts = []
+        for what, reach in (("'decides it with probability p'", True), ("'more data is unlikely to decide it'", False)):
+            st, dec, se, n = hint_rates(rows, reachable=reach)
+            parts.append(f"{what}: stated {st:.0%}, decided {dec:.0%} ± {se:.0%} of {n}" if n else f"{what}: none")
+        p(f"  {name} ({about}): " + "; ".join(parts))
     for name in ("plain", "quiet"):
         ver = res[("verify", name)]
         p(f"\nVerification of the recommended schedule ({name}: {SCENARIOS[name].about}; {verify_experiments} "

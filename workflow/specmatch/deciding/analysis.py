@@ -39,13 +39,13 @@ from .measurements import (LABEL, LATENCY, Arrays, Measurements, Settings, _log,
 from .noise import RunToRun, VarianceSum, _tau2_dof, fit_tau2, run_to_run
 from .krecommend import references, sweep_report
 from ..records import (AdjustedSpeedup, Attribution, CellResult, Contrast, Decision, DerivedServer, Effect, Interval,
-                       Outcome, Recommendation, Verdict, Verification)
+                       Outcome, Recommendation, RoundPlan, Verdict, Verification)
 from ..sweep import members as sweep_members, parents as sweep_parents, sweep_of
 
 __all__ = ["AcceptanceSummary", "Analysis", "Arrays", "Comparison", "LABEL", "LATENCY", "Measurements", "RunToRun",
            "ServerInfo", "Settings", "VarianceSum", "acceptance_summary", "analyse", "cell_log_stat",
            "closed_loop_makespan", "compare", "crossover", "crossovers", "decide", "deciding_design", "decision",
-           "decisions", "deployed_on", "drafted_nothing", "fit_tau2", "join_derived", "on_per_batch", "own_k",
+           "decisions", "deployed_on", "drafted_nothing", "fit_tau2", "frozen_verdicts", "join_derived", "on_per_batch", "own_k",
            "recommend", "reference", "regions", "run_to_run", "server_k", "server_verdicts", "sglang_mechanism",
            "validate_schedule", "verification", "verify", "verify_recommendations", "vllm_schedule",
            "what_would_decide", "_log", "_pairs_crossing", "_rng", "_spans", "_tau2_dof"]
@@ -112,14 +112,40 @@ def server_verdicts(m: Measurements, rr: RunToRun, server: str, baseline: str, s
     return verdicts, comparisons, off
 
 
+def frozen_verdicts(plans: list[RoundPlan], baseline: str) -> dict[tuple, Verdict]:
+    """The verdicts the sequential design kept: each configuration at the look where it stopped
+    (RoundDecision.final: decided, at max, or unlikely to be decided by the remaining repeats), keyed
+    (server, against, suite, concurrency, metric), the k sweeps' pairs included (`against` a member or
+    the baseline). Passed to analyse(frozen=...), every comparison of the same data keeps this verdict,
+    level and interval (comparison.freeze; a pair asked the other way round gets it inverted), however
+    other configurations' later repeats move the run-to-run estimate; the k model, which decides its
+    pairs with compare/decide on the analysis's measurements, gets them the same way. The earliest stop
+    counts (a later plan that looks at a stopped pair again does not move it)."""
+    out: dict = {}
+    for p in sorted(plans, key=lambda p: p.round):
+        for d in p.decisions:
+            if not d.final:
+                continue
+            against = d.against or baseline
+            key = (d.server, against, d.suite, d.concurrency, p.metric)
+            if key in out or (against, d.server, d.suite, d.concurrency, p.metric) in out:
+                continue
+            out[key] = Verdict(d.server, d.suite, d.concurrency, p.metric, d.verdict, d.speedup, d.lo, d.hi,
+                               d.confidence, d.repeats, against=against, run_to_run=d.run_to_run, decide=d.decide,
+                               dof=d.dof, design=d.design)
+    return out
+
+
 def analyse(cells: list[tuple[CellResult, pl.DataFrame]], baseline: str, settings: Settings,
             infos: dict[str, ServerInfo] | None = None, recommend_suites: list[str] | None = None,
-            primary: list[str] | None = None) -> Analysis:
+            primary: list[str] | None = None, frozen: dict | None = None) -> Analysis:
     """Verdicts for every server against the baseline, the run-to-run variance, the configured-but-off
     findings, acceptance per suite and the recommendations. `primary` names the servers of the grid
     the recommendation comes from (run-to-run variance is estimated from them only, so adding the
-    recommended server's cells later leaves the recommendation unchanged)."""
+    recommended server's cells later leaves the recommendation unchanged). `frozen`: the verdicts the
+    sequential design kept where it stopped a configuration (frozen_verdicts of the round plans)."""
     m = Measurements.of(cells, settings)
+    m.frozen = dict(frozen or {})
     servers = m.servers()
     if baseline not in servers:
         from ..files import SpecmatchError
@@ -212,6 +238,7 @@ def join_derived(an: Analysis, cells: list[tuple[CellResult, pl.DataFrame]], der
     if not derived:
         return an
     full = Measurements.of(cells, an.settings)
+    full.frozen = an.measurements.frozen
     an.measurements = full
     an.servers = full.servers()
     for name in derived:

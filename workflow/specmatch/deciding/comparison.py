@@ -26,6 +26,8 @@ equivalent (inside +/-min_effect: a decisive "no difference"), inconclusive (wit
 """
 from __future__ import annotations
 
+import copy
+import dataclasses
 import functools
 import math
 from dataclasses import dataclass, field
@@ -59,6 +61,8 @@ class Comparison:
     prompts: int = 0                   # prompts both servers answered in every repeat
     session: dict = field(default_factory=dict)  # server -> the variance its server sessions add (shared across c)
     effect_prior: tuple | None = None  # (mean, variance) of the effect before this comparison's data (effect_prior)
+    frozen: Verdict | None = None      # the verdict the sequential design kept at the look it stopped (freeze)
+    frozen_rule: tuple | None = None   # (confidence, min_effect) it was decided with
 
     @property
     def repeats(self) -> int:
@@ -153,11 +157,52 @@ def compare(m: Measurements, rr: RunToRun, server: str, against: str, suite: str
     cmp.within = [w] * R
     cmp.se = math.sqrt(cmp.parts.total)
     cmp.dof = cmp.parts.dof
+    return freeze(cmp, frozen_for(m, server, against, suite, c, metric, R), m.settings)
+
+
+# -- verdicts the sequential design stopped --------------------------------------------------------
+def frozen_for(m: Measurements, server: str, against: str, suite: str, c: int, metric: str,
+               repeats: int | None = None) -> Verdict | None:
+    """The verdict the sequential design kept for this comparison at the look where it stopped
+    (Measurements.frozen, from the round plans: analysis.frozen_verdicts), seen from `server` (a pair
+    kept the other way round, as a k sweep's may be, inverted); None where there is none, or where
+    the comparison now has other data than it stopped with (`repeats` paired repeats)."""
+    v = m.frozen.get((server, against, suite, c, metric))
+    if v is None and (against, server, suite, c, metric) in m.frozen:
+        v = inverted(m.frozen[(against, server, suite, c, metric)])
+    if v is None or (repeats is not None and v.repeats != repeats):
+        return None
+    return v
+
+
+def inverted(v: Verdict) -> Verdict:
+    """The verdict of `against` over `server`: the same interval, upside down."""
+    flip = {Decision.PAYS: Decision.LOSES, Decision.LOSES: Decision.PAYS}
+    inv = lambda x: 1 / x if x else x  # noqa: E731
+    return dataclasses.replace(v, server=v.against, against=v.server, verdict=flip.get(v.verdict, v.verdict),
+                               speedup=inv(v.speedup), lo=inv(v.hi), hi=inv(v.lo))
+
+
+def freeze(cmp: Comparison, v: Verdict | None, s: Settings) -> Comparison:
+    """The comparison with the estimate, standard error and dof of the frozen verdict `v` (recovered
+    from its interval and level), so that decide() gives `v` itself under the rule it was decided with
+    and any other rule (a stricter level) works on the data as they stood when it stopped."""
+    if v is None or v.speedup is None or not v.lo or not v.hi:
+        return cmp
+    dof = v.dof if v.dof is not None else float("inf")
+    t = t_ppf(0.5 + v.confidence / 2, dof)
+    cmp.estimate = math.log(v.speedup)
+    cmp.se = (math.log(v.hi) - math.log(v.lo)) / (2 * t) if t > 0 else cmp.se
+    cmp.dof = dof
+    cmp.frozen, cmp.frozen_rule = v, (s.confidence, s.min_effect)
     return cmp
 
 
 def decide(cmp: Comparison, s: Settings) -> Verdict:
-    """The verdict on one comparison (the rules in this module's docstring)."""
+    """The verdict on one comparison (the rules in this module's docstring); a verdict the sequential
+    design kept at the look where it stopped (Comparison.frozen) as it was kept."""
+    if cmp.frozen is not None and cmp.frozen_rule == (s.confidence, s.min_effect):
+        return dataclasses.replace(cmp.frozen, design=copy.deepcopy(cmp.frozen.design))
     level = look_level(cmp, s)
     base = dict(server=cmp.server, suite=cmp.suite, concurrency=cmp.concurrency, metric=cmp.metric,
                 confidence=level, repeats=cmp.repeats, against=cmp.against, run_to_run=cmp.run_to_run)
@@ -213,7 +258,11 @@ def _t_quantile(p: float, dof: float) -> float:
         return _t(p, float("inf"))
     return _t(p, math.floor(dof * 10) / 10 if dof < 30 else float(math.floor(dof)))
 MAX_REPEATS = 64
+MAX_SEQUENTIAL = 32     # a sequential design's looks are each simulated: repeats beyond this are not named
 TARGET = 0.8
+DESIGN_DRAWS = 400      # per design while searching (the same draws for every design: common random numbers)
+CONFIRM_DRAWS = 2000    # fresh draws for a design the search found: the probability stated (MC se <= 1.1%)
+CONFIRMS = 3            # designs confirmed at most before saying more data is unlikely to decide it
 
 
 def _split(cmp: Comparison) -> tuple[float, float, float, list]:
@@ -228,36 +277,56 @@ def _split(cmp: Comparison) -> tuple[float, float, float, list]:
     return w, float(max(cmp.prompts - 1, 1)) if cmp.prompts else float("inf"), b, [(b, cmp.dof)]
 
 
-def deciding_design(cmp: Comparison, s: Settings, target: float = TARGET) -> dict | None:
-    """The cheapest (repeats R', suite scale g) whose data would decide the comparison with
-    probability >= target: the posterior predictive probability (decides_probability), which
-    integrates over what today's data leave unknown (the effect and the variances), not the
-    probability at today's estimates. Cost is R' x g (each repeat runs every cell again; a larger
-    suite makes each cell longer). None without run-to-run variation (one repeat: measure it first)."""
-    if not cmp.run_to_run or cmp.estimate is None or cmp.se is None:
-        return None
+def candidate_designs(cmp: Comparison, s: Settings) -> list[tuple[int, float]]:
+    """(repeats R', suite scale g) that could decide the comparison, cheapest first (cost R' x g: each
+    repeat runs every cell again, a larger suite makes each cell longer): every R' up to MAX_REPEATS
+    under a fixed design; under a sequential one, whose every look is simulated, R + 1 .. R + 4 and a
+    few more up to MAX_SEQUENTIAL. Designs whose data could not narrow the interval are left out."""
     R = cmp.repeats
     w, _, b, _ = _split(cmp)
-    V = cmp.se ** 2
-    todo = [(Rn, g) for _, Rn, g in sorted((Rn * g, Rn, g) for Rn in range(R, MAX_REPEATS + 1) for g in SUITE_SCALES
-                                           if (Rn, g) != (R, 1) and w / g + b * R / Rn < V)]
-    rng = _rng(s, "design", cmp.server, cmp.against, cmp.suite, cmp.concurrency, cmp.metric)
-    best = None
-    for i in range(0, len(todo), DESIGN_BATCH):
-        batch = todo[i:i + DESIGN_BATCH]
-        ps = decides_probability(cmp, s, batch, rng)
-        for (Rn, g), p in zip(batch, ps):
+    V = w + b
+    if s.design.sequential:
+        reps = sorted({r for r in [*range(R + 1, R + 5), 8, 12, 16, 24, 32] if R < r <= MAX_SEQUENTIAL}
+                      | {max(R, s.design.min)})
+    else:
+        reps = list(range(R, MAX_REPEATS + 1))
+    return [(Rn, g) for _, Rn, g in sorted((Rn * g, Rn, g) for Rn in reps for g in SUITE_SCALES
+                                           if (Rn, g) != (R, 1) and Rn >= 1 and w / g + b * R / Rn < V)]
+
+
+def deciding_design(cmp: Comparison, s: Settings, target: float = TARGET) -> dict | None:
+    """The cheapest (repeats R', suite scale g) that decides the comparison with probability >= target
+    when it is carried out (decides_probability), or, where none does, the one most likely to (marked
+    unreachable). The search estimates every candidate with the same DESIGN_DRAWS draws; a design it
+    finds is then confirmed with CONFIRM_DRAWS fresh ones, and the confirmed probability is the one
+    stated (the first that reaches the target in the search would otherwise be stated high: chosen
+    because its draws were lucky). None without run-to-run variation (one repeat: measure it first)."""
+    if not cmp.run_to_run or cmp.estimate is None or cmp.se is None:
+        return None
+    todo = candidate_designs(cmp, s)
+    if not todo:
+        return None
+    key = (cmp.server, cmp.against, cmp.suite, cmp.concurrency, cmp.metric)
+    rng, fresh = _rng(s, "design", *key), _rng(s, "confirm", *key)
+    post = effect_posterior(cmp)
+    best, tried = None, 0
+    batch = DESIGN_BATCH if not s.design.sequential else max(1, DESIGN_BATCH // 8)
+    for i in range(0, len(todo), batch):
+        chunk = todo[i:i + batch]
+        ps = decides_probability(cmp, s, chunk, rng, post=post)
+        for (Rn, g), p in zip(chunk, ps):
             if best is None or p > best[0] + 1e-9:
                 best = (float(p), Rn, g)
-            if p >= target:
-                return _design(cmp, Rn, g, float(p), True)
-    if best is None:
-        return None
+            if p >= target and tried < CONFIRMS:
+                tried += 1
+                pc = float(decides_probability(cmp, s, [(Rn, g)], fresh, CONFIRM_DRAWS, post)[0])
+                if pc >= target:
+                    return _design(cmp, Rn, g, pc, True)
     p, Rn, g = best
-    return _design(cmp, Rn, g, p, False)
+    pc = float(decides_probability(cmp, s, [(Rn, g)], fresh, CONFIRM_DRAWS, post)[0])
+    return _design(cmp, Rn, g, pc, pc >= target)
 
 
-DESIGN_DRAWS = 300
 DESIGN_BATCH = 64
 
 
@@ -269,9 +338,19 @@ def _t_table(p: float) -> tuple[np.ndarray, np.ndarray]:
     return inv, np.array([_t(p, float("inf"))] + [_t(p, float(d)) for d in dofs[::-1]])
 
 
-def _t_many(p: float, dof: np.ndarray) -> np.ndarray:
-    inv, q = _t_table(p)
-    return np.interp(1 / np.maximum(dof, 1.0), inv, q)
+def _t_many(p, dof: np.ndarray) -> np.ndarray:
+    """t quantiles at p (a number, or one per column of dof) for many dofs at once."""
+    p = np.broadcast_to(np.asarray(p, float), np.shape(dof)) if np.ndim(p) else p
+    if np.ndim(p) == 0:
+        inv, q = _t_table(float(p))
+        return np.interp(1 / np.maximum(dof, 1.0), inv, q)
+    # a sequential design's looks each have their own level: scipy's vectorised quantile (a table per level, built
+    # with the pure-Python t_ppf, took minutes per analysis)
+    from scipy.special import ndtri, stdtrit
+
+    dof = np.asarray(dof, float)
+    with np.errstate(invalid="ignore"):
+        return np.where(np.isfinite(dof), stdtrit(np.maximum(np.where(np.isfinite(dof), dof, 1.0), 1.0), p), ndtri(p))
 
 
 def _chi2_over_dof(rng: np.random.Generator, dof, shape) -> np.ndarray:
@@ -291,76 +370,139 @@ def _chi2_over_dof(rng: np.random.Generator, dof, shape) -> np.ndarray:
     return np.where(ok, x, out)
 
 
-def decides_probability(cmp: Comparison, s: Settings, designs: list, rng: np.random.Generator,
-                        draws: int = DESIGN_DRAWS) -> np.ndarray:
-    """For each design (repeats R', suite scale g): the probability, given today's data, that the
-    comparison measured with it ends decided (its interval at the final dof excludes 0, or lies inside
-    +/-band): the posterior predictive, by simulation.
+def effect_posterior(cmp: Comparison) -> tuple[float, float]:
+    """(mean, variance) of the true effect given today's estimate and the effect prior.
 
-    Today: the estimate, w the prompt sample's variance (dof w_dof; falls as 1/g: a suite g times
-    larger) and b1 = R b the run-to-run variance of one repeat (dof d: Satterthwaite's over its parts;
-    falls as 1/R'). Each draw:
-    1. the true effect from its posterior given today's estimate (variance V = w + b1/R) and the
-       effect prior (`Comparison.effect_prior`: how the server's effects on this metric spread over its
-       suites and concurrencies, empirical Bayes; flat without one), then the final estimate given the
-       effect and today's error e: theta + e V'/V + N(0, V' (1 - V'/V)), V' = w/g + b1/R' (the final
-       error averages today's with the new data's). With a flat prior this is the preposterior of
-       nested designs, N(estimate, V - V'), which fixed the effect wherever today's estimate put it:
-       for identical servers the estimate regresses to 0, and the flat prior ignored that;
-    2. the variances the final analysis will estimate: today's sums of squares plus the new data's
-       (b1' = (d b1 + b1 chi2(d' - d)) / d', d' = d (R' - 1) / (R - 1); w likewise with the new
-       prompts), their Satterthwaite dof and t quantile (the future design's own, not today's), hence
-       the final half-width h' = t' sqrt(w'/g + b1'/R'). A design that looks enough at today's
-       variance may well not be once the new repeats re-estimate it.
-    (The true variances are taken at today's estimates: drawing them from their Jeffreys posterior as
-    well understated the share decided by ~8 points where the truth is known, tests/test_analysis.py.)
-    Decided: |x| > h' (pays or loses) or |x| < band - h' (equivalent)."""
+    Today's estimate is effect + shared session error a (Comparison.session: the server sessions move
+    every cell of theirs alike, variance S) + the rest (variance own = se^2 - S). The prior
+    (effect_prior) is built from the same server's other estimates, which carry the same a: it is a
+    prior for effect + a, so it is combined with this estimate through `own` alone, and a, which no
+    estimate of these sessions can tell from an effect, is added back (variance S). Combining it with
+    the whole se^2 instead counted today's sessions twice: identical servers whose sessions ran slow
+    everywhere were predicted to be called slower with confidence."""
+    V = cmp.se ** 2
+    if cmp.effect_prior is None:
+        return cmp.estimate, V
+    S = min(sum(cmp.session.values()), V)
+    own = V - S
+    mu, P = cmp.effect_prior
+    if own <= 0 or P <= 0:
+        return (cmp.estimate, V) if own <= 0 else (mu, S)
+    post = 1 / (1 / own + 1 / P)
+    return post * (cmp.estimate / own + mu / P), post + S
+
+
+def _looks(s: Settings, R: int, Rn: int, g: float) -> tuple[list[int], int]:
+    """The looks at which a design (R' repeats, suite scale g) is decided as the workflow would carry it
+    out, and the smallest repeats of its design: a fixed design has one look, at R'; a sequential one
+    (repeats {min, max: R'}) looks at every repeat from min on and stops at the first decided, of which
+    the looks up to today's R (more repeats of today's suite) were today's, inconclusive."""
+    lo = s.design.min
+    if not s.design.sequential or Rn <= lo:
+        return [Rn], Rn
+    first = R + 1 if g == 1 else lo
+    return list(range(max(first, lo), Rn + 1)), lo
+
+
+def decides_probability(cmp: Comparison, s: Settings, designs: list, rng: np.random.Generator,
+                        draws: int = DESIGN_DRAWS, post: tuple | None = None) -> np.ndarray:
+    """For each design (repeats R', suite scale g): the probability, given today's data, that carrying it
+    out as the workflow would ends with the comparison decided. By simulation, each draw:
+
+    1. the true effect from its posterior (effect_posterior: today's estimate, the empirical-Bayes
+       prior over the server's suites and concurrencies, today's shared session error counted once),
+       hence today's error e = estimate - effect, split into the prompt sample's part (variance w,
+       shared by every repeat) and the repeats' mean (variance b = b1 / R, b1 one repeat's run to run)
+       as their normal conditional given e;
+    2. the data the design adds. More repeats of today's suite (g = 1) keep today's data: at R'' repeats
+       the estimate is effect + prompt part + (R x today's repeat mean + R'' - R new sessions) / R''. A
+       larger suite (g > 1) reruns every cell: the estimate is effect + a fresh prompt part (variance
+       w / g) + the mean of R'' fresh sessions; nothing of today's errors carries over;
+    3. the variances the analysis will then estimate: run to run with d'' = d (R'' - 1) / (R - 1) dof (d
+       today's: Satterthwaite's over its parts), today's sum of squares plus the new sessions' (nested),
+       or the new ones alone (a larger suite); the prompt sample's w as today (the same prompts) or
+       re-estimated from the new suite's n g - 1 dof; Satterthwaite's dof of their sum;
+    4. the verdict at each look the design makes (_looks: one at R' in a fixed design; under the
+       sequential design every look of repeats {min, max: R'} at its own level from the alpha spending,
+       stopping at the first decided) with the look's own t quantile: decided where |x| > h (pays or
+       loses) or |x| < band - h (equivalent).
+
+    The true variances are taken at today's estimates (drawing them from their posterior as well
+    understated the share decided where the truth is known: tests/test_analysis.py)."""
     R = cmp.repeats
     w, w_dof, b, rr_parts = _split(cmp)
-    mu, P = cmp.effect_prior if cmp.effect_prior is not None else (0.0, float("inf"))
     b_dof = VarianceSum({i: [v, d] for i, (v, d) in enumerate(rr_parts)}).dof if rr_parts else float("inf")
     b1 = b * R
-    band = math.log(1 + s.min_effect)
-    Rn = np.array([float(d[0]) for d in designs])[None, :]
-    g = np.array([float(d[1]) for d in designs])[None, :]
-    n, m = draws, len(designs)
-    b1_true, w_true = np.full((n, 1), b1), np.full((n, 1), w)
-    v_now, v_end = w_true + b1_true / R, w_true / g + b1_true / Rn
-    # the true effect given today's estimate and the prior; then the final estimate given both (its error
-    # is today's error averaged with the new data's: Cov(today's error, the final one) = V')
-    if math.isfinite(P):
-        post_var = 1 / (1 / v_now + 1 / max(P, 1e-12))
-        theta = post_var * (cmp.estimate / v_now + mu / max(P, 1e-12)) + np.sqrt(post_var) * rng.standard_normal((n, 1))
-    else:
-        theta = cmp.estimate + np.sqrt(v_now) * rng.standard_normal((n, 1))
+    V = w + b
+    mean, var = post if post is not None else effect_posterior(cmp)
+    n = draws
+    theta = mean + math.sqrt(max(var, 0.0)) * rng.standard_normal(n)
     e = cmp.estimate - theta
-    x = theta + e * v_end / v_now + np.sqrt(np.maximum(v_end * (1 - v_end / v_now), 0.0)) * rng.standard_normal((n, m))
+    p_now = e * w / V + math.sqrt(max(w * b / V, 0.0)) * rng.standard_normal(n) if V > 0 else np.zeros(n)
+    today = (R, w, w_dof, b1, b_dof, theta, p_now, e - p_now)
+    out = np.zeros(len(designs))
+    plan = [(i, *_looks(s, R, int(Rn), float(g))) for i, (Rn, g) in enumerate(designs)]
+    one = [i for i, looks, lo in plan if len(looks) == 1 and looks[0] == lo]   # fixed: one look, at s.confidence
+    if one:
+        out[one] = _decided_share(s, today, [designs[i] for i in one], [[designs[i][0]] for i in one],
+                                  np.full((1, len(one), 1), s.confidence), rng)
+    for i, looks, lo in plan:
+        if i in one:
+            continue
+        Rn, g = designs[i]
+        q = (b1 / Rn) / (w / g + b1 / Rn) if (w / g + b1 / Rn) > 0 else 1.0
+        lv = sequential.design_levels(lo, int(Rn), round(q * 20) / 20, 1 - s.confidence)
+        level = np.array([1 - lv[j - lo] for j in looks])[None, None, :]
+        out[i] = _decided_share(s, today, [designs[i]], [looks], level, rng)[0]
+    return out
+
+
+def _decided_share(s: Settings, today: tuple, designs: list, looks: list, level: np.ndarray,
+                   rng: np.random.Generator) -> np.ndarray:
+    """decides_probability's steps 2-4 for designs that make the same number of looks (draws x designs x
+    looks at once): the share of draws decided at some look."""
+    R, w, w_dof, b1, b_dof, theta, p_now, r_now = today
+    n, m, k = len(theta), len(designs), len(looks[0])
+    band = math.log(1 + s.min_effect)
+    g = np.array([float(d[1]) for d in designs])[None, :, None]
+    L = np.array(looks, float)[None, :, :]
+    nested = g == 1
+    start = np.where(nested[0, :, 0], R, 0)[:, None]
+    steps = np.diff(np.concatenate([start, L[0]], axis=1), axis=1)[None]          # new sessions per look
+    sessions = np.cumsum(rng.standard_normal((n, m, k)) * np.sqrt(b1 * steps), axis=2)
+    fresh_prompts = np.sqrt(w / g) * rng.standard_normal((n, m, 1))
+    x = theta[:, None, None] + np.where(nested, p_now[:, None, None] + (R * r_now[:, None, None] + sessions) / L,
+                                        fresh_prompts + sessions / L)
     if math.isfinite(b_dof):
-        d_end = np.maximum(b_dof * (Rn - 1) / max(R - 1, 1), b_dof)   # never fewer than today's
-        b1_end = (b_dof * b1 + (d_end - b_dof) * b1_true * _chi2_over_dof(rng, d_end - b_dof, (n, m))) / d_end
+        d_L = np.maximum(b_dof * (L - 1) / max(R - 1, 1), 1e-9)
+        d_prev = np.concatenate([np.where(nested, b_dof, 0.0), d_L[:, :, :-1]], axis=2)
+        inc = np.maximum(d_L - d_prev, 0.0)
+        ss = np.where(nested, b_dof * b1, 0.0) + np.cumsum(b1 * inc * _chi2_over_dof(rng, inc, (n, m, k)), axis=2)
+        b1_hat = ss / d_L
     else:
-        d_end, b1_end = np.full((1, m), np.inf), np.broadcast_to(b1_true, (n, m))
+        d_L, b1_hat = np.full((1, m, k), np.inf), np.full((n, m, k), b1)
     if math.isfinite(w_dof):
-        dw_end = np.maximum(1.0, (w_dof + 1) * g - 1)
-        new = np.maximum(dw_end - w_dof, 0.0)
-        w_end = (w_dof * w + new * w_true * _chi2_over_dof(rng, new, (n, m))) / np.maximum(dw_end, w_dof) / g
+        dw = np.where(nested, w_dof, np.maximum(1.0, (w_dof + 1) * g - 1))
+        w_hat = np.where(nested, w, (w / g) * _chi2_over_dof(rng, dw, (n, m, 1)))
     else:
-        dw_end, w_end = np.full((1, m), np.inf), np.broadcast_to(w_true / g, (n, m))
-    v_hat = w_end + b1_end / Rn
+        dw, w_hat = np.full((1, m, 1), np.inf), np.broadcast_to(w / g, (n, m, 1))
+    v_hat = w_hat + b1_hat / L
     with np.errstate(divide="ignore", invalid="ignore"):
-        den = w_end ** 2 / dw_end + (b1_end / Rn) ** 2 / d_end
+        den = np.where(np.isfinite(dw), w_hat ** 2 / dw, 0.0) + (b1_hat / L) ** 2 / d_L
         dof = np.where(den > 0, v_hat ** 2 / den, np.inf)
-    h = _t_many(0.5 + s.confidence / 2, dof) * np.sqrt(v_hat)
+    h = _t_many(np.broadcast_to(0.5 + level / 2, (n, m, k)), np.broadcast_to(dof, (n, m, k))) * np.sqrt(v_hat)
     ax = np.abs(x)
-    return ((ax > h) | (ax < band - h)).mean(0)
+    return ((ax > h) | (ax < band - h)).any(2).mean(0)
 
 
 def effect_prior(cmps: list[Comparison]) -> tuple[float, float] | None:
     """Empirical Bayes (method of moments) over one server's comparisons on one metric (its suites and
-    concurrencies): the effects' mean and, as a prior for any one of them, mu's own error plus how much
-    more the estimates spread than their errors explain. Estimates share server sessions (a session
-    moves every cell of it: `Comparison.session`), which moves them together: that part does not
-    spread them, and it does not average out of their mean. None with fewer than three estimates."""
+    concurrencies): a prior for any one of them, as (mean, variance): the estimates' mean and how much
+    more they spread than their own errors explain plus that mean's own error. The estimates share
+    server sessions (a session moves every cell of it: `Comparison.session`), which moves them
+    together: that part neither spreads them nor averages out of their mean, so the mean estimates
+    effect + today's shared session error, and this is a prior for that sum (effect_posterior takes
+    the shared part out again). None with fewer than three estimates."""
     got = [c for c in cmps if c.estimate is not None and c.se is not None and c.run_to_run]
     if len(got) < 3:
         return None
@@ -370,8 +512,7 @@ def effect_prior(cmps: list[Comparison]) -> tuple[float, float] | None:
     K = len(got)
     own = float(np.mean(V - shared))
     spread = max(0.0, float(est.var(ddof=1)) - own)
-    mu_var = own / K + float(np.mean(shared))
-    return float(est.mean()), spread + mu_var
+    return float(est.mean()), spread + own / K
 
 
 def _design(cmp: Comparison, repeats: int, g: float, p: float, reachable: bool) -> dict:
@@ -380,20 +521,25 @@ def _design(cmp: Comparison, repeats: int, g: float, p: float, reachable: bool) 
 
 
 def what_would_decide(cmp: Comparison, s: Settings) -> tuple[str, dict | None]:
-    """The text and the design (deciding_design) of an inconclusive verdict."""
+    """The text and the design (deciding_design) of an inconclusive verdict: a statement of the design
+    and the probability that it decides, only where that probability reaches TARGET; else that more
+    data is unlikely to decide it."""
     if not cmp.run_to_run:
         return ("repeats: 2 or more would measure run-to-run variation (with one repeat a verdict needs an effect "
                 f"beyond ±{s.min_effect:.0%})"), None
     d = deciding_design(cmp, s)
     if d is None:
         return "nothing measured here would narrow it", None
-    what = [f"{d['repeats']} repeats" if d["repeats"] != cmp.repeats else "",
-            (f"a suite {d['suite_scale']:g}x larger" + (f" ({d['prompts']} prompts)" if d["prompts"] else ""))
-            if d["suite_scale"] != 1 else ""]
+    seq = s.design.sequential and d["repeats"] > s.design.min
+    what = [(f"up to {d['repeats']} repeats (repeats: {{min: {s.design.min}, max: {d['repeats']}}})" if seq
+             else f"{d['repeats']} repeats") if d["repeats"] != cmp.repeats or d["suite_scale"] != 1 else "",
+            (f"a suite {d['suite_scale']:g}x larger" + (f" ({d['prompts']} prompts)" if d["prompts"] else "")
+             + " measured afresh") if d["suite_scale"] != 1 else ""]
     what = " and ".join(x for x in what if x)
     if d["reachable"]:
-        return (f"{what}: decides it with probability {d['probability']:.0%} (predictive: the effect given today's "
-                f"data, the variance re-estimated with the new repeats; {cmp.repeats} repeats measured)"), d
+        return (f"{what}: decides it with probability {d['probability']:.0%} (carried out in simulation: the effect "
+                f"given today's data, new sessions, the variances re-estimated, each look at its level; "
+                f"{cmp.repeats} repeats measured)"), d
     return (f"more data is unlikely to decide it: even {what} decide it with probability only "
             f"{d['probability']:.0%} (the effect may sit at the edge of ±{s.min_effect:.0%}; {cmp.repeats} repeats "
             "measured)"), d

@@ -26,7 +26,7 @@ The summary step (specmatch.reporting.summary) reads these and renders them; it 
 
     python -m specmatch decide --baseline NAME --settings JSON --servers JSON --cells c*.json
         --requests c*.requests.parquet --launches launch.json... --suites S... --matches *.match.json
-        [--recommendations R] [--derived servers.json] [--traffic traffic.json] --out-dir results/summary
+        [--recommendations R] [--derived servers.json] [--traffic traffic.json] [--rounds r*.json] --out-dir results/summary
 """
 from __future__ import annotations
 
@@ -42,11 +42,11 @@ from ..files import read_json, write_json
 from ..pipeline import DECISION_FILES
 from ..provenance import Recorder
 from ..records import (AnalysisRecord, Attribution, CellGoodput, CrossoverSet, DerivedServers, Recommendation,
-                       RunToRunFigure, RunToRunSummary, ServerFacts, SuiteMatch, TrafficProfiles, TrafficRow,
+                       RoundPlan, RunToRunFigure, RunToRunSummary, ServerFacts, SuiteMatch, TrafficProfiles, TrafficRow,
                        Verdict)
 from ..serving.controls import OFF, is_control, why_no_control
 from .acceptance import pooled_acceptance
-from .analysis import Analysis, ServerInfo, Settings, attribute
+from .analysis import Analysis, ServerInfo, Settings, attribute, frozen_verdicts
 from .attribution import launch_differences, mixed_servers
 from .interference import flagged_claims
 from .context import ContextAxis, ContextRow, ContextTrend, context_report
@@ -155,7 +155,7 @@ def analysis_record(an: Analysis, no_control: dict[str, str] | None = None) -> A
         [CrossoverSet(s, u, metric, list(xs)) for (s, u, metric), xs in an.crossovers.items()],
         server_facts(an.infos, an.baseline), dict(no_control or {}),
         pooled_acceptance(m, "acceptance_by_source"), pooled_acceptance(m, "acceptance_by_holdout"), goodput,
-        flagged_claims(an.verdicts, m.cells, an.baseline))
+        flagged_claims(an.verdicts, m.cells, an.baseline), any(x.closed for x in m.arrays.values()))
 
 
 def records_of(an: Analysis, attrs: list[Attribution], no_control: dict[str, str] | None = None) -> Decisions:
@@ -166,11 +166,12 @@ def records_of(an: Analysis, attrs: list[Attribution], no_control: dict[str, str
 
 def decide(cells, baseline: str, settings: Settings, configs: dict, infos: dict[str, ServerInfo], suites: list[str],
            derived: dict, recs: list[Recommendation], training: list[str], no_control: dict[str, str],
-           matches: list[SuiteMatch] | None = None, profiles: TrafficProfiles | None = None) -> Decisions:
+           matches: list[SuiteMatch] | None = None, profiles: TrafficProfiles | None = None,
+           frozen: dict | None = None) -> Decisions:
     """Everything the report renders, decided once: the verified analysis (the recommend step's
     recommendations, each with its measured check) and the attribution, on the first recommendation
     suite or training suite measured as the reference for prompt length."""
-    an = verified_analysis(cells, baseline, settings, configs, infos, suites, derived, recs)
+    an = verified_analysis(cells, baseline, settings, configs, infos, suites, derived, recs, frozen)
     reference = next((u for u in [*suites, *training] if u in an.suites), None)
     got = records_of(an, attribute(an, reference), no_control)
     got.traffic = traffic_report(an, profiles, matches or [], cells)
@@ -198,6 +199,8 @@ def arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--recommendations", type=Path, help="the recommend step's recommendations.json")
     p.add_argument("--derived", type=Path, help="the recommend step's servers.json")
     p.add_argument("--traffic", type=Path, help="results/prompts/traffic.json (the traffic profiles)")
+    p.add_argument("--rounds", nargs="*", type=Path, default=[],
+                   help="the sequential design's round plans: a configuration a round stopped keeps that verdict")
     p.add_argument("--out-dir", type=Path, required=True)
 
 
@@ -205,7 +208,7 @@ def execute(a: argparse.Namespace) -> int:
     raw = json.loads(a.settings)
     settings, configs = Settings.of(raw), json.loads(a.servers)
     rec = Recorder("decide", a.cells + a.requests + a.launches + a.matches +
-                   [x for x in (a.recommendations, a.derived, a.traffic) if x],
+                   [x for x in (a.recommendations, a.derived, a.traffic) if x] + a.rounds,
                    {"baseline": a.baseline, "summary": settings.__dict__, "suites": a.suites})
     cells = load(a.cells, a.requests)
     infos = server_infos(a.launches, configs)
@@ -215,7 +218,8 @@ def execute(a: argparse.Namespace) -> int:
     training = [m.suite for m in matches if m.training]
     profiles = TrafficProfiles.from_json(read_json(a.traffic)) if a.traffic else None
     got = decide(cells, a.baseline, settings, configs, infos, a.suites, derived, recs, training,
-                 uncontrolled(raw, configs, a.baseline), matches, profiles)
+                 uncontrolled(raw, configs, a.baseline), matches, profiles,
+                 frozen_verdicts([RoundPlan.from_json(read_json(x)) for x in a.rounds], a.baseline))
     written = got.write(a.out_dir)
     rec.write(written)
     print(f"decide: {len(got.verdicts)} verdicts, {len(got.recommendations)} recommendations, "

@@ -10,7 +10,7 @@ schedule says should run there, an equivalence test within +/-min_effect.
 
     python -m specmatch recommend --baseline B --settings JSON --servers JSON --cells c*.json
         --requests c*.requests.parquet --launches launch.json... --suites train_mix --out servers.json
-        --recommendations recommendations.json [--no-verify]
+        --recommendations recommendations.json [--no-verify] [--rounds results/rounds/r*.json]
 """
 from __future__ import annotations
 
@@ -22,7 +22,7 @@ from pathlib import Path
 
 import polars as pl
 
-from .analysis import (RECOMMENDED, Analysis, ServerInfo, Settings, analyse, join_derived, server_k,
+from .analysis import (RECOMMENDED, Analysis, ServerInfo, Settings, analyse, frozen_verdicts, join_derived, server_k,
                        verify_k_recommendations, verify_recommendations)
 from .kmodel import KRecommendation
 from .krecommend import derived_config
@@ -31,7 +31,7 @@ from .. import steps
 from ..serving.engines.sglang import adaptive_support
 from ..files import SpecmatchError, read_json, write_json
 from ..provenance import Recorder
-from ..records import CellResult, DerivedServer, DerivedServers, LaunchRecord, Recommendation
+from ..records import CellResult, DerivedServer, DerivedServers, LaunchRecord, Recommendation, RoundPlan
 
 SUFFIX = RECOMMENDED
 
@@ -118,7 +118,7 @@ def derived_servers(recs: list[Recommendation], configs: dict, infos: dict[str, 
 
 def derived_k_servers(recs: list[KRecommendation], configs: dict, infos: dict[str, ServerInfo],
                       adaptive_dir: Path | None = None, taken: set | None = None) -> dict[str, DerivedServer]:
-    """The server that deploys each k recommendation (kmodel.derived_config), as `derived_server`: a schedule
+    """The server that deploys each k recommendation (krecommend.derived_config), as `derived_server`: a schedule
     is `<parent>__recommended` (the sweep's member config with the recommended speculative config), measured
     on the grid; one k everywhere is the member of that k as configured and off everywhere the baseline, each
     already measured (its own cells are its measurement); a deployment some configured server already
@@ -161,20 +161,22 @@ def derived_k_servers(recs: list[KRecommendation], configs: dict, infos: dict[st
 
 
 def primary_analysis(cells, baseline: str, settings: Settings, configs: dict, infos: dict,
-                     suites: list[str]) -> Analysis:
+                     suites: list[str], frozen: dict | None = None) -> Analysis:
     """The analysis of the configured servers only: a recommendation must not depend on the
-    derived servers that exist to verify it."""
+    derived servers that exist to verify it. `frozen`: the verdicts the sequential design kept
+    (analysis.frozen_verdicts of the round plans)."""
     primary = [s for s in configs if not s.endswith(SUFFIX)]
-    return analyse([c for c in cells if c[0].server in primary], baseline, settings, infos, suites, primary)
+    return analyse([c for c in cells if c[0].server in primary], baseline, settings, infos, suites, primary, frozen)
 
 
 def verified_analysis(cells, baseline: str, settings: Settings, configs: dict, infos: dict, suites: list[str],
-                      derived: dict[str, DerivedServer], recs: list[Recommendation] | None = None) -> Analysis:
+                      derived: dict[str, DerivedServer], recs: list[Recommendation] | None = None,
+                      frozen: dict | None = None) -> Analysis:
     """Everything the summary renders, decided here: the primary grid's analysis, the recommended
     servers' cells joined (their verdicts; no decision of the primary grid changes), and each
     recommendation (the recommend step's, which name the servers that deploy them; else the
     analysis's own) with its measured verification against the reference its schedule fixes."""
-    an = primary_analysis(cells, baseline, settings, configs, infos, suites)
+    an = primary_analysis(cells, baseline, settings, configs, infos, suites, frozen)
     an = join_derived(an, cells, list(derived))
     an.recommendations = verify_recommendations(an, recs or an.recommendations, derived)
     an.k_recommendations = verify_k_recommendations(an, an.k_recommendations, derived)
@@ -200,14 +202,18 @@ def arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--recommendations", required=True, type=Path)
     p.add_argument("--adaptive-dir", type=Path, help="where SGLang adaptive configs of recommended servers go")
     p.add_argument("--k-schedules", type=Path, help="where the k sweeps' recommendations go (kmodel.KRecommendation)")
+    p.add_argument("--rounds", nargs="*", type=Path, default=[],
+                   help="the sequential design's round plans: the configurations they stopped keep their verdicts")
 
 
 def execute(a: argparse.Namespace) -> int:
     settings, configs = Settings.of(json.loads(a.settings)), json.loads(a.servers)
-    rec = Recorder("recommend", a.cells + a.requests + a.launches, {"baseline": a.baseline, "summary": settings.__dict__,
-                                                                   "suites": a.suites, "verify": not a.no_verify})
+    rec = Recorder("recommend", a.cells + a.requests + a.launches + a.rounds,
+                   {"baseline": a.baseline, "summary": settings.__dict__, "suites": a.suites, "verify": not a.no_verify})
     infos = server_infos(a.launches, configs)
-    an = primary_analysis(load(a.cells, a.requests), a.baseline, settings, configs, infos, a.suites)
+    plans = [RoundPlan.from_json(read_json(x)) for x in a.rounds]
+    an = primary_analysis(load(a.cells, a.requests), a.baseline, settings, configs, infos, a.suites,
+                          frozen_verdicts(plans, a.baseline))
     if a.adaptive_dir:
         a.adaptive_dir.mkdir(parents=True, exist_ok=True)
     derived = {} if a.no_verify else derived_servers(an.recommendations, configs, infos, a.adaptive_dir)

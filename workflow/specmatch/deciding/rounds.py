@@ -9,12 +9,20 @@ continues. The plan
 (records.RoundPlan) lists the cells repeat R+1 measures; the workflow then launches only the servers
 that have such cells, in fresh sessions, and never reruns a finished cell.
 
+A configuration's verdict is final at the look where it stopped: the plan records all of it
+(RoundDecision: verdict, speedup, interval, level, dof, what would decide it), and every later
+analysis (the next rounds, the recommendation, the summary) reads the earlier plans and keeps it
+(analysis.frozen_verdicts), although other configurations' repeats move the run-to-run estimate its
+interval rests on. Re-deciding it would be another look at the same data, which the alpha spending
+did not pay for, and the summary could contradict the round that stopped it.
+
 A k sweep's members are planned by their question: on the suites the sweep's k is decided on
 (`--suites`, the recommendation suites), the best k's comparisons with the candidates it could not
 be told from (k_choices); elsewhere each member's own verdict, as any server's.
 
     python -m specmatch rounds --round R --baseline B --settings JSON --servers JSON --cells c*.json
-        --requests c*.requests.parquet --launches launch.json... --suites S... --out results/rounds/rR.json
+        --requests c*.requests.parquet --launches launch.json... --suites S... [--rounds r2.json ...]
+        --out results/rounds/rR.json
 """
 from __future__ import annotations
 
@@ -24,11 +32,11 @@ import math
 import sys
 from pathlib import Path
 from .. import steps
-from .analysis import Analysis, Settings
-from .comparison import _split, compare
-from ..files import SpecmatchError, write_json
+from .analysis import Analysis, Settings, frozen_verdicts
+from .comparison import _split, compare, frozen_for
+from ..files import SpecmatchError, read_json, write_json
 from ..provenance import Recorder
-from ..records import Continuation, Decision, PlannedCell, RoundDecision, RoundPlan
+from ..records import Continuation, Decision, PlannedCell, RoundDecision, RoundPlan, Verdict
 from .recommend import analysis_arguments, load, primary_analysis, server_infos
 from .sequential import Design, continues
 from ..sweep import members as sweep_members
@@ -60,8 +68,7 @@ def plan(an: Analysis, design: Design, round_: int) -> RoundPlan:
                 go = continues(cmp.estimate, w, b, cmp.repeats, design, an.settings.confidence,
                                math.log(1 + an.settings.min_effect), cmp.dof)
                 action = Continuation.CONTINUE if go else Continuation.UNLIKELY
-            decisions.append(RoundDecision(server, suite, cmp.concurrency, cmp.repeats, v.verdict, v.confidence,
-                                           action, v.speedup, v.lo, v.hi))
+            decisions.append(recorded(v, action, against=None))
             if action == Continuation.CONTINUE:
                 for who in (server, an.baseline):
                     nxt.add((who, suite, cmp.concurrency))
@@ -75,7 +82,7 @@ def plan(an: Analysis, design: Design, round_: int) -> RoundPlan:
 
 
 def k_choices(an: Analysis, design: Design, round_: int) -> list[RoundDecision]:
-    """The k sweeps' choices (kmodel.best_k) at round `round_`: the best k's comparison with every other
+    """The k sweeps' choices (kchoice.best_k) at round `round_`: the best k's comparison with every other
     candidate. One still open (inconclusive, or contradicting the estimates' order) while k is not
     decided, "pays, k open" included, continues (both servers get another repeat at that suite and
     concurrency) where the remaining repeats likely decide it, by the same rule and levels as every
@@ -91,6 +98,8 @@ def k_choices(an: Analysis, design: Design, round_: int) -> list[RoundDecision]:
                 if v.speedup is None or not any(round_ in m.repeats(x, rec.suite, ch.concurrency)
                                                 for x in (v.server, v.against)):
                     continue   # nothing to decide, or neither side measured this round (it stopped earlier)
+                if frozen_for(m, v.server, v.against, rec.suite, ch.concurrency, metric, v.repeats) is not None:
+                    continue   # it stopped at an earlier look (one side measured again for another pair): final
                 open_ = bool(ch.candidates) and v.verdict in (Decision.INCONCLUSIVE, Decision.LOSES)
                 if not open_ and v.verdict == Decision.INCONCLUSIVE:
                     continue   # inconclusive against a k the choice does not hinge on
@@ -107,9 +116,16 @@ def k_choices(an: Analysis, design: Design, round_: int) -> list[RoundDecision]:
                         cmp.estimate, w, b, cmp.repeats, design, an.settings.confidence,
                         math.log(1 + an.settings.min_effect), cmp.dof)
                     action = Continuation.CONTINUE if go else Continuation.UNLIKELY
-                out.append(RoundDecision(v.server, rec.suite, ch.concurrency, v.repeats, v.verdict, v.confidence,
-                                         action, v.speedup, v.lo, v.hi, against=v.against))
+                out.append(recorded(v, action, against=v.against))
     return out
+
+
+def recorded(v: Verdict, action: Continuation, against: str | None) -> RoundDecision:
+    """A verdict at this look as the round records it: everything a configuration that stops here keeps
+    (analysis.frozen_verdicts)."""
+    return RoundDecision(v.server, v.suite, v.concurrency, v.repeats, v.verdict, v.confidence, action, v.speedup,
+                         v.lo, v.hi, against=against, dof=v.dof, run_to_run=v.run_to_run, decide=v.decide,
+                         design=v.design)
 
 
 def describe(p: RoundPlan) -> str:
@@ -120,19 +136,23 @@ def describe(p: RoundPlan) -> str:
 def arguments(p: argparse.ArgumentParser) -> None:
     analysis_arguments(p)
     p.add_argument("--round", type=int, required=True, help="the repeats measured so far (R)")
+    p.add_argument("--rounds", nargs="*", type=Path, default=[],
+                   help="the earlier rounds' plans: the configurations they stopped keep their verdicts")
     p.add_argument("--out", required=True, type=Path)
 
 
 def execute(a: argparse.Namespace) -> int:
     settings, configs = Settings.of(json.loads(a.settings)), json.loads(a.servers)
-    rec = Recorder("sequential_round", a.cells + a.requests + a.launches,
+    rec = Recorder("sequential_round", a.cells + a.requests + a.launches + a.rounds,
                    {"baseline": a.baseline, "summary": settings.__dict__, "round": a.round,
                     "suites": a.suites})
     design = settings.design
     if not design.sequential:
         raise SpecmatchError("rounds: the configured repeats are a fixed design (no rounds to plan)")
     infos = server_infos(a.launches, configs)
-    an = primary_analysis(load(a.cells, a.requests), a.baseline, settings, configs, infos, a.suites)
+    earlier = [RoundPlan.from_json(read_json(x)) for x in a.rounds]
+    an = primary_analysis(load(a.cells, a.requests), a.baseline, settings, configs, infos, a.suites,
+                          frozen_verdicts(earlier, a.baseline))
     out = plan(an, design, a.round)
     write_json(a.out, out.to_json())
     rec.write([a.out])

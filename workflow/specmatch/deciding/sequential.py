@@ -92,7 +92,7 @@ def spend(t: float, alpha: float) -> float:
 
 
 @functools.lru_cache(maxsize=4096)
-def _levels(fractions: tuple[float, ...], alpha: float) -> tuple[float, ...]:
+def _levels(fractions: tuple[float, ...], alpha: float, draws: int = _DRAWS) -> tuple[float, ...]:
     """Nominal two-sided levels of the looks at these information fractions (increasing, last 1)."""
     k = len(fractions)
     if k == 1:
@@ -100,15 +100,15 @@ def _levels(fractions: tuple[float, ...], alpha: float) -> tuple[float, ...]:
     rng = np.random.default_rng(20261201)
     # Z_j = S_j / sqrt(I_j), S a sum of independent increments of variance I_j - I_{j-1}
     inc = np.diff(np.concatenate([[0.0], fractions]))
-    s = np.cumsum(rng.standard_normal((_DRAWS, k)) * np.sqrt(np.maximum(inc, 1e-12)), axis=1)
+    s = np.cumsum(rng.standard_normal((draws, k)) * np.sqrt(np.maximum(inc, 1e-12)), axis=1)
     z = np.abs(s / np.sqrt(fractions))
-    alive = np.ones(_DRAWS, bool)
+    alive = np.ones(draws, bool)
     nd, out, spent = NormalDist(), [], 0.0
     for j in range(k):
         target = spend(fractions[j], alpha) - spent
         spent += target
         zj = z[alive, j]
-        m = int(round(target * _DRAWS))        # crossings allowed at this look among those still alive
+        m = int(round(target * draws))         # crossings allowed at this look among those still alive
         if m <= 0 or zj.size == 0:
             c = float("inf")
         elif m >= zj.size:
@@ -118,6 +118,19 @@ def _levels(fractions: tuple[float, ...], alpha: float) -> tuple[float, ...]:
         out.append(2 * (1 - nd.cdf(c)) if math.isfinite(c) else 0.0)
         alive &= ~(z[:, j] >= c)
     return tuple(out)
+
+
+_PREDICT_DRAWS = 20_000   # levels for predictions (comparison.decides_probability): MC error of a level ~0.002
+
+
+@functools.lru_cache(maxsize=1024)
+def design_levels(lo: int, hi: int, q: float, alpha: float) -> tuple[float, ...]:
+    """Nominal two-sided levels (alpha spent) of the looks lo..hi of the design {min: lo, max: hi}, for a
+    comparison whose last look's variance is a share q run to run (falling as 1/R) and 1 - q the prompt
+    sample (w: every look's): what a design named in 'what would decide it' would test at each look.
+    The caller rounds q (the levels barely move with it), so a process computes few of these."""
+    var = [(1 - q) + q * hi / r for r in range(lo, hi + 1)]
+    return _levels(fractions(var), alpha, _PREDICT_DRAWS)
 
 
 def fractions(variances: list[float]) -> tuple[float, ...]:

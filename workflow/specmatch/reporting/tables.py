@@ -73,6 +73,11 @@ def speedup_table(d: Decided) -> list[str]:
                 lines.append(f"| {server} | {suite} | {c} | {number(np.mean([x for x in thr if x]), '.1f')} | "
                              f"{number(np.mean([x for x in base if x]), '.1f')} | " + " | ".join(cols) +
                              f" | {acc_txt} | {t.verdict.value} | {t.decide or ''} |")
+    if d.decisions.analysis.closed_loop:
+        lines += ["", "Throughput speedups compare the rate at the load: C × output tokens / the sum of the "
+                      "requests' latencies (Little's law: what a stream of requests at concurrency C gets), not the "
+                      "tok/s columns (vLLM's tokens / the cell's duration, whose end is its slowest request's). "
+                      "They differ most where a cell is one burst (C at least its requests)."]
     if s.slo:
         lines += ["", "Goodput follows vLLM's `--goodput`: requests meeting every SLO (" + ", ".join(
             f"{k} ≤ {v:g}" for k, v in s.slo.items()) + ") per second. Its verdicts: " + "; ".join(

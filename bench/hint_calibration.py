@@ -1,0 +1,183 @@
+"""Issue 34, item 4: does "what would decide it" come true? Carried out as the workflow would.
+
+Experiments of the calibration harness (specmatch.calibration.harness: the discrete-event server, 3
+suites x c = 1, 4, 16, 16 prompts, servers alternating in fresh sessions) are analysed at R = 2 on
+throughput. Every inconclusive verdict states a design (Verdict.design: R' repeats and a suite g
+times larger, with the probability p that it decides). Each named design is then carried out on the
+same experiment, as the workflow would:
+
+- more repeats (g = 1): repeats 3..R' of every cell, in fresh sessions, added to today's (nested);
+- a larger suite (g > 1): every cell rerun with round(16 g) prompts in R' fresh sessions (today's
+  data are not part of it);
+- under a sequential design (--sequential: repeats {min: 2, max: 3} today), the named R' is run as
+  repeats {min: 2, max: R'}: looks 3..R' at their levels, decided at the first look that decides;
+  under a fixed design, one look at R'.
+
+and the same verdict is read again. Printed per population: the stated probability against the share
+decided, binned, with Monte-Carlo errors (ratio estimator over experiments), for statements ("decides
+it with probability p", p >= 80%) and for "more data is unlikely to decide it".
+
+    nice -n 19 python bench/hint_calibration.py --experiments 60 --workers 2
+"""
+from __future__ import annotations
+
+import argparse
+import math
+import os
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+
+# SPECMATCH_SRC: another copy of the package (e.g. `git archive` of the commit before a change: the "before")
+sys.path.insert(0, os.environ.get("SPECMATCH_SRC", str(Path(__file__).resolve().parents[1] / "workflow")))
+
+from specmatch.calibration import harness as cal  # noqa: E402
+
+POPULATIONS = {
+    "aa": "identical servers, plain run to run (3% session, 4% cell)",
+    "effects": "a uniform speedup per experiment, log-uniform within +/-12%, plain run to run",
+    "quiet": "identical servers, quiet machine (1.5% run to run)",
+    "spec": "the harness's speculative server (1.39x / 1.00x / 0.62x at c = 1 / 4 / 16), plain run to run",
+}
+SCENARIO = {"aa": "plain", "effects": "plain", "quiet": "quiet", "spec": "plain"}
+
+
+def engines(pop: str, rng: np.random.Generator) -> dict:
+    if pop == "effects":
+        return {"baseline": cal.BASE, "spec": cal.BASE.faster(math.exp(rng.uniform(-0.12, 0.12)))}
+    if pop == "spec":
+        return {"baseline": cal.BASE, "spec": cal.SPEC}
+    return {"baseline": cal.BASE, "spec": cal.BASE}
+
+
+def settings(bootstrap: int, repeats=None):
+    from specmatch.deciding.analysis import Settings
+
+    return Settings.of(vars(cal.settings(bootstrap, slo={})) | {"repeats": repeats})
+
+
+def _quiet_analyse(cells, s):
+    """The verdicts of carried-out data (what would decide those is not asked)."""
+    from specmatch.deciding import comparison
+    from specmatch.deciding.analysis import analyse
+
+    keep = comparison.what_would_decide
+    comparison.what_would_decide = lambda cmp, s: ("", None)
+    try:
+        return analyse(cells, "baseline", s)
+    finally:
+        comparison.what_would_decide = keep
+
+
+def carried_out(rng, pop, eng, work, eff, cells, d: dict, today: int, sequential: bool, bootstrap: int) -> dict:
+    """{(suite, c): decided} after carrying out design d on this experiment."""
+    Rn, g = int(d["repeats"]), float(d["suite_scale"])
+    sc = cal.SCENARIOS[SCENARIO[pop]]
+    if g == 1:
+        new_eff = cal.run_to_run(rng, sc, ["baseline", "spec"], cal.SUITES, cal.CONCURRENCIES, Rn)
+        new_eff = {k: (eff[k] if k[3] <= today else v) for k, v in new_eff.items()}
+        extra = cal.simulate_cells(rng, [work], eng, [new_eff], range(today + 1, Rn + 1))[0] if Rn > today else []
+        data, first = cells + extra, today + 1
+    else:
+        big = cal.Workload.draw(rng, prompts=int(math.ceil(cal.PROMPTS * g)))
+        new_eff = cal.run_to_run(rng, sc, ["baseline", "spec"], cal.SUITES, cal.CONCURRENCIES, Rn)
+        data, first = cal.simulate_cells(rng, [big], eng, [new_eff], Rn)[0], 2
+    looks = list(range(max(first, 2), Rn + 1)) if sequential else [Rn]
+    s = settings(bootstrap, {"min": 2, "max": Rn} if sequential and Rn > 2 else Rn)
+    out: dict = {}
+    for R in looks:
+        an = _quiet_analyse([x for x in data if x[0].repeat <= R], s)
+        for v in an.verdicts:
+            if v.server == "spec" and v.metric == "output_throughput":
+                out[(v.suite, v.concurrency)] = out.get((v.suite, v.concurrency), False) or cal._decided(v)
+    return out
+
+
+def task(a: dict) -> list:
+    from specmatch.deciding import measurements
+    from specmatch.deciding.analysis import analyse
+
+    measurements.Settings.metrics = property(lambda self: ("output_throughput",))
+    rng = np.random.default_rng(a["seed"])
+    pop, n, today = a["population"], a["experiments"], 2
+    sc = cal.SCENARIOS[SCENARIO[pop]]
+    s = settings(a["bootstrap"], {"min": 2, "max": 3} if a["sequential"] else None)
+    rows = []   # (experiment, stated p, reachable, decided, repeats, suite scale)
+    for e in range(n):
+        work = cal.Workload.draw(rng)
+        eng = engines(pop, rng)
+        eff = cal.run_to_run(rng, sc, ["baseline", "spec"], cal.SUITES, cal.CONCURRENCIES, today)
+        cells = cal.simulate_cells(rng, [work], eng, [eff], today)[0]
+        an = analyse(cells, "baseline", s)
+        hints = [(v.suite, v.concurrency, v.design) for v in an.verdicts
+                 if v.server == "spec" and v.metric == "output_throughput" and v.speedup is not None
+                 and not cal._decided(v) and v.design]
+        done: dict = {}
+        for u, c, d in hints:
+            key = (d["repeats"], d["suite_scale"])
+            if key not in done:
+                done[key] = carried_out(rng, pop, eng, work, eff, cells, d, today, a["sequential"], a["bootstrap"])
+            rows.append((a["offset"] + e, float(d["probability"]), bool(d["reachable"]), bool(done[key].get((u, c))),
+                         d["repeats"], d["suite_scale"]))
+    return rows
+
+
+def rate(rows: list) -> tuple[float, float, float, int]:
+    """(mean stated, share decided, its MC error over experiments, n)."""
+    if not rows:
+        return float("nan"), float("nan"), float("nan"), 0
+    x = np.array([(r[0], r[1], r[3]) for r in rows], float)
+    ids = np.unique(x[:, 0], return_inverse=True)[1]
+    k = np.bincount(ids, x[:, 2])
+    m = np.bincount(ids).astype(float)
+    p = k.sum() / m.sum()
+    E = len(m)
+    se = math.sqrt(E / max(E - 1, 1) * float(((k - p * m) ** 2).sum())) / m.sum()
+    return float(x[:, 1].mean()), p, se, len(rows)
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--experiments", type=int, default=60, help="per population")
+    p.add_argument("--populations", nargs="+", default=list(POPULATIONS))
+    p.add_argument("--sequential", action="store_true", help="today's design repeats {min: 2, max: 3}")
+    p.add_argument("--workers", type=int, default=2)
+    p.add_argument("--chunk", type=int, default=5)
+    p.add_argument("--bootstrap", type=int, default=200)
+    p.add_argument("--seed", type=int, default=34)
+    a = p.parse_args(argv)
+    t0 = time.time()
+    jobs, owner = [], []
+    for pop in a.populations:
+        for i in range(0, a.experiments, a.chunk):
+            jobs.append((task, {"population": pop, "experiments": min(a.chunk, a.experiments - i), "offset": i,
+                                "sequential": a.sequential, "bootstrap": a.bootstrap,
+                                "seed": cal.seed_of(a.seed, pop, i, a.sequential)}))
+            owner.append(pop)
+    res = cal.run_tasks(jobs, a.workers)
+    print(f"'what would decide it' carried out: {a.experiments} experiments per population, R = 2 today "
+          f"({'sequential {2, 3}' if a.sequential else 'fixed'}), throughput; stated -> decided ± MC se (n)")
+    for pop in a.populations:
+        rows = [r for rr, o in zip(res, owner) if o == pop for r in rr]
+        print(f"\n{pop}: {POPULATIONS[pop]}")
+        for name, sel in (("all", rows), ("statements (reachable)", [r for r in rows if r[2]]),
+                          ("'unlikely'", [r for r in rows if not r[2]])):
+            st, dec, se, n = rate(sel)
+            print(f"  {name:24} stated {st:5.1%} -> decided {dec:5.1%} ± {se:4.1%} ({n})")
+        for lo, hi in ((0, 0.5), (0.5, 0.8), (0.8, 0.9), (0.9, 1.01)):
+            st, dec, se, n = rate([r for r in rows if lo <= r[1] < hi])
+            if n:
+                print(f"    stated in [{lo:.0%}, {min(hi, 1):.0%}): {st:5.1%} -> {dec:5.1%} ± {se:4.1%} ({n})")
+        if rows:
+            rs = np.array([r[4] for r in rows])
+            gs = np.array([r[5] for r in rows])
+            print(f"    designs: repeats median {np.median(rs):.0f} (max {rs.max()}), suite x{np.median(gs):g} "
+                  f"median ({(gs > 1).mean():.0%} name a larger suite)")
+    print(f"\n({time.time() - t0:.0f} s)")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
