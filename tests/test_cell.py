@@ -238,8 +238,8 @@ def test_min_requests_per_worker_lengthens_only_the_cells_that_need_it(tmp_path,
 
 
 def test_min_requests_per_worker_in_the_config():
-    raw = yaml.safe_load((REPO / "config.yaml").read_text())
-    assert validate(raw)["requests"]["min_requests_per_worker"] is None
+    raw = yaml.safe_load((REPO / "resources/configs/cpu_ksweep.yaml").read_text())
+    assert validate(raw)["requests"]["min_requests_per_worker"] is None   # the schema's default
     assert validate(raw)["requests"]["on_interference"] == "remeasure"
     name = next(iter(raw["suites"]))
     highest = max(raw["concurrency"])

@@ -81,7 +81,7 @@ def run_dir(tmp_path_factory):
     d = tmp_path_factory.mktemp("ext")
     rng = np.random.default_rng(34)
     engines = {"base": cal.BASE, "twin": cal.BASE, "spec": cal.calibrated(4, cal.EXT_TRUTH, step_at=4)}
-    work = [cal.Workload.draw(rng, ("s",), cal.K_PROMPTS, cal.K_OUT_TOKENS)]
+    work = [cal.Workload.draw(rng, ("s",), cal.K_PROMPTS, out_tokens=cal.K_OUT_TOKENS)]
     eff = [cal.run_to_run(rng, cal.SCENARIOS["quiet"], list(engines), ("s",), cal.EXT_CONCURRENCIES, 3)]
     cells = cal.simulate_cells(rng, work, engines, eff, 3, cal.EXT_CONCURRENCIES, cal.K_OUT_TOKENS)[0]
     paths = {"cells": [], "requests": [], "launches": []}
