@@ -14,9 +14,8 @@ def base():
 
 
 def test_shipped_config_is_valid_and_gets_defaults():
-    """The embedded default: a baseline and one EAGLE-3 server on held-out rows stratified by source,
-    the encyclopedic control and live agent sessions, two traffic profiles (one verified), steady-state
-    cells at c=16."""
+    """The embedded default: a baseline and one EAGLE-3 server on held-out rows stratified by source
+    and the encyclopedic control, two traffic profiles (one verified), steady-state cells at c=16."""
     cfg = load(REPO / "config.yaml")
     assert cfg["baseline"] == "baseline" and set(cfg["servers"]) == {"baseline", "eagle3"}
     assert cfg["servers"]["eagle3"]["host"] == "127.0.0.1" and cfg["servers"]["eagle3"]["startup_timeout_s"] == 1200
@@ -24,14 +23,22 @@ def test_shipped_config_is_valid_and_gets_defaults():
     suites = cfg["suites"]
     assert suites["train_holdout"]["holdout"] == "only" and suites["train_holdout"]["min_per_source"] >= 2
     assert suites["train_holdout"]["max_prompt_tokens"] + cfg["requests"]["max_tokens"] <= 2048   # served context
-    assert suites["agent_sessions"]["kind"] == "session" and suites["agent_sessions"]["answers"] == "live"
-    assert suites["agent_sessions"]["holdout"] == "only" and suites["agent_sessions"]["ignore_eos"] is False
+    assert "agent_sessions" not in suites   # resources/configs/cpu_sessions.yaml (time budget)
     assert suites["generic"]["kind"] == "file"
     assert [n for n, p in cfg["traffic"].items() if p.get("verify")] == ["generic_heavy"] and len(cfg["traffic"]) >= 2
     assert "agent_sessions/sessions.jsonl" in cfg["dataset"]["holdout"]["files"]
     assert cfg["requests"]["request_rate"] is None and cfg["requests"]["min_requests_per_worker"] == 2
     assert cfg["requests"]["passes"] == 1 and cfg["repeats"]["min"] >= 2 and cfg["repeats"]["max"] >= cfg["repeats"]["min"]
     assert cfg["summary"]["min_effect"] == 0.05 and cfg["summary"]["verify_recommendation"] is True
+
+
+def test_shipped_sessions_config_is_the_default_with_live_agent_sessions():
+    cfg, default = load(REPO / "resources/configs/cpu_sessions.yaml"), load(REPO / "config.yaml")
+    s = cfg["suites"]["agent_sessions"]
+    assert s["kind"] == "session" and s["answers"] == "live" and s["size"] >= max(cfg["concurrency"])
+    assert s["holdout"] == "only" and s["ignore_eos"] is False
+    assert {k: v for k, v in cfg["suites"].items() if k != "agent_sessions"} == default["suites"]
+    assert {k: v for k, v in cfg.items() if k != "suites"} == {k: v for k, v in default.items() if k != "suites"}
 
 
 def test_shipped_ksweep_config_is_the_k_sweep_with_the_in_sample_suite():

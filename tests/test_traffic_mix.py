@@ -154,9 +154,8 @@ def test_the_default_workflow_measures_a_verified_profile_on_the_whole_grid(tmp_
     for x in ("baseline", "eagle3@k=3", "eagle3@k=5"):
         assert f"results/cells/{x}/traffic_generic_heavy/r2/c16.json" in out
     assert "--traffic results/prompts/traffic.json" in out and "results/summary/traffic.json" in out
-    # the embedded default: baseline and eagle3 on train_holdout, generic, agent_sessions and its verified
-    # profile's suite traffic_generic_heavy
+    # the embedded default: baseline and eagle3 on train_holdout, generic and its verified profile's suite
+    # traffic_generic_heavy
     plain = run(snakemake_cmd() + ["-n", "--cores", "2"], wd).stdout
-    assert job_counts(plain)["cell"] == 2 * 4 * 2 * 2 and job_counts(plain)["traffic_profiles"] == 1
+    assert job_counts(plain)["cell"] == 2 * 3 * 2 * 2 and job_counts(plain)["traffic_profiles"] == 1
     assert "results/cells/eagle3/traffic_generic_heavy/r2/c16.json" in plain
-    assert "results/cells/baseline/agent_sessions/r1/c1.json" in plain
