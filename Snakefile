@@ -1,6 +1,7 @@
 # specmatch: does speculative decoding pay off on your traffic, at your load?
 #
 # training data (demo_data) -> inspect (cut table) -> prompts (suites) ---------------------+
+#                                   +-> traffic_profiles (traffic.smk: mixes; a verified one -> prompts)
 #                                   |                                                      |
 # models (embedded target, drafts) -+-> regenerate -> train_drafter (EAGLE-3 head)         |
 #   |                                                   |                                  v
@@ -8,7 +9,10 @@
 #                                                            (server x suite x repeat x concurrency)
 # cells -> sequential_round (rounds.smk: another repeat where still undecided) -> cells
 # cells -> recommend (checkpoint: what to deploy; <server>__recommended, measured as cells too)
-#       -> decide (every decision once, written as records) -> summary (renders the records)
+#       -> decide (every decision once, written as records: verdicts, recommendations, attribution,
+#          k sweeps, analysis, your traffic, context, stopping) -> summary (renders the records)
+# The step behind each rule: python -m specmatch <step> (workflow/specmatch/cli.py; stages in
+# workflow/specmatch/{data,training,serving,measuring,deciding,reporting,calibration}).
 from snakemake.utils import min_version
 
 min_version("9.0")
