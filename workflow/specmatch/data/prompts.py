@@ -28,7 +28,6 @@ import sys
 from collections import Counter
 from pathlib import Path
 
-import numpy as np
 import polars as pl
 
 from . import readers
@@ -37,7 +36,7 @@ from ..files import SpecmatchError, read_json, read_jsonl, write_json, write_jso
 from .cuts import read_cuts
 from ..provenance import Recorder
 from ..records import Cut, Manifest, Prompt, Session, SessionTurn, SuiteMatch
-from .rows import ChatTemplate, flat, mask_of, normalise_messages, prompt_of, spans_from_mask, tools_of
+from .rows import ChatTemplate, ids_and_spans, normalise_messages, prompt_of, tools_of
 from ..stats import describe, ks_critical, ks_statistic, total_variation
 from .tokenizer import load_tokenizer
 from .traffic import resolve_mix, training_shares
@@ -600,13 +599,7 @@ def row_turn_texts(template: ChatTemplate, row: dict, schema: str, n: int
         prompts = [template.render(conv[:k], tools) for k in idx]
         answers = [conv[k]["content"] for k in idx]
         return prompts, answers, [len(template.tok(a, add_special_tokens=False)["input_ids"]) for a in answers], None
-    if schema == "tokenized":
-        ids = flat(row["input_ids"])
-        mask, _ = mask_of(row)
-        spans = spans_from_mask(mask) if mask is not None else template.spans_in_array(np.asarray(ids))
-    else:
-        ids = template.tok(row["text"], add_special_tokens=False)["input_ids"]
-        spans = template.spans_in_array(np.asarray(ids))
+    ids, spans = ids_and_spans(template, row, schema)
     spans = spans[:n]
     ends = [e - 1 if e > s and template.end_id is not None and ids[e - 1] == template.end_id else e for s, e in spans]
     decode = lambda a, b: template.tok.decode(ids[a:b], skip_special_tokens=False)  # noqa: E731

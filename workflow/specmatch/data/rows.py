@@ -354,14 +354,19 @@ def prompt_of(template: ChatTemplate, row: dict, schema: str, turn: int) -> tupl
         conv = normalise_messages(row.get("conversations", row.get("messages")), row.get("system"))
         idx = [k for k, m in enumerate(conv) if m["role"] == "assistant"]
         return None, conv[:idx[turn]], tools_of(row)
+    ids, spans = ids_and_spans(template, row, schema)
+    return ids[:spans[turn][0]], None, None
+
+
+def ids_and_spans(template: ChatTemplate, row: dict, schema: str) -> tuple[list[int], list[tuple[int, int]]]:
+    """A tokenized or text row's token ids and its assistant spans (from the loss mask where the row has
+    one, else from the chat template's assistant headers)."""
     if schema == "tokenized":
         ids = flat(row["input_ids"])
         mask, _ = mask_of(row)
-        spans = spans_from_mask(mask) if mask is not None else template.spans_in_array(np.asarray(ids))
-    else:
-        ids = template.tok(row["text"], add_special_tokens=False)["input_ids"]
-        spans = template.spans_in_array(np.asarray(ids))
-    return ids[:spans[turn][0]], None, None
+        return ids, spans_from_mask(mask) if mask is not None else template.spans_in_array(np.asarray(ids))
+    ids = template.tok(row["text"], add_special_tokens=False)["input_ids"]
+    return ids, template.spans_in_array(np.asarray(ids))
 
 
 # -- a row as training reads it ----------------------------------------------------------------
