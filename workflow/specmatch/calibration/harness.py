@@ -269,9 +269,12 @@ class Tally:
 
 # -- the tasks (run in worker processes) ---------------------------------------------------------
 def settings(bootstrap: int = 250, **kw):
+    """The analysis's settings in the calibration: "what would decide it" (Settings.designs) only where
+    asked for, as the verdicts do not depend on it and it costs ~90% of an analysis."""
     from ..deciding.analysis import Settings
 
-    return Settings(**({"confidence": 0.9, "min_effect": 0.05, "bootstrap": bootstrap, "slo": dict(SLO)} | kw))
+    return Settings(**({"confidence": 0.9, "min_effect": 0.05, "bootstrap": bootstrap, "slo": dict(SLO),
+                        "designs": False} | kw))
 
 
 SPEC_INFO = {"method": "ngram", "num_speculative_tokens": SPEC.k}
@@ -295,7 +298,7 @@ def experiment_task(a: dict) -> dict:
       verdict is decided, else go on to 4, analysed under the sequential design (repeats {min: 2,
       max: 4}: alpha spent per look, specmatch.deciding.sequential); its verdicts' Tally and the repeats it
       used; `naive`: the same stopping with the fixed design's level at every look (the error it fixes);
-    - hints: for every inconclusive verdict at the smallest R whose `design` names a number of repeats
+    - hints (with `designs`: "what would decide it" is worked out only then): for every inconclusive verdict at the smallest R whose `design` names a number of repeats
       that was analysed here (suite unchanged): (stated probability, decided there, reachable)."""
     from ..deciding.analysis import ServerInfo, Settings, analyse
 
@@ -306,7 +309,7 @@ def experiment_task(a: dict) -> dict:
     work = [Workload.draw(rng, prompt_sd=sc.prompt_sd) for _ in range(n)]
     eff = [run_to_run(rng, sc, ["baseline", "spec"], SUITES, CONCURRENCIES, rmax) for _ in range(n)]
     cells = simulate_cells(rng, work, {"baseline": BASE, "spec": BASE.faster(1 + effect)}, eff, rmax)
-    s = settings(a.get("bootstrap", 250))
+    s = settings(a.get("bootstrap", 250), designs=bool(a.get("designs")))
     # the sequential design (repeats 2..rmax, alpha spent per look) is analysed beside the fixed one
     s_seq = Settings.of(vars(s) | {"repeats": {"min": 2, "max": rmax}}) if a.get("sequential") else None
     infos = {"spec": ServerInfo("spec", "vllm", "vllm", SPEC_INFO, 256)} if a.get("claims") else None
@@ -876,7 +879,7 @@ def hint_task(a: dict) -> dict:
     scenario, _ = HINT_POPULATIONS[a["name"]]
     sc = SCENARIOS[scenario]
     rng = np.random.default_rng(a["seed"])
-    s = Settings.of(vars(settings(a.get("bootstrap", 250), slo={}))
+    s = Settings.of(vars(settings(a.get("bootstrap", 250), slo={}, designs=True))
                     | {"repeats": {"min": 2, "max": 3} if a.get("sequential") else 2})
     rows = []
     for e in range(a["experiments"]):
@@ -1041,10 +1044,10 @@ def table(experiments: int = 300, power_experiments: int = 100, verify_experimen
         else:
             specs[(name, 0)] = dict(kind="experiment", name=name, effect=0.0, repeats=(1, 2, 3, 4),
                                     experiments=experiments, teeth=name == "plain", claims=name == "plain",
-                                    sequential=name == "plain")
+                                    sequential=name == "plain", designs=name == "plain")
     for e in EFFECTS:
         specs[("power", e)] = dict(kind="experiment", name="plain", effect=e, repeats=(2, 3, 4),
-                                   experiments=power_experiments, sequential=True)
+                                   experiments=power_experiments, sequential=True, designs=True)
     for name in ("plain", "quiet"):
         specs[("verify", name)] = dict(kind="verify", name=name, experiments=verify_experiments, repeats=2)
     hint_experiments = max(10, power_experiments // 2)

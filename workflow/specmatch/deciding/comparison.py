@@ -213,7 +213,7 @@ def decide(cmp: Comparison, s: Settings) -> Verdict:
     d = decision(lo_l, hi_l, math.log(1 + s.min_effect), cmp.run_to_run)
     v = Verdict(verdict=d, speedup=math.exp(cmp.estimate), lo=math.exp(lo_l), hi=math.exp(hi_l),
                 dof=cmp.dof if math.isfinite(cmp.dof) else None, **base)
-    if d == Decision.INCONCLUSIVE:
+    if d == Decision.INCONCLUSIVE and s.designs:
         v.decide, v.design = what_would_decide(cmp, s)
     return v
 
