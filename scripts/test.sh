@@ -4,7 +4,7 @@
 #                             against a real vLLM CPU server (what CI runs, via .ci/run)
 #   scripts/test.sh --quick   everything except the real-engine tests (marker vllm) and the long ones
 #                             (marker slow: calibration, whole-workflow runs, the engines' own
-#                             parsers): under 3 minutes on 2 cores; run it while working
+#                             parsers): about 4 minutes on 2 cores; run it while working
 set -euo pipefail
 cd "$(dirname "$0")/.."
 quick=0

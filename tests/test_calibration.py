@@ -33,7 +33,8 @@ server that pays 1.4x at c=1, breaks even at c=4 and loses 0.6x at c=16; its rec
 measured as the workflow measures it, with a free switch and with one whose switched-off steps cost
 15% more. A/A crossovers, and repeats added while verdicts are inconclusive (optional stopping).
 
-Runtime: ~2,300 analyses (the sequential design analysed beside the fixed one): about 4 minutes on 2 idle cores
+Runtime: ~2,300 analyses (the sequential design analysed beside the fixed one), without 'what would decide it'
+(Settings.designs) except where the hints are checked: about 10 minutes on 2 idle cores (12 with the k sweeps)
 (SPECMATCH_CALIBRATION_WORKERS processes, default 2). `python -m specmatch simulate --table` prints
 the full table (R = 1..4, hints, sequential). Findings are xfail(strict=True) with the measured
 rate, so they flip when the analysis is fixed.

@@ -293,7 +293,8 @@ def test_server_children_and_load_generator_threads_are_never_neighbours(tmp_pat
         assert whose[os.getppid()][0] == "workflow"
     assert not {engine_child, server.pid, os.getpid()} & {o.pid for o in r.top}
     # busy processes share the cores with whatever else runs here (a loaded CI box: a dozen others): a part
-    assert whose[neighbour][2] > 0.03 and r.other_cpu_cores >= whose[neighbour][2] - 1e-6
+    # (the record rounds its figures to 4 decimals: a CI run read 0.6268 against the neighbour's 0.626839)
+    assert whose[neighbour][2] > 0.03 and r.other_cpu_cores >= whose[neighbour][2] - 1e-4
     assert whose[engine_child][2] > 0.03 and r.server_cpu_cores >= whose[engine_child][2] + whose[server.pid][2] - 1e-3
     assert r.load_generator_cpu_cores > 0.03   # this process's busy thread (and the sampler)
     assert r.flagged
