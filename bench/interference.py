@@ -199,7 +199,7 @@ def cells_report(res: dict) -> list[str]:
     for i, x in enumerate(res["cells"]):
         c = CellResult.from_json(x["cell"])
         cells[(f"{x['label']}", "s", c.concurrency, i + 1)] = c
-    lines += ["", "What the summary's section says of these cells:"] + section(cells, [], "quiet")
+    lines += ["", "What the summary's section says of these cells:"] + section(cells, [], [])
     return lines
 
 

@@ -9,6 +9,7 @@ import subprocess
 import sys
 import threading
 import time
+from pathlib import Path
 
 import pytest
 
@@ -392,3 +393,17 @@ def test_machine_quietness_section_and_verdict_note():
     for c in cells.values():
         c.interference = None   # cells from before readings were recorded: no section
     assert section(cells, verdicts, claims) == []
+
+
+@pytest.mark.slow
+def test_the_interference_bench_runs_its_fake_mode_end_to_end(tmp_path):
+    """bench/interference.py fake (a scripted server through the watchdog, cells with and without a
+    neighbour, a re-measured cell) runs to its report: the summary's section is rendered from its cells.
+    (Its report call went stale once when the section's signature changed, after the real-engine cells
+    had been measured.)"""
+    repo = Path(__file__).resolve().parent.parent
+    out = subprocess.run([sys.executable, str(repo / "bench" / "interference.py"), "fake", "--out", str(tmp_path)],
+                         capture_output=True, text=True, timeout=600, cwd=repo)
+    assert out.returncode == 0, out.stderr[-2000:]
+    text = (tmp_path / "interference-fake.txt").read_text()
+    assert "## Machine quietness" in text and "flagged: duty 1" in text and "re-measured: remeasure" in text
