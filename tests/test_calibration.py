@@ -196,10 +196,11 @@ def report(runs, name) -> str:
 
 
 XFAIL_POOLED: dict = {
-    "prompts30": "measured 12.3% ± 1.0% pooled (8,632 verdicts) at nominal 10%: a speedup that varies by prompt with "
-                 "log-sd 0.30 in one burst (c = suite size) is still called different too often at c=16 (13-19% there), "
-                 "although the rate at the load's bootstrap (issue 34 item 3) halved it (was 26-27% at c=16). The "
-                 "embedded default no longer measures bursts (requests.min_requests_per_worker: 2)",
+    "prompts30": "measured 12.3% ± 1.0% pooled (8,632 verdicts) at nominal 10%: a speedup that varies by prompt "
+                 "with log-sd 0.30 in one burst (c = suite size) is still called different too often at c=16 "
+                 "(12.5-19% there), although the rate at the load's bootstrap (issue 34 item 3) halved it (was "
+                 "26-27% at c=16). The embedded default no longer measures bursts "
+                 "(requests.min_requests_per_worker: 2)",
 }
 # Fixed (issue 18 item 1): goodput at c=16 was called different in 23% (plain, R=2) to 41% (outlier) of
 # identical-server verdicts. At c=16 one burst of 16 requests finishes together, so goodput is all or
@@ -207,8 +208,8 @@ XFAIL_POOLED: dict = {
 # alone, and with one paired repeat it fell back to the prompt sample's interval without the run-to-run
 # variance that was measured for those servers (comparison.compare).
 XFAIL_CELL: dict = {
-    "prompts30": "measured TPOT 18.8% ± 1.5% and end-to-end latency 18.2% ± 1.5% at c=16 (R = 2 and 3 pooled): per-prompt "
-                 "heterogeneity of log-sd 0.30 in one burst; throughput there 12.5% ± 1.2%",
+    "prompts30": "measured TPOT 18.8% ± 1.5% and end-to-end latency 18.2% ± 1.5% at c=16 (R = 2 and 3 pooled): "
+                 "per-prompt heterogeneity of log-sd 0.30 in one burst; throughput there 12.5% ± 1.2%",
 }
 
 
@@ -424,10 +425,10 @@ def test_verification_keeps_its_stated_error_rates(runs, machine):
 
 
 @long
-@pytest.mark.xfail(strict=True, reason="measured: a right schedule verified in 38% (undecided 60%, failed 2%) of 40; a "
-                                       "costly switch failed in 100%. Power fell with the honest burst interval at c=16 "
-                                       "(issue 34 item 3: the prompt sample's variance of the rate at the load), which "
-                                       "non-inferiority must clear at every concurrency")
+@pytest.mark.xfail(strict=True, reason="measured: a right schedule verified in 38% (undecided 60%, failed 2%) of "
+                                       "40; a costly switch failed in 100%. Power fell with the honest burst "
+                                       "interval at c=16 (issue 34 item 3: the prompt sample's variance of the rate "
+                                       "at the load), which non-inferiority must clear at every concurrency")
 def test_verification_decides_on_a_quiet_machine(runs):
     """Power of the verification where run to run is small (1.5%): a right schedule is verified and a
     switch costing 15% fails, mostly. (With 5% run to run and R=2 both are mostly undecided.) Fixed

@@ -298,8 +298,9 @@ def experiment_task(a: dict) -> dict:
       verdict is decided, else go on to 4, analysed under the sequential design (repeats {min: 2,
       max: 4}: alpha spent per look, specmatch.deciding.sequential); its verdicts' Tally and the repeats it
       used; `naive`: the same stopping with the fixed design's level at every look (the error it fixes);
-    - hints (with `designs`: "what would decide it" is worked out only then): for every inconclusive verdict at the smallest R whose `design` names a number of repeats
-      that was analysed here (suite unchanged): (stated probability, decided there, reachable)."""
+    - hints (needs `designs`: "what would decide it" is worked out only then): for every inconclusive
+      verdict at the smallest R whose `design` names a number of repeats that was analysed here (suite
+      unchanged): (stated probability, decided there, reachable)."""
     from ..deciding.analysis import ServerInfo, Settings, analyse
 
     name, effect, n, rs = a["name"], a["effect"], a["experiments"], tuple(sorted(a["repeats"]))
