@@ -53,6 +53,7 @@ def config(suite_size: int, concurrency: list[int], repeats) -> dict:
     cfg["servers"] = {"baseline": dict(srv), "baseline_copy": dict(srv)}
     cfg["models"]["eagle3"] = {}
     cfg["suites"] = {"train_holdout": {**cfg["suites"]["train_holdout"], "size": suite_size}}
+    cfg.pop("traffic", None)   # its mixes name the default's other suites
     cfg["concurrency"] = concurrency
     cfg["repeats"] = repeats
     cfg["summary"] = {**cfg["summary"], "recommend_suites": ["train_holdout"], "controls": {"configured_off": False}}
@@ -140,7 +141,8 @@ def main() -> int:
     p.add_argument("--runs", type=int, default=8)
     p.add_argument("--workdir", type=Path, default=Path("/tmp/specmatch-aa"))
     p.add_argument("--model", type=Path, default=REPO / "results/models/smollm2-135m")
-    p.add_argument("--suite-size", type=int, default=16)
+    p.add_argument("--suite-size", type=int, default=18,
+                   help="train_holdout's size (the default's: at least min_per_source 3 x 6 demo sources)")
     p.add_argument("--concurrency", type=int, nargs="+", default=[1, 4, 16])
     p.add_argument("--repeats", default="2:3", help="R (fixed) or MIN:MAX (the sequential design, as the default)")
     p.add_argument("--reanalyse", action="store_true",
