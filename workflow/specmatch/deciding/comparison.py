@@ -438,19 +438,17 @@ def decides_probability(cmp: Comparison, s: Settings, designs: list, rng: np.ran
     w, w_dof, b, rr_parts = _split(cmp)
     b_dof = VarianceSum({i: [v, d] for i, (v, d) in enumerate(rr_parts)}).dof if rr_parts else float("inf")
     b1 = b * R
-    V = w + b
     mean, var = post if post is not None else effect_posterior(cmp)
     n = draws
     theta = mean + math.sqrt(max(var, 0.0)) * rng.standard_normal(n)
     e = cmp.estimate - theta
-    # the true run-to-run variance from its posterior (today's estimate, b_dof degrees of freedom): taken at
-    # the estimate, a design was named short exactly where the estimate ran low, and identical servers were
-    # told 83% and decided 68% (equivalence needs the interval inside the band: steep in the variance)
+    # one repeat's true run-to-run variance per draw, from its posterior (docstring), and the repeat mean's
     b1_true = b1 / np.maximum(_chi2_over_dof(rng, b_dof, (n,)), 1e-3) if math.isfinite(b_dof) else np.full(n, b1)
-    bt = b1_true / R
-    Vt = w + bt
+    b_true = b1_true / R
+    V_true = w + b_true
     with np.errstate(divide="ignore", invalid="ignore"):
-        p_now = np.where(Vt > 0, e * w / Vt + np.sqrt(np.maximum(w * bt / Vt, 0.0)) * rng.standard_normal(n), 0.0)
+        p_now = np.where(V_true > 0, e * w / V_true + np.sqrt(np.maximum(w * b_true / V_true, 0.0))
+                         * rng.standard_normal(n), 0.0)
     today = (R, w, w_dof, b1, b_dof, theta, p_now, e - p_now, b1_true)
     out = np.zeros(len(designs))
     plan = [(i, *_looks(s, R, int(Rn), float(g))) for i, (Rn, g) in enumerate(designs)]
