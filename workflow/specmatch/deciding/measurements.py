@@ -110,9 +110,11 @@ class Arrays:
     flavor: str = "vllm"
     prompt_tokens: np.ndarray | None = None    # per request, from the server's usage (NaN where unknown)
     start: np.ndarray | None = None            # per request: when it was sent (s from the cell's start)
-    # per request: the latency the throughput statistic resamples, weighted by the request's influence on the
-    # others in the drain (drain_influence; None: the latency itself)
+    # per request: the latency and the TPOT the bootstrap resamples, each plus the request's influence on the
+    # others' in the drain less its mean (caused_delay; None: the figure itself). The sum over all requests is
+    # unchanged, so every point estimate is.
     e2e_load: np.ndarray | None = None
+    tpot_load: np.ndarray | None = None
 
     @classmethod
     def of(cls, cell: CellResult, requests: pl.DataFrame, slo: dict) -> "Arrays":
@@ -145,15 +147,15 @@ class Arrays:
 
     def stat(self, metric: str, idx: np.ndarray) -> np.ndarray:
         """The metric over the requests `idx` (rows of resamples): the bootstrap's estimator. A closed
-        loop's throughput is the rate at its load, C x tokens / sum of latencies (module docstring), the
-        latencies weighted by their influence in the drain (e2e_load)."""
+        loop's throughput is the rate at its load, C x tokens / sum of latencies (module docstring);
+        latencies and TPOT carry their influence on the others' in the drain (e2e_load, tpot_load)."""
+        lat = self.e2e if self.e2e_load is None else self.e2e_load
         if metric in ("output_throughput", "goodput"):
             num = (self.out if metric == "output_throughput" else self.good.astype(float))[idx].sum(-1)
             if self.closed:
-                lat = self.e2e if self.e2e_load is None else self.e2e_load
                 return self.workers * num / lat[idx].sum(-1)
             return num / self.duration * (len(self.out) / idx.shape[-1])
-        vals = (self.tpot if metric == "tpot" else self.e2e)[idx]
+        vals = (lat if metric == "e2el" else self.tpot if self.tpot_load is None else self.tpot_load)[idx]
         with np.errstate(invalid="ignore"):
             return np.nanmean(vals, axis=-1)
 
@@ -200,8 +202,7 @@ class Measurements:
             x = batch_scaling(m, server, suite, conc)
             for k in keys:
                 if a[k].closed and a[k].start is not None:
-                    w = drain_influence(a[k].start, a[k].e2e, x)
-                    a[k].e2e_load = w * a[k].e2e - float(np.mean((w - 1) * a[k].e2e))
+                    a[k].e2e_load, a[k].tpot_load = load_figures(a[k], x)
         return m
 
     def servers(self) -> list[str]:
@@ -235,15 +236,52 @@ def drain_influence(start: np.ndarray, e2e: np.ndarray, x: float) -> np.ndarray:
     n = len(e2e)
     if n < 2 or not (np.isfinite(start).all() and np.isfinite(e2e).all()) or x <= 0:
         return np.ones(n)
-    end = start + e2e
-    ev, B = _in_flight(start, end)
-    drain0 = start.max()
-    per = (B - 1) / np.maximum(B, 1) if not math.isfinite(x) else x * (B - 1) / (1 + x * B)
-    lo = np.maximum(np.maximum(ev[:-1][None, :], start[:, None]), drain0)
-    hi = np.minimum(ev[1:][None, :], end[:, None])
-    share = (np.maximum(hi - lo, 0.0) * np.maximum(per, 0.0)[None, :]).sum(1)
+    share = caused_delay(start, e2e, x, np.ones(n))
     with np.errstate(divide="ignore", invalid="ignore"):
         return np.where(e2e > 0, 1 + share / e2e, 1.0)
+
+
+def caused_delay(start: np.ndarray, e2e: np.ndarray, x: float, weight: np.ndarray,
+                 since: np.ndarray | None = None) -> np.ndarray:
+    """Per request j: the time its presence in the drain adds to the others, sum over i != j of
+    weight[i] x the delay to i, counting only i's time from since[i] on (default: its start).
+
+    Under a step cost a + b x batch, j's presence makes every step b dearer for each other request in
+    flight: over dt of the drain (dt / (a + b B) steps) each of them waits x / (1 + x B) dt longer
+    (x = b / a; infinite: 1 / B, every step's cost per sequence). Before the drain (the last request
+    sent) a request that were not there would be replaced by the next, so it delays nobody. With
+    weight 1 and `since` the starts, the sum is what j adds to the sum of latencies (drain_influence);
+    with weight 1 / (output tokens - 1) and `since` the first tokens, what it adds to the sum of TPOT."""
+    n = len(e2e)
+    if n < 2 or not (np.isfinite(start).all() and np.isfinite(e2e).all()) or x <= 0:
+        return np.zeros(n)
+    end = start + e2e
+    ev, B = _in_flight(start, end)
+    mid = (ev[:-1] + ev[1:]) / 2
+    frm = start if since is None else np.where(np.isfinite(since), np.maximum(since, start), start)
+    counted = (frm[None, :] <= mid[:, None]) & (end[None, :] > mid[:, None])   # intervals x requests
+    S = counted.astype(float) @ weight                                        # per interval: sum of weights
+    per = 1 / np.maximum(B, 1) if not math.isfinite(x) else x / (1 + x * B)
+    lo = np.maximum(np.maximum(ev[:-1][None, :], start[:, None]), start.max())
+    hi = np.minimum(ev[1:][None, :], end[:, None])
+    others = S[None, :] - counted.T * weight[:, None]                          # less j's own weight
+    return (np.maximum(hi - lo, 0.0) * per[None, :] * np.maximum(others, 0.0)).sum(1)
+
+
+def load_figures(a: Arrays, x: float) -> tuple[np.ndarray, np.ndarray]:
+    """Each request's latency and TPOT plus what its presence in the drain adds to the others' (the
+    sum of latencies; the sum of TPOT, each other's delay over its decode divided by its output tokens
+    - 1), less the mean of that addition: resampled, a request moves the statistic by its influence
+    (module docstring); summed over every request, the figures are the measured ones. A TPOT that is
+    not defined (one output token) stays undefined and weighs nothing in the others'."""
+    n = len(a.e2e)
+    share = caused_delay(a.start, a.e2e, x, np.ones(n))
+    tpot_ok = np.isfinite(a.tpot)
+    per_token = np.where(tpot_ok, 1 / np.maximum(a.out - 1, 1), 0.0)
+    first = a.start + np.where(np.isfinite(a.ttft), a.ttft, 0.0)
+    t_share = caused_delay(a.start, a.e2e, x, per_token, since=first)
+    t_mean = float(t_share[tpot_ok].mean()) if tpot_ok.any() else 0.0
+    return a.e2e + share - float(share.mean()), np.where(tpot_ok, a.tpot + t_share - t_mean, np.nan)
 
 
 def _decode_batch(a: Arrays) -> np.ndarray:

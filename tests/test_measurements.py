@@ -1,0 +1,86 @@
+"""A request's influence on the others in a closed loop's drain (deciding.measurements): checked
+against a step-by-step server whose truth is exact, by removing each request and serving the rest."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from specmatch.deciding.measurements import Arrays, caused_delay, drain_influence, load_figures
+from specmatch.measuring.metrics import tpot_s
+
+A, B = 0.020, 0.004   # step cost a + b x batch: x = b / a = 0.2
+
+
+def serve(steps: list[int], workers: int, a: float = A, b: float = B):
+    """A closed loop of `workers` on a server whose every step costs a + b x the requests in flight and
+    gives each one token (its first at the end of its first step). Returns start, first token, end."""
+    n = len(steps)
+    start, first, end = np.zeros(n), np.zeros(n), np.zeros(n)
+    queue, live, t = list(range(n)), {}, 0.0
+    while queue or live:
+        while queue and len(live) < workers:
+            i = queue.pop(0)
+            start[i], live[i] = t, 0
+        t += a + b * len(live)
+        for i in list(live):
+            live[i] += 1
+            if live[i] == 1:
+                first[i] = t
+            if live[i] == steps[i]:
+                end[i] = t
+                del live[i]
+    return start, first, end
+
+
+def sums_without(steps, workers, j):
+    """The others' sum of latencies and of TPOT when request j is not sent at all."""
+    rest = [s for i, s in enumerate(steps) if i != j]
+    start, first, end = serve(rest, workers)
+    out = np.array(rest, float)
+    return float((end - start).sum()), float(np.nansum(tpot_s(end - start, first - start, out)))
+
+
+STEPS = [5, 12, 3, 20, 8, 8, 15, 1, 30, 6]   # one request of one token: no TPOT
+
+
+def test_in_a_burst_a_request_adds_to_the_others_exactly_what_removing_it_takes_away():
+    """All requests sent at once (workers >= requests): the whole cell is the drain. Removing j makes
+    every step it shared with another b cheaper for that one, so the others' sum of latencies falls by
+    b x the steps they shared, and their TPOT by that over each one's decode: caused_delay's integral,
+    exact on this server."""
+    start, first, end = serve(STEPS, workers=len(STEPS))
+    e2e, out = end - start, np.array(STEPS, float)
+    tpot = tpot_s(e2e, first - start, out)
+    lat = caused_delay(start, e2e, B / A, np.ones(len(STEPS)))
+    per_token = np.where(np.isfinite(tpot), 1 / np.maximum(out - 1, 1), 0.0)
+    tp = caused_delay(start, e2e, B / A, per_token, since=first)
+    for j in range(len(STEPS)):
+        others = np.arange(len(STEPS)) != j
+        lat_without, tpot_without = sums_without(STEPS, len(STEPS), j)
+        assert lat[j] == pytest.approx(e2e[others].sum() - lat_without, rel=1e-9)
+        assert tp[j] == pytest.approx(np.nansum(tpot[others]) - tpot_without, rel=1e-9)
+    assert (lat > 0).all() and lat.max() > 5 * lat.min()   # long requests delay the others more
+
+
+def test_before_the_drain_a_request_delays_nobody():
+    """With fewer workers than requests, a request sent while others wait is replaced by the next if it
+    is not there: only its time after the last request was sent counts."""
+    start, first, end = serve(STEPS, workers=3)
+    e2e = end - start
+    lat = caused_delay(start, e2e, B / A, np.ones(len(STEPS)))
+    done_early = end <= start.max()
+    assert done_early.sum() >= 3 and (lat[done_early] == 0).all()
+    assert (lat[~done_early] > 0).any()
+    assert drain_influence(start, e2e, B / A) == pytest.approx(1 + lat / e2e)
+
+
+def test_the_load_figures_keep_every_point_estimate():
+    start, first, end = serve(STEPS, workers=len(STEPS))
+    e2e, out = end - start, np.array(STEPS, float)
+    a = Arrays(keys=[f"p{i}#0" for i in range(len(STEPS))], out=out, e2e=e2e, ttft=first - start,
+               tpot=tpot_s(e2e, first - start, out), good=np.ones(len(STEPS), bool), closed=True,
+               concurrency=16, duration=float(end.max()), start=start)
+    e2e_load, tpot_load = load_figures(a, B / A)
+    assert e2e_load.mean() == pytest.approx(e2e.mean())
+    assert np.nanmean(tpot_load) == pytest.approx(np.nanmean(a.tpot))
+    assert np.isnan(tpot_load).sum() == np.isnan(a.tpot).sum() == 1   # the one-token request has none
