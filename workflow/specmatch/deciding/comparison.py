@@ -4,8 +4,9 @@ A comparison has two levels of noise, and its interval includes both, each once:
 
 - the **prompt sample**: a paired bootstrap by prompt (the two servers served the same prompts; a
   resample draws prompts, both servers' requests for them together, the same draw in every repeat).
-  Closed loop, throughput is sum(output tokens) over the time C workers take to serve the drawn
-  requests (the cell's own definition, tail included); open loop, sum(output tokens) / duration.
+  Closed loop, throughput is the rate at the load, each request's latency and TPOT carrying its
+  influence on the others' in the drain (deciding.measurements); open loop, sum(output tokens) /
+  duration. A bootstrap's variance of a mean over n prompts is short by (n - 1) / n: w is scaled back.
   The part of the bootstrap variance that every repeat shares (the covariance of the repeats'
   resampled log ratios) is the prompt sample's, which more repeats do not average out: `w`, with
   prompts - 1 degrees of freedom. The rest is each repeat's own request noise, which is part of
