@@ -24,6 +24,8 @@ Modes:
     .venv/bin/python bench/interference.py fake
     .venv/bin/python bench/interference.py vllm --results results [--duties 0.05 0.2 1.0] [--pin 1]
         [--concurrency 1] [--suite train_holdout]
+    .venv/bin/python bench/interference.py vllm --from-cells bench/out/interference-vllm-<id> --duties 0.2 1.0
+        (the report again from a run's kept cells, with the --duties and --concurrency it ran with)
 
 `vllm` needs a results tree of the default run (results/models/smollm2-135m and
 results/prompts/<suite>.jsonl); it starts its own server session (state in bench/out/interference-state,
@@ -163,6 +165,29 @@ def cells_mode(a, server: dict, prompts: Path, work: Path, req: dict, quiet_firs
     return {"cells": cells}
 
 
+def kept_cells(a, work: Path) -> dict:
+    """`res["cells"]` again from a cells run's kept files (its folder under bench/out), in the plan's order
+    (`--duties` and `--concurrency` as that run had them): for a run whose report was not written. The
+    neighbour is recognised as the nice-19 process among the cell's top others (its pid was not kept)."""
+    plan = [("quiet", 0.0)] + [(f"duty {d:g}", d) for d in a.duties] + [("quiet again", 0.0)]
+    cells = []
+    for i, (label, duty) in enumerate(plan):
+        for c in a.concurrency:
+            path = work / f"cell{i}-c{c}.json"
+            if not path.exists():
+                raise SystemExit(f"{path}: missing (were --duties {a.duties} and --concurrency {a.concurrency} "
+                                 "that run's?)")
+            cell = json.loads(path.read_text())
+            seen = next((o for o in cell["interference"]["top"] if o.get("nice") == 19), None) if duty else None
+            cells.append({"label": label, "duty": duty, "concurrency": c, "wall_s": None,
+                          "neighbour_in_top": seen is not None,
+                          "neighbour_cores": seen["cpu_cores"] if seen else None, "cell": cell})
+    if (work / "remeasure.json").exists():
+        cells.append({"label": "remeasure", "duty": max(a.duties), "concurrency": a.concurrency[0], "wall_s": None,
+                      "cell": json.loads((work / "remeasure.json").read_text())})
+    return {"cells": cells, "from_cells": str(work)}
+
+
 def dose_response(res: dict) -> list[dict]:
     out = []
     for c in sorted({x["concurrency"] for x in res["cells"]}):
@@ -226,6 +251,9 @@ def main() -> int:
     p.add_argument("--concurrency", type=int, nargs="+", default=[1])
     p.add_argument("--warmup-s", type=float, default=15.0, help="vllm: the remeasure neighbour's head start")
     p.add_argument("--out", type=Path, default=OUT)
+    p.add_argument("--from-cells", type=Path, default=None,
+                   help="fake/vllm: report a run's kept cells (its bench/out/interference-<mode>-* folder) again, "
+                        "measuring nothing")
     a = p.parse_args()
     if a.threshold is None:
         import yaml
@@ -236,6 +264,11 @@ def main() -> int:
     if a.mode == "proc":
         res = proc_mode(a)
         lines = proc_report(res)
+    elif a.from_cells:
+        res = kept_cells(a, a.from_cells)
+        res.update(mode=a.mode, pin=a.pin, threshold=a.threshold)
+        res["dose_response"] = dose_response(res)
+        lines = cells_report(res)
     else:
         work = Path(tempfile.mkdtemp(prefix=f"interference-{a.mode}-", dir=a.out))
         req = {"endpoint": "completions", "passes": 1, "warmup": 2, "max_tokens": 24, "temperature": 0.0,

@@ -25,9 +25,10 @@ less the mean of that addition, so the sums, and every point estimate, are the m
 the latency (for throughput, goodput and end-to-end latency: e2e_load) and the TPOT (each other's
 delay over its decode, divided by its output tokens - 1: tpot_load). x comes from the server's own
 batch scaling: its requests' TPOT here against the same prompts' at its lowest measured concurrency
-(batch_scaling), and where it has none the bound x -> infinity (every step's cost per sequence). On
-a step-by-step server the additions are exactly what removing the request takes from the others
-(tests/test_measurements.py). On the discrete-event server this brings the paired bootstrap's
+(batch_scaling), and where it has none the bound x -> infinity (every step's cost per sequence). In
+a burst on a step-by-step server the additions are exactly what removing the request takes from the
+others (tests/test_measurements.py); with fewer workers than requests they are the model above, as
+removing one would also move when the others start. On the discrete-event server this brings the paired bootstrap's
 variance at c = 16 (one burst of 16) from 0.45-0.54 of the true prompt sample's variance to
 0.83-1.03, and leaves c = 4 (four requests a worker) as it was (1.0-1.1). Without it in TPOT and
 end-to-end latency, servers identical on average whose speedup varies by prompt with log-sd 0.30
@@ -227,9 +228,10 @@ def _configurations(m: Measurements) -> dict:
 
 
 # -- a request's influence on the others, in the drain ----------------------------------------------
-def _in_flight(start: np.ndarray, end: np.ndarray):
-    """The closed loop's timeline: event times, and the requests in flight between consecutive ones."""
-    ev = np.unique(np.concatenate([start, end]))
+def _in_flight(start: np.ndarray, end: np.ndarray, *more: np.ndarray):
+    """The closed loop's timeline: event times (starts, ends and any `more` breakpoints), and the
+    requests in flight between consecutive ones."""
+    ev = np.unique(np.concatenate([start, end, *more]))
     mid = (ev[:-1] + ev[1:]) / 2
     B = ((start[None, :] <= mid[:, None]) & (end[None, :] > mid[:, None])).sum(1)
     return ev, B
@@ -263,9 +265,9 @@ def caused_delay(start: np.ndarray, e2e: np.ndarray, x: float, weight: np.ndarra
     if n < 2 or not (np.isfinite(start).all() and np.isfinite(e2e).all()) or x <= 0:
         return np.zeros(n)
     end = start + e2e
-    ev, B = _in_flight(start, end)
-    mid = (ev[:-1] + ev[1:]) / 2
     frm = start if since is None else np.where(np.isfinite(since), np.maximum(since, start), start)
+    ev, B = _in_flight(start, end, frm)   # a slice never straddles a counted phase's beginning
+    mid = (ev[:-1] + ev[1:]) / 2
     counted = (frm[None, :] <= mid[:, None]) & (end[None, :] > mid[:, None])   # intervals x requests
     S = counted.astype(float) @ weight                                        # per interval: sum of weights
     per = 1 / np.maximum(B, 1) if not math.isfinite(x) else x / (1 + x * B)
