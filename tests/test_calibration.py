@@ -34,7 +34,7 @@ measured as the workflow measures it, with a free switch and with one whose swit
 15% more. A/A crossovers, and repeats added while verdicts are inconclusive (optional stopping).
 
 Runtime: ~2,300 analyses (the sequential design analysed beside the fixed one), without 'what would decide it'
-(Settings.designs) except where the hints are checked: about 25 minutes on 2 idle cores, most of it the hints'
+(Settings.designs) except where the hints are checked: about 28-31 minutes on 2 idle cores (measured 3 Dec), most of it the hints'
 carried-out designs
 (SPECMATCH_CALIBRATION_WORKERS processes, default 2). `python -m specmatch simulate --table` prints
 the full table (R = 1..4, hints, sequential). Findings are xfail(strict=True) with the measured
