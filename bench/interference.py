@@ -126,13 +126,18 @@ def run_cell(name: str, server: dict, prompts: Path, c: int, req: dict, out: Pat
     return json.loads(out.read_text())
 
 
+def cell_plan(duties: list[float]) -> list[tuple[str, float]]:
+    """The cells' order in `cells_mode` (label, neighbour duty): quiet, each duty, quiet again."""
+    return [("quiet", 0.0)] + [(f"duty {d:g}", d) for d in duties] + [("quiet again", 0.0)]
+
+
 def cells_mode(a, server: dict, prompts: Path, work: Path, req: dict, quiet_first=True) -> dict:
     state = work / "state"
     from specmatch.serving.server import Manager
 
     cells = []
     try:
-        plan = [("quiet", 0.0)] + [(f"duty {d:g}", d) for d in a.duties] + [("quiet again", 0.0)]
+        plan = cell_plan(a.duties)
         for i, (label, duty) in enumerate(plan):
             for c in a.concurrency:
                 t0 = time.time()
@@ -169,7 +174,7 @@ def kept_cells(a, work: Path) -> dict:
     """`res["cells"]` again from a cells run's kept files (its folder under bench/out), in the plan's order
     (`--duties` and `--concurrency` as that run had them): for a run whose report was not written. The
     neighbour is recognised as the nice-19 process among the cell's top others (its pid was not kept)."""
-    plan = [("quiet", 0.0)] + [(f"duty {d:g}", d) for d in a.duties] + [("quiet again", 0.0)]
+    plan = cell_plan(a.duties)
     cells = []
     for i, (label, duty) in enumerate(plan):
         for c in a.concurrency:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from specmatch.deciding.measurements import Arrays, caused_delay, drain_influence, load_figures
+from specmatch.deciding.measurements import Arrays, caused_delay, load_figures
 from specmatch.measuring.metrics import tpot_s
 
 A, B = 0.020, 0.004   # step cost a + b x batch: x = b / a = 0.2
@@ -84,7 +84,6 @@ def test_without_a_timeline_no_request_moves_the_others():
     e2e = np.array([1.0, 2.0, 3.0])
     assert (caused_delay(np.array([0.0, np.nan, 0.0]), e2e, 0.2, np.ones(3)) == 0).all()
     assert (caused_delay(np.zeros(1), e2e[:1], 0.2, np.ones(1)) == 0).all()
-    assert (drain_influence(np.array([0.0, np.nan, 0.0]), e2e, 0.2) == 1).all()
 
 
 def test_before_the_drain_a_request_delays_nobody():
@@ -104,7 +103,6 @@ def test_before_the_drain_a_request_delays_nobody():
                      for i in np.where(~done_early)[0] if i != j)
         assert lat[j] == pytest.approx(B * shared, rel=1e-9)
     assert (lat[~done_early] > 0).any()
-    assert drain_influence(start, e2e, B / A) == pytest.approx(1 + lat / e2e)
 
 
 def test_the_load_figures_keep_every_point_estimate():

@@ -237,19 +237,6 @@ def _in_flight(start: np.ndarray, end: np.ndarray, *more: np.ndarray):
     return ev, B
 
 
-def drain_influence(start: np.ndarray, e2e: np.ndarray, x: float) -> np.ndarray:
-    """Per request: 1 + x * integral over its drain of (B(t) - 1) / (1 + x B(t)) dt / its latency
-    (module docstring), x = b / a of a step cost a + b x batch (infinite: the bound b x batch, the
-    integrand then (B - 1) / B). The drain starts when the last request is sent; before it the
-    weight is 1. NaN times (no start recorded) leave every weight at 1."""
-    n = len(e2e)
-    if n < 2 or not (np.isfinite(start).all() and np.isfinite(e2e).all()) or x <= 0:
-        return np.ones(n)
-    share = caused_delay(start, e2e, x, np.ones(n))
-    with np.errstate(divide="ignore", invalid="ignore"):
-        return np.where(e2e > 0, 1 + share / e2e, 1.0)
-
-
 def caused_delay(start: np.ndarray, e2e: np.ndarray, x: float, weight: np.ndarray,
                  since: np.ndarray | None = None) -> np.ndarray:
     """Per request j: the time its presence in the drain adds to the others, sum over i != j of
@@ -259,7 +246,7 @@ def caused_delay(start: np.ndarray, e2e: np.ndarray, x: float, weight: np.ndarra
     flight: over dt of the drain (dt / (a + b B) steps) each of them waits x / (1 + x B) dt longer
     (x = b / a; infinite: 1 / B, every step's cost per sequence). Before the drain (the last request
     sent) a request that were not there would be replaced by the next, so it delays nobody. With
-    weight 1 and `since` the starts, the sum is what j adds to the sum of latencies (drain_influence);
+    weight 1 and `since` the starts, the sum is what j adds to the sum of latencies;
     with weight 1 / (output tokens - 1) and `since` the first tokens, what it adds to the sum of TPOT."""
     n = len(e2e)
     if n < 2 or not (np.isfinite(start).all() and np.isfinite(e2e).all()) or x <= 0:
