@@ -19,14 +19,12 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 @pytest.fixture(scope="session")
 def tok_dir(tmp_path_factory) -> Path:
-    """SmolLM2's tokenizer (with chat template) saved as a plain folder."""
-    from transformers import AutoTokenizer
+    """SmolLM2's tokenizer (with chat template) saved as a plain folder, by the `embedded_tokenizer`
+    rule's own step."""
+    from specmatch.training.model import convert_tokenizer
 
-    from specmatch.training.model import find_embedded_gguf
-
-    gguf = find_embedded_gguf()
-    out = tmp_path_factory.mktemp("tok")
-    AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name).save_pretrained(out)
+    out = tmp_path_factory.mktemp("tok") / "tokenizer"
+    convert_tokenizer(out)
     return out
 
 

@@ -252,3 +252,16 @@ def test_min_requests_per_worker_in_the_config():
     raw["requests"]["on_interference"] = "ignore"
     with pytest.raises(SpecmatchError, match="requests.on_interference"):
         validate(raw)
+
+
+def test_warmup_requests_are_short_and_never_longer_than_the_measured_ones():
+    from specmatch.measuring.cell import warmup_requests
+
+    for endpoint, protocol in (("completions", "openai-completions"), ("chat", "openai-chat")):
+        s = RequestSettings(endpoint=endpoint, max_tokens=24, use_reference_length=True)
+        warm = warmup_requests(2, protocol, "m", s, {})
+        assert [w.payload["max_tokens"] for w in warm] == [8, 8]
+        assert [w.payload["max_tokens"] for w in warmup_requests(1, protocol, "m", RequestSettings(max_tokens=5), {})] == [5]
+        assert warmup_requests(1, protocol, "m", RequestSettings(max_tokens=24, warmup_tokens=24), {})[0].payload["max_tokens"] == 24
+    sg = warmup_requests(1, "sglang-generate", "m", RequestSettings(max_tokens=24), {})[0]
+    assert sg.payload["sampling_params"]["max_new_tokens"] == 8

@@ -146,9 +146,20 @@ def built_paths():
     out = []
     if CFG["models"].get("embedded", {}).get("enabled"):
         out.append(CFG["models"]["embedded"]["path"])
+        out += embedded_tokenizer_input()
     out += [f"results/models/{n}" for n in CFG["models"].get("drafts", {})]
     out += [f"results/models/{n}" for n in CFG["models"].get("eagle3", {})]
     return [os.path.normpath(p) for p in out]
+
+
+def embedded_tokenizer_input():
+    """The embedded model's own tokenizer folder, when the config names one (models.embedded.tokenizer_path)."""
+    emb = CFG["models"].get("embedded", {})
+    return (
+        [emb["tokenizer_path"]]
+        if emb.get("enabled") and emb.get("tokenizer_path")
+        else []
+    )
 
 
 def local_inputs(paths):

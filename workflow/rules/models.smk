@@ -1,7 +1,27 @@
 # Models the embedded default builds itself: nothing comes from a model hub.
 
 
+rule embedded_tokenizer:
+    output:
+        directory(
+            CFG["models"]
+            .get("embedded", {})
+            .get("tokenizer_path", "results/models/embedded-tokenizer")
+        ),
+    log:
+        "results/logs/models/embedded_tokenizer.log",
+    priority: UPSTREAM
+    conda:
+        "../../envs/specmatch.yaml"
+    shell:
+        "python -m specmatch model tokenizer --out {output} > {log} 2>&1"
+
+
 rule embedded_model:
+    input:
+        # the tokenizer folder when the config names one: converted once, the data steps need not wait
+        # for the weights (they run beside this rule)
+        tokenizer=embedded_tokenizer_input(),
     output:
         directory(
             CFG["models"].get("embedded", {}).get("path", "results/models/embedded")
@@ -11,8 +31,12 @@ rule embedded_model:
     priority: UPSTREAM
     conda:
         "../../envs/specmatch.yaml"
+    params:
+        tokenizer=lambda wildcards, input: (
+            ["--tokenizer", input.tokenizer] if input.tokenizer else []
+        ),
     shell:
-        "python -m specmatch model embedded --out {output} > {log} 2>&1"
+        "python -m specmatch model embedded --out {output} {params.tokenizer:q} > {log} 2>&1"
 
 
 rule draft_model:

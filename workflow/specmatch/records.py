@@ -447,6 +447,7 @@ class RequestSettings(Record):
     endpoint: str = "completions"
     passes: int = 1
     warmup: int = 2
+    warmup_tokens: int = 8   # a warm-up request's output tokens (at most max_tokens)
     max_tokens: int = 128
     use_reference_length: bool = False
     temperature: float = 0.0

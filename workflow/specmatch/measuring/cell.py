@@ -35,6 +35,7 @@ import json
 import random
 import sys
 import time
+from dataclasses import replace
 from pathlib import Path
 from urllib.parse import urlsplit
 
@@ -95,8 +96,12 @@ def warmup_prompt(i: int) -> Prompt:
 
 def warmup_requests(n: int, protocol: str, model: str, settings: RequestSettings, extras: dict) -> list[Request]:
     """Synthetic warm-up prompts, never suite prompts: a measured prompt must not have been seen
-    (and prefix-cached) by the server before its measurement."""
+    (and prefix-cached) by the server before its measurement. Each generates `warmup_tokens` tokens:
+    a prefill and a few decode (or speculative) steps exercise every path a measured request takes,
+    and the rest of a full-length answer only cost time in every cell (about 3 s at c=1 here)."""
     proto = protocol_of(protocol)
+    settings = replace(settings, max_tokens=max(1, min(settings.max_tokens, settings.warmup_tokens)),
+                       use_reference_length=False)
     return [Request(-1 - i, f"warmup-{i}", "warmup", False, proto.body(warmup_prompt(i), model, settings, extras))
             for i in range(n)]
 

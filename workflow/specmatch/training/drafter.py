@@ -147,7 +147,9 @@ def default_aux_layers(num_layers: int) -> list[int]:
 def target_features(target_dir: Path, seqs, aux_layers: list[int], log, model=None) -> tuple[list, object]:
     """Per sequence: the aux hidden states (L x 3H), the target's final normed hidden state (L x H) and
     its greedy next token (L), from the target's own forward pass; also returns the target model (its
-    embeddings, head and norm)."""
+    embeddings, head and norm). The greedy token is computed where an assistant token follows (the
+    only positions any loss or agreement reads it, `_step`) and left 0 elsewhere: the full-vocabulary
+    head costs a quarter of the forward pass, and most positions of a training sequence are prompt."""
     import torch
     from transformers import AutoModelForCausalLM
 
@@ -157,12 +159,15 @@ def target_features(target_dir: Path, seqs, aux_layers: list[int], log, model=No
     feats, t0, done = [], time.time(), 0
     total = sum(len(ids) for ids, _ in seqs)
     with torch.no_grad():
-        for i, (ids, _mask) in enumerate(seqs):
+        for i, (ids, mask) in enumerate(seqs):
             out = model.model(input_ids=torch.tensor([ids]), output_hidden_states=True)
             hs = out.hidden_states  # [embeddings, after layer 1, ..., after layer n (normed)]
             aux = torch.cat([hs[k][0] for k in aux_layers], dim=-1).to(torch.bfloat16)
             last = out.last_hidden_state[0]
-            feats.append((aux, last.to(torch.bfloat16), model.lm_head(last).argmax(-1)))
+            read = torch.tensor([p for p in range(len(ids) - 1) if mask[p + 1]], dtype=torch.long)
+            greedy = torch.zeros(len(ids), dtype=torch.long)
+            greedy[read] = model.lm_head(last[read]).argmax(-1)
+            feats.append((aux, last.to(torch.bfloat16), greedy))
             done += len(ids)
             if i % 20 == 0 or i == len(seqs) - 1:
                 rate = done / max(1e-9, time.time() - t0)
@@ -245,42 +250,76 @@ def _rotate(x, cos, sin):
     return x * cos + rot * sin
 
 
-def ttt_forward(head, embed, aux, ids, theta: float, length: int):
-    """Unroll the head `length` steps over one batch (B x L), as SpecForge's SDPA path does: step k
-    attends causally to step 0's keys and to its own earlier steps' keys at the same position.
-    Returns the logits of every step (B x L x V_draft)."""
+def needed_positions(mask, n: int, length: int) -> list[int]:
+    """The positions of a sequence of `n` tokens whose draft-step outputs can carry loss: step k at
+    position i is scored on the assistant token i+2+k, so i matters when any of tokens i+2..i+1+length
+    is an assistant token (and i < n-1: the last token has no next token to feed)."""
+    return [i for i in range(n - 1) if any(mask[i + 2 + k] for k in range(length) if i + 2 + k < n)]
+
+
+def ttt_forward(head, embed, aux, ids, need, theta: float, length: int):
+    """Unroll the head `length` steps over one batch, as SpecForge's SDPA path does: step k attends
+    causally to step 0's keys and to its own earlier steps' keys at the same position.
+
+    The batch is packed, not padded: `aux` is a list of the sequences' features ((n_b - 1) x 3H),
+    `ids` their token ids (n_b), `need` their `needed_positions`. Step 0's keys and values are computed
+    at every position (any later query reads them), everything else only at the needed positions: a
+    position's output at step k depends only on its own earlier steps and on step 0's keys up to it,
+    so the rest (the prompt, most of a training sequence) changes no loss and no gradient. Same
+    logits at the needed positions as the padded computation over every position, at about a third
+    of its cost. Returns the logits of every step (Q x V_draft, the needed positions in order)."""
     import torch
 
-    B, L, _ = aux.shape
     nh, nkv, hd = head.dims
     layer = head.midlayer
-    hidden = head.fc(aux)
-    causal = torch.full((L, L), float("-inf")).triu(1)
+    rep = nh // nkv
+    seq_of = torch.cat([torch.full((a.shape[0],), b, dtype=torch.long) for b, a in enumerate(aux)])
+    pos = torch.cat([torch.arange(a.shape[0]) for a in aux])
+    offsets = np.cumsum([0] + [a.shape[0] for a in aux])[:-1]
+    rows = torch.cat([torch.as_tensor(nd, dtype=torch.long) + int(o) for nd, o in zip(need, offsets)])
+    qpos, qseq = pos[rows], seq_of[rows]
+    # the token each position feeds at step k: ids[i+1+k] (0 past the end, where no loss is scored)
+    def tokens(k: int, at_rows: bool):
+        out = []
+        for b, (s_ids, nd) in enumerate(zip(ids, need)):
+            where = torch.as_tensor(nd, dtype=torch.long) if at_rows else torch.arange(len(s_ids) - 1)
+            j = where + 1 + k
+            t = torch.as_tensor(s_ids, dtype=torch.long)[j.clamp_max(len(s_ids) - 1)]
+            out.append(torch.where(j < len(s_ids), t, torch.zeros_like(t)))
+        return torch.cat(out)
+
+    def project(x, p):
+        q = layer.self_attn.q_proj(x).view(-1, nh, hd).transpose(0, 1)
+        k = layer.self_attn.k_proj(x).view(-1, nkv, hd).transpose(0, 1)
+        v = layer.self_attn.v_proj(x).view(-1, nkv, hd).transpose(0, 1)
+        cos, sin = rope(p, hd, theta)
+        return _rotate(q, cos, sin), _rotate(k, cos, sin).repeat_interleave(rep, dim=0), v.repeat_interleave(rep, dim=0)
+
+    fused = head.fc(torch.cat(aux))
+    x0 = torch.cat([layer.input_layernorm(embed(tokens(0, False))), layer.hidden_norm(fused)], dim=-1)
+    # step 0 at every position: the keys and values every later query reads
+    _, key0, val0 = project(x0, pos)
+    allowed = (qseq[:, None] == seq_of[None, :]) & (pos[None, :] <= qpos[:, None])
+    causal = torch.zeros(allowed.shape).masked_fill(~allowed, float("-inf"))
+    hidden = fused[rows]
     keys, vals, outs = [], [], []
     for k in range(length):
-        step_ids = ids[:, k + 1:k + 1 + L]
-        if step_ids.shape[1] < L:  # past the end: pad (those positions carry no loss)
-            step_ids = torch.nn.functional.pad(step_ids, (0, L - step_ids.shape[1]))
-        emb = layer.input_layernorm(embed(step_ids))
-        residual = hidden
-        x = torch.cat([emb, layer.hidden_norm(hidden)], dim=-1)
-        q = layer.self_attn.q_proj(x).view(B, L, nh, hd).transpose(1, 2)
-        kk = layer.self_attn.k_proj(x).view(B, L, nkv, hd).transpose(1, 2)
-        v = layer.self_attn.v_proj(x).view(B, L, nkv, hd).transpose(1, 2)
-        cos, sin = rope(torch.arange(L) + k, hd, theta)
-        q, kk = _rotate(q, cos, sin), _rotate(kk, cos, sin)
-        rep = nh // nkv
-        kk, v = kk.repeat_interleave(rep, dim=1), v.repeat_interleave(rep, dim=1)
+        x = x0[rows] if k == 0 else torch.cat(
+            [layer.input_layernorm(embed(tokens(k, True))), layer.hidden_norm(hidden)], dim=-1)
+        q, kk, v = project(x, qpos + k)
+        if k == 0:
+            kk, v = key0[:, rows], val0[:, rows]
         keys.append(kk)
         vals.append(v)
-        scores = [q @ keys[0].transpose(-1, -2) / math.sqrt(hd) + causal]
+        scores = [q @ key0.transpose(-1, -2) / math.sqrt(hd) + causal]
         scores += [(q * keys[j]).sum(-1, keepdim=True) / math.sqrt(hd) for j in range(1, len(keys))]
         w = torch.softmax(torch.cat(scores, dim=-1), dim=-1)
-        att = w[..., :L] @ vals[0]
+        P = key0.shape[1]
+        att = w[..., :P] @ val0
         for j in range(1, len(keys)):
-            att = att + w[..., L + j - 1:L + j] * vals[j]
-        att = layer.self_attn.o_proj(att.transpose(1, 2).reshape(B, L, nh * hd))
-        h = residual + att
+            att = att + w[..., P + j - 1:P + j] * vals[j]
+        att = layer.self_attn.o_proj(att.transpose(0, 1).reshape(-1, nh * hd))
+        h = hidden + att
         h = h + layer.mlp(layer.post_attention_layernorm(h))
         hidden = h
         outs.append(head.lm_head(head.norm(h)))
@@ -356,31 +395,28 @@ def train(target_dir: Path, cuts, template, budget: Budget, aux_layers: list[int
 def _step(head, ctx: dict, seqs, feats, batch, weights):
     """One batch through the unrolled head: (loss, in-vocabulary agreement by step, counts by step).
     Step k at position i predicts token i+2+k, scored against the target's distribution at position
-    i+1+k; counts are (agreeing, in-vocabulary, all assistant positions) per step, for evaluation."""
+    i+1+k; counts are (agreeing, in-vocabulary, all assistant positions) per step, for evaluation.
+    Only the positions that can carry loss are computed (`ttt_forward`); the loss is a mean over the
+    batch's scored positions, as over a padded batch."""
     import torch
 
-    cfg, T = ctx["cfg"], ctx["ttt_length"]
-    L = max(len(seqs[b][0]) for b in batch) - 1
-    ids = torch.zeros(len(batch), L + 1 + T, dtype=torch.long)
-    mask = torch.zeros(len(batch), L + 1 + T)
-    aux = torch.zeros(len(batch), L, 3 * cfg["hidden_size"])
-    last = torch.zeros(len(batch), L + 1 + T, cfg["hidden_size"])
-    greedy = torch.zeros(len(batch), L + 1 + T, dtype=torch.long)
-    for j, b in enumerate(batch):
-        s_ids, s_mask = seqs[b]
-        n = len(s_ids)
-        ids[j, :n] = torch.tensor(s_ids)
-        mask[j, :n] = torch.tensor(s_mask, dtype=torch.float32)
-        aux[j, :n - 1] = feats[b][0][:n - 1].float()
-        last[j, :n] = feats[b][1].float()
-        greedy[j, :n] = feats[b][2]
-    logits = ttt_forward(head, ctx["embed"], aux, ids, ctx["rope_theta"], T)
+    T = ctx["ttt_length"]
+    need = [needed_positions(seqs[b][1], len(seqs[b][0]), T) for b in batch]
+    aux = [feats[b][0][:len(seqs[b][0]) - 1].float() for b in batch]
+    logits = ttt_forward(head, ctx["embed"], aux, [seqs[b][0] for b in batch], need, ctx["rope_theta"], T)
     loss, accs, counts = 0.0, [], []
     for k, lg in enumerate(logits):
         with torch.no_grad():
-            tgt_logits = last[:, 1 + k:1 + k + L] @ ctx["head_w"].T
-            full_argmax = greedy[:, 1 + k:1 + k + L]
-            asst = mask[:, 2 + k:2 + k + L]
+            last, greedy, asst = [], [], []
+            for b, nd in zip(batch, need):
+                n, at = len(seqs[b][0]), torch.as_tensor(nd, dtype=torch.long)
+                here = (at + 1 + k).clamp_max(n - 1)  # the target's position; past the end no loss is scored
+                last.append(feats[b][1][here].float())
+                greedy.append(feats[b][2][here])
+                scored = torch.as_tensor(seqs[b][1], dtype=torch.float32)[(at + 2 + k).clamp_max(n - 1)]
+                asst.append(torch.where(at + 2 + k < n, scored, torch.zeros_like(scored)))
+            last, full_argmax, asst = torch.cat(last), torch.cat(greedy), torch.cat(asst)
+            tgt_logits = last @ ctx["head_w"].T
             valid = asst * ctx["t2d"][full_argmax].float()
             p = torch.softmax(tgt_logits, dim=-1)
         lp = torch.log_softmax(lg, dim=-1)
