@@ -120,3 +120,37 @@ def test_a_server_that_dies_is_reported_with_its_exit_status_and_log(tmp_path, f
     notice = m.death_notice(a)
     assert "server a (pid" in notice and "killed by signal 9 (SIGKILL)" in notice
     assert "a.log" in notice and "=== specmatch: starting a" in notice
+
+
+def test_the_engines_own_check_runs_beside_the_start_up_and_a_refusal_stops_the_server(tmp_path, fake_python,
+                                                                                       monkeypatch):
+    """vLLM's speculative keys are read by importing vLLM (about 12 s): beside the server's own start-up,
+    whose imports leave a core idle. A key it does not know stops the server before anything is measured,
+    as soon as the check says so; a check slower than the start-up is waited for."""
+    from specmatch.serving.engines import vllm as vllm_engine
+
+    def fields(delay, known):
+        def read(python, cache_dir=None):
+            time.sleep(delay)
+            return "0.32.0", frozenset(known), ""
+        return read
+
+    spec = {"method": "eagle3", "model": "d", "num_speculative_tokens": 3, "speculative_token_schedule": [[1, 4, 3]]}
+    m = Manager(tmp_path / "state")
+    monkeypatch.setattr(vllm_engine, "speculative_fields", fields(1.0, {"method", "model", "num_speculative_tokens"}))
+    t0 = time.time()
+    with pytest.raises(SpecmatchError, match="speculative.speculative_token_schedule: vLLM 0.32.0 has no such"):
+        m.attach("s", cfg(fake_python, speculative=spec), 8, tmp_path / "s.log")
+    assert m.read_current() is None
+    out = subprocess.run(["pgrep", "-f", "fakeserver.py"], capture_output=True, text=True).stdout
+    assert not out.strip(), "the refused server must be stopped"
+    assert time.time() - t0 < 20
+
+    known = {"method", "model", "num_speculative_tokens", "speculative_token_schedule"}
+    monkeypatch.setattr(vllm_engine, "speculative_fields", fields(4.0, known))
+    t0 = time.time()
+    a = m.attach("s", cfg(fake_python, speculative=spec), 8, tmp_path / "s2.log", session="r2")
+    assert time.time() - t0 >= 4.0 and a.startup_s >= 4.0  # healthy only once the check has passed
+    assert requests.get(a.base_url + "/health", timeout=5).status_code == 200
+    m.stop_current()
+    assert wait_dead(a.pid, 30)

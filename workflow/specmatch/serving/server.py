@@ -116,6 +116,31 @@ class Attached:
     session: str = ""
 
 
+class Check:
+    """A check run in a background thread: `raise_if_refused` raises its error once it has failed
+    (without waiting), `wait` waits for it and raises its error."""
+
+    def __init__(self, fn, *args):
+        self.error: BaseException | None = None
+        self.thread = threading.Thread(target=self._run, args=(fn, *args), daemon=True)
+        self.thread.start()
+
+    def _run(self, fn, *args) -> None:
+        try:
+            fn(*args)
+        except BaseException as e:  # noqa: BLE001 (raised again in the caller's thread)
+            self.error = e
+
+    def raise_if_refused(self) -> None:
+        if not self.thread.is_alive() and self.error is not None:
+            raise self.error
+
+    def wait(self) -> None:
+        self.thread.join()
+        if self.error is not None:
+            raise self.error
+
+
 class Manager:
     def __init__(self, state_dir: Path | str | None = None):
         self.dir = Path(state_dir) if state_dir else default_state_dir()
@@ -203,7 +228,10 @@ class Manager:
         return self._start(name, server_cfg, engine, chash, max_batch, log_path, session)
 
     def _start(self, name, server_cfg, engine, chash, max_batch, log_path, session) -> Attached:
-        engine.validate(self.dir)  # what needs the engine's own code: before anything is allocated
+        # What needs the engine's own code (vLLM: its speculative config's keys, read by importing vLLM:
+        # about 12 s of one core) runs beside the start-up, whose imports leave the other core idle; a
+        # refusal stops the server before anything is measured (and as soon as it is known).
+        checked = Check(engine.validate, self.dir)
         host = server_cfg.get("host", "127.0.0.1")
         port = server_cfg.get("port") or free_port(host)
         plan: LaunchPlan = engine.launch_plan(port=port, max_batch=max_batch)
@@ -243,6 +271,7 @@ class Manager:
         timeout = float(server_cfg.get("startup_timeout_s", 1200))
         try:
             while True:
+                checked.raise_if_refused()
                 if not pid_alive(pid):
                     raise SpecmatchError(f"server {name} exited during start-up: " + self.death_notice(att))
                 if self.healthy(plan.base_url, engine, timeout=2):
@@ -256,6 +285,7 @@ class Manager:
                                          f"(servers.{name}.startup_timeout_s); last lines of {log_path}:\n{tail(log_path)}")
                 self.touch()
                 time.sleep(1.0)
+            checked.wait()
         except BaseException:
             self.stop_current(reason="start-up failed")
             raise
