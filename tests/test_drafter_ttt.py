@@ -58,8 +58,10 @@ def reference_forward(head, embed, aux, ids, theta, length):
 
 
 def reference_step(head, ctx, seqs, feats, batch, weights):
+    """The padded step (also bench/train_rate.py's reference)."""
+    T = ctx["ttt_length"]
     L = max(len(seqs[b][0]) for b in batch) - 1
-    H = CFG["hidden_size"]
+    H = feats[batch[0]][1].shape[1]
     ids = torch.zeros(len(batch), L + 1 + T, dtype=torch.long)
     mask = torch.zeros(len(batch), L + 1 + T)
     aux = torch.zeros(len(batch), L, 3 * H)
