@@ -136,7 +136,8 @@ class Check:
             raise self.error
 
     def wait(self) -> None:
-        self.thread.join()
+        while self.thread.is_alive():  # in short joins: a Ctrl-C handled in another thread still gets through
+            self.thread.join(0.2)
         if self.error is not None:
             raise self.error
 
