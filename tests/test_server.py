@@ -154,3 +154,30 @@ def test_the_engines_own_check_runs_beside_the_start_up_and_a_refusal_stops_the_
     assert requests.get(a.base_url + "/health", timeout=5).status_code == 200
     m.stop_current()
     assert wait_dead(a.pid, 30)
+
+
+def test_the_engines_check_does_not_outlive_the_process_that_started_it(tmp_path):
+    """The speculative-key check imports vLLM in a child python (about 12 s, in a thread beside the
+    start-up). When the process that started it ends (a killed Snakemake, or a launch that failed
+    otherwise and exits), the child ends with it instead of importing on alone."""
+    fake = tmp_path / "fake"
+    (fake / "vllm").mkdir(parents=True)
+    (fake / "vllm" / "__init__.py").write_text("")
+    (fake / "vllm" / "config.py").write_text(   # an import that takes a minute, telling its pid first
+        f"import os, time\nopen({str(tmp_path / 'child.pid')!r}, 'w').write(str(os.getpid()))\ntime.sleep(60)\n")
+    python = engine_python(tmp_path, f'PYTHONPATH={fake} exec {sys.executable} "$@"')
+    parent = subprocess.Popen([sys.executable, "-c",
+                               f"import sys, time; sys.path.insert(0, {str(REPO / 'workflow')!r})\n"
+                               "from specmatch.serving.server import Check\n"
+                               "from specmatch.serving.engines.vllm import _read_speculative_fields\n"
+                               f"Check(_read_speculative_fields, {python!r})\n"
+                               "time.sleep(60)\n"])
+    pid_file = tmp_path / "child.pid"
+    deadline = time.time() + 30
+    while not (pid_file.exists() and pid_file.read_text()) and time.time() < deadline:
+        time.sleep(0.1)
+    child = int(pid_file.read_text())
+    assert pid_alive(child)
+    parent.kill()
+    parent.wait()
+    assert wait_dead(child, 5), "the check's child outlived the process that started it"

