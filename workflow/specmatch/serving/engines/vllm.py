@@ -63,6 +63,8 @@ def speculative_fields(python: str, cache_dir: Path | None = None) -> tuple[str 
 # PR_SET_PDEATHSIG sends it SIGTERM when its parent ends (killed, or exiting after a failed start-up
 # while the child still imports vLLM). Set in the child itself, not by a preexec_fn, which is unsafe
 # in a threaded parent (the check runs in a thread beside the server's start-up). Elsewhere a no-op.
+# Strictly the signal follows the thread that started the child; that thread waits in
+# subprocess.run until the child ends, so it outlives the child unless the process itself ends.
 DIE_WITH_PARENT = ("import ctypes, os, signal, sys\n"
                    "try:\n"
                    "    ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGTERM)\n"
