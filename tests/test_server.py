@@ -181,3 +181,19 @@ def test_the_engines_check_does_not_outlive_the_process_that_started_it(tmp_path
     parent.kill()
     parent.wait()
     assert wait_dead(child, 5), "the check's child outlived the process that started it"
+
+
+def test_the_engines_check_runs_behind_a_wrapper_that_does_not_exec(tmp_path):
+    """An engine's python may be a wrapper script that starts python without `exec`, so the check's
+    python is the shell's child, not ours: the check must still read the fields (the early exit is
+    for a starting process that is gone, not for a different parent)."""
+    from specmatch.serving.engines.vllm import _read_speculative_fields
+    fake = tmp_path / "fake"
+    (fake / "vllm").mkdir(parents=True)
+    (fake / "vllm" / "__init__.py").write_text("")
+    (fake / "vllm" / "config.py").write_text(
+        "import dataclasses\n@dataclasses.dataclass\nclass SpeculativeConfig:\n"
+        "    method: str = ''\n    num_speculative_tokens: int = 0\n")
+    python = engine_python(tmp_path, f'PYTHONPATH={fake} {sys.executable} "$@"\nexit $?')
+    version, fields, error = _read_speculative_fields(python)
+    assert fields == {"method", "num_speculative_tokens"}, error

@@ -65,13 +65,20 @@ def speculative_fields(python: str, cache_dir: Path | None = None) -> tuple[str 
 # in a threaded parent (the check runs in a thread beside the server's start-up). Elsewhere a no-op.
 # Strictly the signal follows the thread that started the child; that thread waits in
 # subprocess.run until the child ends, so it outlives the child unless the process itself ends.
+# The engine's python may be a wrapper script that does not `exec` (then the shell is the parent and
+# the signal follows the shell): so the child leaves early only when the starting process (argv[1])
+# is gone, which also covers it ending before the prctl line ran, and says why.
 DIE_WITH_PARENT = ("import ctypes, os, signal, sys\n"
                    "try:\n"
                    "    ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGTERM)\n"
                    "except (AttributeError, OSError):\n"
                    "    pass\n"
-                   "if os.getppid() != int(sys.argv[1]):\n"   # the parent ended before the line above ran
-                   "    sys.exit(1)\n")
+                   "try:\n"
+                   "    os.kill(int(sys.argv[1]), 0)\n"
+                   "except ProcessLookupError:\n"
+                   "    sys.exit('the process that started this check has ended')\n"
+                   "except PermissionError:\n"
+                   "    pass\n")
 
 
 @functools.lru_cache(maxsize=8)
