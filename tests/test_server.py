@@ -21,6 +21,16 @@ def engine_python(tmp_path: Path, body: str) -> str:
     return str(exe)
 
 
+def fake_vllm(tmp_path: Path, config_source: str) -> Path:
+    """A folder for PYTHONPATH holding a package `vllm` whose `vllm.config` is `config_source`: what
+    the engine's speculative-key check imports, without vLLM's 12 s."""
+    fake = tmp_path / "fake"
+    (fake / "vllm").mkdir(parents=True)
+    (fake / "vllm" / "__init__.py").write_text("")
+    (fake / "vllm" / "config.py").write_text(config_source)
+    return fake
+
+
 @pytest.fixture
 def fake_python(tmp_path):
     return engine_python(tmp_path, f'exec {sys.executable} {REPO}/tests/fakeserver.py --tokens 4 "$@"')
@@ -160,11 +170,9 @@ def test_the_engines_check_does_not_outlive_the_process_that_started_it(tmp_path
     """The speculative-key check imports vLLM in a child python (about 12 s, in a thread beside the
     start-up). When the process that started it ends (a killed Snakemake, or a launch that failed
     otherwise and exits), the child ends with it instead of importing on alone."""
-    fake = tmp_path / "fake"
-    (fake / "vllm").mkdir(parents=True)
-    (fake / "vllm" / "__init__.py").write_text("")
-    (fake / "vllm" / "config.py").write_text(   # an import that takes a minute, telling its pid first
-        f"import os, time\nopen({str(tmp_path / 'child.pid')!r}, 'w').write(str(os.getpid()))\ntime.sleep(60)\n")
+    fake = fake_vllm(tmp_path,   # an import that takes a minute, telling its pid first
+                     f"import os, time\nopen({str(tmp_path / 'child.pid')!r}, 'w').write(str(os.getpid()))\n"
+                     "time.sleep(60)\n")
     python = engine_python(tmp_path, f'PYTHONPATH={fake} exec {sys.executable} "$@"')
     parent = subprocess.Popen([sys.executable, "-c",
                                f"import sys, time; sys.path.insert(0, {str(REPO / 'workflow')!r})\n"
@@ -188,12 +196,8 @@ def test_the_engines_check_runs_behind_a_wrapper_that_does_not_exec(tmp_path):
     python is the shell's child, not ours: the check must still read the fields (the early exit is
     for a starting process that is gone, not for a different parent)."""
     from specmatch.serving.engines.vllm import _read_speculative_fields
-    fake = tmp_path / "fake"
-    (fake / "vllm").mkdir(parents=True)
-    (fake / "vllm" / "__init__.py").write_text("")
-    (fake / "vllm" / "config.py").write_text(
-        "import dataclasses\n@dataclasses.dataclass\nclass SpeculativeConfig:\n"
-        "    method: str = ''\n    num_speculative_tokens: int = 0\n")
+    fake = fake_vllm(tmp_path, "import dataclasses\n@dataclasses.dataclass\nclass SpeculativeConfig:\n"
+                               "    method: str = ''\n    num_speculative_tokens: int = 0\n")
     python = engine_python(tmp_path, f'PYTHONPATH={fake} {sys.executable} "$@"\nexit $?')
     version, fields, error = _read_speculative_fields(python)
     assert fields == {"method", "num_speculative_tokens"}, error
