@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Set up (idempotent) and run the tests. Extra arguments go to pytest (e.g. -k cell, -x).
 #   scripts/test.sh           everything, including the end-to-end test that runs the real workflow
-#                             against a real vLLM CPU server (what CI runs, via .ci/run)
+#                             against a real vLLM CPU server and the report page in a real headless
+#                             Chromium (what CI runs, via .ci/run)
 #   scripts/test.sh --quick   everything except the real-engine tests (marker vllm) and the long ones
 #                             (marker slow: calibration, whole-workflow runs, the engines' own
 #                             parsers): about 4 minutes on 2 cores; run it while working
@@ -17,4 +18,5 @@ bash scripts/setup-parsers.sh
 if ((quick)); then
   exec .venv/bin/python -m pytest -ra -m "not vllm and not slow" "${args[@]}"
 fi
+bash scripts/setup-browser.sh
 exec .venv/bin/python -m pytest -ra "${args[@]}"

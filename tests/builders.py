@@ -17,7 +17,8 @@ if str(REPO / "workflow") not in sys.path:
 
 from specmatch.measuring.client import Request  # noqa: E402
 from specmatch.measuring.protocols import protocol as protocol_of  # noqa: E402
-from specmatch.records import CellResult, LaunchRecord, Prompt, RequestSettings, Session, SessionTurn  # noqa: E402
+from specmatch.records import (CellResult, LaunchRecord, Prompt, RequestRecord, RequestSettings, Session,  # noqa: E402
+                               SessionTurn)
 
 
 # -- vLLM's own checks (no server) -----------------------------------------------------------------
@@ -373,3 +374,61 @@ def context_cells(seed: int, tau_at, rho_at, prompts: int = 48, repeats: int = 2
                 cells.append(cell(name, "ctx", c, r, e2e, ttft, out, ids, steps, accepted, L.round(), None,
                                   session=f"{name}-r{r}"))
     return (cells, unit) if sessions else cells
+
+
+# -- the decide and summary steps on synthetic cells, as the workflow runs them ------------------------
+def write_cells(root: Path, cells) -> tuple[list[str], list[str]]:
+    """Cells and request records on disk, as the cell step writes them."""
+    from specmatch.files import write_json
+    from specmatch.measuring.cell import write_requests
+
+    cpaths, rpaths = [], []
+    for res, req in cells:
+        d = root / "cells" / res.server / res.suite / f"r{res.repeat}"
+        d.mkdir(parents=True, exist_ok=True)
+        c, r = d / f"c{res.concurrency}.json", d / f"c{res.concurrency}.requests.parquet"
+        write_json(c, res.to_json())
+        recs = [RequestRecord(i, row["prompt_id"], "code" if i % 2 else "chat", False, 0, row["start_s"], row["e2e_s"],
+                              row["ttft_s"], [row["ttft_s"]], 0, 10, int(row["output_tokens"]), True, None,
+                              None, None if row["num_spec_steps"] is None else int(row["num_accepted_tokens"]),
+                              None if row["num_spec_steps"] is None else int(row["num_spec_steps"]))
+                for i, row in enumerate(req.iter_rows(named=True))]
+        write_requests(r, recs)
+        cpaths.append(str(c))
+        rpaths.append(str(r))
+    return cpaths, rpaths
+
+
+def launches(root: Path, servers: dict) -> list[str]:
+    from specmatch.files import write_json
+
+    out = []
+    for name, spec in servers.items():
+        p = root / "servers" / name / "r1" / "launch.json"
+        write_json(p, launch_record(name, spec).to_json())
+        out.append(str(p))
+    return out
+
+
+SPEC = {"method": "eagle3", "model": "d", "num_speculative_tokens": 3}
+
+
+def decide_and_render(out: Path, decide_args: list[str], cells: list[str]) -> None:
+    """The two steps as the workflow runs them: decide (every decision, written as records), then the
+    summary (renders the records and the cells; it reads no request file)."""
+    from specmatch.deciding.decide import main as decide_main
+    from specmatch.reporting.summary import main as summary_main
+
+    assert decide_main([*decide_args, "--cells", *cells, "--out-dir", str(out)]) == 0
+    assert summary_main(["--cells", *cells, "--out-dir", str(out)]) == 0
+
+
+def run_summary(tmp_path, cells, servers, suites=("s",), settings=None):
+    cp, rp = write_cells(tmp_path, cells)
+    lp = launches(tmp_path, servers)
+    cfgs = {n: {"engine": "vllm", "model": "m", **({"speculative": s} if s else {})} for n, s in servers.items()}
+    out = tmp_path / "summary"
+    decide_and_render(out, ["--baseline", "baseline", "--settings", json.dumps(settings or {"bootstrap": 300}),
+                            "--servers", json.dumps(cfgs), "--requests", *rp, "--launches", *lp, "--suites", *suites],
+                      cp)
+    return out, (out / "summary.md").read_text()

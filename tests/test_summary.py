@@ -2,69 +2,17 @@
 crossover, recommendation, the contract files), from cells written to disk as the workflow writes them
 (synthetic cells with known answers)."""
 import json
-from pathlib import Path
 
 import numpy as np
 import pytest
 
-from builders import cell_result, decided, launch_record
-from specmatch.measuring.cell import write_requests
+from builders import SPEC, cell_result, decide_and_render, decided, launches, run_summary, write_cells
 from specmatch.files import write_json
 from specmatch.deciding.recommend import main as recommend_main
-from specmatch.records import DerivedServer, DerivedServers, Recommendation, RequestRecord
+from specmatch.records import DerivedServer, DerivedServers, Recommendation
 from specmatch.calibration.simulate import experiment
-from specmatch.deciding.decide import main as decide_main
 from specmatch.reporting.loadgen import load_generator_lines
 from specmatch.reporting.summary import main as summary_main
-
-
-def write_cells(root: Path, cells) -> tuple[list[str], list[str]]:
-    """Cells and request records on disk, as the cell step writes them."""
-    cpaths, rpaths = [], []
-    for res, req in cells:
-        d = root / "cells" / res.server / res.suite / f"r{res.repeat}"
-        d.mkdir(parents=True, exist_ok=True)
-        c, r = d / f"c{res.concurrency}.json", d / f"c{res.concurrency}.requests.parquet"
-        write_json(c, res.to_json())
-        recs = [RequestRecord(i, row["prompt_id"], "code" if i % 2 else "chat", False, 0, row["start_s"], row["e2e_s"],
-                              row["ttft_s"], [row["ttft_s"]], 0, 10, int(row["output_tokens"]), True, None,
-                              None, None if row["num_spec_steps"] is None else int(row["num_accepted_tokens"]),
-                              None if row["num_spec_steps"] is None else int(row["num_spec_steps"]))
-                for i, row in enumerate(req.iter_rows(named=True))]
-        write_requests(r, recs)
-        cpaths.append(str(c))
-        rpaths.append(str(r))
-    return cpaths, rpaths
-
-
-def launches(root: Path, servers: dict) -> list[str]:
-    out = []
-    for name, spec in servers.items():
-        p = root / "servers" / name / "r1" / "launch.json"
-        write_json(p, launch_record(name, spec).to_json())
-        out.append(str(p))
-    return out
-
-
-SPEC = {"method": "eagle3", "model": "d", "num_speculative_tokens": 3}
-
-
-def decide_and_render(out: Path, decide_args: list[str], cells: list[str]) -> None:
-    """The two steps as the workflow runs them: decide (every decision, written as records), then the
-    summary (renders the records and the cells; it reads no request file)."""
-    assert decide_main([*decide_args, "--cells", *cells, "--out-dir", str(out)]) == 0
-    assert summary_main(["--cells", *cells, "--out-dir", str(out)]) == 0
-
-
-def run_summary(tmp_path, cells, servers, suites=("s",), settings=None):
-    cp, rp = write_cells(tmp_path, cells)
-    lp = launches(tmp_path, servers)
-    cfgs = {n: {"engine": "vllm", "model": "m", **({"speculative": s} if s else {})} for n, s in servers.items()}
-    out = tmp_path / "summary"
-    decide_and_render(out, ["--baseline", "baseline", "--settings", json.dumps(settings or {"bootstrap": 300}),
-                            "--servers", json.dumps(cfgs), "--requests", *rp, "--launches", *lp, "--suites", *suites],
-                      cp)
-    return out, (out / "summary.md").read_text()
 
 
 def test_speedup_crossover_and_schedule(tmp_path):
@@ -373,7 +321,7 @@ def test_a_schedule_with_plain_steps_says_over_how_many_steps_its_acceptance_was
     infos = {"baseline": ServerInfo("baseline", "vllm", "vllm", None, 256),
              "spec": ServerInfo("spec", "vllm", "vllm", schedule, 256)}
     an = analyse(cells, "baseline", Settings(bootstrap=200), infos)
-    md = markdown(decided(an), [])
+    md = markdown(decided(an), [], files=["report.html", "plots/speedup.png", "analysis.json", "cells.csv"])
     x = an.measurements.cells[("spec", "s", 4, 2)]
     assert x.spec_decode_num_drafts
     table = md.split("## All cells")[1]
@@ -382,4 +330,5 @@ def test_a_schedule_with_plain_steps_says_over_how_many_steps_its_acceptance_was
     assert "over" not in next(t for t in table.splitlines() if t.startswith("| baseline | s | 4 | 2 |"))
     speedups = md.split("## Speedup over")[1].split("\n## ")[0]
     assert "speculative steps" in next(t for t in speedups.splitlines() if t.startswith("| spec | s | 4 |"))
-    assert "`analysis.json`" in md
+    files = md.split("## Files")[1]
+    assert "- Decision records (written by the decide step): `analysis.json`" in files and "`report.html`" in files

@@ -8,6 +8,7 @@ import pytest
 import yaml
 
 from builders import REPO, copy_workflow, job_counts, make_root, run, snakemake_cmd
+from specmatch.files import current_umask
 
 
 @pytest.fixture(scope="module")
@@ -53,6 +54,10 @@ def test_full_run_then_nothing_then_exact_reruns(workdir):
     sm(workdir)
     res = workdir / "results"
     summary = (res / "summary" / "summary.md").read_text()
+    assert "## The answer" in summary.splitlines()[:3] and (res / "summary" / "report.html").exists()
+    readable = 0o444 & ~current_umask()   # a teammate reads what the umask lets them (atomic writes too)
+    unreadable = [p for p in res.rglob("*") if p.is_file() and p.stat().st_mode & readable != readable]
+    assert not unreadable, unreadable[:5]
     assert "**eagle** on `train_mix`" in summary and "acceptance" in summary.lower()
     assert "90% confidence" in summary and "Run-to-run variation, measured" in summary
     cell = json.loads((res / "cells" / "eagle" / "train_mix" / "r2" / "c2.json").read_text())

@@ -88,6 +88,11 @@ rule summary:
             caption="../report/summary.rst",
             category="4. Verdict",
         ),
+        html=report(
+            "results/summary/report.html",
+            caption="../report/page.rst",
+            category="4. Verdict",
+        ),
         table="results/summary/cells.csv",
         parquet="results/summary/cells.parquet",
         speedups="results/summary/speedups.csv",
@@ -99,6 +104,7 @@ rule summary:
         ),
         provenance=prov(
             "results/summary/summary.md",
+            "results/summary/report.html",
             "results/summary/cells.csv",
             "results/summary/cells.parquet",
             "results/summary/speedups.csv",

@@ -1,7 +1,9 @@
 """Small file helpers shared by every step.
 
 Results are written atomically (temporary file in the same directory, fsync, rename) so that a job
-killed half-way never leaves a file that Snakemake or a reader would take for a complete result.
+killed half-way never leaves a file that Snakemake or a reader would take for a complete result. The
+renamed file gets the mode a plain `open()` would have given it under the process's umask: results
+on a shared cluster file system stay readable by the team (a temporary file is created 0600).
 """
 from __future__ import annotations
 
@@ -26,6 +28,20 @@ class SpecmatchError(Exception):
     """An error a user can act on: the message names the file, line and field at fault."""
 
 
+def current_umask() -> int:
+    """The process's umask, read without changing it where Linux allows (/proc), else set and reset."""
+    try:
+        with open("/proc/self/status", encoding="ascii") as fh:
+            for line in fh:
+                if line.startswith("Umask:"):
+                    return int(line.split()[1], 8)
+    except (OSError, ValueError):
+        pass
+    mask = os.umask(0o022)
+    os.umask(mask)
+    return mask
+
+
 @contextlib.contextmanager
 def atomic_path(path: str | os.PathLike, suffix: str = "") -> Iterator[Path]:
     """Yield a temporary path beside `path`; rename it over `path` only if the block succeeds."""
@@ -38,6 +54,7 @@ def atomic_path(path: str | os.PathLike, suffix: str = "") -> Iterator[Path]:
         yield tmp_path
         with open(tmp_path, "rb") as fh:
             os.fsync(fh.fileno())
+        os.chmod(tmp_path, 0o666 & ~current_umask())
         os.replace(tmp_path, path)
     except BaseException:
         with contextlib.suppress(FileNotFoundError):

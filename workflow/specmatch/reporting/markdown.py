@@ -1,8 +1,9 @@
-"""summary.md: the verdict first, then the evidence, assembled from the report's sections."""
+"""summary.md: the answer first (what to deploy, the verdict per traffic and load, the machine), then the
+evidence, assembled from the report's sections."""
 from __future__ import annotations
 
 from ..records import RoundPlan, SuiteMatch
-from . import context, interference, kreport, traffic
+from . import answer, context, interference, kreport, traffic
 from .decided import Decided
 from .design import noise_lines, sequential_lines
 from .loadgen import load_generator_lines
@@ -18,19 +19,28 @@ def split_suites(matches: list[SuiteMatch]) -> tuple[list[str], list[str]]:
     return training, [m.suite for m in matches if m.suite not in training and m.kind not in ("session", "traffic")]
 
 
-def markdown(d: Decided, matches: list[SuiteMatch], plans: list[RoundPlan] | None = None) -> str:
+def markdown(d: Decided, matches: list[SuiteMatch], plans: list[RoundPlan] | None = None,
+             files: list[str] | None = None) -> str:
+    """summary.md: the answer on the first screen (answer.lines), then the evidence. `files`: every file
+    the summary folder holds for the reader (plots, records, tables), listed at the end."""
     s = d.settings
     training, control = split_suites(matches)
     reps = max((v.repeats for v in d.verdicts), default=1)
     design = s.design
     reps_text = (f"{design.min}–{design.max} repeats, sequential" if design.sequential
                  else f"{reps} repeat{'s' if reps != 1 else ''}")
-    lines = ["# specmatch: does speculation pay off here?", ""]
+    lines = ["# specmatch: does speculation pay off here?", ""] + answer.lines(d)
+    if d.recommendations:
+        lines += ["", "## Recommendation", ""] + recommendation_lines(d, d.recommendations)
+    seen = {m.suite for m in matches if m.kind == "training" and m.holdout_share == 0}
+    ksweep = kreport.lines(d, seen)
+    if ksweep:
+        lines += [""] + ksweep
     head = headline(d, training, control)
     if head:
-        lines += ["## The distribution effect", ""] + head + [""]
-    lines += [f"## Verdicts (throughput; {s.confidence:.0%} confidence, ±{s.min_effect:.0%} counts as no difference, "
-              f"{reps_text})", ""]
+        lines += ["", "## The distribution effect", ""] + head
+    lines += ["", f"## Verdicts (throughput; {s.confidence:.0%} confidence, ±{s.min_effect:.0%} counts as no "
+                  f"difference, {reps_text})", ""]
     lines += verdict_lines(d) or [f"Only the baseline `{d.baseline}` was measured: nothing to compare."]
     lines += ["", "pays / loses: the interval lies above / below 1 (and not within the ±min_effect band); equivalent: "
                   "the whole interval lies within it, a decisive 'no difference'; inconclusive: neither (the table "
@@ -46,12 +56,6 @@ def markdown(d: Decided, matches: list[SuiteMatch], plans: list[RoundPlan] | Non
     extra = context.lines(d)   # context length, natural stopping, sessions
     if extra:
         lines += [""] + extra
-    if d.recommendations:
-        lines += ["", "## Recommendation", ""] + recommendation_lines(d, d.recommendations)
-    seen = {m.suite for m in matches if m.kind == "training" and m.holdout_share == 0}
-    ksweep = kreport.lines(d, seen)
-    if ksweep:
-        lines += [""] + ksweep
     lines += ["", "## Speculation configured but off", ""] + off_lines(d)
     if d.verdicts:
         lines += [""] + speedup_table(d)
@@ -60,15 +64,28 @@ def markdown(d: Decided, matches: list[SuiteMatch], plans: list[RoundPlan] | Non
     if matches:
         lines += [""] + suites_table(matches, training)
     lines += acceptance_tables(d)
-    k_plot, k_json = (", `plots/k_sweep.png`", ", `k_sweeps.json`") if d.k_recommendations else ("", "")
     lines += [""] + cells_table(d)
     lines += interference.section(d.cells, d.verdicts, d.decisions.analysis.flagged_claims)
     lines += load_generator_lines(list(d.cells.values()))
     lines += ["", "Definitions (every cell's `definitions` field): TTFT is the first stream chunk carrying choices, "
                   "end-to-end latency the last one, TPOT (e2e - TTFT) / (output tokens - 1) with output tokens from the "
-                  "server's usage: vLLM bench serve's definitions. Acceptance follows each engine's own definition.",
-              "", "Plots: `plots/throughput.png`, `plots/speedup.png`, `plots/latency_throughput.png`, "
-                  f"`plots/acceptance_by_source.png`, `plots/attribution.png`{k_plot}. Machine-readable: "
-                  f"`verdicts.json`, `recommendations.json`, `attribution.json`{k_json}, `analysis.json`. "
-                  "Every file has a `.prov.json` beside it: `specmatch provenance results/summary/summary.md`."]
+                  "server's usage: vLLM bench serve's definitions. Acceptance follows each engine's own definition."]
+    lines += files_lines(files or [])
     return "\n".join(lines) + "\n"
+
+
+def files_lines(files: list[str]) -> list[str]:
+    """Every file of the summary folder, grouped: the page, plots, records, tables."""
+    if not files:
+        return []
+    groups = [("Report page", lambda f: f.endswith(".html")), ("Plots", lambda f: f.endswith(".png")),
+              ("Decision records (written by the decide step)", lambda f: f.endswith(".json")),
+              ("Tables", lambda f: f.endswith((".csv", ".parquet")))]
+    out = ["", "## Files", ""]
+    for title, wanted in groups:
+        mine = [f for f in files if wanted(f)]
+        if mine:
+            out.append(f"- {title}: " + ", ".join(f"`{f}`" for f in mine))
+    out += ["", "Every file has a `.prov.json` beside it (what produced it, from which inputs): "
+                "`specmatch provenance results/summary/summary.md`."]
+    return out

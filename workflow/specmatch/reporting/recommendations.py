@@ -45,6 +45,15 @@ def verification_text(v: Verification | None) -> str:
     return f" **Not verified yet:** {v.reason or 'not measured'}."
 
 
+def vllm_flag(d: Decided, r: Recommendation) -> str:
+    """The server's own speculative config with the recommended per-batch schedule, as vLLM's flag."""
+    facts = d.facts(r.server)
+    own = facts.speculative if facts else {}
+    spec = {**({k: v for k, v in (own or {}).items() if k != "num_speculative_tokens_per_batch_size"}),
+            "num_speculative_tokens_per_batch_size": r.vllm_schedule}
+    return f"`--speculative-config '{json.dumps(spec, sort_keys=True)}'`"
+
+
 def recommendation_lines(d: Decided, recs: list[Recommendation]) -> list[str]:
     """One paragraph per recommendation: what to do, the engine's configuration, the evidence, the
     verification, and where the gain comes with the configuration rather than from drafting."""
@@ -52,11 +61,7 @@ def recommendation_lines(d: Decided, recs: list[Recommendation]) -> list[str]:
     for r in recs:
         text = f"- **{r.server}** (`{r.suite}`): {r.text}"
         if r.vllm_schedule:
-            facts = d.facts(r.server)
-            own = facts.speculative if facts else {}
-            spec = {**({k: v for k, v in (own or {}).items() if k != "num_speculative_tokens_per_batch_size"}),
-                    "num_speculative_tokens_per_batch_size": r.vllm_schedule}
-            text += f". vLLM: `--speculative-config '{json.dumps(spec, sort_keys=True)}'`"
+            text += f". vLLM: {vllm_flag(d, r)}"
         if r.sglang and r.sglang.get("mechanism"):
             text += f". SGLang: {r.sglang['mechanism']}" + (f" ({r.sglang['why']})" if r.sglang.get("why") else "")
         elif r.sglang:

@@ -6,7 +6,8 @@ cells they were decided on, the prompt suites' match reports and the sequential 
 and writes
 
 - `cells.csv` / `cells.parquet`: one tidy row per cell (every repeat); `speedups.csv`: every verdict;
-- `plots/*.png` and `summary.md`: the verdict first, then the evidence.
+- `plots/*.png`, `summary.md` (the answer on its first screen, then the evidence) and `report.html`
+  (the same, as one self-contained page with the plots inline).
 
 Nothing here decides anything: the parts of the report (reporting.tables, verdicts, design, why,
 recommendations, kreport, loadgen, markdown, plots) render records only.
@@ -27,6 +28,7 @@ from ..provenance import Recorder
 from ..records import RoundPlan, SuiteMatch
 from .decided import Decided
 from .markdown import markdown
+from .page import page
 from .plots import plots
 from .tables import cells_frame, verdicts_frame
 
@@ -60,11 +62,23 @@ def execute(a: argparse.Namespace) -> int:
     out = a.out_dir
     written = write_tables(d, out)
     made = plots(d, out / "plots")
-    md = markdown(d, matches, plans)
+    records = [folder / f for f in FILES.values() if (folder / f).exists()]
+    html_path = out / "report.html"
+    listed = [_rel(p, out) for p in [html_path, *made, *records, *written]]
+    md = markdown(d, matches, plans, listed)
     write_text(out / "summary.md", md)
-    rec.write([out / "summary.md", *written, *made])
-    print(md.split("\n## Speedup")[0])
+    write_text(html_path, page(md, made, out, [_rel(out / "summary.md", out)] + listed[1:]))
+    rec.write([out / "summary.md", html_path, *written, *made])
+    print("\n## ".join(md.split("\n## ")[:2]))   # the title and the answer
     return 0
+
+
+def _rel(path: Path, folder: Path) -> str:
+    """A file's name relative to the summary folder (as the page links it), else its path."""
+    try:
+        return path.resolve().relative_to(folder.resolve()).as_posix()
+    except ValueError:
+        return str(path)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -1,0 +1,144 @@
+"""The summary's first screen: what to deploy and why, the verdict per traffic profile and load, and
+whether the machine was quiet. A reader who stops after it has the answer; everything below it in
+summary.md is the evidence, for reference.
+
+It renders records only (records.Recommendation, KRecommendation, TrafficRow, Verdict and the cells'
+quietness readings); the same lines open `report.html`.
+"""
+from __future__ import annotations
+
+from ..config import TRAINING_MIX
+from ..deciding.measurements import LABEL
+from ..deciding.recommend import SUFFIX
+from ..records import Decision, Outcome, TrafficRow, Verdict
+from ..serving.controls import OFF, is_control
+from . import interference
+from .decided import Decided
+from .formats import concurrencies, number
+from .recommendations import vllm_flag
+from .verdicts import not_drafting
+
+# one word per verdict, as the traffic section says it (a prediction is "undecided", not "inconclusive")
+WORD = {Decision.PAYS: "pays", Decision.LOSES: "loses", Decision.EQUIVALENT: "no difference",
+        Decision.INCONCLUSIVE: "undecided"}
+OUTCOME = {Outcome.VERIFIED: "verified on the grid", Outcome.FAILED: "its verification failed",
+           Outcome.UNDECIDED: "its verification is undecided", Outcome.NOT_VERIFIABLE: "not verifiable"}
+
+
+def _cell(verdict: Decision, value, lo, hi) -> str:
+    word = WORD[verdict]
+    word = f"**{word}**" if verdict in (Decision.PAYS, Decision.LOSES) else word
+    return f"{word} {number(value)}x [{number(lo)}, {number(hi)}]" if value is not None else word
+
+
+def speculative_servers(d: Decided) -> list[str]:
+    """The configured speculative servers: not the baseline, its derived `__recommended` or `__off` servers."""
+    return [s for s in d.servers if s != d.baseline and not s.endswith(SUFFIX) and not is_control(s)]
+
+
+def deploy_lines(d: Decided) -> list[str]:
+    """One line per recommendation (and per k sweep): what to do, in the engine's terms, with its
+    evidence and whether the deployment was verified; the section "Recommendation" has the detail."""
+    out = []
+    for r in d.recommendations:
+        status = ""
+        if r.verified is not None:
+            status = f"; {OUTCOME.get(r.verified.outcome, 'not verified yet')}"
+            if r.verified.outcome == Outcome.VERIFIED and r.verified.server:
+                status += f" (`{r.verified.server}`)"
+        elif r.as_configured or r.action == "off":
+            status = "; the deployment is one already measured"
+        schedule = f"; vLLM: {vllm_flag(d, r)}" if r.vllm_schedule else ""
+        cause = not_drafting(d, r.server, r.suite)["configured"]
+        cause = (f" At c={concurrencies(cause)} its configured-off control `{r.server}{OFF}` pays as much: the gain "
+                 "comes with the configuration, not from drafting." if cause else "")
+        out.append(f"- **{r.server}** (`{r.suite}`): {r.text}{schedule}{status}. Evidence: {r.evidence}.{cause}")
+    for k in d.k_recommendations:
+        status = f"; {OUTCOME.get(k.verified.outcome, 'not verified yet')}" if k.verified is not None else ""
+        out.append(f"- **{k.parent}**, which k (`{k.suite}`): {k.text}{status}.")
+    return out
+
+
+def _traffic_rows(rows: list[TrafficRow], metric: str) -> list[tuple[str, str, dict[int, str]]]:
+    """(what, server, {c: cell}) per traffic profile: the declared mixes first, the training mix last."""
+    mine = [r for r in rows if r.metric == metric]
+    profiles = list(dict.fromkeys(r.profile for r in mine))
+    profiles = [p for p in profiles if p != TRAINING_MIX] + [p for p in profiles if p == TRAINING_MIX]
+    out = []
+    for p in profiles:
+        for x in dict.fromkeys(r.server for r in mine if r.profile == p):
+            cells = {}
+            for r in (r for r in mine if (r.profile, r.server) == (p, x)):
+                if r.predicted is None:
+                    cells[r.concurrency] = "not predicted"
+                    continue
+                cells[r.concurrency] = _cell(r.verdict, r.predicted.value, r.predicted.lo, r.predicted.hi)
+                if r.check is not None:
+                    cells[r.concurrency] += (f"; measured {number(r.measured.value)}x, "
+                                             + ("agrees" if r.check.agree else "**disagrees**"))
+            what = "the training mix (predicted)" if p == TRAINING_MIX else f"your mix `{p}` (predicted)"
+            out.append((what, x, cells))
+    return out
+
+
+def _suite_rows(d: Decided, metric: str) -> list[tuple[str, str, dict[int, str]]]:
+    """(what, server, {c: cell}) per measured suite, from the verdicts."""
+    out = []
+    for x in speculative_servers(d):
+        for u in d.suites:
+            vs: list[Verdict] = [v for v in d.verdicts if (v.server, v.suite, v.metric) == (x, u, metric)]
+            if vs:
+                out.append((f"suite `{u}` (measured)", x, {v.concurrency: _cell(v.verdict, v.speedup, v.lo, v.hi)
+                                                            for v in vs}))
+    return out
+
+
+def verdict_table(d: Decided) -> list[str]:
+    """Profile (predicted) and suite (measured) × load: the verdict and its interval in each cell."""
+    metric = d.settings.recommend_metric
+    rows = _traffic_rows(d.decisions.traffic, metric) + _suite_rows(d, metric)
+    if not rows:
+        return []
+    cs = sorted({c for _, _, cells in rows for c in cells})
+    out = ["| traffic | server | " + " | ".join(f"c={c}" for c in cs) + " |",
+           "|---|---|" + "---|" * len(cs)]
+    for what, x, cells in rows:
+        out.append(f"| {what} | {x} | " + " | ".join(cells.get(c, "—") for c in cs) + " |")
+    return out
+
+
+def quietness_line(d: Decided) -> str:
+    """Whether the machine was quiet while the cells measured, in one line."""
+    q = interference.quietness(d.cells, d.verdicts, d.decisions.analysis.flagged_claims)
+    if not q.sampled:
+        return ("- **Machine:** not sampled (the cells carry no quietness reading): a busy machine would go "
+                "unnoticed.")
+    base = (f"over {q.sampled} cells, median {number(q.median_foreign_cores)} cores used by others "
+            f"(threshold {number(q.threshold_cores)})")
+    if not q.flagged:
+        again = f", {len(q.remeasured)} cell(s) re-measured clean" if q.remeasured else ""
+        return f"- **Machine:** quiet: no kept measurement flagged{again}; {base}."
+    rests = (f"; {len(q.claims)} claimed difference(s) rest on them: re-run those on a quiet machine before acting"
+             if q.claims else "; no claimed difference rests on them")
+    return (f"- **Machine:** **busy** during {len(q.flagged)} kept measurement(s){rests}; {base} (see "
+            "\"Machine quietness\").")
+
+
+def lines(d: Decided) -> list[str]:
+    """The answer, first: what to deploy, the verdicts per traffic and load, the machine."""
+    s = d.settings
+    out = ["## The answer", ""]
+    deploy = deploy_lines(d)
+    if deploy:
+        out += ["**What to deploy**", ""] + deploy + [""]
+    elif not speculative_servers(d):
+        out += [f"Only the baseline `{d.baseline}` was measured: nothing to compare.", ""]
+    table = verdict_table(d)
+    if table:
+        label = LABEL.get(s.recommend_metric, s.recommend_metric)
+        out += [f"**Speedup over `{d.baseline}` by traffic and load** ({label}; {s.confidence:.0%} intervals; "
+                f"±{s.min_effect:.0%} counts as no difference)", ""] + table + [""]
+    out += [quietness_line(d), "",
+            "Everything below is the evidence: the recommendation in full, the verdicts and the noise they were "
+            "decided against, your traffic, why it pays, and the tables."]
+    return out
