@@ -37,7 +37,8 @@ EOS = 2
 class FakeServer:
     def __init__(self, tokens=16, ttft=0.02, itl=0.005, spec=None, tokens_per_event=1, host="127.0.0.1", port=0,
                  tls=None, usage_delay=0.0, empty_first=False, incremental=False, words=False, eos_at=None,
-                 diverge=None, cache=False, max_model_len=None):
+                 diverge=None, cache=False, max_model_len=None, prefix=""):
+        self.prefix = prefix            # serve under a path (a gateway's /team/llm): other paths are 404
         self.tokens, self.ttft, self.itl = tokens, ttft, itl
         self.spec = spec  # e.g. {"k": 4, "accept": 2}: per step, 4 drafted, 2 accepted
         self.tokens_per_event = tokens_per_event
@@ -116,7 +117,10 @@ class FakeServer:
                     k, _, v = h.decode().partition(":")
                     headers[k.strip().lower()] = v.strip()
                 body = await reader.readexactly(int(headers.get("content-length", 0))) if "content-length" in headers else b""
-                if not await self._route(method, path, body, writer):
+                if self.prefix and not path.startswith(self.prefix + "/"):
+                    self._plain(writer, "404 Not Found", f"no route {path}")
+                    continue
+                if not await self._route(method, path[len(self.prefix):], body, writer):
                     break
         except (ConnectionError, asyncio.IncompleteReadError):
             pass
@@ -366,7 +370,7 @@ class FakeServer:
 
     @property
     def base_url(self) -> str:
-        return f"{'https' if self.tls else 'http'}://{self.host}:{self.port}"
+        return f"{'https' if self.tls else 'http'}://{self.host}:{self.port}{self.prefix}"
 
     def stop(self) -> None:
         if not (self._loop and self._server) or self._loop.is_closed():

@@ -47,6 +47,18 @@ def test_output_tokens_come_from_usage_not_events(fake_server):
     assert all(len(x.arrivals_s) == 8 for x in r)
 
 
+def test_an_endpoint_under_a_path_prefix_is_reached_there(fake_server):
+    srv = fake_server(tokens=5, ttft=0.01, itl=0.001, prefix="/team/llm")
+    assert srv.base_url.endswith(":%d/team/llm" % srv.port)
+    for proto in ("openai-completions", "openai-chat"):
+        r = asyncio.run(run_load(srv.base_url, reqs(2, protocol=proto), 2, proto))
+        assert all(x.ok and x.output_tokens == 5 for x in r), [x.error for x in r]
+    # the same server without its prefix answers 404: the prefix is what reached it
+    bare = srv.base_url[:-len("/team/llm")]
+    r = asyncio.run(run_load(bare, reqs(1), 1, "openai-completions"))
+    assert not r[0].ok and "404" in (r[0].error or "")
+
+
 def test_chat_endpoint(fake_server):
     srv = fake_server(tokens=5, ttft=0.01, itl=0.001)
     r = asyncio.run(run_load(srv.base_url, reqs(3, protocol="openai-chat"), 3, "openai-chat"))
@@ -187,7 +199,7 @@ def test_https_endpoints_are_verified_and_timed_like_plain_ones(fake_server, tls
     assert all(r.ttft_s == pytest.approx(0.05, abs=0.02) for r in recs)
     if transport._SO_TIMESTAMPNS is not None:
         assert {r.arrival_clock for r in recs} == {"kernel"}
-    with pytest.raises(ValueError, match="expected http://host:port or https://host:port"):
+    with pytest.raises(ValueError, match=r"expected http\(s\)://host\[:port\]\[/path\]"):
         asyncio.run(run_load("ftp://x:1", reqs(1), 1, "openai-completions"))
 
 

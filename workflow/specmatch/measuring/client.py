@@ -214,12 +214,12 @@ async def run_load(base_url: str, requests: list[Request], concurrency: int, pro
     protocol = protocol_of(protocol)
     u = urlsplit(base_url)
     if u.scheme not in ("http", "https") or not u.hostname:
-        raise ValueError(f"base_url {base_url!r}: expected http://host:port or https://host:port")
+        raise ValueError(f"base_url {base_url!r}: expected http(s)://host[:port][/path]")
     headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
     # https: certificates are verified against the system store (SSL_CERT_FILE adds a private CA)
     tls = ssl.create_default_context() if u.scheme == "https" else None
     default_port = 443 if tls else 80
-    conns = [Connection(u.hostname, u.port or default_port, headers, tls) for _ in range(concurrency)]
+    conns = [Connection(u.hostname, u.port or default_port, headers, tls, u.path) for _ in range(concurrency)]
     gc_was_enabled = gc.isenabled()
     try:
         # Open every connection before the clock starts: measured requests never pay TCP set-up.

@@ -153,13 +153,13 @@ async def run_sessions(base_url: str, runs: list[tuple[Session, int]], concurren
     proto = protocol_of(protocol)
     u = urlsplit(base_url)
     if u.scheme not in ("http", "https") or not u.hostname:
-        raise ValueError(f"base_url {base_url!r}: expected http://host:port or https://host:port")
+        raise ValueError(f"base_url {base_url!r}: expected http(s)://host[:port][/path]")
     headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
     tls = ssl.create_default_context() if u.scheme == "https" else None
     plan = plan_runs(runs)
     answers_mode = plan[0].session.answers if plan else "live"
     tally = Tally(plan, answers_mode)
-    conns = [Connection(u.hostname, u.port or (443 if tls else 80), headers, tls)
+    conns = [Connection(u.hostname, u.port or (443 if tls else 80), headers, tls, u.path)
              for _ in range(min(concurrency, max(len(plan), 1)))]
     results: list[RequestRecord] = []
     gc_was_enabled = gc.isenabled()

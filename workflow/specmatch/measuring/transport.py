@@ -79,8 +79,10 @@ class Connection:
     ciphertext is still read with recvmsg and keeps its kernel timestamp.
     """
 
-    def __init__(self, host: str, port: int, headers: dict[str, str], tls: ssl.SSLContext | None = None):
+    def __init__(self, host: str, port: int, headers: dict[str, str], tls: ssl.SSLContext | None = None,
+                 prefix: str = ""):
         self.host, self.port = host, port
+        self.prefix = prefix.rstrip("/")   # an endpoint served under a path (https://host/team/llm): its root
         self.headers = headers
         self.tls_context = tls
         self._tls: ssl.SSLObject | None = None
@@ -175,7 +177,7 @@ class Connection:
         await self.connect()
         loop = asyncio.get_running_loop()
         sock = self.sock
-        head = [f"POST {path} HTTP/1.1", f"Host: {self.host}:{self.port}", "Content-Type: application/json",
+        head = [f"POST {self.prefix}{path} HTTP/1.1", f"Host: {self.host}:{self.port}", "Content-Type: application/json",
                 "Accept: text/event-stream", f"Content-Length: {len(body)}"]
         head += [f"{k}: {v}" for k, v in self.headers.items()]
         self._offset_s = realtime_offset_ns() / 1e9
