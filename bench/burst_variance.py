@@ -7,7 +7,7 @@ independently, so the servers are exchangeable and every estimand's truth is exa
 experiment is analysed (throughput only) with every estimator below, at R = 2 and 3:
 
 - makespan/bootstrap: the cell's tokens over the closed loop's makespan, a paired bootstrap by prompt
-  (what the analysis did before issue 34);
+  (what the analysis once did);
 - makespan/jackknife: the same statistic, a delete-one-prompt jackknife;
 - little/bootstrap: the rate at the load, C x tokens / sum of latencies (Little's law), bootstrapped;
 - little/jackknife: the same statistic, jackknifed;

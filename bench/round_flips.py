@@ -5,7 +5,7 @@ to run) with a baseline and three servers (identical, 10% faster, the harness's 
 pays at c=1 and loses at c=16) under the sequential design repeats {min: 2, max: 3}, run as the
 workflow runs it: round 2 plans (rounds.plan), repeat 3 measures the cells it names, and the summary
 analyses everything. Counted: configurations round 2 stopped (decided, or unlikely to be decided)
-whose summary verdict differs from the round's, without the round plans (the summary before issue 34)
+whose summary verdict differs from the round's, without the round plans (as the summary once did)
 and with them (analysis.frozen_verdicts).
 
     nice -n 19 python bench/round_flips.py --experiments 60 --workers 2

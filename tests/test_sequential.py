@@ -1,4 +1,4 @@
-"""The sequential design (issue 18, item 5): repeats {min, max}, alpha spent per look, rounds that
+"""The sequential design: repeats {min, max}, alpha spent per look, rounds that
 give another repeat only where a verdict is inconclusive and another repeat can narrow it.
 
 The levels are checked against the model they solve (nested repeat averages: a shared prompt-sample
@@ -188,7 +188,7 @@ def test_a_round_continues_only_the_undecided_and_their_baseline(simulated):
     assert stopped.repeats == 2 and stopped.verdict == Decision.PAYS
 
 
-# -- a configuration's verdict is final where the design stopped it (issue 34, item 5) -------------------
+# -- a configuration's verdict is final where the design stopped it -------------------
 def test_a_stopped_configuration_keeps_its_verdict_when_other_cells_are_added(simulated):
     """Round 2 stops every configuration it decided (and those unlikely to be decided); round 3 measures
     other configurations and the baseline beside them, which moves the run-to-run estimate every

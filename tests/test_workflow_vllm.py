@@ -43,7 +43,7 @@ TINY = {
     "suites": {"train_mix": {"kind": "training", "size": 6, "seed": 0, "max_prompt_tokens": 512},
                "generic": {"kind": "file", "path": "resources/prompts/generic.jsonl", "size": 4}},
     # argv items and env values as a person writes them: a YAML integer must reach vLLM as "2048"
-    # (2048.0 is refused), text as is (issue 21)
+    # (2048.0 is refused), text as is
     "servers": {"baseline": {"engine": "vllm", "model": "results/models/smollm2-135m", "idle_timeout_s": 120,
                              "args": ["--max-num-batched-tokens", 2048],
                              "env": {"SPECMATCH_E2E_INT": 0, "SPECMATCH_E2E_TEXT": "1e3"}},

@@ -1,4 +1,4 @@
-"""k sweeps in the config: one server that lists values becomes one ordinary server per value (issue 19, item 1).
+"""k sweeps in the config: one server that lists values becomes one ordinary server per value.
 
     servers:
       eagle3: {engine: vllm, model: ..., speculative: {method: eagle3, model: ..., num_speculative_tokens: [1, 2, 4]}}

@@ -1,4 +1,4 @@
-"""Calibration against a server that is not the analysis's own model (issue 18, item 6).
+"""Calibration against a server that is not the analysis's own model.
 
 Synthetic experiments shaped like the embedded default (three suites of 16 prompts, 16 output
 tokens, concurrencies 1, 4 and 16, a baseline and a second server on the same prompts in the same
@@ -20,9 +20,9 @@ Each rate is a share of verdicts; its Monte-Carlo error is the standard error of
 over experiments (verdicts of one experiment move together: they share sessions and one estimate
 of the run-to-run variance), so it is honest however strongly they are correlated.
 
-    python -m specmatch simulate --table    # the whole table (10-20 minutes on 2 cores)
+    python -m specmatch calibrate    # the whole table (10-20 minutes on 2 cores)
 
-The k sweeps (issue 34; K_SCENARIOS, k_table): a baseline and a sweep's members whose throughput
+The k sweeps (K_SCENARIOS, k_table): a baseline and a sweep's members whose throughput
 speedup at each concurrency is known (each member's step cost calibrated in the same simulated server),
 on the embedded default's shape (one suite of 16 prompts, 24 output tokens, c = 1 and 16, the sequential
 design 2..3), decided by krecommend.recommend as the workflow decides it (round 2's plan picks the cells of
@@ -432,7 +432,7 @@ def verify_task(a: dict) -> dict:
     return out
 
 
-# -- k sweeps and external endpoints (issue 34): which k at which load, with known truth -------------
+# -- k sweeps and external endpoints: which k at which load, with known truth -------------
 K_OUT_TOKENS = 24          # the embedded default's max_tokens
 K_PROMPTS = 16             # its suite size: c=16 is one burst of the whole suite
 K_NOISE = {
@@ -876,7 +876,7 @@ def carry_out(rng: np.random.Generator, sc: Scenario, eng: dict, work: Workload,
 
 
 def hint_task(a: dict) -> dict:
-    """'What would decide it', checked by carrying it out (issue 34, item 4): `experiments` experiments of
+    """'What would decide it', checked by carrying it out: `experiments` experiments of
     HINT_POPULATIONS[`name`], analysed at R = 2 (fixed design, or `sequential`: repeats {min: 2, max: 3}),
     throughput only; for every inconclusive verdict, its named design carried out on the same
     experiment (carry_out) and the verdict read again. Returns {"rows": [(experiment, stated

@@ -7,7 +7,7 @@ and a run-to-run effect per server session (repeat) that moves every cell of tha
 speculative server is truly `speedup` times faster per token. The analysis (specmatch.deciding.analysis)
 then sees only what a real run would produce: cell results and request records.
 
-    python -m specmatch simulate [--experiments 300] [--repeats 3]
+    python -m specmatch simulate [--experiments 300] [--session-sd 0.03] [--cell-sd 0.04] [--suites 1]
 prints how often identical servers are called pays/loses (false decisions) and how often a true
 15% speedup is called pays (power), for one and several repeats.
 
@@ -16,7 +16,7 @@ uses), so it checks the method against itself. The calibration that can fail sim
 instead (specmatch.calibration.des, specmatch.calibration.harness: continuous batching, speculative steps, run-to-run
 noise the analysis does not assume):
 
-    python -m specmatch simulate --table [--experiments 300] [--workers 2]
+    python -m specmatch calibrate [--experiments 300] [--workers 2] [--k-sweeps]
 """
 from __future__ import annotations
 

@@ -6,7 +6,7 @@ compressed; Parquet; Arrow IPC files and streams, including Hugging Face `save_t
 (`file:line` for JSON Lines, `file:#row` otherwise) so a bad row can always be named.
 
 Memory is bounded by one batch (BATCH_LINES lines, or one Parquet/Arrow record batch), except for
-a JSON *array* file, which must be parsed whole (the README says so).
+a JSON *array* file, which must be parsed whole (docs/getting-started/quickstart.md says so).
 """
 from __future__ import annotations
 

@@ -1,6 +1,6 @@
 """Deciding: verdicts, crossovers and recommendations from repeated, paired measurements.
 
-The experiment (DESIGN.md, "Deciding"): every server measures the same prompts at every
+The experiment (docs/methods/verdicts.md): every server measures the same prompts at every
 concurrency, and every cell is repeated in fresh server sessions (repeats), interleaved across
 servers. The analysis is split along its seams, each a module, all importable from here:
 

@@ -1,4 +1,4 @@
-"""Explaining: why a speedup happens (DESIGN.md, "Explaining").
+"""Explaining: why a speedup happens (docs/methods/why-it-pays.md).
 
 A speculative step yields tau tokens (the engine's acceptance length) and costs rho plain decode
 steps of the baseline, so the TPOT speedup is tau / rho. For a server whose batch-size schedule

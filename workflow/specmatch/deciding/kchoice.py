@@ -29,7 +29,7 @@ equivalent" paths through the best's comparison with off, "pays, k open" through
 every k is as fast as off (or slower), speculation is deployed at c with probability at most
 K x alpha / (2K) = alpha / 2 (one-sided), whatever K: the bound holds at each measured concurrency,
 and over a schedule of C measured concurrencies at most C x alpha / 2 (Bonferroni; the record's
-`error_rates`, the recommendation's text). Measured (calibration.harness, K_SCENARIOS "null"): README.
+`error_rates`, the recommendation's text). Measured (calibration.harness, K_SCENARIOS "null"): docs/methods/calibration.md.
 """
 from __future__ import annotations
 

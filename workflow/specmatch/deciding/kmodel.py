@@ -1,4 +1,4 @@
-"""Which k at which load (issue 19, items 2-4), part one: the k-sweep records and the model of the speedup
+"""Which k at which load, part one: the k-sweep records and the model of the speedup
 per k. The best k per concurrency is decided in kchoice, the batch bands in kbands, and the deployment
 that runs them (a vLLM per-batch-size schedule, SGLang's adaptive candidate steps) with its text and
 verification references in krecommend; the records of all four live here, beside the model.

@@ -1,6 +1,6 @@
 """Measurements: every cell's requests as arrays, indexed by (server, suite, concurrency, repeat).
 
-The analysis's first seam (DESIGN.md, "Deciding"): what a cell measured and the estimator the
+The analysis's first seam (docs/methods/verdicts.md): what a cell measured and the estimator the
 bootstrap resamples.
 
 **A closed loop's throughput is the rate at its load** (Little's law): C x output tokens / the sum
@@ -10,7 +10,7 @@ duration (vLLM's figure, in the cell table), whose end is the slowest request's:
 concurrency is at least the suite (the default's c=16 with 16 prompts: one burst) that figure is the
 maximum over prompts, a bootstrap of a maximum understates the prompt sample's variance, and
 servers identical on average whose speedup varies by prompt (log-sd 0.15 / 0.30) were called
-different in 12-18% / 24-31% of verdicts at nominal 10% (issue 34). A stream at that load never
+different in 12-18% / 24-31% of verdicts at nominal 10%. A stream at that load never
 waits for its slowest request; the rate it sees is the mean latency's.
 
 **A request's weight on the others in the drain.** While every worker is busy, a request that

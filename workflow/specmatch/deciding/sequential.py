@@ -1,4 +1,4 @@
-"""Repeats spent where they decide: a group-sequential design over repeats (issue 18, item 5).
+"""Repeats spent where they decide: a group-sequential design over repeats.
 
 `repeats: {min: 2, max: N}` measures every cell `min` times; then, round by round, only the
 configurations whose verdict is still inconclusive, and that another repeat can narrow, get one

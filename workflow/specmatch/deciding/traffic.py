@@ -1,5 +1,5 @@
 """Your traffic, not the training set: any mix's speedup predicted from per-source measurements, the
-break-even mix, and the check against a measured mix (README, "Your traffic").
+break-even mix, and the check against a measured mix (docs/guides/your-traffic.md).
 
 **Strata.** A traffic mix gives each stratum a share of requests: a training source (its prompts in
 the basis suite, a stratified training suite: `min_per_source`) or a file suite (one stratum). Every
@@ -33,7 +33,7 @@ workers take), not a mean of per-source ratios. So:
   cell) scales the steps it takes part in, so the model only carries a request from its own batch
   into the mix's, and at c = 1 it returns the measured times.
 
-Assumptions (the README's list): a request's decode steps do not depend on the mix (greedy
+Assumptions (docs/guides/your-traffic.md lists them): a request's decode steps do not depend on the mix (greedy
 acceptance; a batch-size schedule that switches drafting by batch size breaks this in the tail); the
 step cost depends on the batch (size, context, prefills), linearly, not on the sources in it (a
 drafter whose cost depends on what it drafts breaks this); the mix's prompts are like the strata's

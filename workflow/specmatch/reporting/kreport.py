@@ -1,4 +1,4 @@
-"""Render the k sweeps (issue 19): which k at which load, as summary.md's "Which k at which load"
+"""Render the k sweeps: which k at which load, as summary.md's "Which k at which load"
 section and `plots/k_sweep.png`.
 
 What is rendered was decided elsewhere and written in `k_sweeps.json` (kmodel.KSweeps, by the decide

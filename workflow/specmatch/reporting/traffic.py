@@ -129,8 +129,8 @@ def lines(rows: list[TrafficRow], metric: str) -> list[str]:
                 "request's own decode steps (acceptance is per sequence) and speed. It assumes a request's "
                 "acceptance does not depend on what it is batched with, the step cost depends on the batch and not "
                 "on its sources, and the strata's measured prompts stand for their traffic. Intervals: the prompt "
-                "sample per stratum, run to run, and the model's own error (`traffic.json`, README \"Your "
-                "traffic\"); plot: `plots/traffic.png`."]
+                "sample per stratum, run to run, and the model's own error (`traffic.json`, docs/guides/"
+                "your-traffic.md); plot: `plots/traffic.png`."]
     return out
 
 

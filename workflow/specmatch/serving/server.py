@@ -1,6 +1,6 @@
 """The server manager: each server session starts once, cells attach to it, nothing is orphaned.
 
-Why not Snakemake service() jobs (shared/notes/snakemake.md): a service job that runs on every
+Why not Snakemake service() jobs (tried with Snakemake 9): a service job that runs on every
 invocation marks all consumers as updated, so one changed cell would rerun every cell. Instead a
 cell (or the launch step) calls `attach()`, which reuses the running server when its configuration
 hash and session (the repeat it belongs to) match, and otherwise stops it (waiting until it has

