@@ -29,21 +29,30 @@ def rendered(tmp_path_factory):
 
 
 # -- summary.md: the answer on the first screen --------------------------------------------------------
+def answer_block(md: str) -> list[str]:
+    """summary.md's answer: from its title to the line that says the evidence follows."""
+    lines = md.splitlines()
+    end = next(i for i, x in enumerate(lines) if x.startswith("Everything below is the evidence"))
+    return lines[:end + 1]
+
+
 def test_the_first_screen_holds_the_recommendation_the_verdicts_by_load_and_the_machine(rendered):
     out, md = rendered
-    first = md.splitlines()[:30]
+    first = answer_block(md)
+    assert len(first) <= 30 and first[0] == "# specmatch: does speculation pay off here?"
+    assert first[2] == "## The answer"
     text = "\n".join(first)
     rec = json.loads((out / "recommendations.json").read_text())[0]
-    assert first[0] == "# specmatch: does speculation pay off here?" and first[2] == "## The answer"
-    assert rec["text"] and rec["text"] in text and "num_speculative_tokens_per_batch_size" in text
-    assert "Evidence: " + rec["evidence"] in text
-    row = next(x for x in first if x.startswith("| suite `s` (measured) | spec |"))
+    deploy = next(x for x in first if x.startswith("- **spec** (`s`): "))
+    assert rec["text"] in deploy and "Evidence: " + rec["evidence"] in deploy
+    assert "--speculative-config" in deploy and json.dumps(rec["vllm_schedule"]) in deploy
+    header = next(x for x in first if x.startswith("| traffic |"))
+    assert header == "| traffic | c=1 | c=4 | c=16 |" and "`spec`" in text
+    row = next(x for x in first if x.startswith("| suite `s` (measured) |"))
     # each load's verdict, in the order of the header, with the verdict record's own figures
-    header = next(x for x in first if x.startswith("| traffic | server |"))
-    assert header.split("|")[3:6] == [" c=1 ", " c=4 ", " c=16 "]
     verdicts = {v["concurrency"]: v for v in json.loads((out / "verdicts.json").read_text())
                 if v["metric"] == "output_throughput" and v["server"] == "spec"}
-    cells = [c.strip() for c in row.split("|")[3:6]]
+    cells = [c.strip() for c in row.split("|")[2:5]]
     for c, cell in zip((1, 4, 16), cells):
         v = verdicts[c]
         assert cell.startswith({"pays": "**pays**", "loses": "**loses**"}[v["verdict"]])
@@ -51,6 +60,50 @@ def test_the_first_screen_holds_the_recommendation_the_verdicts_by_load_and_the_
     assert any(x.startswith("- **Machine:**") for x in first)
     # the evidence follows: the full recommendation, then the verdicts
     assert md.index("## The answer") < md.index("## Recommendation") < md.index("## Verdicts")
+
+
+def test_the_first_screen_stays_one_screen_with_several_servers_and_traffic_profiles(rendered):
+    """Three speculative servers on three profiles and three suites: one row per profile or suite, a
+    column per server and load, every recommendation and the machine line within 30 lines; the derived
+    `__recommended` server is the recommendation's check, not an answer."""
+    from specmatch.deciding.decide import Decisions
+    from specmatch.records import Decision, Interval, TrafficCheck, TrafficRow, Verdict
+    from specmatch.reporting import answer
+    from specmatch.reporting.decided import Decided
+
+    out, _ = rendered
+    dec = Decisions.read(out)
+    servers = ["spec", "fast", "slow"]
+    an = dec.analysis
+    an.servers = ["baseline", *servers, "spec__recommended"]
+    an.suites = ["s", "t", "u"]
+    base = [v for v in dec.verdicts if v.server == "spec" and v.metric == "output_throughput"]
+    dec.verdicts = [Verdict.from_json({**v.to_json(), "server": x, "suite": u}) for x in servers
+                    for u in an.suites for v in base]
+    rec = dec.recommendations[0]
+    dec.recommendations = [type(rec).from_json({**rec.to_json(), "server": x}) for x in reversed(servers)]
+    dec.traffic = [TrafficRow(p, {"s": 1.0}, x, c, "output_throughput", Interval(1.1, 0.9, 1.3), None,
+                              Decision.INCONCLUSIVE, check=TrafficCheck(0.02, -0.1, 0.1, True) if p == "b" else None)
+                   for p in ("a", "b", "training_mix") for x in [*servers, "spec__recommended"] for c in (1, 4, 16)]
+    for r in dec.traffic:
+        if r.check:
+            r.measured = Interval(1.12, 1.0, 1.25)
+    d = Decided(dec, {})
+    md = "\n".join(["# specmatch: does speculation pay off here?", ""] + answer.lines(d))
+    block = answer_block(md)
+    assert len(block) <= 30, "\n".join(block)
+    header = next(x for x in block if x.startswith("| traffic |"))
+    assert header.count("`fast` c=") == 3 and header.index("`spec` c=1") < header.index("`fast` c=1")
+    rows = [x for x in block if x.startswith("| your mix") or x.startswith("| the training mix")
+            or x.startswith("| suite")]
+    assert [r.split("|")[1].strip() for r in rows] == [
+        "your mix `a` (predicted)", "your mix `b` (predicted)", "the training mix (predicted)",
+        "suite `s` (measured)", "suite `t` (measured)", "suite `u` (measured)"]
+    assert all(r.count("|") == 2 + 9 for r in rows) and "measured 1.12x, agrees" in rows[1]
+    assert "spec__recommended" not in "\n".join(rows + [header])
+    deploy = [x for x in block if x.startswith("- **") and "(`s`)" in x]
+    assert [x.split("**")[1] for x in deploy] == servers   # config order
+    assert any(x.startswith("- **Machine:**") for x in block)
 
 
 def test_every_file_the_summary_writes_is_listed(rendered):
@@ -94,6 +147,13 @@ def test_markdown_conversion_escapes_and_keeps_structure():
     assert "<th>a</th><th>b</th>" in h and "<td>&lt;x&gt;</td>" in h and "---" not in h
     assert "<li>one more</li><li>two</li>" in h and "<p>text line</p>" in h
     assert "<pre><code>&lt;raw&gt;</code></pre>" in h
+    # names from the data never become markup: no script links, a `|` in code stays in its cell, a line
+    # that merely starts with '#' is text, the private marks and NUL do not break the renderer
+    assert "<a" not in inline("[x](javascript:alert(1))") and "<a" not in inline("[x](data:text/html,hi)")
+    assert inline("[d](a.md?x=1&y=2)") == '<a href="a.md?x=1&amp;y=2">d</a>'
+    assert "<td><code>a|b</code></td><td>c</td>" in blocks_html(["| x | y |", "|---|---|", "| `a|b` | c |"])
+    assert blocks_html(["#1 in the queue"]) == "<p>#1 in the queue</p>"
+    assert inline("a\x00b \ue000 `c`") == "a\x00b  <code>c</code>"
 
 
 def test_the_page_is_self_contained_and_answer_first(rendered):

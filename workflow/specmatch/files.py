@@ -31,9 +31,9 @@ class SpecmatchError(Exception):
 def current_umask() -> int:
     """The process's umask, read without changing it where Linux allows (/proc), else set and reset."""
     try:
-        with open("/proc/self/status", encoding="ascii") as fh:
+        with open("/proc/self/status", "rb") as fh:   # bytes: the Name: line may be in any encoding
             for line in fh:
-                if line.startswith("Umask:"):
+                if line.startswith(b"Umask:"):
                     return int(line.split()[1], 8)
     except (OSError, ValueError):
         pass

@@ -7,10 +7,12 @@ quietness readings); the same lines open `report.html`.
 """
 from __future__ import annotations
 
+import json
+
 from ..config import TRAINING_MIX
 from ..deciding.measurements import LABEL
 from ..deciding.recommend import SUFFIX
-from ..records import Decision, Outcome, TrafficRow, Verdict
+from ..records import Decision, Outcome, Verdict
 from ..serving.controls import OFF, is_control
 from . import interference
 from .decided import Decided
@@ -37,10 +39,12 @@ def speculative_servers(d: Decided) -> list[str]:
 
 
 def deploy_lines(d: Decided) -> list[str]:
-    """One line per recommendation (and per k sweep): what to do, in the engine's terms, with its
-    evidence and whether the deployment was verified; the section "Recommendation" has the detail."""
+    """One line per recommendation (and per k sweep), servers in config order: what to do, in the
+    engine's terms, with its evidence and whether the deployment was verified; the section
+    "Recommendation" has the detail."""
+    order = {x: i for i, x in enumerate(d.servers)}
     out = []
-    for r in d.recommendations:
+    for r in sorted(d.recommendations, key=lambda r: order.get(r.server, len(order))):
         status = ""
         if r.verified is not None:
             status = f"; {OUTCOME.get(r.verified.outcome, 'not verified yet')}"
@@ -55,18 +59,26 @@ def deploy_lines(d: Decided) -> list[str]:
         out.append(f"- **{r.server}** (`{r.suite}`): {r.text}{schedule}{status}. Evidence: {r.evidence}.{cause}")
     for k in d.k_recommendations:
         status = f"; {OUTCOME.get(k.verified.outcome, 'not verified yet')}" if k.verified is not None else ""
-        out.append(f"- **{k.parent}**, which k (`{k.suite}`): {k.text}{status}.")
+        flag = (f"; vLLM: `--speculative-config '{json.dumps(k.speculative, sort_keys=True)}'`"
+                if k.vllm_schedule and k.speculative else "")
+        out.append(f"- **{k.parent}**, which k (`{k.suite}`): {k.text}{flag}{status}. Evidence: the best k at each "
+                   "measured concurrency (\"Which k at which load\").")
     return out
 
 
-def _traffic_rows(rows: list[TrafficRow], metric: str) -> list[tuple[str, str, dict[int, str]]]:
-    """(what, server, {c: cell}) per traffic profile: the declared mixes first, the training mix last."""
-    mine = [r for r in rows if r.metric == metric]
+Row = tuple[str, str, dict[int, str]]   # (what: a profile or a suite, server, {concurrency: verdict text})
+
+
+def _traffic_rows(d: Decided, metric: str) -> list[Row]:
+    """Per traffic profile and configured speculative server: the declared mixes first, the training
+    mix last (the derived `__recommended` servers are the recommendation's check, not an answer)."""
+    servers = speculative_servers(d)
+    mine = [r for r in d.decisions.traffic if r.metric == metric and r.server in servers]
     profiles = list(dict.fromkeys(r.profile for r in mine))
     profiles = [p for p in profiles if p != TRAINING_MIX] + [p for p in profiles if p == TRAINING_MIX]
     out = []
     for p in profiles:
-        for x in dict.fromkeys(r.server for r in mine if r.profile == p):
+        for x in [x for x in servers if any((r.profile, r.server) == (p, x) for r in mine)]:
             cells = {}
             for r in (r for r in mine if (r.profile, r.server) == (p, x)):
                 if r.predicted is None:
@@ -81,11 +93,11 @@ def _traffic_rows(rows: list[TrafficRow], metric: str) -> list[tuple[str, str, d
     return out
 
 
-def _suite_rows(d: Decided, metric: str) -> list[tuple[str, str, dict[int, str]]]:
-    """(what, server, {c: cell}) per measured suite, from the verdicts."""
+def _suite_rows(d: Decided, metric: str) -> list[Row]:
+    """Per measured suite and configured speculative server, from the verdicts."""
     out = []
-    for x in speculative_servers(d):
-        for u in d.suites:
+    for u in d.suites:
+        for x in speculative_servers(d):
             vs: list[Verdict] = [v for v in d.verdicts if (v.server, v.suite, v.metric) == (x, u, metric)]
             if vs:
                 out.append((f"suite `{u}` (measured)", x, {v.concurrency: _cell(v.verdict, v.speedup, v.lo, v.hi)
@@ -94,16 +106,23 @@ def _suite_rows(d: Decided, metric: str) -> list[tuple[str, str, dict[int, str]]
 
 
 def verdict_table(d: Decided) -> list[str]:
-    """Profile (predicted) and suite (measured) × load: the verdict and its interval in each cell."""
+    """Traffic (profiles predicted, suites measured) by load: the verdict and its interval in each cell.
+    One row per profile or suite; with several speculative servers, a column per server and load, so
+    the table's length does not grow with the servers (the first screen stays one screen)."""
     metric = d.settings.recommend_metric
-    rows = _traffic_rows(d.decisions.traffic, metric) + _suite_rows(d, metric)
+    rows = _traffic_rows(d, metric) + _suite_rows(d, metric)
     if not rows:
         return []
+    servers = list(dict.fromkeys(x for _, x, _ in rows))
     cs = sorted({c for _, _, cells in rows for c in cells})
-    out = ["| traffic | server | " + " | ".join(f"c={c}" for c in cs) + " |",
-           "|---|---|" + "---|" * len(cs)]
+    cols = [(x, c) for x in servers for c in cs]
+    head = [f"c={c}" for _, c in cols] if len(servers) == 1 else [f"`{x}` c={c}" for x, c in cols]
+    table: dict[str, dict] = {}
     for what, x, cells in rows:
-        out.append(f"| {what} | {x} | " + " | ".join(cells.get(c, "—") for c in cs) + " |")
+        table.setdefault(what, {}).update({(x, c): v for c, v in cells.items()})
+    out = ["| traffic | " + " | ".join(head) + " |", "|---|" + "---|" * len(cols)]
+    for what, cells in table.items():
+        out.append(f"| {what} | " + " | ".join(cells.get(k, "—") for k in cols) + " |")
     return out
 
 
@@ -136,8 +155,10 @@ def lines(d: Decided) -> list[str]:
     table = verdict_table(d)
     if table:
         label = LABEL.get(s.recommend_metric, s.recommend_metric)
-        out += [f"**Speedup over `{d.baseline}` by traffic and load** ({label}; {s.confidence:.0%} intervals; "
-                f"±{s.min_effect:.0%} counts as no difference)", ""] + table + [""]
+        servers = speculative_servers(d)
+        whose = f"`{servers[0]}`" if len(servers) == 1 else "each server"
+        out += [f"**Speedup of {whose} over `{d.baseline}` by traffic and load** ({label}; {s.confidence:.0%} "
+                f"intervals; ±{s.min_effect:.0%} counts as no difference)", ""] + table + [""]
     out += [quietness_line(d), "",
             "Everything below is the evidence: the recommendation in full, the verdicts and the noise they were "
             "decided against, your traffic, why it pays, and the tables."]

@@ -31,20 +31,31 @@ figcaption{font-size:13px;color:#4a5468}li{margin:3px 0}a{color:#1f5fbf}
 
 _LINK = re.compile(r"\[([^\]]+)\]\(([^)\s]+)\)")
 _BOLD = re.compile(r"\*\*(.+?)\*\*")
+_HEADING = re.compile(r"^(#{1,6}) ")
+_SAFE_URL = re.compile(r"^(https?://|#|[^:/?#]*(?:[/?#]|$))", re.I)   # http(s), an anchor, or a relative path
+_CODE_OPEN, _CODE_CLOSE = "\ue000", "\ue001"   # private-use marks for a set-aside code span
+
+
+def _link(m: re.Match) -> str:
+    url = html.unescape(m.group(2))   # the text was escaped already; the attribute is escaped once, here
+    if not _SAFE_URL.match(url):      # javascript:, data: and the like render as the text they are
+        return m.group(0)
+    return f'<a href="{html.escape(url)}">{m.group(1)}</a>'
 
 
 def inline(text: str) -> str:
     """One line's inline markup: `code` spans are literal (set aside first), then bold and links, which
-    may span code."""
+    may span code. Text from the data (source names, prompts) is escaped and never becomes markup."""
+    text = text.replace(_CODE_OPEN, "").replace(_CODE_CLOSE, "")
     if text.count("`") % 2:  # an unmatched backtick: keep it as written
         return html.escape(text, quote=False)
     parts = text.split("`")
     codes = [f"<code>{html.escape(p)}</code>" for p in parts[1::2]]
-    plain = "".join(html.escape(p, quote=False) + (f"\x00{i}\x00" if i < len(codes) else "")
+    plain = "".join(html.escape(p, quote=False) + (f"{_CODE_OPEN}{i}{_CODE_CLOSE}" if i < len(codes) else "")
                     for i, p in enumerate(parts[0::2]))
     plain = _BOLD.sub(r"<strong>\1</strong>", plain)
-    plain = _LINK.sub(lambda m: f'<a href="{html.escape(m.group(2))}">{m.group(1)}</a>', plain)
-    return re.sub("\x00(\\d+)\x00", lambda m: codes[int(m.group(1))], plain)
+    plain = _LINK.sub(_link, plain)
+    return re.sub(f"{_CODE_OPEN}(\\d+){_CODE_CLOSE}", lambda m: codes[int(m.group(1))], plain)
 
 
 def slug(title: str) -> str:
@@ -52,12 +63,22 @@ def slug(title: str) -> str:
 
 
 def _cells(row: str) -> list[str]:
+    """A table row's cells; a `|` inside a code span belongs to its cell."""
     row = row.strip()
     if row.startswith("|"):
         row = row[1:]
     if row.endswith("|"):
         row = row[:-1]
-    return [c.strip() for c in row.split("|")]
+    cells, cur, code = [], [], False
+    for ch in row:
+        if ch == "`":
+            code = not code
+        if ch == "|" and not code:
+            cells.append("".join(cur).strip())
+            cur = []
+        else:
+            cur.append(ch)
+    return cells + ["".join(cur).strip()]
 
 
 def blocks_html(lines: list[str]) -> str:
@@ -74,8 +95,8 @@ def blocks_html(lines: list[str]) -> str:
                 j += 1
             out.append("<pre><code>" + html.escape("\n".join(lines[i + 1:j])) + "</code></pre>")
             i = j + 1
-        elif line.startswith("#"):
-            level = min(len(line) - len(line.lstrip("#")), 6)
+        elif _HEADING.match(line):
+            level = len(_HEADING.match(line).group(1))
             out.append(f"<h{level}>{inline(line[level:].strip())}</h{level}>")
             i += 1
         elif line.lstrip().startswith("|"):
@@ -101,8 +122,8 @@ def blocks_html(lines: list[str]) -> str:
             out.append("<ul>" + "".join(f"<li>{inline(x)}</li>" for x in items) + "</ul>")
         else:
             j = i
-            while (j < len(lines) and lines[j].strip() and not lines[j].startswith(("- ", "```", "#"))
-                   and not lines[j].lstrip().startswith("|")):
+            while (j < len(lines) and lines[j].strip() and not lines[j].startswith(("- ", "```"))
+                   and not _HEADING.match(lines[j]) and not lines[j].lstrip().startswith("|")):
                 j += 1
             out.append("<p>" + " ".join(inline(x) for x in lines[i:j]) + "</p>")
             i = j
@@ -141,7 +162,7 @@ def page(md: str, plots: list[Path], folder: Path, files: list[str]) -> str:
         if head == "Files":
             continue
         sid = slug(head)
-        nav.append(f'<a href="#{sid}">{html.escape(re.split(r" [(]|: ", head)[0])}</a>')   # the short name
+        nav.append(f'<a href="#{sid}">{inline(re.split(r" [(]|: ", head)[0])}</a>')   # the short name
         cls = ' class="answer"' if n == 0 else ""
         body.append(f'<section id="{sid}"{cls}><h2>{inline(head)}</h2>\n{blocks_html(lines)}</section>')
         if n == 0 and plot_html:

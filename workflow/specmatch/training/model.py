@@ -119,10 +119,11 @@ def convert_embedded(out: Path, dtype: str = "bfloat16", tokenizer: Path | None 
 
 
 def copy_tokenizer(src: Path, dst: Path) -> None:
-    """The tokenizer's files (TOKENIZER_FILES, those `src` has) into the model folder `dst`."""
+    """The tokenizer's files (TOKENIZER_FILES, those `src` has) into the model folder `dst`: contents
+    only, so the copies get this process's umask, not the source's mode."""
     for f in TOKENIZER_FILES:
         if (src / f).exists():
-            shutil.copy2(src / f, dst / f)
+            shutil.copyfile(src / f, dst / f)
 
 
 def make_draft(target: Path, layers: int, out: Path) -> dict:
