@@ -3,6 +3,7 @@ and records. The one home of shared test helpers: test modules import from here 
 from conftest.py), never from each other."""
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shutil
@@ -77,6 +78,26 @@ def shipped_config(ngram=None, path: str = KSWEEP_CONFIG) -> dict:
         cfg["servers"]["ngram"] = copy.deepcopy(NGRAM)
         cfg["servers"]["ngram"]["speculative"]["num_speculative_tokens"] = ngram
     return cfg
+
+
+@contextlib.contextmanager
+def scripted_endpoints(specs: dict, *extra: str, env: dict | None = None):
+    """OpenAI-compatible scripted servers (tests/fakeserver.py), one per name: `specs[name]` is the
+    speculative script as JSON (e.g. '{"k": 4, "accept": 2}') or None for a plain server; `extra` are
+    more fakeserver flags. Yields {name: base_url}; every server is stopped on the way out."""
+    procs, urls = [], {}
+    try:
+        for name, spec in specs.items():
+            cmd = [sys.executable, str(REPO / "tests" / "fakeserver.py"), "--tokens", "12", "--ttft", "0.01",
+                   "--itl", "0.004", *extra] + (["--spec", spec] if spec else [])
+            p = subprocess.Popen(cmd, stdout=subprocess.PIPE, text=True, env=env)
+            procs.append(p)
+            urls[name] = json.loads(p.stdout.readline())["base_url"]
+        yield urls
+    finally:
+        for p in procs:
+            p.terminate()
+            p.wait(10)
 
 
 def snakemake_cmd() -> list[str]:

@@ -28,6 +28,7 @@ import argparse
 import asyncio
 import hashlib
 import json
+import os
 import threading
 import time
 
@@ -37,8 +38,10 @@ EOS = 2
 class FakeServer:
     def __init__(self, tokens=16, ttft=0.02, itl=0.005, spec=None, tokens_per_event=1, host="127.0.0.1", port=0,
                  tls=None, usage_delay=0.0, empty_first=False, incremental=False, words=False, eos_at=None,
-                 diverge=None, cache=False, max_model_len=None, prefix=""):
+                 diverge=None, cache=False, max_model_len=None, prefix="", api_key=None):
         self.prefix = prefix            # serve under a path (a gateway's /team/llm): other paths are 404
+        self.api_key = api_key          # every route but /health answers 401 without `Bearer <api_key>`
+        self.unauthorized: list[str] = []  # the paths called without the key
         self.tokens, self.ttft, self.itl = tokens, ttft, itl
         self.spec = spec  # e.g. {"k": 4, "accept": 2}: per step, 4 drafted, 2 accepted
         self.tokens_per_event = tokens_per_event
@@ -120,7 +123,13 @@ class FakeServer:
                 if self.prefix and not path.startswith(self.prefix + "/"):
                     self._plain(writer, "404 Not Found", f"no route {path}")
                     continue
-                if not await self._route(method, path[len(self.prefix):], body, writer):
+                path = path[len(self.prefix):]
+                if (self.api_key and path != "/health"
+                        and headers.get("authorization") != f"Bearer {self.api_key}"):
+                    self.unauthorized.append(path)
+                    self._plain(writer, "401 Unauthorized", "a key is needed")
+                    continue
+                if not await self._route(method, path, body, writer):
                     break
         except (ConnectionError, asyncio.IncompleteReadError):
             pass
@@ -403,10 +412,13 @@ def main():
     p.add_argument("--diverge-at", type=int, default=None, help="with --words: this server's tokens differ from here on")
     p.add_argument("--cache", action="store_true", help="simulate a prefix cache and report its hits")
     p.add_argument("--max-model-len", type=int, default=None)
+    p.add_argument("--prefix", default="", help="serve under this path only (a gateway's /team/llm)")
+    p.add_argument("--api-key-env", default=None, help="require the key this environment variable holds")
     a, _unknown = p.parse_known_args()  # tolerate engine flags when standing in for a server
     s = FakeServer(a.tokens, a.ttft, a.itl, json.loads(a.spec) if a.spec else None, a.tokens_per_event,
                    port=a.port, words=a.words, eos_at=a.eos_at, diverge=a.diverge_at, cache=a.cache,
-                   max_model_len=a.max_model_len)
+                   max_model_len=a.max_model_len, prefix=a.prefix,
+                   api_key=os.environ[a.api_key_env] if a.api_key_env else None)
     s.start()
     print(json.dumps({"base_url": s.base_url}), flush=True)
     time.sleep(a.seconds)

@@ -5,14 +5,13 @@ from __future__ import annotations
 
 import copy
 import json
+import os
 import re
-import subprocess
-import sys
 
 import pytest
 import yaml
 
-from builders import REPO, copy_workflow, make_root, run, snakemake_cmd
+from builders import REPO, copy_workflow, make_root, run, scripted_endpoints, snakemake_cmd
 
 README = REPO / "README.md"
 MARK = "<!-- readme-example: {} -->"
@@ -90,18 +89,12 @@ def test_every_relative_link_resolves():
 
 @pytest.fixture(scope="module")
 def endpoints():
-    """Two scripted OpenAI-compatible endpoints: one plain, one that reports speculative acceptance."""
-    procs, urls = [], {}
-    for name, spec in (("base", None), ("spec", '{"k": 3, "accept": 2}')):
-        cmd = [sys.executable, str(REPO / "tests" / "fakeserver.py"), "--tokens", "12", "--ttft", "0.01",
-               "--itl", "0.004"] + (["--spec", spec] if spec else [])
-        p = subprocess.Popen(cmd, stdout=subprocess.PIPE, text=True)
-        urls[name] = json.loads(p.stdout.readline())["base_url"]
-        procs.append(p)
-    yield urls
-    for p in procs:
-        p.terminate()
-        p.wait(10)
+    """Two scripted OpenAI-compatible endpoints behind a gateway's path prefix that answer only with the
+    key (every call specmatch makes must carry it): one plain, one that reports speculative acceptance."""
+    env = {**os.environ, "FAKE_KEY": API_KEY}
+    with scripted_endpoints({"base": None, "spec": '{"k": 3, "accept": 2}'}, "--prefix", "/team/llm",
+                            "--api-key-env", "FAKE_KEY", env=env) as urls:
+        yield urls
 
 
 def runnable(cfg: dict, root: str, tokenizer: str, urls: dict) -> dict:
@@ -155,6 +148,13 @@ def test_readme_example_runs_end_to_end(tmp_path, tok, tok_dir, endpoints):
     for server in mine["servers"]:
         for suite in suites:
             assert (res / "cells" / server / suite / "r1" / "c2.json").exists(), (server, suite)
+    # every call carried the key through the gateway's prefix: the cache reset, the launch record's
+    # model card and the load itself (a call without it would read 401 here)
+    for cell in (res / "cells").rglob("c*.json"):
+        if not cell.name.endswith(".prov.json"):
+            assert json.loads(cell.read_text())["cache_reset"] == "ok", cell
+    for launch in res.rglob("launch.json"):
+        assert "error" not in (json.loads(launch.read_text())["v1_models"] or {"error": "none"}), launch
     # the endpoints' key was read from the environment and written nowhere
     if env:
         leaked = [p for p in res.rglob("*") if p.is_file() and API_KEY.encode() in p.read_bytes()]

@@ -72,6 +72,13 @@ def test_the_chat_endpoint_sends_the_history_as_messages(fake_server):
         + s.turns[1].messages
 
 
+def test_sessions_reach_an_endpoint_under_a_path_prefix(fake_server):
+    srv = fake_server(words=True, ttft=0.001, itl=0.001, tokens=3, prefix="/team/llm")
+    (records, outcome), _ = replay(srv, [session(i, texts(i, 2)) for i in range(2)], c=2)
+    assert len(records) == 4 and all(r.ok for r in records), [r.error for r in records]
+    assert outcome.turns_sent == 4 and len(srv.log) == 4
+
+
 def test_prefix_cache_is_reset_before_the_cell_and_not_within_a_session(tmp_path, fake_server):
     srv = fake_server(words=True, cache=True, ttft=0.001, itl=0.001, tokens=4)
     ss = [session(i, texts(i)) for i in range(4)]

@@ -1,29 +1,19 @@
 """The real workflow (all rules, real Snakemake) on a small training root, against scripted
 OpenAI-compatible endpoints (`external` engine): fast, no vLLM needed. Also checks provenance."""
 import json
-import subprocess
 import sys
 
 import pytest
 import yaml
 
-from builders import REPO, copy_workflow, job_counts, make_root, run, snakemake_cmd
+from builders import REPO, copy_workflow, job_counts, make_root, run, scripted_endpoints, snakemake_cmd
 from specmatch.files import current_umask
 
 
 @pytest.fixture(scope="module")
 def endpoints():
-    procs, urls = [], {}
-    for name, spec in (("base", None), ("spec", '{"k": 4, "accept": 2}')):
-        cmd = [sys.executable, str(REPO / "tests" / "fakeserver.py"), "--tokens", "12", "--ttft", "0.01",
-               "--itl", "0.004"] + (["--spec", spec] if spec else [])
-        p = subprocess.Popen(cmd, stdout=subprocess.PIPE, text=True)
-        urls[name] = json.loads(p.stdout.readline())["base_url"]
-        procs.append(p)
-    yield urls
-    for p in procs:
-        p.terminate()
-        p.wait(10)
+    with scripted_endpoints({"base": None, "spec": '{"k": 4, "accept": 2}'}) as urls:
+        yield urls
 
 
 @pytest.fixture(scope="module")

@@ -108,7 +108,7 @@ def warmup_requests(n: int, protocol: str, model: str, settings: RequestSettings
 
 def scrape(base_url: str, engine) -> dict:
     try:
-        r = http.get(base_url + "/metrics", timeout=30)
+        r = http.get(base_url + "/metrics", timeout=30, headers=engine.auth_headers())
         return engine.counters(r.text) if r.status_code == 200 else {}
     except http.RequestException:
         return {}
@@ -120,7 +120,7 @@ def reset_cache(base_url: str, engine) -> str:
     if not engine.reset_path:
         return "not supported by this engine"
     try:
-        r = http.post(base_url + engine.reset_path, timeout=60)
+        r = http.post(base_url + engine.reset_path, timeout=60, headers=engine.auth_headers())
         return "ok" if r.status_code == 200 else f"HTTP {r.status_code}"
     except http.RequestException as exc:
         return f"failed: {exc}"
@@ -171,7 +171,7 @@ def run_cell(name: str, cfg: dict, suite: str, prompts: list[Prompt], concurrenc
                     collect=settings.record_outputs, stop_ids=stop_ids)
             for i, (p, k) in enumerate(plan_requests(prompts, passes, settings.seed))] if sessions is None else []
     warm = warmup_requests(settings.warmup, protocol, model, settings, extras)
-    api_key = engine.api_key() if hasattr(engine, "api_key") else None
+    api_key = engine.api_key()
     session = session_of(repeat)
     att = manager.attach(name, cfg, max_batch, server_log, session)
     ours = owners(att, manager, att.base_url)

@@ -102,7 +102,7 @@ def build_record(name: str, cfg: dict, att, max_batch: int, repeat: int = 1) -> 
     engine = get_engine(cfg)
     models = None
     try:
-        models = requests.get(att.base_url + "/v1/models", timeout=30).json()
+        models = requests.get(att.base_url + "/v1/models", timeout=30, headers=engine.auth_headers()).json()
     except (requests.RequestException, ValueError) as exc:
         models = {"error": str(exc)}
     spec = cfg.get("speculative") or {}

@@ -106,6 +106,15 @@ class Engine:
         return {str(k): as_text(v, f"env.{k}") for k, v in (self.cfg.get("env") or {}).items()}
 
     # -- benchmarking ------------------------------------------------------------------------
+    def api_key(self) -> str | None:
+        """The key every request to the server carries (an endpoint someone else runs may need one)."""
+        return None
+
+    def auth_headers(self) -> dict[str, str]:
+        """The headers that carry `api_key()` on every call specmatch makes, not only the load's."""
+        key = self.api_key()
+        return {"Authorization": f"Bearer {key}"} if key else {}
+
     def protocol(self, endpoint: str) -> str:
         """Wire protocol the client speaks: openai-completions, openai-chat or sglang-generate."""
         return "openai-chat" if endpoint == "chat" else "openai-completions"
