@@ -207,3 +207,16 @@ def test_an_argv_item_without_one_spelling_is_refused(value):
         get_engine({"engine": "vllm", "model": "m", "args": ["--flag", value]}).launch_plan(port=1, max_batch=16)
     with pytest.raises(SpecmatchError, match="env.X"):
         get_engine({"engine": "vllm", "model": "m", "env": {"X": value}}).launch_plan(port=1, max_batch=16)
+
+
+def test_the_schema_names_exactly_the_registered_engines():
+    """Adding an engine is its adapter and the registry: the config schema's list must follow."""
+    import yaml
+
+    from builders import REPO
+
+    schema = yaml.safe_load((REPO / "workflow" / "schemas" / "config.schema.yaml").read_text())
+    servers = schema["properties"]["servers"]["additionalProperties"]
+    if "$ref" in servers:
+        servers = schema["$defs"][servers["$ref"].rsplit("/", 1)[-1]]
+    assert sorted(servers["properties"]["engine"]["enum"]) == sorted(ENGINES)

@@ -331,9 +331,6 @@ class Manifest(Record):
         return [{"path": f["path"], "sha256": f["sha256"], "bytes": f["bytes"]} for s in self.sources for f in s.files]
 
 
-SUITE_KINDS = ("training", "file", "traffic", "session")
-
-
 @dataclass
 class SuiteMatch(Record):
     """`results/prompts/<suite>.match.json`: how well a prompt suite matches the training mix (source

@@ -29,7 +29,6 @@ from ..files import SpecmatchError
 ROLES = {"human": "user", "user": "user", "gpt": "assistant", "assistant": "assistant", "model": "assistant",
          "system": "system", "tool": "tool", "function": "tool", "observation": "tool", "ipython": "tool",
          "function_response": "tool", "function_call": "assistant"}
-SCHEMAS = ("tokenized", "conversations", "text")
 
 
 def flat(x):

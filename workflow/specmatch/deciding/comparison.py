@@ -32,7 +32,6 @@ import dataclasses
 import functools
 import math
 from dataclasses import dataclass, field
-from statistics import NormalDist
 
 import numpy as np
 
@@ -256,11 +255,6 @@ def _t(p: float, dof: float) -> float:
     return t_ppf(p, dof)
 
 
-def _t_quantile(p: float, dof: float) -> float:
-    """t_ppf at dof rounded down (to 0.1 below 30, to 1 above: a slightly wider interval, cached)."""
-    if not math.isfinite(dof):
-        return _t(p, float("inf"))
-    return _t(p, math.floor(dof * 10) / 10 if dof < 30 else float(math.floor(dof)))
 MAX_REPEATS = 64
 MAX_SEQUENTIAL = 32     # a sequential design's looks are each simulated: repeats beyond this are not named
 TARGET = 0.8
