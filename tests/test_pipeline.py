@@ -103,3 +103,40 @@ def test_drafter_budget_is_every_key_but_what_is_passed_on_its_own():
     assert set(pipeline.drafter_budget({"target": "t", **{f.name: 1 for f in fields(Budget)}})) == {
         f.name for f in fields(Budget)}           # every budget key reaches the drafter, nothing else
 
+
+
+def test_a_sessions_launch_and_cells_share_the_default_runtime(tmp_path):
+    """On a cluster a server session (its launch and cells) is one group, one allocation, and
+    Snakemake asks for the sum of a group's runtimes: each job of a session gets an equal share of the
+    default runtime (common.smk session_runtime), so a session asks for at most the default runtime
+    however many cells it has; with no default runtime (local runs) none is asked for."""
+    import re
+
+    import yaml
+
+    from builders import copy_workflow, run, snakemake_cmd
+
+    wd = copy_workflow(tmp_path)
+    cfg = {"dataset": {"root": "resources/demo/prepared", "tokenizer": "results/models/smollm2-135m"},
+           "demo": {"enabled": True}, "models": {"embedded": {"enabled": True, "path": "results/models/smollm2-135m"}},
+           "suites": {"a": {"kind": "file", "path": "resources/prompts/generic.jsonl", "size": 4},
+                      "b": {"kind": "file", "path": "resources/prompts/generic.jsonl", "size": 8}},
+           "servers": {"base": {"engine": "external", "base_url": "http://127.0.0.1:9"},
+                       "one": {"engine": "external", "base_url": "http://127.0.0.1:9", "suites": ["a"]}},
+           "baseline": "base", "concurrency": [1, 2, 4], "repeats": 1}
+    (wd / "c.yaml").write_text(yaml.safe_dump(cfg))
+
+    def runtimes(*extra):
+        out = run(snakemake_cmd() + ["-n", "--configfile", "c.yaml", "--cores", "2", *extra], wd).stdout
+        got = {}
+        for block in out.split("\n\n"):
+            m = re.search(r"rule (launch|cell):.*?wildcards: server=(\w+).*?resources: (.*)", block, re.S)
+            if m:
+                rt = re.search(r"\bruntime=(\d+)", m.group(3))
+                got.setdefault((m.group(1), m.group(2)), set()).add(int(rt.group(1)) if rt else None)
+        return got
+
+    # base: 2 suites x 3 concurrencies = 6 cells + its launch share 700 min; one: 3 cells + launch
+    assert runtimes("--default-resources", "runtime=700") == {
+        ("launch", "base"): {100}, ("cell", "base"): {100}, ("launch", "one"): {175}, ("cell", "one"): {175}}
+    assert set().union(*runtimes().values()) == {0}

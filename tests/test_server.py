@@ -201,3 +201,76 @@ def test_the_engines_check_runs_behind_a_wrapper_that_does_not_exec(tmp_path):
     python = engine_python(tmp_path, f'PYTHONPATH={fake} {sys.executable} "$@"\nexit $?')
     version, fields, error = _read_speculative_fields(python)
     assert fields == {"method", "num_speculative_tokens"}, error
+
+
+# -- SLURM: per-allocation state, and a cell that SLURM ends (tests/test_slurm.py runs the real one) --
+def test_clean_allocations_removes_ended_ones_and_keeps_running_ones(tmp_path):
+    from specmatch.serving.server import clean_allocations
+
+    for name in ("vm-slurm7", "vm-slurm8", "vm-slurm9", "node2-slurm10", "vm"):
+        (tmp_path / name).mkdir()
+        (tmp_path / name / "exit.json").write_text("{}")
+    # 7 finished, 8 runs, 9 was cancelled, 10 is no longer listed (past MinJobAge): only 8 stays
+    asked = []
+
+    def states(ids):
+        asked.append(sorted(ids))
+        return {"7": "COMPLETED", "8": "RUNNING", "9": "CANCELLED"}
+
+    lines = clean_allocations(tmp_path, states=states)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["vm", "vm-slurm8"]
+    assert asked == [["10", "7", "8", "9"]]
+    assert lines[0].startswith("removed the server state of 3 ended SLURM allocation(s)")
+    assert lines[1] == "kept the server state of SLURM allocation(s) still 8 RUNNING: each one's server ends with it"
+
+
+def test_clean_allocations_keeps_everything_when_slurm_cannot_be_asked(tmp_path):
+    from specmatch.serving.server import clean_allocations
+
+    (tmp_path / "vm-slurm3").mkdir()
+
+    def states(ids):
+        raise FileNotFoundError("squeue")
+
+    assert "cannot ask SLURM" in clean_allocations(tmp_path, states=states)[0]
+    assert (tmp_path / "vm-slurm3").is_dir()
+    assert clean_allocations(tmp_path / "none") == []
+
+
+def test_clean_allocations_waits_for_an_allocation_still_completing(tmp_path):
+    from specmatch.serving.server import clean_allocations
+
+    (tmp_path / "vm-slurm4").mkdir()
+    answers = iter(["COMPLETING", "COMPLETED"])
+    clean_allocations(tmp_path, wait_s=10, states=lambda ids: {"4": next(answers)})
+    assert not (tmp_path / "vm-slurm4").exists()
+
+
+def test_end_of_run_creates_no_state_folder_on_a_host_that_ran_no_server(tmp_path, monkeypatch):
+    from specmatch.serving import server
+
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.delenv("SPECMATCH_STATE_DIR", raising=False)
+    monkeypatch.delenv("SLURM_JOB_ID", raising=False)
+    assert server.end_of_run() == []
+    assert not (tmp_path / "results").exists()
+
+
+def test_a_terminated_cell_says_why_in_its_log_and_dies_of_the_signal(tmp_path):
+    """What a cell does when SLURM ends its allocation (SIGTERM to every process of the job): it says
+    so on stderr (the cell's log) and dies of the signal, so nothing is written after it."""
+    code = ("import os, sys, time\n"
+            f"sys.path.insert(0, {str(REPO / 'workflow')!r})\n"
+            "from specmatch.serving.server import LeaseKeeper, Manager\n"
+            f"with LeaseKeeper(Manager({str(tmp_path / 'state')!r})):\n"
+            "    print('measuring', flush=True)\n"
+            "    time.sleep(60)\n"
+            "print('result written')\n")
+    env = {k: v for k, v in os.environ.items() if k not in ("SLURM_JOB_ID", "SPECMATCH_OWNER_PID")}
+    p = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                         env=env)
+    assert p.stdout.readline().strip() == "measuring"
+    p.terminate()
+    out, err = p.communicate(timeout=30)
+    assert p.returncode == -15 and "result written" not in out
+    assert "specmatch: the cell was stopped by SIGTERM; it is aborted and writes no result" in err

@@ -4,7 +4,9 @@
 # profiles/default provides one, so no two benchmarks (or a benchmark and a server start) overlap;
 # this is the only mechanism. A cell also takes every core, so no other job (training, inspection)
 # runs beside a measurement. Priorities order the cells repeat by repeat, servers interleaved
-# (common.smk, server_priority). The group only packs a server's jobs into one cluster allocation.
+# (common.smk, server_priority). The group only packs a server session's jobs into one cluster
+# allocation (profiles/slurm): its launch and its cells, or, when the launch is done, the cells
+# a rerun adds (the profile's group-components joins them into one allocation, one server start).
 
 
 rule cell:
@@ -23,13 +25,14 @@ rule cell:
         repeat=r"\d+",
     priority: server_priority
     group:
-        "server_{server}"
+        "session_{server}_r{repeat}"
     conda:
         "../../envs/specmatch.yaml"
     threads: whole_machine
     resources:
         serving_slot=1,
         gpu=server_gpus,
+        runtime=session_runtime,
     params:
         server=server_json,
         requests=requests_json,

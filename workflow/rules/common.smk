@@ -45,6 +45,26 @@ def _uses_conda():
 # What the rules' commands need: this checkout's package on PYTHONPATH, the interpreter running
 # Snakemake first on PATH, and this process's pid (servers and cells die with it).
 _prepare_env(_PKG, conda=_uses_conda())
+# One serving slot unless `--resources serving_slot=N` gives more (profiles/default and profiles/slurm
+# give 1). Snakemake passes neither `--resources` nor profiles to the Snakemake that runs a group
+# inside a cluster allocation (nor to any job it spawns): without this, a server session's cells
+# would run side by side there, and that Snakemake would size the group's `srun` step for all of
+# them at once (more GPUs than the allocation holds: the step is refused).
+if "serving_slot" not in workflow.global_resources:
+    workflow.register_resource("serving_slot", 1)
+# On SLURM a server session's launch and cells are one group (servers.smk, cells.smk): one
+# allocation, one `srun` step whose Snakemake owns the server. Snakemake makes one group job per
+# connected piece of the DAG, and cells are connected only through their launch, so when the launch
+# is done (a cell rerun, a concurrency added) profiles/slurm's `group-components` joins a session's
+# cells into one group job. The Snakemake that runs a group inside its allocation must see the same
+# groups, or it runs each cell as a `srun` step of its own, whose end stops the server; the SLURM
+# plugin (2.8.0) passes no group settings to it unless told to (its CommonSettings).
+try:
+    import snakemake_executor_plugin_slurm as _slurm_plugin
+
+    _slurm_plugin.common_settings.pass_group_args = True
+except ImportError:
+    pass
 SERVERS = list(CFG["servers"])
 SUITES = list(CFG["suites"])
 CONCURRENCY = sorted(CFG["concurrency"])
@@ -113,13 +133,45 @@ def whole_machine(wildcards):
     """Every core Snakemake was given (`--cores`): a benchmark cell, a server launch, inspection and
     drafter training each have the machine to themselves. Read when a job is built, not when the
     rules are parsed, so `--unlock`, `--list-changes` and other commands without `--cores` work.
-    A cluster run without `--cores` asks for one: there the allocation is the machine (profiles/slurm
-    asks for `--exclusive`).
+    A cluster run gives no `--cores`: there the profile sets these rules' CPUs (profiles/slurm:
+    `set-threads`, which replaces this), and without it a job asks for one.
     """
     try:
         return workflow.cores
     except WorkflowError:
         return 1
+
+
+def session_cells(server):
+    """How many cells one session (repeat) of `server` has at most: its suites x the concurrencies
+    (a recommended server is measured on one suite)."""
+    suites = len(server_suites(server)) if server in CFG["servers"] else 1
+    return suites * len(CONCURRENCY)
+
+
+def default_runtime():
+    """The default `runtime` in minutes (`--default-resources`, profiles/slurm), or None."""
+    defaults = workflow.resource_settings.default_resources
+    try:
+        value = defaults["runtime"].value if defaults is not None else None
+    except KeyError:
+        return None
+    return value if isinstance(value, int) and value > 0 else None
+
+
+def session_runtime(wildcards):
+    """Minutes for a launch or a cell: an equal share of its server session's time limit, which is
+    the default `runtime` (profiles/slurm). On a cluster a session's launch and cells are one group,
+    one allocation, and Snakemake asks for the *sum* of a group's runtimes (the SLURM plugin refuses
+    a --time of our own): so the shares of a whole session add up to the default runtime, and the
+    cells a rerun adds to less, however many cells a session has. 0 (no limit asked) when no default
+    runtime is set, as in local runs, where it means nothing. `set-resources` (launch/cell runtime)
+    replaces it.
+    """
+    total = default_runtime()
+    if total is None:
+        return 0
+    return max(1, total // (session_cells(wildcards.server) + 1))
 
 
 def server_priority(wildcards):
@@ -388,10 +440,14 @@ def all_targets():
 
 
 def stop_servers():
-    """Stop the managed server when the run ends (the watchdog covers kills and crashes)."""
-    from specmatch.serving.server import Manager
+    """When the run ends (onsuccess/onerror; never in a job): stop this host's server (the watchdog
+    covers kills and crashes) and remove the server state of SLURM allocations that have ended,
+    whose servers ended with them (specmatch.serving.server.end_of_run says what it did).
+    """
+    from specmatch.serving.server import end_of_run
 
     try:
-        Manager().stop_current(reason="workflow finished")
+        for line in end_of_run():
+            print(f"specmatch: {line}", file=sys.stderr)
     except Exception as exc:  # never mask the run's own outcome
         print(f"specmatch: could not stop the server: {exc}", file=sys.stderr)

@@ -14,8 +14,9 @@ rule launch:
     wildcard_constraints:
         repeat=r"\d+",
     priority: server_priority
+    # one server session per cluster allocation (profiles/slurm): the launch and its session's cells
     group:
-        "server_{server}"
+        "session_{server}_r{repeat}"
     conda:
         launch_env
     # every core: a server starts only when nothing else runs, so everything upstream (which has
@@ -24,6 +25,7 @@ rule launch:
     resources:
         serving_slot=1,
         gpu=server_gpus,
+        runtime=session_runtime,
     params:
         server=server_json,
         max_batch=launch_max_batch,

@@ -15,7 +15,13 @@ server's exit status if it dies, so a cell can say why its requests failed. Serv
 own process group, so the whole tree (API server, engine core workers) is signalled together.
 
 State lives in one folder (default results/.servers/<host>): current.json, lease, exit.json.
-    python -m specmatch server status|stop [--state-dir DIR]
+    python -m specmatch server status|stop|clean [--state-dir DIR]
+
+On SLURM (profiles/slurm) each allocation has its own folder, results/.servers/<host>-slurm<jobid>,
+and its server ends with it: SLURM ends every process of a job, and the watchdog stops the server as
+soon as the allocation's Snakemake (its owner) is gone. What the workflow does when it ends
+(`end_of_run`) is therefore to stop this host's server and to remove the folders of allocations
+that have ended; a cell stopped by SLURM (scancel, time limit) says so in its log (`LeaseKeeper`).
 """
 from __future__ import annotations
 
@@ -24,6 +30,8 @@ import contextlib
 import json
 import os
 import random
+import re
+import shutil
 import signal
 import socket
 import subprocess
@@ -44,6 +52,10 @@ def session_of(repeat: int) -> str:
     return f"r{repeat}"
 
 
+STATE_ROOT = Path("results/.servers")
+ALLOCATION_DIR = re.compile(r"^(?P<host>.+)-slurm(?P<job>\d+)$")   # <host>-slurm<jobid>
+
+
 def default_state_dir() -> Path:
     """One state folder per host (and per SLURM allocation): servers bind to their node's loopback,
     so two allocations must never share a slot lock or a current-server record."""
@@ -52,7 +64,91 @@ def default_state_dir() -> Path:
     name = socket.gethostname() or "localhost"
     if os.environ.get("SLURM_JOB_ID"):
         name += f"-slurm{os.environ['SLURM_JOB_ID']}"
-    return Path("results/.servers") / name
+    return STATE_ROOT / name
+
+
+# SLURM job states in which a job may still have processes (squeue --states=all; the others are final)
+SLURM_ACTIVE = frozenset({"PENDING", "CONFIGURING", "RUNNING", "COMPLETING", "SUSPENDED", "RESIZING",
+                          "REQUEUED", "REQUEUE_FED", "REQUEUE_HOLD", "SIGNALING", "STAGE_OUT", "STOPPED"})
+
+
+def slurm_job_states(job_ids: list[str], timeout: float = 30.0) -> dict[str, str]:
+    """{job id: state} of the given jobs as squeue knows them (finished jobs stay known for MinJobAge
+    seconds; a job squeue no longer lists has ended long ago). Raises OSError or
+    subprocess.SubprocessError when squeue cannot be asked."""
+    if not job_ids:
+        return {}
+    r = subprocess.run(["squeue", "--noheader", "--states=all", "--format=%i %T"], capture_output=True,
+                       text=True, timeout=timeout)
+    if r.returncode != 0:
+        raise subprocess.SubprocessError(f"squeue exit {r.returncode}: {r.stderr.strip()[-300:]}")
+    states = {}
+    for line in r.stdout.splitlines():
+        parts = line.split()
+        if len(parts) == 2:
+            states[parts[0]] = parts[1]
+    return {j: states[j] for j in job_ids if j in states}
+
+
+def allocation_dirs(root: Path = STATE_ROOT) -> dict[str, Path]:
+    """{SLURM job id: state folder} of every allocation that kept its server state under `root`."""
+    out = {}
+    if root.is_dir():
+        for d in sorted(root.iterdir()):
+            m = ALLOCATION_DIR.match(d.name)
+            if m and d.is_dir():
+                out[m.group("job")] = d
+    return out
+
+
+def clean_allocations(root: Path = STATE_ROOT, wait_s: float = 30.0, states=slurm_job_states) -> list[str]:
+    """Remove the server state of SLURM allocations that have ended; returns what it did, in lines.
+
+    Their servers are gone (SLURM ends every process of a job; the watchdog ends the server with the
+    allocation's Snakemake), so their folders only record how the last server ended, which the cells'
+    logs already say. An allocation still pending or running keeps its folder (its server ends with
+    it); one still COMPLETING is waited for up to `wait_s`. Nothing is removed when SLURM cannot be
+    asked."""
+    dirs = allocation_dirs(root)
+    if not dirs:
+        return []
+    deadline = time.time() + wait_s
+    while True:
+        try:
+            known = states(list(dirs))
+        except (OSError, subprocess.SubprocessError) as exc:
+            return [f"kept the server state of {len(dirs)} SLURM allocation(s) under {root}: cannot ask SLURM "
+                    f"which have ended ({exc})"]
+        active = {j: st for j, st in known.items() if st in SLURM_ACTIVE}
+        if not any(st == "COMPLETING" for st in active.values()) or time.time() > deadline:
+            break
+        time.sleep(1.0)
+    ended = [j for j in dirs if j not in active]
+    for j in ended:
+        shutil.rmtree(dirs[j], ignore_errors=True)
+    lines = []
+    if ended:
+        lines.append(f"removed the server state of {len(ended)} ended SLURM allocation(s) "
+                     f"({', '.join(ended)}): their servers ended with them")
+    if active:
+        lines.append("kept the server state of SLURM allocation(s) still "
+                     + ", ".join(f"{j} {st}" for j, st in active.items())
+                     + ": each one's server ends with it")
+    return lines
+
+
+def end_of_run(root: Path = STATE_ROOT) -> list[str]:
+    """What the workflow does when it ends, fails or is interrupted (Snakemake's onsuccess/onerror, in
+    the Snakemake that was started, never in a job): stop the server this host runs, if any, and
+    clean up after SLURM allocations (`clean_allocations`). Returns what it did, in lines."""
+    lines = []
+    here = default_state_dir()
+    if here.is_dir():   # never create the folder: a cluster run starts no server on this host
+        cur = Manager(here).stop_current(reason="workflow finished")
+        if cur:
+            lines.append(f"stopped server {cur['name']} (pid {cur['pid']})")
+    lines += clean_allocations(root)   # an allocation still running (this one, if any) keeps its folder
+    return lines
 
 
 OWNER_ENV = "SPECMATCH_OWNER_PID"
@@ -354,14 +450,54 @@ def tail(path: Path | str | None, lines: int = 40) -> str:
         return "(no log)"
 
 
+def slurm_ending_why(job: str, timeout: float = 5.0) -> str:
+    """Why SLURM is ending job `job`, as squeue says while its processes are being signalled: the
+    state is COMPLETING then, whatever the cause, and the reason tells (SLURM 22.05: `TimeLimit`
+    past the time limit, `None` after scancel)."""
+    try:
+        r = subprocess.run(["squeue", "--noheader", "--states=all", "--jobs", job, "--format=%T|%r"],
+                           capture_output=True, text=True, timeout=timeout)
+        state, reason = r.stdout.strip().split("|", 1) if r.returncode == 0 and "|" in r.stdout else ("", "")
+    except (OSError, subprocess.SubprocessError):
+        state, reason = "", ""
+    seen = f"squeue: {state} {reason}".strip() if state else "squeue gave no state"
+    if state == "TIMEOUT" or reason == "TimeLimit":
+        why = "past its time limit"
+    elif state == "PREEMPTED" or "preempt" in reason.lower():
+        why = "preempted"
+    elif state == "NODE_FAIL" or reason == "NodeDown":
+        why = "its node failed"
+    elif state == "CANCELLED" or (state == "COMPLETING" and reason == "None"):
+        why = "cancelled (scancel)"
+    else:
+        why = "cancelled, past its time limit or preempted"
+    return f"{why} ({seen})"
+
+
+def termination_cause(signum: int) -> str:
+    """Why this process got `signum`, as far as it can tell: inside a SLURM allocation, SLURM is
+    ending the job (scancel, time limit, preemption), and squeue says which."""
+    try:
+        name = signal.Signals(signum).name
+    except ValueError:
+        name = f"signal {signum}"
+    job = os.environ.get("SLURM_JOB_ID")
+    if not job:
+        return f"stopped by {name}"
+    return f"stopped by {name}: SLURM is ending allocation {job}: {slurm_ending_why(job)}"
+
+
 class LeaseKeeper:
-    """Touches the lease while a cell runs, and exits the process if the owning Snakemake dies."""
+    """Touches the lease while a cell runs, exits the process if the owning Snakemake dies, and, when
+    the cell is terminated (SIGTERM: SLURM ending its allocation, or anyone), says why in the cell's
+    log before it dies of that signal."""
 
     def __init__(self, manager: Manager, interval: float = 2.0):
         self.manager, self.interval = manager, interval
         self._stop = threading.Event()
         self.owner = int(os.environ[OWNER_ENV]) if os.environ.get(OWNER_ENV, "").isdigit() else None
         self._t = threading.Thread(target=self._run, daemon=True)
+        self._previous = None
 
     def _run(self):
         while not self._stop.wait(self.interval):
@@ -371,24 +507,45 @@ class LeaseKeeper:
                       file=sys.stderr, flush=True)
                 os._exit(3)
 
+    @staticmethod
+    def _terminated(signum, frame):
+        print(f"specmatch: the cell was {termination_cause(signum)}; it is aborted and writes no result",
+              file=sys.stderr, flush=True)
+        signal.signal(signum, signal.SIG_DFL)
+        os.kill(os.getpid(), signum)   # die of it, as without this handler
+
     def __enter__(self):
+        if threading.current_thread() is threading.main_thread():
+            self._previous = signal.signal(signal.SIGTERM, self._terminated)
         self._t.start()
         return self
 
     def __exit__(self, *exc):
         self._stop.set()
+        if self._previous is not None:
+            signal.signal(signal.SIGTERM, self._previous)
         self.manager.touch()
 
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m specmatch server", description="Inspect or stop the managed server.")
-    p.add_argument("action", choices=["status", "stop"])
+    p.add_argument("action", choices=["status", "stop", "clean"],
+                   help="status: this host's server and the SLURM allocations' state; stop: stop this host's "
+                        "server; clean: remove the state of SLURM allocations that have ended")
     p.add_argument("--state-dir", type=Path, default=None, help="default: results/.servers/<host>")
     a = p.parse_args(argv)
+    if a.action == "clean":
+        for line in clean_allocations(STATE_ROOT) or ["no SLURM allocation state under " + str(STATE_ROOT)]:
+            print(line)
+        return 0
     m = Manager(a.state_dir)
     if a.action == "status":
         cur = m.read_current()
         print(json.dumps(cur, indent=2) if cur else "no server running")
+        allocs = allocation_dirs(STATE_ROOT) if a.state_dir is None else {}
+        if allocs:
+            print(f"SLURM allocations with server state: {', '.join(allocs)} (each one's server runs on its "
+                  "node and ends with it; `clean` removes those that have ended)")
     else:
         cur = m.stop_current(reason="asked")
         print(f"stopped {cur['name']} (pid {cur['pid']})" if cur else "no server running")
