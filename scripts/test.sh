@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # Set up (idempotent) and run the tests. Extra arguments go to pytest (e.g. -k cell, -x).
 #   scripts/test.sh           everything, including the end-to-end test that runs the real workflow
-#                             against a real vLLM CPU server and the report page in a real headless
-#                             Chromium (what CI runs, via .ci/run)
+#                             against a real vLLM CPU server, the report page in a real headless
+#                             Chromium and the workflow through a real one-node SLURM
+#                             (tests/test_slurm.py, about 6.5 minutes) (what CI runs, via .ci/run)
 #   scripts/test.sh --quick   everything except the real-engine tests (marker vllm) and the long ones
 #                             (marker slow: calibration, whole-workflow runs, the engines' own
 #                             parsers): about 4 minutes on 2 cores; run it while working
@@ -19,4 +20,5 @@ if ((quick)); then
   exec .venv/bin/python -m pytest -ra -m "not vllm and not slow" "${args[@]}"
 fi
 bash scripts/setup-browser.sh
+bash scripts/setup-slurm.sh   # Debian's SLURM + munge and Snakemake's SLURM plugin for tests/test_slurm.py
 exec .venv/bin/python -m pytest -ra "${args[@]}"

@@ -220,3 +220,19 @@ def test_the_schema_names_exactly_the_registered_engines():
     if "$ref" in servers:
         servers = schema["$defs"][servers["$ref"].rsplit("/", 1)[-1]]
     assert sorted(servers["properties"]["engine"]["enum"]) == sorted(ENGINES)
+
+
+def test_the_vllm_profile_follows_the_devices_not_slurms_variable(tmp_path, monkeypatch):
+    """Inside a SLURM allocation that asked for GPUs, CUDA_VISIBLE_DEVICES is set whatever the node has:
+    the profile follows the NVIDIA device files (unless the variable hides them all) or the config."""
+    from specmatch.serving.engines import vllm
+
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "0")
+    assert not vllm.cuda_visible(tmp_path)                        # set by SLURM, no device: the CPU build
+    (tmp_path / "nvidia0").touch()
+    assert vllm.cuda_visible(tmp_path)
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "")
+    assert not vllm.cuda_visible(tmp_path)                        # every GPU hidden
+    monkeypatch.setattr(vllm, "cuda_visible", lambda dev=None: False)
+    assert get_engine({"engine": "vllm", "model": "m"}).profile() == "cpu"
+    assert get_engine({"engine": "vllm", "model": "m", "profile": "gpu"}).profile() == "gpu"

@@ -99,9 +99,14 @@ def _read_speculative_fields(python: str) -> tuple[str | None, frozenset | None,
         return None, None, (r.stderr[-300:] if "r" in locals() else "could not run it")
 
 
-def cuda_visible() -> bool:
-    """Whether a GPU is there, to pick the vLLM profile (cpu or gpu) when the config does not say."""
-    return bool(os.environ.get("CUDA_VISIBLE_DEVICES", "").strip()) or Path("/dev/nvidia0").exists()
+def cuda_visible(dev: Path = Path("/dev")) -> bool:
+    """Whether a GPU is there, to pick the vLLM profile (cpu or gpu) when the config does not say: an
+    NVIDIA device file, unless CUDA_VISIBLE_DEVICES hides them all. The variable alone proves nothing:
+    SLURM sets it inside any allocation that asked for GPUs, whatever the node has."""
+    visible = os.environ.get("CUDA_VISIBLE_DEVICES")
+    if visible is not None and visible.strip() in ("", "-1"):
+        return False
+    return any(dev.glob("nvidia[0-9]*"))
 
 
 class VLLMEngine(Engine):
