@@ -18,11 +18,9 @@ from . import interference
 from .decided import Decided
 from .formats import concurrencies, number
 from .recommendations import vllm_flag
+from .traffic import WORD   # one word per verdict, as "Your traffic" says it
 from .verdicts import not_drafting
 
-# one word per verdict, as the traffic section says it (a prediction is "undecided", not "inconclusive")
-WORD = {Decision.PAYS: "pays", Decision.LOSES: "loses", Decision.EQUIVALENT: "no difference",
-        Decision.INCONCLUSIVE: "undecided"}
 OUTCOME = {Outcome.VERIFIED: "verified on the grid", Outcome.FAILED: "its verification failed",
            Outcome.UNDECIDED: "its verification is undecided", Outcome.NOT_VERIFIABLE: "not verifiable"}
 
