@@ -25,7 +25,7 @@ With `--neighbour-every K`, every K-th run has a neighbour (a busy loop at `nice
 switched on for `--neighbour-on` seconds and off for `--neighbour-off`, over and over, for the whole run:
 cells it overlaps are flagged (requests.on_interference: remeasure re-measures them once in their session;
 flag only flags them). The report then counts the false claims with and without the new handling:
-every claim, and the claims made unannounced (resting on no flagged cell, deciding.interference): a
+every claim, and the claims made unannounced (resting on no flagged cell, deciding.explaining.interference): a
 claim that rests on a flagged cell is announced in the summary ("Machine quietness").
 """
 from __future__ import annotations
@@ -91,9 +91,9 @@ def claims(workdir: Path, cells_dir: Path | None = None) -> dict:
 
 
 def on_flagged(verdicts: list[dict], cells_dir: Path) -> list[str]:
-    """The verdicts (as "server/suite/c/metric") that rest on flagged cells (deciding.interference)."""
+    """The verdicts (as "server/suite/c/metric") that rest on flagged cells (deciding.explaining.interference)."""
     sys.path.insert(0, str(REPO / "workflow"))
-    from specmatch.deciding.interference import flagged_basis
+    from specmatch.deciding.explaining.interference import flagged_basis
     from specmatch.records import CellResult, Verdict
 
     cells = {}
@@ -206,7 +206,8 @@ def reanalyse(run: Path) -> dict:
     import polars as pl
 
     sys.path.insert(0, str(REPO / "workflow"))
-    from specmatch.deciding.analysis import Settings, analyse
+    from specmatch.deciding.analysis import analyse
+    from specmatch.deciding.reading.measurements import Settings
     from specmatch.records import CellResult
 
     cfg = yaml.safe_load((run / "aa.yaml").read_text())

@@ -1,6 +1,6 @@
 """Issue 34, item 3: the prompt sample's variance of a closed loop's throughput, by estimator.
 
-Experiments of the calibration harness (specmatch.calibration.harness: the discrete-event server, 3
+Experiments of the calibration harness (specmatch.calibration: the discrete-event server, 3
 suites of 16 prompts, c = 1, 4, 16, plain run-to-run noise) in which the two servers are identical on
 average but their speedup varies by prompt (Scenario.prompt_sd: each server's pace per prompt drawn
 independently, so the servers are exchangeable and every estimand's truth is exactly 1). Each
@@ -33,16 +33,32 @@ import numpy as np
 # SPECMATCH_SRC: another copy of the package (e.g. `git archive` of the commit before a change: the "before")
 sys.path.insert(0, os.environ.get("SPECMATCH_SRC", str(Path(__file__).resolve().parents[1] / "workflow")))
 
-from specmatch.calibration import harness as cal  # noqa: E402
+from specmatch.calibration import grid, pool, scenarios, workload  # noqa: E402
 
 ORIGINAL: dict = {}
 VARIANTS = ("makespan/bootstrap", "makespan/jackknife", "little/bootstrap", "little/jackknife", "package")
 SCENARIOS = (0.0, 0.15, 0.30)
 
 
-def _makespan_stat(self, metric, idx):
-    from specmatch.deciding.measurements import closed_loop_makespan
+def closed_loop_makespan(e2e: np.ndarray, c: int) -> np.ndarray:
+    """How long C workers take to serve requests of these latencies in this order, each worker taking
+    the next request when it is free (the cell's closed loop), for every row of resamples at once.
 
+    The estimator this bench compares the rate at the load against (specmatch.metrics): at C >= requests
+    the makespan is the slowest request, whose variance a bootstrap understates."""
+    e2e = np.atleast_2d(e2e)
+    rows, n = e2e.shape
+    if c >= n:
+        return e2e.max(-1)
+    free = np.zeros((rows, c))
+    r = np.arange(rows)
+    for i in range(n):
+        j = free.argmin(-1)
+        free[r, j] += e2e[:, i]
+    return free.max(-1)
+
+
+def _makespan_stat(self, metric, idx):
     if metric in ("output_throughput", "goodput"):
         num = (self.out if metric == "output_throughput" else self.good.astype(float))[idx].sum(-1)
         if self.closed:
@@ -78,7 +94,8 @@ def _little_point(self, metric, cell):
 
 def patch(variant: str):
     """Install one estimator in the analysis (in this process)."""
-    from specmatch.deciding import comparison, measurements
+    from specmatch.deciding.reading import measurements
+    from specmatch.deciding.verdicts import comparison
 
     comparison.what_would_decide = lambda cmp, s: ("", None)   # not measured here, and the costliest part
     # a worker process runs many tasks: every variant starts from the package as it is
@@ -105,17 +122,17 @@ def patch(variant: str):
 
 def task(a: dict) -> dict:
     from specmatch.deciding.analysis import analyse
-    from specmatch.deciding import measurements
+    from specmatch.deciding.reading import measurements
 
     metrics = tuple(a.get("metrics", ("output_throughput",)))
     measurements.Settings.metrics = property(lambda self: metrics)
     rng = np.random.default_rng(a["seed"])
     n = a["experiments"]
-    sc = cal.SCENARIOS["plain"]
-    work = [cal.Workload.draw(rng, prompt_sd=a["prompt_sd"]) for _ in range(n)]
-    eff = [cal.run_to_run(rng, sc, ["baseline", "spec"], cal.SUITES, cal.CONCURRENCIES, 3) for _ in range(n)]
-    cells = cal.simulate_cells(rng, work, {"baseline": cal.BASE, "spec": cal.BASE}, eff, 3)
-    s = cal.settings(a.get("bootstrap", 250), slo={})
+    sc = scenarios.SCENARIOS["plain"]
+    work = [workload.Workload.draw(rng, prompt_sd=a["prompt_sd"]) for _ in range(n)]
+    eff = [scenarios.run_to_run(rng, sc, ["baseline", "spec"], grid.SUITES, grid.CONCURRENCIES, 3) for _ in range(n)]
+    cells = workload.simulate_cells(rng, work, {"baseline": grid.BASE, "spec": grid.BASE}, eff, 3)
+    s = grid.settings(a.get("bootstrap", 250), slo={})
     out = {}
     for variant in a["variants"]:
         patch(variant)
@@ -148,7 +165,7 @@ def _cells(x: np.ndarray) -> list[str]:
     """Per (R, c): the false-call rate ± its MC error and the variance ratio."""
     cols = []
     for R in (2, 3):
-        for c in cal.CONCURRENCIES:
+        for c in grid.CONCURRENCIES:
             y = x[(x[:, 1] == R) & (x[:, 2] == c)]
             ids = np.unique(y[:, 0], return_inverse=True)[1]
             y = np.column_stack([ids, y[:, 1:]])
@@ -174,9 +191,9 @@ def main(argv=None) -> int:
     for sd in a.prompt_sd:
         for i in range(0, a.experiments, a.chunk):
             jobs.append((task, {"prompt_sd": sd, "experiments": min(a.chunk, a.experiments - i),
-                                "variants": a.variants, "metrics": a.metrics, "seed": cal.seed_of(a.seed, sd, i)}))
+                                "variants": a.variants, "metrics": a.metrics, "seed": pool.seed_of(a.seed, sd, i)}))
             owner.append((sd, i))
-    res = cal.run_tasks(jobs, a.workers)
+    res = pool.run_tasks(jobs, a.workers)
     print(f"{a.experiments} experiments per scenario (3 suites x c = 1, 4, 16, 16 prompts, plain run to run), "
           f"90% intervals; false calls ± MC se | E[est^2] / E[se^2]")
     for sd in a.prompt_sd:

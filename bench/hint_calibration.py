@@ -1,6 +1,6 @@
 """Issue 34, item 4: does "what would decide it" come true? Carried out as the workflow would.
 
-Experiments of the calibration harness (specmatch.calibration.harness: the discrete-event server, 3
+Experiments of the calibration harness (specmatch.calibration: the discrete-event server, 3
 suites x c = 1, 4, 16, 16 prompts, servers alternating in fresh sessions) are analysed at R = 2 on
 throughput. Every inconclusive verdict states a design (Verdict.design: R' repeats and a suite g
 times larger, with the probability p that it decides). Each named design is then carried out on the
@@ -33,7 +33,7 @@ import numpy as np
 # SPECMATCH_SRC: another copy of the package (e.g. `git archive` of the commit before a change: the "before")
 sys.path.insert(0, os.environ.get("SPECMATCH_SRC", str(Path(__file__).resolve().parents[1] / "workflow")))
 
-from specmatch.calibration import harness as cal  # noqa: E402
+from specmatch.calibration import grid, pool, scenarios, workload  # noqa: E402
 
 POPULATIONS = {
     "aa": "identical servers, plain run to run (3% session, 4% cell)",
@@ -46,21 +46,21 @@ SCENARIO = {"aa": "plain", "effects": "plain", "quiet": "quiet", "spec": "plain"
 
 def engines(pop: str, rng: np.random.Generator) -> dict:
     if pop == "effects":
-        return {"baseline": cal.BASE, "spec": cal.BASE.faster(math.exp(rng.uniform(-0.12, 0.12)))}
+        return {"baseline": grid.BASE, "spec": grid.BASE.faster(math.exp(rng.uniform(-0.12, 0.12)))}
     if pop == "spec":
-        return {"baseline": cal.BASE, "spec": cal.SPEC}
-    return {"baseline": cal.BASE, "spec": cal.BASE}
+        return {"baseline": grid.BASE, "spec": grid.SPEC}
+    return {"baseline": grid.BASE, "spec": grid.BASE}
 
 
 def settings(bootstrap: int, repeats=None):
-    from specmatch.deciding.analysis import Settings
+    from specmatch.deciding.reading.measurements import Settings
 
-    return Settings.of(vars(cal.settings(bootstrap, slo={})) | {"repeats": repeats})
+    return Settings.of(vars(grid.settings(bootstrap, slo={})) | {"repeats": repeats})
 
 
 def _quiet_analyse(cells, s):
     """The verdicts of carried-out data (what would decide those is not asked)."""
-    from specmatch.deciding import comparison
+    from specmatch.deciding.verdicts import comparison
     from specmatch.deciding.analysis import analyse
 
     keep = comparison.what_would_decide
@@ -74,16 +74,16 @@ def _quiet_analyse(cells, s):
 def carried_out(rng, pop, eng, work, eff, cells, d: dict, today: int, sequential: bool, bootstrap: int) -> dict:
     """{(suite, c): decided} after carrying out design d on this experiment."""
     Rn, g = int(d["repeats"]), float(d["suite_scale"])
-    sc = cal.SCENARIOS[SCENARIO[pop]]
+    sc = scenarios.SCENARIOS[SCENARIO[pop]]
     if g == 1:
-        new_eff = cal.run_to_run(rng, sc, ["baseline", "spec"], cal.SUITES, cal.CONCURRENCIES, Rn)
+        new_eff = scenarios.run_to_run(rng, sc, ["baseline", "spec"], grid.SUITES, grid.CONCURRENCIES, Rn)
         new_eff = {k: (eff[k] if k[3] <= today else v) for k, v in new_eff.items()}
-        extra = cal.simulate_cells(rng, [work], eng, [new_eff], range(today + 1, Rn + 1))[0] if Rn > today else []
+        extra = workload.simulate_cells(rng, [work], eng, [new_eff], range(today + 1, Rn + 1))[0] if Rn > today else []
         data, first = cells + extra, today + 1
     else:
-        big = cal.Workload.draw(rng, prompts=int(math.ceil(cal.PROMPTS * g)))
-        new_eff = cal.run_to_run(rng, sc, ["baseline", "spec"], cal.SUITES, cal.CONCURRENCIES, Rn)
-        data, first = cal.simulate_cells(rng, [big], eng, [new_eff], Rn)[0], 2
+        big = workload.Workload.draw(rng, prompts=int(math.ceil(grid.PROMPTS * g)))
+        new_eff = scenarios.run_to_run(rng, sc, ["baseline", "spec"], grid.SUITES, grid.CONCURRENCIES, Rn)
+        data, first = workload.simulate_cells(rng, [big], eng, [new_eff], Rn)[0], 2
     looks = list(range(max(first, 2), Rn + 1)) if sequential else [Rn]
     s = settings(bootstrap, {"min": 2, "max": Rn} if sequential and Rn > 2 else Rn)
     out: dict = {}
@@ -91,29 +91,29 @@ def carried_out(rng, pop, eng, work, eff, cells, d: dict, today: int, sequential
         an = _quiet_analyse([x for x in data if x[0].repeat <= R], s)
         for v in an.verdicts:
             if v.server == "spec" and v.metric == "output_throughput":
-                out[(v.suite, v.concurrency)] = out.get((v.suite, v.concurrency), False) or cal._decided(v)
+                out[(v.suite, v.concurrency)] = out.get((v.suite, v.concurrency), False) or grid.decided(v)
     return out
 
 
 def task(a: dict) -> list:
-    from specmatch.deciding import measurements
+    from specmatch.deciding.reading import measurements
     from specmatch.deciding.analysis import analyse
 
     measurements.Settings.metrics = property(lambda self: ("output_throughput",))
     rng = np.random.default_rng(a["seed"])
     pop, n, today = a["population"], a["experiments"], 2
-    sc = cal.SCENARIOS[SCENARIO[pop]]
+    sc = scenarios.SCENARIOS[SCENARIO[pop]]
     s = settings(a["bootstrap"], {"min": 2, "max": 3} if a["sequential"] else None)
     rows = []   # (experiment, stated p, reachable, decided, repeats, suite scale)
     for e in range(n):
-        work = cal.Workload.draw(rng)
+        work = workload.Workload.draw(rng)
         eng = engines(pop, rng)
-        eff = cal.run_to_run(rng, sc, ["baseline", "spec"], cal.SUITES, cal.CONCURRENCIES, today)
-        cells = cal.simulate_cells(rng, [work], eng, [eff], today)[0]
+        eff = scenarios.run_to_run(rng, sc, ["baseline", "spec"], grid.SUITES, grid.CONCURRENCIES, today)
+        cells = workload.simulate_cells(rng, [work], eng, [eff], today)[0]
         an = analyse(cells, "baseline", s)
         hints = [(v.suite, v.concurrency, v.design) for v in an.verdicts
                  if v.server == "spec" and v.metric == "output_throughput" and v.speedup is not None
-                 and not cal._decided(v) and v.design]
+                 and not grid.decided(v) and v.design]
         done: dict = {}
         for u, c, d in hints:
             key = (d["repeats"], d["suite_scale"])
@@ -154,9 +154,9 @@ def main(argv=None) -> int:
         for i in range(0, a.experiments, a.chunk):
             jobs.append((task, {"population": pop, "experiments": min(a.chunk, a.experiments - i), "offset": i,
                                 "sequential": a.sequential, "bootstrap": a.bootstrap,
-                                "seed": cal.seed_of(a.seed, pop, i, a.sequential)}))
+                                "seed": pool.seed_of(a.seed, pop, i, a.sequential)}))
             owner.append(pop)
-    res = cal.run_tasks(jobs, a.workers)
+    res = pool.run_tasks(jobs, a.workers)
     print(f"'what would decide it' carried out: {a.experiments} experiments per population, R = 2 today "
           f"({'sequential {2, 3}' if a.sequential else 'fixed'}), throughput; stated -> decided ± MC se (n)")
     for pop in a.populations:

@@ -13,7 +13,7 @@ repeats of a configuration (server, suite, concurrency) into
   repeats' start times;
 - **cell**: the rest, the cell's own conditions and its requests' noise; where the cells' requests are
   there (`c<C>.requests.parquet`), split into the **request** sampling part (the closed loop's makespan
-  bootstrapped over the cell's own requests, deciding.measurements.Arrays) and the cell's **environment**
+  bootstrapped over the cell's own requests, deciding.reading.measurements.Arrays) and the cell's **environment**
   (cell - request);
 
 and, where cells carry interference readings (records.Interference), the same with and without a
@@ -83,10 +83,10 @@ class Cells:
 
 def request_variance(cell, requests_path: Path, boot: int = 200, seed: int = 0) -> float:
     """The variance of a cell's log throughput from resampling its own requests (the closed loop's
-    makespan over a bootstrap sample, deciding.measurements): the part a longer cell would shrink."""
+    makespan over a bootstrap sample, deciding.reading.measurements): the part a longer cell would shrink."""
     import polars as pl
 
-    from specmatch.deciding.measurements import Arrays
+    from specmatch.deciding.reading.measurements import Arrays
 
     if not requests_path.exists():
         return float("nan")

@@ -23,27 +23,27 @@ import numpy as np
 
 sys.path.insert(0, os.environ.get("SPECMATCH_SRC", str(Path(__file__).resolve().parents[1] / "workflow")))
 
-from specmatch.calibration import harness as cal  # noqa: E402
+from specmatch.calibration import grid, pool, scenarios, workload  # noqa: E402
 
-SERVERS = {"baseline": cal.BASE, "same": cal.BASE, "fast": cal.BASE.faster(1.10), "spec": cal.SPEC}
+SERVERS = {"baseline": grid.BASE, "same": grid.BASE, "fast": grid.BASE.faster(1.10), "spec": grid.SPEC}
 
 
 def task(a: dict) -> list:
-    from specmatch.deciding import comparison
+    from specmatch.deciding.verdicts import comparison
     from specmatch.deciding.analysis import analyse
     from specmatch.deciding.rounds import plan
-    from specmatch.deciding.sequential import Design
+    from specmatch.deciding.reading.sequential import Design
 
     comparison.what_would_decide = lambda cmp, s: ("", None)
     frozen_of = getattr(__import__("specmatch.deciding.analysis", fromlist=["x"]), "frozen_verdicts", None)
     rng = np.random.default_rng(a["seed"])
-    s = cal.settings(a["bootstrap"], slo={}, repeats={"min": 2, "max": 3})
+    s = grid.settings(a["bootstrap"], slo={}, repeats={"min": 2, "max": 3})
     d = Design(2, 3)
     rows = []   # (experiment, stopped, flipped without the plans, flipped with them, interval moved without)
     for e in range(a["experiments"]):
-        work = [cal.Workload.draw(rng)]
-        eff = [cal.run_to_run(rng, cal.SCENARIOS["plain"], list(SERVERS), cal.SUITES, cal.CONCURRENCIES, 3)]
-        cells = cal.simulate_cells(rng, work, SERVERS, eff, 3)[0]
+        work = [workload.Workload.draw(rng)]
+        eff = [scenarios.run_to_run(rng, scenarios.SCENARIOS["plain"], list(SERVERS), grid.SUITES, grid.CONCURRENCIES, 3)]
+        cells = workload.simulate_cells(rng, work, SERVERS, eff, 3)[0]
         an2 = analyse([x for x in cells if x[0].repeat <= 2], "baseline", s)
         p2 = plan(an2, d, 2)
         nxt = {(c.server, c.suite, c.concurrency) for c in p2.next}
@@ -79,8 +79,8 @@ def main(argv=None) -> int:
     a = p.parse_args(argv)
     t0 = time.time()
     jobs = [(task, {"experiments": min(a.chunk, a.experiments - i), "offset": i, "bootstrap": a.bootstrap,
-                    "seed": cal.seed_of(a.seed, "flips", i)}) for i in range(0, a.experiments, a.chunk)]
-    rows = np.array([r for rr in cal.run_tasks(jobs, a.workers) for r in rr], float)
+                    "seed": pool.seed_of(a.seed, "flips", i)}) for i in range(0, a.experiments, a.chunk)]
+    rows = np.array([r for rr in pool.run_tasks(jobs, a.workers) for r in rr], float)
     decided = rows[rows[:, 5] == 1]
     print(f"{a.experiments} experiments, repeats {{min: 2, max: 3}}; configurations round 2 stopped: {len(rows)} "
           f"({len(decided)} decided)")

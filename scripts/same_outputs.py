@@ -1,24 +1,22 @@
 #!/usr/bin/env python3
-"""Are the report's files the same before and after a change? Re-render a stored results tree with two
-versions of the code and compare every file under results/summary byte by byte.
+"""Are the report's files the same before and after a change? Re-decide and re-render a stored results
+tree with two versions of the code and compare every file under results/summary byte by byte.
 
 The stored tree's inputs (cells, launch records, prompt match reports, the recommend step's records,
-round plans) are linked read-only into two fresh working folders; each version runs its own steps there
-with the exact arguments Snakemake used for the stored run (the `python -m specmatch summary ...` line
-of COMMANDS), and writes its own results/summary. Then every file but the provenance sidecars is
-compared: identical bytes, the same JSON with keys in another order, or different (a diff is shown).
-
-- `before`: the code at --rev (default bdf2933), extracted with `git archive` (no worktree is added),
-  running the one summary step that decided and rendered;
-- `after`: this checkout (or the code at --after-rev), running the decide step (the same arguments,
-  less --rounds) and then the summary step (it renders the records: --cells, --matches, --rounds,
-  --out-dir).
+round plans) are linked read-only into two fresh working folders; each version runs the decide step and
+then the summary step there with the exact arguments Snakemake used for the stored run (the
+`python -m specmatch decide ...` and `... summary ...` lines of COMMANDS, e.g. from
+`snakemake -n -p --forcerun decide`), and writes its own results/summary. Then every file but the
+provenance sidecars is compared: identical bytes, the same JSON with keys in another order, or
+different (a diff is shown).
 
     python scripts/same_outputs.py --results /work/results-run0 --commands /work/results-run0/COMMANDS.txt
-        [--rev bdf2933] [--after-rev REV] [--work /tmp/same_outputs] [--key-order-ok recommendations.json]
+        --rev REV [--after-rev REV] [--work /tmp/same_outputs] [--key-order-ok recommendations.json]
 
-Exit status 0 when every file is identical (or differs only in key order where --key-order-ok allows it)
-and the stored tree's own summary is reproduced by `before`; 1 otherwise.
+`--rev` is the code before the change (extracted with `git archive`: no worktree is added); the code
+after is this checkout as it is, or --after-rev. Exit status 0 when every file is identical (or differs
+only in key order where --key-order-ok allows it) and the stored tree's own summary is reproduced by
+`before`; 1 otherwise.
 """
 from __future__ import annotations
 
@@ -34,34 +32,16 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
 INPUTS = ("cells", "servers", "prompts", "recommend", "rounds", "inspect")   # what the steps read
-SUMMARY_ONLY = ("--cells", "--matches", "--rounds", "--out-dir")            # the new summary step's arguments
 
 
-def summary_command(commands: Path) -> list[str]:
-    """The stored run's summary step, as argv (the first `python -m specmatch summary` line)."""
+def step_command(commands: Path, step: str) -> list[str]:
+    """The stored run's `python -m specmatch <step>` arguments (its first such line)."""
     for line in commands.read_text().splitlines():
         line = line.strip()
-        if "specmatch summary" in line:
-            argv = shlex.split(line.split(">", 1)[0] if " > " in line else line)
-            return argv[argv.index("summary") + 1:]
-    raise SystemExit(f"{commands}: no `python -m specmatch summary` command")
-
-
-def options(argv: list[str]) -> dict[str, list[str]]:
-    """--flag value... as {flag: [values]}, in order."""
-    out: dict[str, list[str]] = {}
-    key = None
-    for a in argv:
-        if a.startswith("--"):
-            key = a
-            out.setdefault(key, [])
-        elif key is not None:
-            out[key].append(a)
-    return out
-
-
-def flatten(opts: dict[str, list[str]], keep) -> list[str]:
-    return [x for k, v in opts.items() if keep(k) for x in (k, *v)]
+        if f"specmatch {step} " in line:
+            argv = shlex.split(line.split(" > ", 1)[0])
+            return argv[argv.index(step) + 1:]
+    raise SystemExit(f"{commands}: no `python -m specmatch {step}` command")
 
 
 def extract(rev: str, dst: Path) -> Path:
@@ -122,21 +102,21 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--results", type=Path, required=True, help="a stored results/ tree")
     p.add_argument("--commands", type=Path, required=True, help="the commands Snakemake ran for it")
-    p.add_argument("--rev", default="bdf2933", help="the code before the change")
+    p.add_argument("--rev", required=True, help="the code before the change")
     p.add_argument("--after-rev", help="the code after the change (default: this checkout as it is)")
     p.add_argument("--work", type=Path, default=Path("/tmp/same_outputs"))
     p.add_argument("--key-order-ok", nargs="*", default=[], help="files whose JSON may differ in key order only")
     a = p.parse_args(argv)
     py = sys.executable
-    old = options(summary_command(a.commands))
-    base = extract(a.rev, a.work / "code-before")
+    steps = [(step, step_command(a.commands, step)) for step in ("decide", "summary")]
+    base = extract(a.rev, a.work / f"code-{a.rev}")
     new = extract(a.after_rev, a.work / f"code-{a.after_rev}") if a.after_rev else REPO
     before, after = workdir(a.results, a.work / "before"), workdir(a.results, a.work / "after")
     log = a.work / "steps.log"
     log.write_text("")
-    run([py, "-m", "specmatch", "summary", *flatten(old, lambda k: True)], before, base / "workflow", log)
-    run([py, "-m", "specmatch", "decide", *flatten(old, lambda k: k != "--rounds")], after, new / "workflow", log)
-    run([py, "-m", "specmatch", "summary", *flatten(old, lambda k: k in SUMMARY_ONLY)], after, new / "workflow", log)
+    for folder, code in ((before, base), (after, new)):
+        for step, args in steps:
+            run([py, "-m", "specmatch", step, *args], folder, code / "workflow", log)
     ok = True
     stored = files(a.results / "summary")
     first, second = files(before / "results" / "summary"), files(after / "results" / "summary")

@@ -6,7 +6,11 @@
 #                             (tests/test_slurm.py, about 6.5 minutes) (what CI runs, via .ci/run)
 #   scripts/test.sh --quick   everything except the real-engine tests (marker vllm) and the long ones
 #                             (marker slow: calibration, whole-workflow runs, the engines' own
-#                             parsers): about 4 minutes on 2 cores; run it while working
+#                             parsers); run it while working
+# Both run in SPECMATCH_TEST_WORKERS pytest processes (default 2, the cores of the machine CI runs on;
+# 1: one process, as plain pytest), each test module whole in one of them (--dist loadscope: a
+# module's fixtures are built once), the modules that take minutes first (tests/conftest.py). While
+# one process waits on SLURM, a server or the calibration's own processes, the other runs tests.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 quick=0
@@ -14,6 +18,10 @@ args=()
 for a in "$@"; do
   if [[ $a == --quick ]]; then quick=1; else args+=("$a"); fi
 done
+workers=${SPECMATCH_TEST_WORKERS:-2}
+if ((workers > 1)); then
+  args=(-n "$workers" --dist loadscope --no-loadscope-reorder "${args[@]}")
+fi
 bash scripts/setup.sh
 bash scripts/setup-parsers.sh
 if ((quick)); then

@@ -284,7 +284,7 @@ def sweep_cells(seed: int, rho: dict, concurrencies=(1, 4, 16), repeats: int = 3
 
     import numpy as np
 
-    from specmatch.calibration.harness import BASE
+    from specmatch.calibration.grid import BASE
     from specmatch.calibration.des import serve
     from specmatch.calibration.simulate import cell
 

@@ -17,6 +17,21 @@ SHARED = REPO.parent / "shared" / "data"
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 
+# Under pytest-xdist (scripts/test.sh: -n 2 --dist loadscope --no-loadscope-reorder) every module goes
+# to one worker, in collection order, and the first two modules each worker gets are fixed at the
+# start. The modules that take minutes go first, so that none starts last and runs alone: SLURM
+# (mostly waiting on the scheduler) and the calibration (its processes at the lowest priority) side
+# by side, then the real vLLM and the traffic coverage; the rest fill in as workers free up.
+LONG_FIRST = ("test_slurm.py", "test_calibration.py", "test_workflow_vllm.py", "test_traffic.py",
+              "test_workflow_fake.py", "test_readme_example.py", "test_engine_parsers.py", "test_kmodel.py")
+
+
+def pytest_collection_modifyitems(config, items):
+    if os.environ.get("PYTEST_XDIST_WORKER"):
+        rank = {name: i for i, name in enumerate(LONG_FIRST)}
+        items.sort(key=lambda item: rank.get(item.path.name, len(rank)))   # stable: order within a module kept
+
+
 @pytest.fixture(scope="session")
 def tok_dir(tmp_path_factory) -> Path:
     """SmolLM2's tokenizer (with chat template) saved as a plain folder, by the `embedded_tokenizer`

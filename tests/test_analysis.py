@@ -4,8 +4,12 @@ import math
 import numpy as np
 import pytest
 
-from specmatch.deciding.analysis import (Comparison, ServerInfo, Settings, analyse, crossover, decide, recommend, server_k,
-                                validate_schedule, verify_recommendations)
+from specmatch.deciding.analysis import analyse, crossover, verify_recommendations
+from specmatch.deciding.verdicts.comparison import decide
+from specmatch.deciding.reading.measurements import Settings
+from specmatch.deciding.recommending.deployment import ServerInfo, recommend
+from specmatch.deciding.verdicts.comparison import Comparison
+from specmatch.serving.engines.vllm import SCHEDULE, server_k, validate_schedule
 from specmatch.records import Decision, Direction, Outcome, Verdict
 from specmatch.calibration.simulate import cell, experiment
 from specmatch.stats import t_ppf
@@ -74,11 +78,11 @@ def test_recommendation_is_built_from_verdicts(shape, action):
     rec = recommend(VLLM, "s", *verdicts(shape), S)
     assert rec.action == action, rec.text
     if action != "schedule":
-        assert rec.vllm_schedule is None
+        assert rec.deploy is None or rec.deploy.flag is None
+        assert rec.schedule is None if action == "undecided" else rec.schedule.top == 0
     else:   # off exactly around the undecided concurrency, on wherever speculation pays
-        on = {c: server_k({"num_speculative_tokens": 3, "num_speculative_tokens_per_batch_size": rec.vllm_schedule}, c)
-              > 0 for c in range(1, 257)}
-        assert all(on[c] == (d == Decision.PAYS) for c, (_, d) in shape.items()), rec.vllm_schedule
+        on = {c: server_k(rec.deploy.speculative, c) > 0 for c in range(1, 257)}
+        assert all(on[c] == (d == Decision.PAYS) for c, (_, d) in shape.items()), rec.schedule
         assert on[256] and "off there, not shown to pay" in rec.text
 
 
@@ -86,22 +90,24 @@ def test_schedule_has_valid_inclusive_ranges_and_keeps_the_servers_own_k():
     shape = {1: (1.4, Decision.PAYS), 4: (1.02, Decision.INCONCLUSIVE), 16: (0.7, Decision.LOSES)}
     rec = recommend(VLLM, "s", *verdicts(shape), S)
     assert rec.action == "schedule"
-    sched = rec.vllm_schedule
+    sched = rec.deploy.speculative[SCHEDULE]
     validate_schedule(sched)
+    assert sched == rec.schedule.bands
     assert sched[0][0] == 1 and sched[0][2] == 3 and sched[-1] == [sched[-1][0], 256, 0]
     assert 1 <= sched[0][1] < 16  # the switch lies between the last paying and the first losing concurrency
     assert "undecided at c=4: off there, not shown to pay" in rec.text
     # pays up to the server's largest batch: no [max+1, max, 0] range (defect 3)
     rec = recommend(VLLM, "s", *verdicts({1: (1.4, Decision.PAYS), 256: (1.2, Decision.PAYS)}), S)
-    assert rec.action == "keep" and rec.vllm_schedule is None
+    assert rec.action == "keep" and rec.as_configured and rec.deploy.flag is None
     # a server with a schedule but no num_speculative_tokens: its own k per batch size, never an invented 4
     own = ServerInfo("spec", "vllm", "vllm", {"method": "ngram", "num_speculative_tokens_per_batch_size":
                                               [[1, 8, 2], [9, 512, 1]]}, 256)
     assert server_k(own.speculative, 3) == 2 and server_k(own.speculative, 100) == 1
     rec = recommend(own, "s", *verdicts({1: (1.4, Decision.PAYS), 16: (1.2, Decision.PAYS),
                                          64: (0.6, Decision.LOSES)}), S)
-    validate_schedule(rec.vllm_schedule)
-    assert {k for _, _, k in rec.vllm_schedule} <= {0, 1, 2} and rec.vllm_schedule[0] == [1, 8, 2]
+    validate_schedule(rec.deploy.speculative[SCHEDULE])
+    assert {k for _, _, k in rec.schedule.bands} <= {0, 1, 2} and rec.schedule.bands[0] == [1, 8, 2]
+    assert rec.deploy.speculative[SCHEDULE] == rec.schedule.bands
 
 
 def test_keep_on_for_a_server_whose_schedule_switches_off_is_a_new_deployment():
@@ -112,22 +118,26 @@ def test_keep_on_for_a_server_whose_schedule_switches_off_is_a_new_deployment():
                                                 "num_speculative_tokens_per_batch_size": [[1, 4, 4], [5, 256, 0]]}, 256)
     rec = recommend(sched, "s", *verdicts({1: (1.5, Decision.PAYS), 4: (1.4, Decision.PAYS),
                                            16: (1.2, Decision.PAYS)}), S)
-    assert rec.action == "keep"
-    assert rec.vllm_schedule == [[1, 256, 4]]
+    assert rec.action == "keep" and not rec.as_configured
+    assert rec.schedule.bands == [[1, 256, 4]]
+    # one k everywhere is no schedule: vLLM runs it as num_speculative_tokens alone, and says so
+    assert rec.deploy.speculative == {"method": "ngram", "num_speculative_tokens": 4}
+    assert rec.deploy.flag == "vLLM: `--speculative-config '{\"method\": \"ngram\", \"num_speculative_tokens\": 4}'`"
     assert "configured schedule switches speculation off" in rec.text
     # the same verdicts for a server without a schedule: the deployment is the server as configured
     rec = recommend(VLLM, "s", *verdicts({1: (1.5, Decision.PAYS), 4: (1.4, Decision.PAYS),
                                           16: (1.2, Decision.PAYS)}), S)
-    assert rec.action == "keep" and rec.vllm_schedule is None
+    assert rec.action == "keep" and rec.as_configured and rec.deploy.flag is None
     # verdicts that put the switch elsewhere: a new schedule, to be measured
     rec = recommend(sched, "s", *verdicts({1: (1.5, Decision.PAYS), 4: (1.4, Decision.PAYS),
                                            16: (0.7, Decision.LOSES)}), S)
     assert rec.action == "schedule" and not rec.as_configured
-    assert rec.vllm_schedule[0][2] == 4 and rec.vllm_schedule[-1][2] == 0 and rec.vllm_schedule[0][1] > 4
+    assert rec.schedule.bands[0][2] == 4 and rec.schedule.bands[-1][2] == 0 and rec.schedule.bands[0][1] > 4
     # verdicts that put it where the server already has it: nothing new to measure
     rec = recommend(sched, "s", *verdicts({1: (1.5, Decision.PAYS), 4: (1.4, Decision.PAYS),
                                            5: (0.7, Decision.LOSES)}), S)
-    assert rec.action == "schedule" and rec.as_configured and rec.vllm_schedule == [[1, 4, 4], [5, 256, 0]]
+    assert rec.action == "schedule" and rec.as_configured and rec.schedule.bands == [[1, 4, 4], [5, 256, 0]]
+    assert rec.deploy.speculative == sched.speculative and rec.deploy.flag   # a schedule: its flag is said
     from specmatch.deciding.recommend import derived_servers
     assert derived_servers([rec], {"spec": {"engine": "vllm", "speculative": sched.speculative}},
                            {"spec": sched}) == {}
@@ -156,7 +166,7 @@ def test_non_monotone_shapes_are_regions():
     rec = recommend(VLLM, "s", *verdicts(shape), S)
     assert [(r.verdict, r.first, r.last) for r in rec.regions] == [(Decision.LOSES, 1, 4), (Decision.PAYS, 16, 64)]
     assert rec.crossover.direction is Direction.STARTS_PAYING and 4 < rec.crossover.point < 16
-    assert rec.vllm_schedule[0][2] == 0 and rec.vllm_schedule[-1][2] == 3
+    assert rec.schedule.bands[0][2] == 0 and rec.schedule.bands[-1][2] == 3
 
 
 def test_crossover_has_an_interval():
@@ -168,13 +178,19 @@ def test_crossover_has_an_interval():
 
 
 def test_sglang_gets_its_nearest_mechanism_or_an_honest_none():
-    old = ServerInfo("spec", "sglang", "sglang", {"method": "eagle3"}, 256, None, "0.5.4")
+    old = ServerInfo("spec", "sglang", "sglang", {"method": "eagle3"}, 256, "0.5.4")
     shape = {1: (1.4, Decision.PAYS), 16: (0.7, Decision.LOSES)}
     rec = recommend(old, "s", *verdicts(shape), S)
-    assert rec.vllm_schedule is None and rec.sglang["mechanism"] is None and "0.5.4" in rec.sglang["why"]
-    new = ServerInfo("spec", "sglang", "sglang", {"method": "eagle3"}, 256,
-                     {"flags": ["--speculative-adaptive", "--speculative-adaptive-config"]}, "0.5.23")
-    assert recommend(new, "s", *verdicts(shape), S).sglang["mechanism"] == "speculative-adaptive"
+    assert rec.deploy.engine == "sglang" and rec.deploy.speculative is None and "0.5.4" in rec.deploy.note
+    assert f"route traffic above batch {rec.schedule.bands[0][1]} to the baseline server" in rec.deploy.note
+    new = ServerInfo("spec", "sglang", "sglang", {"method": "eagle3"}, 256, "0.5.23")
+    rec = recommend(new, "s", *verdicts(shape), S)
+    # the server's own steps (SGLang's default 3 where it names none) below the switch, 0 steps above
+    switch = rec.schedule.bands[0][1]
+    assert rec.schedule.bands == [[1, switch, 3], [switch + 1, 256, 0]]
+    assert rec.deploy.speculative["adaptive"] is True and "speculative-adaptive" in rec.deploy.note
+    assert rec.deploy.files == {"adaptive": {"1": {"candidate_steps": [3]}, str(switch + 1): {"candidate_steps": [0]}}}
+    assert "--speculative-adaptive-config FILE" in rec.deploy.flag
 
 
 def _cells(e2e_b, e2e_s, out, c=1, repeats=(1, 2), request_rate=None, prompts=None):
@@ -330,7 +346,7 @@ def test_a_recommendation_another_server_already_deploys_is_not_measured_twice()
     info = ServerInfo("off4", "vllm", "vllm", off4["speculative"], 256)
     rec = recommend(info, "s", *verdicts({1: (1.5, Decision.PAYS), 4: (1.4, Decision.PAYS),
                                           16: (1.2, Decision.PAYS)}), S)
-    assert rec.vllm_schedule == [[1, 256, 4]]
+    assert rec.schedule.bands == [[1, 256, 4]]
     assert derived_servers([rec], {"ngram": ngram, "off4": off4}, {"off4": info}) == {}
     assert rec.measured_by == "ngram" and rec.derived_server is None
     # not the same deployment: another k, another model, or not measured on that suite
@@ -367,7 +383,7 @@ def grid(rng, speed: dict, sd_c, repeats=3, suites=("a", "b", "c"), prompts=24, 
 def test_median_fit_dof_is_its_efficiency_not_two_over_pi():
     """Finding 5: the median fit's dof used 2/pi, the efficiency of a median of normals; for the median
     of chi2_1 it is 0.37. Simulated: Var(log tau2_hat) matches 2/dof."""
-    from specmatch.deciding.analysis import _tau2_dof, fit_tau2
+    from specmatch.deciding.verdicts.noise import _tau2_dof, fit_tau2
 
     rng = np.random.default_rng(0)
     n = 15
@@ -440,7 +456,7 @@ def test_crossover_draws_share_the_server_sessions():
     """Finding 4: concurrencies of one session share its run-to-run effect, which shifts the whole curve:
     the crossing moves by shift / slope (a session-only variance sigma^2: half-width z sigma / |slope| in
     log c); drawn independently it would be narrower. Two points: no curvature to add."""
-    from specmatch.deciding.analysis import crossovers
+    from specmatch.deciding.verdicts.comparison import crossovers
 
     sigma = 0.02
 
@@ -465,7 +481,7 @@ def test_crossover_draws_share_the_server_sessions():
 def test_crossover_includes_the_interpolations_error():
     """Finding 4: between two measured concurrencies the curve is unknown; with estimates known almost
     exactly, a bent curve still leaves the crossing uncertain, a straight one does not."""
-    from specmatch.deciding.analysis import crossovers
+    from specmatch.deciding.verdicts.comparison import crossovers
 
     def at(ys):
         vs, cs = verdicts({c: (math.exp(y), Decision.PAYS if y > 0 else Decision.LOSES) for c, y in ys.items()})
@@ -493,7 +509,7 @@ def test_what_would_decide_the_issues_example():
     v = decide(cmp, S)
     assert v.verdict == Decision.INCONCLUSIVE
     assert "suite about 15x" not in v.decide and "x larger (the prompt sample" not in v.decide
-    from specmatch.deciding.analysis import deciding_design
+    from specmatch.deciding.verdicts.comparison import deciding_design
 
     d = v.design
     assert d is not None and d["repeats"] > 2 and d == deciding_design(cmp, S)
@@ -535,15 +551,16 @@ def test_a_server_without_num_speculative_tokens_keeps_its_k_where_the_verdicts_
                                               [[1, 4, 2], [5, 256, 0]]}, 256)
     rec = recommend(own, "s", *verdicts({1: (1.4, Decision.PAYS), 4: (1.3, Decision.PAYS),
                                          16: (1.2, Decision.PAYS)}), S)
-    assert rec.action == "keep" and rec.vllm_schedule == [[1, 256, 2]] and not rec.as_configured
+    assert rec.action == "keep" and rec.schedule.bands == [[1, 256, 2]] and not rec.as_configured
+    assert rec.deploy.speculative == {"method": "ngram", "num_speculative_tokens": 2}
 
 
 def test_an_external_endpoint_still_gets_its_deployment_marked_not_verified():
     """Finding 2: an external vLLM endpoint was told 'speculate only at batch sizes 1-8' with no schedule."""
     ext = ServerInfo("spec", "external", "vllm", {"method": "ngram", "num_speculative_tokens": 4}, 256)
     rec = recommend(ext, "s", *verdicts({1: (1.4, Decision.PAYS), 16: (0.7, Decision.LOSES)}), S)
-    assert rec.action == "schedule" and rec.vllm_schedule and rec.vllm_schedule[0] == [1, rec.vllm_schedule[0][1], 4]
-    validate_schedule(rec.vllm_schedule)
+    assert rec.action == "schedule" and rec.schedule.bands[0] == [1, rec.schedule.bands[0][1], 4]
+    validate_schedule(rec.deploy.speculative[SCHEDULE])   # rendered for the engine behind it, its flavor
     assert rec.verified.outcome is Outcome.NOT_VERIFIABLE and "external endpoint" in rec.verified.reason
     assert "not measured" in rec.text
     from specmatch.deciding.recommend import derived_servers
@@ -558,7 +575,8 @@ def test_verification_against_the_reference_the_schedule_fixes(cost, outcome):
     schedule runs there (fixed before its data are seen), as an equivalence test within ±min_effect
     corrected for the number of concurrencies: a correct schedule is verified, one whose switch costs
     15% where it is off fails, and the record states the error rates."""
-    from specmatch.deciding.analysis import deployed_on, join_derived
+    from specmatch.deciding.analysis import join_derived
+    from specmatch.deciding.recommending.deployment import deployed_on
 
     rng = np.random.default_rng(6)
     truth = {"baseline": {1: 1.0, 4: 1.0, 16: 1.0}, "spec": {1: 1.4, 4: 1.0, 16: 0.6}}
@@ -586,7 +604,8 @@ def test_verification_asks_no_more_than_it_is_not_worse(seed):
     (its interval reached above +5%) though it costs nothing. Verified asks for non-inferiority at
     each concurrency (its one-sided 1 - alpha bound above -min_effect), uncorrected (an
     intersection-union test); the same deployment costing 8% there is never verified."""
-    from specmatch.deciding.analysis import deployed_on, join_derived
+    from specmatch.deciding.analysis import join_derived
+    from specmatch.deciding.recommending.deployment import deployed_on
 
     truth = {"baseline": {1: 1.0, 4: 1.0, 16: 1.0}, "spec": {1: 1.4, 4: 1.0, 16: 0.6}}
     noise = {1: 0.005, 4: 0.005, 16: 0.025}
@@ -654,7 +673,7 @@ def test_what_would_decide_states_the_probability_its_design_decides():
     harness come true: tests/test_calibration.py) is conservative here: measured stated 82%, decided 91%
     of 231 (at the point estimate: stated 84%, decided 81%, but 83% vs 68% for identical servers in the
     harness); at most 12 points under."""
-    from specmatch.deciding.noise import VarianceSum
+    from specmatch.deciding.verdicts.noise import VarianceSum
 
     rng = np.random.default_rng(7)
     w, b1, d, prior_sd = 1e-6, 0.05 ** 2, 4.0, 0.04

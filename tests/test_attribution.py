@@ -8,9 +8,10 @@ import json
 import numpy as np
 import pytest
 
-from specmatch.deciding.analysis import Settings, analyse
+from specmatch.deciding.analysis import analyse
+from specmatch.deciding.reading.measurements import Settings
 from specmatch.deciding.analysis import attribute
-from specmatch.deciding.attribution import explained
+from specmatch.deciding.explaining.attribution import explained
 from specmatch.records import Attribution, Interval
 from specmatch.calibration.simulate import decomposed_experiment
 from builders import decided
@@ -77,7 +78,7 @@ def test_no_drafts_no_decomposition_and_not_enough_data_is_undecided():
 
 
 def test_explained_needs_both_units_of_a_plain_step():
-    from specmatch.deciding.attribution import both
+    from specmatch.deciding.explaining.attribution import both
 
     assert both(True, True) is True and both(True, None) is True
     assert both(False, True) is False and both(True, False) is False and both(None, False) is False
@@ -184,7 +185,7 @@ def schedule_cells(seed: int = 11):
     """A derived batch-size schedule (k=3 at batches 1-4, off above): tau 2 at 1.3 plain steps at
     c=1; at c=16 plain steps, except that the engine drafts once as the batch drains (one request,
     one step accepting 3: an acceptance length of 4.0 over speculative steps)."""
-    from specmatch.deciding.deployment import ServerInfo
+    from specmatch.deciding.recommending.deployment import ServerInfo
     from specmatch.calibration.simulate import decomposed_experiment
 
     rng = np.random.default_rng(seed)
@@ -226,7 +227,7 @@ def test_a_schedule_that_runs_plain_steps_is_decomposed_over_all_its_decode_step
     steps, while every other step was plain. TPOT = step time / tokens per step holds over all decode
     steps: tau is about 1 and rho about one plain step, not 4 and 4. At c=1, where every step speculates,
     tau is the tokens per decode step (the engine's acceptance length less what max_tokens cut off)."""
-    from specmatch.deciding.deployment import ServerInfo
+    from specmatch.deciding.recommending.deployment import ServerInfo
 
     cells, infos = schedule_cells()
     attrs = attribute(analyse(cells, "baseline", S, infos), "s")
@@ -282,7 +283,7 @@ def test_which_schedules_run_plain_steps(tmp_path):
     """vLLM: k=0 beside k>0 bands; a configured-off control (k=0 everywhere) and one k everywhere are
     not mixed. SGLang: the adaptive config's candidate steps, read from its file; a file that cannot be
     read counts as mixed (tokens per decode step is right for any server)."""
-    from specmatch.deciding.attribution import mixed_schedule
+    from specmatch.deciding.explaining.attribution import mixed_schedule
     from specmatch.serving.engines.sglang import adaptive_config
 
     assert mixed_schedule(SCHEDULE)
@@ -290,7 +291,7 @@ def test_which_schedules_run_plain_steps(tmp_path):
     assert not mixed_schedule({"num_speculative_tokens_per_batch_size": [[1, 4, 5], [5, 256, 3]]})
     assert not mixed_schedule({"num_speculative_tokens": 3}) and not mixed_schedule(None)
     off_above = tmp_path / "adaptive.json"
-    off_above.write_text(json.dumps(adaptive_config({"num_steps": 3}, 4)))
+    off_above.write_text(json.dumps(adaptive_config([[1, 4, 3], [5, 256, 0]])))
     assert mixed_schedule({"algorithm": "EAGLE3", "adaptive": str(off_above)})
     steps_only = tmp_path / "steps.json"
     steps_only.write_text(json.dumps({"1": {"candidate_steps": [5]}, "8": {"candidate_steps": [2]}}))

@@ -1,11 +1,11 @@
 """Calibration of the verdicts against a simulated server, not against the analysis's own model
-(specmatch.calibration.des, specmatch.calibration.harness).
+(specmatch.calibration: des, the server; harness, every experiment kind in one pool).
 
 Experiments shaped like the embedded default (3 suites of 16 prompts, 16 output tokens, c = 1, 4,
 16, a baseline and a second server on the same prompts) whose cells come from a discrete-event model
 of a continuously batching server under a closed loop (specmatch.calibration.des), in R repeats of fresh
 sessions (servers alternating), with run-to-run noise the analysis does not assume: heteroscedastic
-by concurrency, Student-t(3), a linear drift over the run, one outlying session (calibration.SCENARIOS).
+by concurrency, Student-t(3), a linear drift over the run, one outlying session (calibration.scenarios).
 Every metric: output throughput, TPOT, end-to-end latency and goodput (SLO e2el 450 ms).
 
 Nominal: 90% confidence, so identical servers may be called pays or loses in at most 10% of verdicts.
@@ -33,12 +33,13 @@ server that pays 1.4x at c=1, breaks even at c=4 and loses 0.6x at c=16; its rec
 measured as the workflow measures it, with a free switch and with one whose switched-off steps cost
 15% more. A/A crossovers, and repeats added while verdicts are inconclusive (optional stopping).
 
-Runtime: ~2,300 analyses (the sequential design analysed beside the fixed one), without 'what would decide it'
-(Settings.designs) except where the hints are checked: about 28-31 minutes on 2 idle cores (measured 3 Dec), most of it the hints'
-carried-out designs
-(SPECMATCH_CALIBRATION_WORKERS processes, default 2). `python -m specmatch calibrate` prints
-the full table (R = 1..4, hints, sequential). Findings are xfail(strict=True) with the measured
-rate, so they flip when the analysis is fixed.
+Runtime: ~2,300 analyses (the sequential design analysed beside the fixed one), without 'what would
+decide it' (Settings.designs) except where the hints are checked, in SPECMATCH_CALIBRATION_WORKERS
+processes (default 2) at the lowest priority (calibration.pool): about 13 CPU-minutes, 45% of it the
+hints' carried-out designs (each read for throughput alone, hints.Reading), one experiment a job so
+the few that name 64 repeats of a 32-times suite do not hold up the rest. `python -m specmatch
+calibrate` prints the full table (R = 1..4, hints, sequential). Findings are xfail(strict=True) with
+the measured rate, so they flip when the analysis is fixed.
 """
 from __future__ import annotations
 
@@ -48,9 +49,12 @@ from dataclasses import replace
 import numpy as np
 import pytest
 
-from specmatch.calibration import harness as cal
-from specmatch.deciding.analysis import Settings, analyse
+from specmatch.calibration import external, grid, hints, ksweeps, scenarios, verdicts, verification, workload
 from specmatch.calibration.des import Engine, serve
+from specmatch.calibration.harness import compute
+from specmatch.calibration.tally import Tally, fmt, pct
+from specmatch.deciding.analysis import analyse
+from specmatch.deciding.reading.measurements import Settings
 
 NOMINAL = 0.10
 T_POOLED = 0.115            # midway between nominal and 1.3x nominal
@@ -106,37 +110,58 @@ def test_a_uniformly_faster_server_is_exactly_faster_and_speculation_is_geometri
 
 def test_simulated_cells_are_cells_the_analysis_reads():
     rng = np.random.default_rng(2)
-    work = [cal.Workload.draw(rng)]
-    eff = [cal.run_to_run(rng, cal.SCENARIOS["plain"], ["baseline", "spec"], cal.SUITES, cal.CONCURRENCIES, 2)]
-    cells = cal.simulate_cells(rng, work, {"baseline": cal.BASE, "spec": cal.SPEC}, eff, 2)[0]
+    work = [workload.Workload.draw(rng)]
+    eff = [scenarios.run_to_run(rng, scenarios.SCENARIOS["plain"], ["baseline", "spec"], grid.SUITES,
+                                grid.CONCURRENCIES, 2)]
+    cells = workload.simulate_cells(rng, work, {"baseline": grid.BASE, "spec": grid.SPEC}, eff, 2)[0]
     assert len(cells) == 2 * 3 * 3 * 2
     res, req = next((r, q) for r, q in cells if r.server == "spec" and r.concurrency == 4)
     assert res.output_throughput == pytest.approx(req["output_tokens"].sum() / res.duration)
     assert res.duration == pytest.approx((req["start_s"] + req["e2e_s"]).max())
     assert res.spec_decode_num_drafts == req["num_spec_steps"].sum() > 0
     assert res.server_session == "spec-r1" and res.mean_tpot_ms > 0 and res.total_input_tokens > 0
-    an = analyse(cells, "baseline", Settings(bootstrap=50, slo=dict(cal.SLO)))
+    an = analyse(cells, "baseline", Settings(bootstrap=50, slo=dict(grid.SLO)))
     assert len(an.verdicts) == 3 * 3 * 4
     acc = next(a for a in an.acceptance if a.suite == "a")
     assert 1.5 < acc.length < 2.5   # k=3 at acceptance 0.6 a token, truncated by 16-token outputs
 
 
+def test_a_carried_out_design_reads_the_verdicts_the_full_analysis_gives():
+    """hints.carry_out analyses throughput alone (hints.Reading): every metric's verdicts stand on
+    their own run-to-run variance and bootstrap, so they are the full analysis's, interval and all."""
+    rng = np.random.default_rng(11)
+    eng = {"baseline": grid.BASE, "spec": grid.BASE.faster(1.04)}
+    work = workload.Workload.draw(rng, prompts=32)
+    eff = scenarios.run_to_run(rng, scenarios.SCENARIOS["plain"], list(eng), grid.SUITES, grid.CONCURRENCIES, 5)
+    cells = workload.simulate_cells(rng, [work], eng, [eff], 5)[0]
+    s = grid.settings(150, repeats=5)
+    key = lambda v: (v.server, v.suite, v.concurrency, v.metric)  # noqa: E731
+    full = {key(v): v for v in analyse(cells, "baseline", s).verdicts if v.metric == "output_throughput"}
+    reading = hints.Reading.of(vars(s) | {"only": ("output_throughput",)})
+    alone = {key(v): v for v in analyse(cells, "baseline", reading).verdicts}
+    assert alone.keys() == full.keys() and len(alone) == 9
+    assert all((alone[k].verdict, alone[k].speedup, alone[k].lo, alone[k].hi)
+               == (full[k].verdict, full[k].speedup, full[k].lo, full[k].hi) for k in full)
+    assert len({v.verdict for v in alone.values()}) > 1   # decided and undecided verdicts alike
+
+
 def test_run_to_run_scenarios_are_what_they_say():
     rng = np.random.default_rng(3)
     servers, suites = ["baseline", "spec"], ("a",)
-    assert cal.run_order(servers, 3) == [("baseline", 1), ("spec", 1), ("spec", 2), ("baseline", 2),
+    assert scenarios.run_order(servers, 3) == [("baseline", 1), ("spec", 1), ("spec", 2), ("baseline", 2),
                                          ("baseline", 3), ("spec", 3)]
-    drift = replace(cal.SCENARIOS["drift"], session_sd=0.0, cell_sd=0.0)
-    x = cal.run_to_run(rng, drift, servers, suites, (1,), 2)
-    assert [round(x[(s, "a", 1, r)], 4) for s, r in cal.run_order(servers, 2)] == [-0.0375, -0.0125, 0.0125, 0.0375]
-    out = replace(cal.SCENARIOS["outlier"], session_sd=0.0, cell_sd=0.0)
-    x = cal.run_to_run(rng, out, servers, ("a", "b"), (1, 16), 3)
+    drift = replace(scenarios.SCENARIOS["drift"], session_sd=0.0, cell_sd=0.0)
+    x = scenarios.run_to_run(rng, drift, servers, suites, (1,), 2)
+    assert ([round(x[(s, "a", 1, r)], 4) for s, r in scenarios.run_order(servers, 2)]
+            == [-0.0375, -0.0125, 0.0125, 0.0375])
+    out = replace(scenarios.SCENARIOS["outlier"], session_sd=0.0, cell_sd=0.0)
+    x = scenarios.run_to_run(rng, out, servers, ("a", "b"), (1, 16), 3)
     hit = {(s, r) for (s, u, c, r), v in x.items() if v > 0}
     assert len(hit) == 1 and sum(v > 0 for v in x.values()) == 4
-    het = [cal.run_to_run(rng, cal.SCENARIOS["hetero"], servers, suites, (1, 16), 2) for _ in range(400)]
+    het = [scenarios.run_to_run(rng, scenarios.SCENARIOS["hetero"], servers, suites, (1, 16), 2) for _ in range(400)]
     sd = {c: np.std([h[("spec", "a", c, 1)] for h in het]) for c in (1, 16)}
     assert sd[1] == pytest.approx(0.02, rel=0.2) and sd[16] == pytest.approx(0.08, rel=0.2)
-    t3 = [cal.run_to_run(rng, cal.SCENARIOS["t3"], servers, suites, (1,), 1) for _ in range(5000)]
+    t3 = [scenarios.run_to_run(rng, scenarios.SCENARIOS["t3"], servers, suites, (1,), 1) for _ in range(5000)]
     v = np.array([h[("spec", "a", 1, 1)] for h in t3])
     assert np.std(v) == pytest.approx(0.05, rel=0.3) and np.mean(np.abs(v) > 4 * 0.05) > 0.001  # normal: 6e-5
 
@@ -166,30 +191,30 @@ def runs():
     for name in ("drift", "outlier"):
         for R in (2, 3):
             specs[(name, R)] = experiments(name, (R,), N_NULL)
-    for e in cal.EFFECTS:
+    for e in grid.EFFECTS:
         specs[("power", e)] = experiments("plain", (2, 3, 4), N_POWER, effect=e, sequential=True)
     for name in ("plain", "quiet"):
         specs[("verify", name)] = dict(kind="verify", name=name, experiments=N_VERIFY, repeats=2)
     for name in ("aa", "effects"):
-        specs[("hints", name)] = dict(kind="hints", name=name, experiments=N_HINTS, chunk=3, bootstrap=150)
-    return cal.compute(specs, seed=18)
+        specs[("hints", name)] = dict(kind="hints", name=name, experiments=N_HINTS, chunk=1, bootstrap=150)
+    return compute(specs, seed=18)
 
 
-def tally(runs, name, R) -> cal.Tally:
+def tally(runs, name, R) -> Tally:
     return (runs[(name, R)] if (name, R) in runs else runs[(name, 0)])["tally"][R]
 
 
-def pooled(runs, name) -> cal.Tally:
+def pooled(runs, name) -> Tally:
     return tally(runs, name, 2) + tally(runs, name, 3)
 
 
 def report(runs, name) -> str:
-    lines = [f"\n{name}: {cal.SCENARIOS[name].about}; false calls, rate ± MC se [c=1/4/16]"]
+    lines = [f"\n{name}: {scenarios.SCENARIOS[name].about}; false calls, rate ± MC se [c=1/4/16]"]
     for R in (2, 3):
         t = tally(runs, name, R)
         lines.append(f"  R={R}: " + "; ".join(
-            f"{m} {cal.fmt(t.rate(metric=m))} [" + "/".join(cal.pct(t.rate(metric=m, c=c)) for c in cal.CONCURRENCIES)
-            + "]" for m in cal.METRICS))
+            f"{m} {fmt(t.rate(metric=m))} [" + "/".join(pct(t.rate(metric=m, c=c)) for c in grid.CONCURRENCIES)
+            + "]" for m in grid.METRICS))
     p, se, n = pooled(runs, name).rate()
     lines.append(f"  pooled: {p:.1%} ± {se:.1%} over {n} verdicts "
                  f"(design effect {pooled(runs, name).design_effect():.1f})")
@@ -200,7 +225,7 @@ XFAIL_POOLED: dict = {}
 # Fixed: prompts30 (a speedup varying by prompt with log-sd 0.30, one burst at c=16)
 # was 12.3% ± 1.0% pooled, TPOT and end-to-end latency 18-19% at c=16: only throughput's latencies
 # carried their influence on the others in the drain; now TPOT and latency do too (10.7% ± 0.9% pooled,
-# 11-12% at c=16 for every timing metric; deciding.measurements.load_figures).
+# 11-12% at c=16 for every timing metric; deciding.reading.measurements.load_figures).
 # Fixed: goodput at c=16 was called different in 23% (plain, R=2) to 41% (outlier) of
 # identical-server verdicts. At c=16 one burst of 16 requests finishes together, so goodput is all or
 # nothing: a repeat where no request met the SLO has no figure, the comparison kept the other repeat
@@ -230,7 +255,7 @@ def test_identical_servers_are_called_different_at_most_nominally(runs, name):
 @pytest.mark.parametrize("name", _mark(XFAIL_CELL))
 def test_no_metric_or_concurrency_is_called_different_too_often(runs, name):
     t = pooled(runs, name)
-    rates = {(m, c): t.rate(metric=m, c=c) for m in cal.METRICS for c in cal.CONCURRENCIES}
+    rates = {(m, c): t.rate(metric=m, c=c) for m in grid.METRICS for c in grid.CONCURRENCIES}
     print(report(runs, name))
     over = {k: f"{v[0]:.1%} ± {v[1]:.1%}" for k, v in rates.items() if v[2] and v[0] > T_CELL}
     assert not over, f"{name}: false-call rate above {T_CELL:.0%} at {over}"
@@ -255,7 +280,7 @@ def test_one_repeat_is_calibrated_on_a_quiet_machine_and_equivalence_needs_repea
     p, se, n = one.rate()
     eq = three.rate(("equivalent",), metric="output_throughput")[0]
     print(f"\nquiet, R=1: false calls {p:.1%} ± {se:.1%} ({n} verdicts); R=3: false calls "
-          f"{cal.fmt(three.rate())}, equivalent (throughput) {eq:.0%}")
+          f"{fmt(three.rate())}, equivalent (throughput) {eq:.0%}")
     assert p <= T_CELL
     assert one.rate(("equivalent",))[0] == 0
     assert eq > 0.5 and three.rate()[0] <= T_CELL
@@ -277,19 +302,19 @@ def test_ignoring_run_to_run_variation_is_caught(runs):
 @long
 def test_power_at_5_15_and_30_percent(runs):
     rows = {}
-    for e in cal.EFFECTS:
+    for e in grid.EFFECTS:
         for R in (2, 3):
             t = runs[("power", e)]["tally"][R]
-            rows[(e, R)] = {m: (t.rate(("pays",), metric=m), t.rate(("loses",), metric=m)) for m in cal.METRICS}
+            rows[(e, R)] = {m: (t.rate(("pays",), metric=m), t.rate(("loses",), metric=m)) for m in grid.METRICS}
             print(f"\ntrue {1 + e:.2f}x, R={R}: " + "; ".join(
-                f"{m} pays {cal.fmt(v[0])} loses {v[1][0]:.1%}" for m, v in rows[(e, R)].items()), end="")
+                f"{m} pays {fmt(v[0])} loses {v[1][0]:.1%}" for m, v in rows[(e, R)].items()), end="")
     for (e, R), r in rows.items():  # the wrong way: at most the interval's one-sided error, 5%
-        assert all(r[m][1][0] <= NOMINAL / 2 for m in cal.METRICS), f"called the wrong way at {e:.0%}, R={R}"
+        assert all(r[m][1][0] <= NOMINAL / 2 for m in grid.METRICS), f"called the wrong way at {e:.0%}, R={R}"
         for m in TIMING:
             assert r[m][0][0] >= {0.05: 0.0, 0.15: 0.5, 0.30: 0.95}[e], (e, R, m)
     for R in (2, 3):
-        for m in cal.METRICS:
-            pays = [rows[(e, R)][m][0][0] for e in cal.EFFECTS]
+        for m in grid.METRICS:
+            pays = [rows[(e, R)][m][0][0] for e in grid.EFFECTS]
             assert pays == sorted(pays) and pays[0] < 0.6
     for m in TIMING:
         assert rows[(0.15, 3)][m][0][0] >= 0.8 and rows[(0.15, 3)][m][0][0] >= rows[(0.15, 2)][m][0][0]
@@ -301,7 +326,7 @@ def test_identical_servers_get_no_crossover(runs):
     crossover in at most nominal of its recommendations (a crossover needs a verdict that pays and one
     that loses); how often it is told to speculate somewhere is printed (three verdicts each)."""
     for R in (2, 3):
-        c = cal.claim_rates(runs[("plain", 0)]["claims"][R])
+        c = verdicts.claim_rates(runs[("plain", 0)]["claims"][R])
         print(f"\nA/A, R={R}: crossover claimed in {c['crossover']:.1%}, speculate somewhere in "
               f"{c['speculate']:.1%} of {c['recommendations']} recommendations", end="")
         assert c["recommendations"] == 3 * N_NULL
@@ -312,8 +337,8 @@ def _sequential_text(runs) -> str:
     r = runs[("plain", 0)]
     used = r["used"][:, 0].sum() / r["used"][:, 1].sum()
     return (f"sequential R=2..4 (stop when the throughput verdict is decided; alpha spent per look): false calls "
-            f"{cal.fmt(r['sequential'].rate())} vs fixed R=4 {cal.fmt(r['tally'][4].rate())}; repeats used "
-            f"{used:.0%} of R=4's; the same stopping at the fixed design's level: {cal.fmt(r['naive'].rate())}")
+            f"{fmt(r['sequential'].rate())} vs fixed R=4 {fmt(r['tally'][4].rate())}; repeats used "
+            f"{used:.0%} of R=4's; the same stopping at the fixed design's level: {fmt(r['naive'].rate())}")
 
 
 @long
@@ -370,7 +395,7 @@ def _hint_text(rows) -> str:
     out = []
     for name, lo, hi, reach in (("statements", 0.0, 1.01, True), ("  stated in [80%, 90%)", 0.8, 0.9, True),
                                 ("  stated in [90%, 100%]", 0.9, 1.01, True), ("'unlikely'", 0.0, 1.01, False)):
-        st, dec, se, n = cal.hint_rates(rows, lo, hi, reach)
+        st, dec, se, n = hints.hint_rates(rows, lo, hi, reach)
         out.append(f"{name}: stated {st:.0%}, decided {dec:.0%} ± {se:.0%} of {n}" if n else f"{name}: none")
     return "; ".join(out)
 
@@ -381,7 +406,7 @@ def test_what_would_decide_it_comes_true_when_carried_out(runs, population):
     """Issue 34, finding 3 (it stated ~81% each time; carried out as the workflow would, the named design
     decided 45%, 64% on a quiet machine, 17% for identical servers): every inconclusive throughput verdict
     at R = 2 whose design says "decides it with probability p" (p >= 80%) has that design carried out
-    on its own experiment (harness.carry_out: more repeats add fresh sessions to today's cells; a larger
+    on its own experiment (hints.carry_out: more repeats add fresh sessions to today's cells; a larger
     suite reruns every cell with new prompts and sessions), and the verdict read again. The share decided
     must come within a few points of the mean stated p: 3 Monte-Carlo errors or 6 points, whichever is
     larger (N_HINTS experiments: ~200 statements, MC error ~3-4% as hints of one experiment share its
@@ -395,18 +420,18 @@ def test_what_would_decide_it_comes_true_when_carried_out(runs, population):
     as this module printed them). Carrying the named designs out takes ~20 minutes of the fixture on 2 cores: with the
     variance's uncertainty counted, the designs named are longer."""
     rows = runs[("hints", population)]["rows"]
-    print(f"\n{population} ({cal.HINT_POPULATIONS[population][1]}): " + _hint_text(rows))
-    st, dec, se, n = cal.hint_rates(rows, reachable=True)
+    print(f"\n{population} ({hints.HINT_POPULATIONS[population][1]}): " + _hint_text(rows))
+    st, dec, se, n = hints.hint_rates(rows, reachable=True)
     assert n >= 60, f"only {n} statements: too few to check"
     assert abs(dec - st) <= max(3 * se, 0.06), f"stated {st:.1%}, decided {dec:.1%} ± {se:.1%} of {n}"
-    st, dec, se, n = cal.hint_rates(rows, reachable=False)
+    st, dec, se, n = hints.hint_rates(rows, reachable=False)
     if n >= 20:
         assert dec <= st + max(3 * se, 0.06), f"'unlikely' at {st:.1%}, decided {dec:.1%} ± {se:.1%} of {n}"
 
 
 def _verification_text(v: dict) -> str:
     return "; ".join(f"{k} switch: " + ", ".join(f"{o} {x:.0%}" if o != "derived" else f"of {x}"
-                                                  for o, x in cal.verified_shares(v[k]).items())
+                                                  for o, x in verification.verified_shares(v[k]).items())
                      for k in ("correct", "costly"))
 
 
@@ -418,7 +443,7 @@ def test_verification_keeps_its_stated_error_rates(runs, machine):
     switched-off steps cost 15%. N_VERIFY experiments: the bound allows two binomial sd."""
     v = runs[("verify", machine)]
     print(f"\n{machine}: " + _verification_text(v) + f"; schedules e.g. {v['schedules'][:2]}")
-    correct, costly = cal.verified_shares(v["correct"]), cal.verified_shares(v["costly"])
+    correct, costly = verification.verified_shares(v["correct"]), verification.verified_shares(v["costly"])
     assert correct["derived"] >= N_VERIFY * 0.75 and costly["derived"] >= N_VERIFY * 0.75
     bound = NOMINAL + 2 * math.sqrt(NOMINAL * (1 - NOMINAL) / correct["derived"])
     assert correct["failed"] <= bound and costly["verified"] <= bound
@@ -439,8 +464,8 @@ def test_verification_decides_on_a_quiet_machine(runs):
     correction)."""
     v = runs[("verify", "quiet")]
     print("\nquiet: " + _verification_text(v))
-    assert cal.verified_shares(v["costly"])["failed"] >= 0.8
-    assert cal.verified_shares(v["correct"])["verified"] >= 0.5
+    assert verification.verified_shares(v["costly"])["failed"] >= 0.8
+    assert verification.verified_shares(v["correct"])["verified"] >= 0.5
 
 
 # -- k sweeps and external endpoints -----------------------------------------------------
@@ -452,8 +477,8 @@ N_EXT = 40
 def k_scenarios(n: int, *names) -> dict:
     """KScenario name -> its k_rates over `n` simulated sweeps (decided as the workflow does: krecommend.recommend
     on the sequential design's cells)."""
-    res = cal.compute({x: dict(kind="ksweep", name=x, experiments=n, repeats=3) for x in names})
-    return {x: cal.k_rates(res[x]["rows"], cal.K_SCENARIOS[x]) for x in names}
+    res = compute({x: dict(kind="ksweep", name=x, experiments=n, repeats=3) for x in names})
+    return {x: ksweeps.k_rates(res[x]["rows"], ksweeps.K_SCENARIOS[x]) for x in names}
 
 
 def _k_text(r: dict, cs) -> str:
@@ -504,7 +529,7 @@ def test_the_k_sweep_null_speculates_at_most_at_its_stated_bound_per_concurrency
 
 @long
 def test_external_endpoints_get_a_schedule_that_follows_their_verdicts():
-    """Issue 34, finding 6, over N_EXT simulated runs (calibration.harness.external_task): an external
+    """Issue 34, finding 6, over N_EXT simulated runs (calibration.external.external_task): an external
     endpoint 1.3x faster up to 4 running requests and 0.6x above gets a valid vLLM schedule that follows
     its verdicts (drafting where it pays, off where not, drafts below the switch and off above it), and
     where they are the issue's (pays at c=1 and 4, loses at 16) one that drafts at batch 1-4 and is off at
@@ -512,8 +537,8 @@ def test_external_endpoints_get_a_schedule_that_follows_their_verdicts():
     marked not verifiable; its twin, configured with no speculation and drafting nothing, gets no
     recommendation; no text names a list and leaves it empty (was: 1 in 40 quiet, 12 in 40 at 10% run to
     run)."""
-    res = cal.compute({"ext": dict(kind="external", experiments=N_EXT, repeats=3)})
-    r = cal.external_rates(res["ext"]["rows"])
+    res = compute({"ext": dict(kind="external", experiments=N_EXT, repeats=3)})
+    r = external.external_rates(res["ext"]["rows"])
     print(f"\nexternal: schedule {r['schedule'][0]:.1%}, following the verdicts {r['follows'][0]:.1%}, pays/pays/"
           f"loses {r['pattern'][0]:.1%} and then right {r['right'][0]:.1%}, not verifiable {r['not_verifiable'][0]:.1%}, "
           f"switch at {sorted(r['switch'])}, actions {r['actions']}")

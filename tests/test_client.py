@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from builders import cell_result, load_requests, prompt
-from specmatch.measuring import metrics, transport
+from specmatch.measuring import summary, transport
 from specmatch.measuring.client import run_load
 from specmatch.serving.engines import get_engine
 from specmatch.measuring.protocols import PROTOCOLS, has_choices, protocol
@@ -31,7 +31,7 @@ def test_timings_and_counts_are_exact(fake_server):
         gaps = [b - a for a, b in zip(r.arrivals_s, r.arrivals_s[1:])]
         assert sum(gaps) / len(gaps) == pytest.approx(0.02, abs=0.004)
         assert r.e2e_s == pytest.approx(0.10 + 19 * 0.02, abs=0.05)
-    s = metrics.summarize(recs)
+    s = summary.summarize(recs)
     assert s["completed"] == 6 and s["failed"] == 0 and s["total_output_tokens"] == 120
     # closed loop, 2 workers, 3 requests each of ~0.48 s => ~1.44 s, 120 tokens
     assert s["duration"] == pytest.approx(3 * 0.48, rel=0.1)
@@ -75,7 +75,7 @@ def test_every_injected_failure_is_counted(fake_server):
     assert sum(r.ok for r in recs) == 3
     errors = sorted(r.error.split(":")[0] for r in recs if not r.ok)
     assert errors == ["connection", "http", "timeout"] or errors == ["http", "http", "timeout"]
-    s = metrics.summarize(recs)
+    s = summary.summarize(recs)
     assert s["failed"] == 3 and sum(s["failure_reasons"].values()) == 3
 
 
@@ -86,7 +86,7 @@ def test_acceptance_equals_what_the_server_reported(fake_server):
     for r in recs:
         assert r.num_spec_steps == 10 and r.num_accepted_tokens == 20 and r.num_draft_tokens == 40
         assert r.acceptance_rate == pytest.approx(0.5)
-    by = metrics.acceptance_by_group(eng, recs, lambda r: r.source)
+    by = summary.acceptance_by_group(eng, recs, lambda r: r.source)
     assert by["s"]["acceptance_rate"] == pytest.approx(0.5) and by["s"]["acceptance_length"] == pytest.approx(3.0)
 
 
@@ -163,13 +163,13 @@ def test_a_client_that_fell_behind_is_reported(fake_server):
     srv = fake_server(tokens=6, ttft=0.01, itl=0.03)
     recs = asyncio.run(_hog_after(srv, 1, 0.02, 0.15, run_load(srv.base_url, reqs(1), 1, "openai-completions")))
     assert recs[0].ok and recs[0].coalesced_events >= 2
-    s = metrics.summarize(recs)
+    s = summary.summarize(recs)
     assert s["coalesced_token_events"] == recs[0].coalesced_events and s["coalesced_token_share"] > 0.3
-    warnings = metrics.measurement_warnings(cell_result(**s))
+    warnings = summary.measurement_warnings(cell_result(**s))
     assert len(warnings) == 1 and "fell behind" in warnings[0]
     calm = asyncio.run(run_load(srv.base_url, reqs(2), 1, "openai-completions"))
     assert sum(r.coalesced_events for r in calm) == 0
-    assert metrics.measurement_warnings(cell_result(**metrics.summarize(calm))) == []
+    assert summary.measurement_warnings(cell_result(**summary.summarize(calm))) == []
 
 
 @pytest.fixture(scope="module")

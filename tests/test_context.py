@@ -7,8 +7,9 @@ import numpy as np
 import pytest
 
 from builders import context_cells
-from specmatch.deciding.analysis import Settings, analyse
-from specmatch.deciding.context import bin_edges, context_report
+from specmatch.deciding.analysis import analyse
+from specmatch.deciding.reading.measurements import Settings
+from specmatch.deciding.explaining.context import bin_edges, context_report
 from specmatch.records import Decision, Direction
 
 SETTINGS = Settings(bootstrap=400)

@@ -1,11 +1,11 @@
-"""The on/off recommendation (specmatch.deciding.deployment.recommend): an undecided concurrency
+"""The on/off recommendation (specmatch.deciding.recommending.deployment.recommend): an undecided concurrency
 runs by its own data (off: not shown to pay there), nothing is extrapolated above an undecided largest
 concurrency, and an external endpoint's recommendation follows its verdicts like any server's.
 
 The external case runs the `recommend` step on simulated cells whose truth is known: three endpoints
 (engine external, flavor vllm, launched by no one here, so their launch records say max_batch 0): the
 baseline, its twin (no speculation configured, drafts nothing) and one that drafts k=4 at 1.3x up to 4
-running requests and 0.6x above (specmatch.calibration.harness: EXT_TRUTH in the discrete-event server).
+running requests and 0.6x above (specmatch.calibration.external: EXT_TRUTH in the discrete-event server).
 It was told "keep speculation on at every batch size" with no schedule, and "it pays at " with nothing
 after "at"."""
 import json
@@ -16,13 +16,14 @@ import numpy as np
 import pytest
 
 from builders import launch_record
-from specmatch.calibration import harness as cal
-from specmatch.deciding.comparison import Comparison
-from specmatch.deciding.deployment import ServerInfo, recommend, server_k, validate_schedule
-from specmatch.deciding.measurements import Settings
+from specmatch.calibration import external, grid, ksweeps, scenarios, workload
+from specmatch.deciding.verdicts.comparison import Comparison
+from specmatch.deciding.recommending.deployment import ServerInfo, recommend
+from specmatch.deciding.reading.measurements import Settings
 from specmatch.deciding.recommend import main as recommend_main
 from specmatch.files import write_json
 from specmatch.records import Decision, Recommendation, Verdict
+from specmatch.serving.engines.vllm import SCHEDULE, server_k, validate_schedule
 
 S = Settings(bootstrap=400)
 VLLM = ServerInfo("spec", "vllm", "vllm", {"method": "eagle3", "model": "d", "num_speculative_tokens": 3}, 256)
@@ -39,9 +40,9 @@ def verdicts(shape: dict, server="spec", suite="s"):
     return vs, cmps
 
 
-def on_at(rec, k: int = 3) -> dict:
-    spec = {"num_speculative_tokens": k, "num_speculative_tokens_per_batch_size": rec.vllm_schedule}
-    return {b: server_k(spec, b) > 0 for b in range(1, (rec.max_batch or 1) + 1)}
+def on_at(rec) -> dict:
+    """Where the deployment vLLM runs speculates (its rendered speculative config, through vLLM's rules)."""
+    return {b: server_k(rec.deploy.speculative, b) > 0 for b in range(1, (rec.max_batch or 1) + 1)}
 
 
 def test_speculation_never_spreads_over_an_undecided_concurrency_nor_above_an_undecided_top():
@@ -50,7 +51,8 @@ def test_speculation_never_spreads_over_an_undecided_concurrency_nor_above_an_un
     the switch sits at the geometric mean (the measured speedup never crosses 1), and above c=16 speculation
     is off, said so, not extrapolated."""
     rec = recommend(VLLM, "s", *verdicts({1: (1.5, Decision.PAYS), 16: (1.1, Decision.INCONCLUSIVE)}), S)
-    assert rec.action == "schedule" and rec.vllm_schedule == [[1, 3, 3], [4, 256, 0]], rec.text
+    assert rec.action == "schedule" and rec.schedule.bands == [[1, 3, 3], [4, 256, 0]], rec.text
+    assert rec.deploy.speculative[SCHEDULE] == rec.schedule.bands and rec.deploy.engine == "vllm"
     assert "undecided at c=16: off there, not shown to pay" in rec.text
     assert "(the largest measured concurrency is 16, undecided): speculation is off there" in rec.text
     assert "extends" not in rec.text and rec.extrapolated_above == 16
@@ -80,10 +82,10 @@ def run_dir(tmp_path_factory):
     launch records written as the workflow writes them."""
     d = tmp_path_factory.mktemp("ext")
     rng = np.random.default_rng(34)
-    engines = {"base": cal.BASE, "twin": cal.BASE, "spec": cal.calibrated(4, cal.EXT_TRUTH, step_at=4)}
-    work = [cal.Workload.draw(rng, ("s",), cal.K_PROMPTS, out_tokens=cal.K_OUT_TOKENS)]
-    eff = [cal.run_to_run(rng, cal.SCENARIOS["quiet"], list(engines), ("s",), cal.EXT_CONCURRENCIES, 3)]
-    cells = cal.simulate_cells(rng, work, engines, eff, 3, cal.EXT_CONCURRENCIES, cal.K_OUT_TOKENS)[0]
+    engines = {"base": grid.BASE, "twin": grid.BASE, "spec": ksweeps.calibrated(4, external.EXT_TRUTH, step_at=4)}
+    work = [workload.Workload.draw(rng, ("s",), ksweeps.K_PROMPTS, out_tokens=ksweeps.K_OUT_TOKENS)]
+    eff = [scenarios.run_to_run(rng, scenarios.SCENARIOS["quiet"], list(engines), ("s",), external.EXT_CONCURRENCIES, 3)]
+    cells = workload.simulate_cells(rng, work, engines, eff, 3, external.EXT_CONCURRENCIES, ksweeps.K_OUT_TOKENS)[0]
     paths = {"cells": [], "requests": [], "launches": []}
     for res, req in cells:
         stem = d / "cells" / res.server / res.suite / f"r{res.repeat}" / f"c{res.concurrency}"
@@ -125,10 +127,11 @@ def test_an_endpoint_that_pays_at_low_load_gets_a_schedule_that_drafts_below_the
     # the batch range is the measured concurrencies' (the endpoint's own is not known), said so
     assert rec.max_batch == 16 and rec.extrapolated_above is None and "set `max_batch` on it" in rec.text
     assert rec.action == "schedule" and not rec.as_configured
-    validate_schedule(rec.vllm_schedule)
-    spec = {"num_speculative_tokens": 4, "num_speculative_tokens_per_batch_size": rec.vllm_schedule}
-    ks = [server_k(spec, b) for b in range(1, 17)]
-    assert ks[:4] == [4] * 4 and ks[15] == 0, rec.vllm_schedule
+    sched = rec.deploy.speculative[SCHEDULE]   # rendered for the engine behind the endpoint (its flavor)
+    validate_schedule(sched)
+    assert rec.deploy.speculative["num_speculative_tokens"] == 4 and "--speculative-config" in rec.deploy.flag
+    ks = [server_k(rec.deploy.speculative, b) for b in range(1, 17)]
+    assert ks[:4] == [4] * 4 and ks[15] == 0 and ks == rec.schedule.ks(), sched
     switch = ks.index(0) + 1
     assert all(k == 4 for k in ks[:switch - 1]) and not any(ks[switch - 1:])
     assert cross.lo <= switch <= math.ceil(cross.hi), (switch, cross)
@@ -137,9 +140,9 @@ def test_an_endpoint_that_pays_at_low_load_gets_a_schedule_that_drafts_below_the
     assert not EMPTY.search(rec.text), rec.text    # no label with an empty list after it
     # vLLM's own validation and lookup of the schedule (where the vLLM build is installed)
     utils = pytest.importorskip("vllm.v1.spec_decode.dynamic.utils")
-    parsed = utils.validate_and_normalize_dynamic_sd_schedule(rec.vllm_schedule)
-    assert [list(x) for x in parsed] == rec.vllm_schedule
-    dense = utils.build_dynamic_sd_schedule_lookup(rec.vllm_schedule, vllm_max_batch_size=64,
+    parsed = utils.validate_and_normalize_dynamic_sd_schedule(sched)
+    assert [list(x) for x in parsed] == sched
+    dense = utils.build_dynamic_sd_schedule_lookup(sched, vllm_max_batch_size=64,
                                                   vllm_num_speculative_tokens=4)
     assert dense[1:17] == ks and set(dense[17:]) == {0}   # vLLM carries the last (off) range to its max batch
 
@@ -147,5 +150,48 @@ def test_an_endpoint_that_pays_at_low_load_gets_a_schedule_that_drafts_below_the
 def test_a_configured_max_batch_is_the_endpoints_batch_range(run_dir):
     [rec] = recommend_step(run_dir, servers(max_batch=64))
     assert rec.max_batch == 64 and rec.extrapolated_above == 16 and "17-64 were not measured" in rec.text
-    assert rec.vllm_schedule[-1][1:] == [64, 0] and "set `max_batch`" not in rec.text
+    assert rec.schedule.bands[-1][1:] == [64, 0] and "set `max_batch`" not in rec.text
+    assert rec.deploy.speculative[SCHEDULE] == rec.schedule.bands
 
+
+
+def test_the_schedule_is_engine_neutral_and_each_engine_renders_it():
+    """The deciding stage's schedule names k per batch band only; vLLM's and SGLang's adapters render the
+    same schedule in their own terms, and an external endpoint's for the engine behind it."""
+    from specmatch.records import Schedule
+    from specmatch.serving.engines import get_engine
+
+    sched = Schedule.of([3] * 4 + [0] * 12)
+    assert sched.bands == [[1, 4, 3], [5, 16, 0]] and sched.max_batch == 16 and sched.top == 3
+    assert (sched.k_at(4), sched.k_at(5), sched.k_at(17)) == (3, 0, None) and sched.ks() == [3] * 4 + [0] * 12
+    for bad in ([[2, 16, 3]], [[1, 4, 3], [6, 16, 0]], [[1, 4, -1], [5, 16, 0]], [[1, 8, 3]]):
+        with pytest.raises(ValueError):
+            Schedule(bad, 16)
+    spec = {"method": "eagle3", "model": "d", "num_speculative_tokens": 3}
+    v = get_engine({"engine": "vllm"}).render(sched, spec)
+    assert v.speculative == {**spec, SCHEDULE: [[1, 4, 3], [5, 16, 0]]}
+    assert v.flag == f"vLLM: `--speculative-config '{json.dumps(v.speculative, sort_keys=True)}'`"
+    assert get_engine({"engine": "vllm"}).render(sched, spec, new=False).flag is None   # the server as configured
+    assert get_engine({"engine": "vllm"}).render(Schedule.of([0] * 16), spec).speculative is None   # the baseline
+    g = get_engine({"engine": "sglang"}).render(sched, {"method": "eagle3", "model": "d"}, "0.5.23")
+    assert g.engine == "sglang" and g.files == {"adaptive": {"1": {"candidate_steps": [3]}, "5": {"candidate_steps": [0]}}}
+    assert g.speculative["num_steps"] == 3 and g.speculative["num_draft_tokens"] == 4 and g.speculative["adaptive"]
+    ext = get_engine({"engine": "external", "flavor": "vllm"}).render(sched, spec)
+    assert ext == v   # rendered for the engine behind the endpoint
+    assert get_engine({"engine": "external", "flavor": "openai"}).render(sched, spec) is None   # no engine named
+    # the k a block names, for a caller that does not know its engine: no engine's default assumed
+    from specmatch.deciding.recommending.deployment import own_k
+    assert (own_k(spec), own_k({"method": "ngram"}), own_k({"method": "eagle3", "num_steps": 5}), own_k({})) == (3, 0, 5, 0)
+    assert get_engine({"engine": "sglang"}).own_k({"method": "eagle3"}) == 3   # SGLang's own default, where it drafts
+
+
+def test_a_recommendation_file_that_names_only_vllms_schedule_reads_and_is_rendered_again():
+    """recommendations.json of the recommend step as it names the bands by vLLM's schedule: the decide step
+    reads the bands as the schedule and has the server's adapter render it, as recommend() does."""
+    from specmatch.deciding.recommending.deployment import rendered
+
+    rec = recommend(VLLM, "s", *verdicts({1: (1.5, Decision.PAYS), 16: (0.7, Decision.LOSES)}), S)
+    old = {k: v for k, v in rec.to_json().items() if k not in ("schedule", "deploy")}
+    old.update(vllm_schedule=rec.schedule.bands, sglang=None)
+    back = rendered(Recommendation.from_json(old), VLLM)
+    assert back.schedule == rec.schedule and back.deploy == rec.deploy

@@ -355,7 +355,7 @@ def _cells_and_verdicts():
 
 
 def test_verdicts_resting_on_flagged_cells_are_named():
-    from specmatch.deciding.interference import claims_on_flagged, flagged_basis
+    from specmatch.deciding.explaining.interference import claims_on_flagged, flagged_basis
 
     cells, verdicts = _cells_and_verdicts()
     basis = flagged_basis(verdicts, cells, "baseline")
@@ -372,7 +372,7 @@ def test_verdicts_resting_on_flagged_cells_are_named():
 
 
 def test_machine_quietness_section_and_verdict_note():
-    from specmatch.deciding.interference import flagged_claims
+    from specmatch.deciding.explaining.interference import flagged_claims
     from specmatch.reporting.interference import quietness, section, verdict_note
 
     cells, verdicts = _cells_and_verdicts()

@@ -10,14 +10,16 @@ import sys
 import pytest
 
 from builders import REPO, sweep_cells, vllm_check
-from specmatch.deciding.deployment import ServerInfo, server_k
-from specmatch.deciding.kbands import bands
-from specmatch.deciding.kchoice import best_k
-from specmatch.deciding.kmodel import KBand, KChoice, predict, tokens_per_step
-from specmatch.deciding.krecommend import recommend, sglang_adaptive_config, sglang_deployment, vllm_deployment
-from specmatch.deciding.measurements import Measurements, Settings
-from specmatch.deciding.noise import run_to_run
+from specmatch.deciding.recommending.deployment import ServerInfo
+from specmatch.deciding.recommending.kbands import bands
+from specmatch.deciding.recommending.kchoice import best_k
+from specmatch.deciding.recommending.kmodel import KBand, KChoice, predict, tokens_per_step
+from specmatch.deciding.recommending.krecommend import recommend, schedule_of
+from specmatch.deciding.reading.measurements import Measurements, Settings
+from specmatch.deciding.verdicts.noise import run_to_run
 from specmatch.records import Decision
+from specmatch.serving.engines.sglang import SGLangEngine, adaptive_config
+from specmatch.serving.engines.vllm import SCHEDULE, VLLMEngine, server_k
 from specmatch.sweep import members
 
 # the truth: the step cost of each k at c = 1, 4, 16. With these prompts tau(1, 2, 4) is about 1.5, 1.75, 2.0
@@ -32,6 +34,15 @@ def sweep():
     cells = sweep_cells(1, RHO)
     m = Measurements.of(cells, Settings(**SETTINGS))
     return m, run_to_run(m)
+
+
+def vllm_deployment(spec: dict, bs: list[KBand], max_batch: int) -> tuple[list, dict | None]:
+    """The bands as vLLM runs them: the ranges (one band: its k everywhere) and the speculative config
+    the vLLM adapter renders from the engine-neutral schedule (None: the baseline)."""
+    d = VLLMEngine({}).render(schedule_of(bs, max_batch), spec)
+    if d.speculative is None:
+        return [], None
+    return d.speculative.get(SCHEDULE, [[1, max_batch, d.speculative["num_speculative_tokens"]]]), d.speculative
 
 
 def info(max_batch=32, flavor="vllm", **kw) -> ServerInfo:
@@ -70,14 +81,16 @@ def test_the_best_k_per_band_is_recovered(sweep):
     assert rec.bands[-1].extrapolated == "above" and rec.bands[-1].lo == 17 and rec.bands[-1].hi == 32
     assert all(b.extrapolated is None for b in rec.bands[:-1])
     assert rec.extrapolated_above == 16 and "17-32 were not measured" in rec.text and "extrapolation" in rec.text
-    # the deployment: vLLM's schedule with the largest k as the config's own k
-    assert rec.vllm_schedule[0][:1] == [1] and rec.vllm_schedule[-1][1] == 32
-    assert rec.speculative["num_speculative_tokens"] == 4
-    assert rec.speculative["num_speculative_tokens_per_batch_size"] == rec.vllm_schedule
-    assert all(server_k(rec.speculative, b) == k for b, k in enumerate(ks_per_batch, 1))
-    assert rec.speculative["prompt_lookup_max"] == 4 and rec.speculative["method"] == "ngram"
+    # the deployment: the engine-neutral schedule, and vLLM's rendering with the largest k as the config's own k
+    assert rec.schedule.ks() == ks_per_batch and rec.schedule.max_batch == 32
+    spec = rec.deploy.speculative
+    assert rec.deploy.engine == "vllm" and spec["num_speculative_tokens"] == 4
+    assert spec[SCHEDULE] == rec.schedule.bands and spec[SCHEDULE][0][:1] == [1] and spec[SCHEDULE][-1][1] == 32
+    assert all(server_k(spec, b) == k for b, k in enumerate(ks_per_batch, 1))
+    assert spec["prompt_lookup_max"] == 4 and spec["method"] == "ngram"
+    assert rec.deploy.flag == f"vLLM: `--speculative-config '{json.dumps(spec, sort_keys=True)}'`"
     # the record round-trips through JSON
-    from specmatch.deciding.kmodel import KRecommendation
+    from specmatch.deciding.recommending.kmodel import KRecommendation
     back = KRecommendation.from_json(json.loads(json.dumps(rec.to_json())))
     assert back.choices[0].pairwise[0].verdict == Decision.PAYS and back.bands[-1].extrapolated == "above"
 
@@ -142,7 +155,7 @@ def test_two_k_within_noise_are_undecided():
     assert ch.k is None and ch.how == "undecided", ch.to_json()
     assert {2, 4} <= set(ch.candidates) and ch.decide
     rec = recommend(m, rr, info(8), "spec", members("spec", m.servers()), "base", "s", m.settings)
-    assert rec.action == "undecided" and rec.bands == [] and rec.vllm_schedule is None
+    assert rec.action == "undecided" and rec.bands == [] and rec.schedule is None and rec.deploy is None
     assert "undecided at c=4" in rec.text
 
 
@@ -171,7 +184,7 @@ def scripted_choice(monkeypatch, table: dict):
     import math
     from types import SimpleNamespace
 
-    from specmatch.deciding import kchoice
+    from specmatch.deciding.recommending import kchoice
     from specmatch.records import Verdict
 
     def compare(m, rr, server, against, suite, c, metric):
@@ -226,7 +239,7 @@ def test_a_band_where_speculation_pays_but_k_is_open_speculates_with_the_best_es
     """Both k pay at c=1 (k=4 truly about 8% faster) and the data cannot rank them; off is best at c=16.
     Before, the undecided c=1 took c=16's off (the one option both k were shown to beat there); now c=1
     deploys the best estimate, and its verification calls a cost there only against both k."""
-    from specmatch.deciding.krecommend import references
+    from specmatch.deciding.recommending.krecommend import references
 
     rho = {2: {1: 1.10, 16: 3.5}, 4: {1: 1.16, 16: 5.0}}
     cells = sweep_cells(3, rho, concurrencies=(1, 16), repeats=2, session_sd=0.04, cell_sd=0.03)
@@ -239,7 +252,7 @@ def test_a_band_where_speculation_pays_but_k_is_open_speculates_with_the_best_es
     assert c1.speedups["4"]["speedup"] > c1.speedups["2"]["speedup"] > 1
     assert {x["verdict"] for k, x in c1.speedups.items() if k != "0"} == {"pays"}
     assert (c16.k, c16.how) == (0, "best")
-    assert rec.action == "schedule" and rec.vllm_schedule[0][2] == 4 and rec.vllm_schedule[-1][1:] == [32, 0]
+    assert rec.action == "schedule" and rec.schedule.bands[0][2] == 4 and rec.schedule.bands[-1][1:] == [32, 0]
     assert "k is undecided between k=2, 4: k=4, the best estimate among the k that pay, is deployed" in rec.text
     refs = references(rec, ks, "base", [1, 16])
     assert refs[1].server == "spec@k=4" and refs[1].alternatives == ("spec@k=2",)
@@ -352,7 +365,7 @@ def test_above_an_undecided_largest_concurrency_speculation_is_off_not_extrapola
     """The largest measured concurrency undecided (here between off and k=2, k=2's estimate above 1): the
     batch sizes above it run off whatever `beyond` says, and the record and the text say why; above a
     decided largest concurrency its k extends, flagged as an extrapolation."""
-    from specmatch.deciding.krecommend import recommendation
+    from specmatch.deciding.recommending.krecommend import recommendation
 
     chs = at({1: 2}, undecided_at(16, [0, 2], {2: (1.03, "inconclusive"), 4: (0.8, "loses")}))
     for beyond in ("extend", "off"):
@@ -361,7 +374,7 @@ def test_above_an_undecided_largest_concurrency_speculation_is_off_not_extrapola
                                                                    (17, 64, 0, "above")], beyond
     rec = recommendation(chs, {}, info(64), "spec", {2: "spec@k=2", 4: "spec@k=4"}, "base", "s", Settings(**SETTINGS))
     assert rec.action == "schedule" and rec.undecided_top == 16 and rec.extrapolated_above == 16
-    assert rec.vllm_schedule == [[1, 3, 2], [4, 64, 0]]
+    assert rec.schedule.bands == [[1, 3, 2], [4, 64, 0]] == rec.deploy.speculative[SCHEDULE]
     assert "c=16, the largest measured concurrency, is undecided: speculation is off there" in rec.text
     assert "no k is extrapolated" in rec.text and "extends" not in rec.text
     assert "at c=16 (undecided between k=0, 2) no k pays against off at 95%" in rec.text
@@ -371,7 +384,7 @@ def test_above_an_undecided_largest_concurrency_speculation_is_off_not_extrapola
 
 
 def test_the_recommendation_states_the_bound_on_a_false_speculate_per_concurrency_and_over_the_schedule():
-    from specmatch.deciding.krecommend import recommendation
+    from specmatch.deciding.recommending.krecommend import recommendation
 
     s = Settings(**SETTINGS)
     rec = recommendation(at({1: 2, 4: 2, 16: 0}), {}, info(16), "spec", {2: "spec@k=2"}, "base", "s", s)
@@ -418,7 +431,10 @@ def test_every_schedule_pattern_passes_vllms_own_validation():
                 continue          # off everywhere: the baseline, no schedule
             ranges, spec = vllm_deployment({"method": "ngram", "prompt_lookup_max": 4}, bs, max_batch)
             assert spec["num_speculative_tokens"] == max(per_batch)
-            parsed = utils.validate_and_normalize_dynamic_sd_schedule(spec["num_speculative_tokens_per_batch_size"])
+            if len(ranges) == 1:
+                assert SCHEDULE not in spec   # one k everywhere: no schedule
+                continue
+            parsed = utils.validate_and_normalize_dynamic_sd_schedule(spec[SCHEDULE])
             assert [list(x) for x in parsed] == ranges
             dense = utils.build_dynamic_sd_schedule_lookup(ranges, vllm_max_batch_size=max_batch,
                                                           vllm_num_speculative_tokens=spec["num_speculative_tokens"])
@@ -445,7 +461,7 @@ def test_recommended_schedules_pass_vllms_own_parser_and_validation(tiny_target)
         _, got, dense = vllm_check(plan.argv[3:])
         assert got.num_speculative_tokens == max(b.k for b in bs)
         sched = [list(x) for x in got.num_speculative_tokens_per_batch_size]
-        assert sched == spec["num_speculative_tokens_per_batch_size"]
+        assert sched == spec[SCHEDULE]
         per_batch = [b.k for b in bs for _ in range(b.lo, b.hi + 1)]
         assert dense[1:max_batch + 1] == per_batch
 
@@ -469,22 +485,19 @@ print(json.dumps(out))
 def test_sglang_adaptive_configs_route_every_batch_to_its_band_with_sglang_itself():
     if not (SG_NEW / ".done").exists():
         pytest.skip("the pinned SGLang release is not installed (scripts/setup-parsers.sh)")
-    from specmatch.serving.engines.sglang import adaptive_support
-
-    sg = info(256, "sglang", speculative={"method": "eagle3", "model": "/d", "num_steps": 3, "eagle_topk": 1,
-                                          "num_draft_tokens": 4}, sglang_adaptive=adaptive_support("0.5.23"),
-              version="0.5.23")
+    spec = {"method": "eagle3", "model": "/d", "eagle_topk": 1}
     cases, expected = [], []
     for dec, max_batch in patterns():
         bs = bands(choices(dec), {}, max_batch)
         per_batch = [b.k for b in bs for _ in range(b.lo, b.hi + 1)]
         if max(per_batch) == 0:
             continue
-        d = sglang_deployment(sg, bs)
-        assert d["mechanism"] == "speculative-adaptive" and d["config"] == sglang_adaptive_config(bs)
+        sched = schedule_of(bs, max_batch)
+        d = SGLangEngine({}).render(sched, spec, "0.5.23")
+        assert d.speculative["adaptive"] is True and d.files == {"adaptive": adaptive_config(sched.bands)}
         top = max(per_batch)
-        assert d["speculative"]["num_steps"] == top and d["speculative"]["num_draft_tokens"] == top + 1
-        cases.append({"config": d["config"], "num_steps": d["speculative"]["num_steps"], "max_batch": max_batch})
+        assert d.speculative["num_steps"] == top and d.speculative["num_draft_tokens"] == top + 1
+        cases.append({"config": d.files["adaptive"], "num_steps": d.speculative["num_steps"], "max_batch": max_batch})
         expected.append(per_batch)
     env = {"PYTHONPATH": str(SG_NEW), "PATH": "/usr/bin:/bin", "HF_HUB_OFFLINE": "1"}
     r = subprocess.run([sys.executable, "-c", SG_ROUTE], input=json.dumps(cases), capture_output=True, text=True,
@@ -497,30 +510,33 @@ def test_sglang_adaptive_configs_route_every_batch_to_its_band_with_sglang_itsel
 
 
 def test_sglang_without_adaptive_says_why():
-    sg = info(64, "sglang", speculative={"method": "eagle3", "num_steps": 3, "eagle_topk": 1, "num_draft_tokens": 4},
-              version="0.5.10")
-    bs = bands(choices({1: 3, 16: 0}), {}, 64)
-    d = sglang_deployment(sg, bs)
-    assert d["mechanism"] is None and "0.5.18" in d["why"]
-    d = sglang_deployment(info(64, "sglang", speculative={"method": "ngram"}, sglang_adaptive={"since": "0.5.18"}), bs)
-    assert d["mechanism"] is None and "EAGLE" in d["why"]
+    sched = schedule_of(bands(choices({1: 3, 16: 0}), {}, 64), 64)
+    d = SGLangEngine({}).render(sched, {"method": "eagle3", "eagle_topk": 1}, "0.5.10")
+    assert d.speculative is None and "0.5.18" in d.note and "route traffic above batch" in d.note
+    d = SGLangEngine({}).render(sched, {"method": "ngram"}, "0.5.23")
+    assert d.speculative is None and "EAGLE" in d.note
+    d = SGLangEngine({}).render(sched, {"method": "eagle3", "eagle_topk": 4}, "0.5.23")
+    assert d.speculative is None and "eagle_topk 1" in d.note
+    three = schedule_of(bands(choices({1: 3, 4: 1, 16: 0}), {}, 64), 64)
+    assert "one server per batch band" in SGLangEngine({}).render(three, {"method": "eagle3"}, "0.5.10").note
 
 
 def test_one_k_everywhere_is_the_member_as_measured_and_off_is_the_baseline(sweep):
     m, rr = sweep
     ks = members("spec", m.servers())
     rec = recommend(m, rr, info(1), "spec", ks, "base", "s", m.settings, concurrencies=[1])
-    assert (rec.action, rec.k, rec.server, rec.vllm_schedule) == ("keep", 4, "spec@k=4", None)
-    assert rec.speculative == {"method": "ngram", "num_speculative_tokens": 4, "prompt_lookup_max": 4}
+    assert (rec.action, rec.k, rec.server, rec.schedule.bands) == ("keep", 4, "spec@k=4", [[1, 1, 4]])
+    assert rec.deploy.speculative == {"method": "ngram", "num_speculative_tokens": 4, "prompt_lookup_max": 4}
+    assert rec.deploy.flag is None   # the member as configured: nothing new to set
     assert rec.extrapolated_above is None and "not measured" not in rec.text
     rec = recommend(m, rr, info(16), "spec", ks, "base", "s", m.settings, concurrencies=[16])
-    assert (rec.action, rec.k, rec.server, rec.speculative) == ("off", 0, "base", None)
+    assert (rec.action, rec.k, rec.server, rec.deploy.speculative) == ("off", 0, "base", None)
+    assert rec.schedule.top == 0 and rec.deploy.flag is None
     assert rec.extrapolated_below == 16 and "batch sizes 1-15 were not measured" in rec.text
     assert [(b.lo, b.hi, b.extrapolated) for b in rec.bands] == [(1, 15, "below"), (16, 16, None)]
     bs = bands(choices({1: 2, 16: 2}), {}, 16)
     assert [(b.lo, b.hi, b.k) for b in bs] == [(1, 16, 2)]
-    with pytest.raises(ValueError, match="speculates nowhere"):
-        vllm_deployment({"method": "ngram"}, bands(choices({1: 0}), {}, 4), 4)
+    assert vllm_deployment({"method": "ngram"}, bands(choices({1: 0}), {}, 4), 4) == ([], None)   # the baseline
     with pytest.raises(ValueError, match="must cover"):
         vllm_deployment({"method": "ngram"}, [KBand(1, 3, 2)], 4)
 
@@ -542,30 +558,28 @@ def test_without_per_position_acceptance_only_the_measured_k_are_modelled(sweep)
 
 
 def test_the_derived_server_config(sweep):
-    from specmatch.deciding.krecommend import derived_config
+    from specmatch.deciding.recommending.krecommend import derived_config
 
     m, rr = sweep
     rec = recommend(m, rr, info(32), "spec", members("spec", m.servers()), "base", "s", m.settings)
     member = {"engine": "vllm", "model": "/m", "suites": ["s"], "speculative": {"method": "ngram",
                                                                               "num_speculative_tokens": 2}}
     cfg = derived_config(member, rec)
-    assert "suites" not in cfg and cfg["speculative"]["num_speculative_tokens_per_batch_size"] == rec.vllm_schedule
+    assert "suites" not in cfg and cfg["speculative"][SCHEDULE] == rec.schedule.bands
     keep = recommend(m, rr, info(1), "spec", members("spec", m.servers()), "base", "s", m.settings, concurrencies=[1])
     # one k everywhere is that member as configured (derived_k_servers finds it as the deployment's twin)
     assert keep.action == "keep" and derived_config(member, keep) == {"engine": "vllm", "model": "/m",
-                                                                     "speculative": keep.speculative}
-    assert keep.speculative["num_speculative_tokens"] == keep.k
-    from specmatch.serving.engines.sglang import adaptive_support
-
+                                                                     "speculative": keep.deploy.speculative}
+    assert keep.deploy.speculative["num_speculative_tokens"] == keep.k
     sg = info(32, "sglang", speculative={"method": "eagle3", "model": "/d", "num_steps": [1, 2, 4], "eagle_topk": 1},
-              sglang_adaptive=adaptive_support("0.5.23"), version="0.5.23")
+              version="0.5.23")
     rec = recommend(m, rr, sg, "spec", members("spec", m.servers()), "base", "s", m.settings)
-    assert rec.sglang["mechanism"] == "speculative-adaptive" and rec.vllm_schedule is None
-    assert rec.sglang["config"] == {"1": {"candidate_steps": [4]}, str(rec.bands[1].lo): {"candidate_steps": [2]},
-                                    str(rec.bands[2].lo): {"candidate_steps": [0]}}
-    with pytest.raises(ValueError, match="adaptive_config_path"):
+    assert rec.deploy.engine == "sglang" and SCHEDULE not in rec.deploy.speculative
+    assert rec.deploy.files["adaptive"] == {"1": {"candidate_steps": [4]}, str(rec.bands[1].lo): {"candidate_steps": [2]},
+                                            str(rec.bands[2].lo): {"candidate_steps": [0]}}
+    with pytest.raises(ValueError, match="is a file"):
         derived_config({"engine": "sglang", "model": "/m"}, rec)
-    cfg = derived_config({"engine": "sglang", "model": "/m", "sglang_version": "0.5.23"}, rec, "/tmp/a.json")
+    cfg = derived_config({"engine": "sglang", "model": "/m", "sglang_version": "0.5.23"}, rec, {"adaptive": "/tmp/a.json"})
     from specmatch.serving.engines import get_engine
 
     argv = get_engine(cfg).launch_plan(30000, 32).argv

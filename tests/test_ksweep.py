@@ -11,12 +11,13 @@ from specmatch.deciding.decide import records_of
 from specmatch.deciding.analysis import analyse
 from specmatch.config import validate
 from specmatch.serving.controls import with_controls
-from specmatch.deciding.deployment import ServerInfo
+from specmatch.deciding.recommending.deployment import ServerInfo
 from specmatch.files import SpecmatchError
-from specmatch.deciding.kmodel import KRecommendation, KSweeps
-from specmatch.deciding.measurements import Settings
+from specmatch.deciding.recommending.kmodel import KRecommendation, KSweeps
+from specmatch.deciding.reading.measurements import Settings
 from specmatch.records import Decision, Outcome
-from specmatch.deciding.recommend import derived_k_servers, verified_analysis
+from specmatch.deciding.analysis import verified_analysis
+from specmatch.deciding.recommend import derived_k_servers
 from specmatch.reporting.markdown import markdown
 
 # the truth (as in test_kmodel): k=4 best at c=1, k=2 at c=4, the baseline at c=16
@@ -66,7 +67,7 @@ def test_the_analysis_decides_k_per_band_and_no_member_gets_an_on_off_call(grid)
     [rec] = an.k_recommendations
     assert isinstance(rec, KRecommendation) and (rec.parent, rec.suite, rec.action) == ("spec", "s", "schedule")
     assert {ch.concurrency: ch.k for ch in rec.choices} == TRUE_K
-    assert rec.vllm_schedule[0][2] == 4 and rec.vllm_schedule[-1][1:] == [32, 0]
+    assert rec.schedule.bands[0][2] == 4 and rec.schedule.bands[-1][1:] == [32, 0]
     assert {(p.k, p.concurrency) for p in an.k_points} >= {(k, c) for k in (1, 2, 4) for c in TRUE_K}
 
 
@@ -79,7 +80,7 @@ def test_the_recommended_schedule_is_derived_measured_and_verified_against_each_
     d = derived["spec__recommended"]
     assert (d.parent, d.suite) == ("spec", "s")
     spec = d.config["speculative"]
-    assert spec["num_speculative_tokens"] == 4 and spec["num_speculative_tokens_per_batch_size"] == an.k_recommendations[0].vllm_schedule
+    assert spec["num_speculative_tokens"] == 4 and spec["num_speculative_tokens_per_batch_size"] == an.k_recommendations[0].schedule.bands
     assert d.config["model"] == "/m" and "suites" not in d.config
     # a name the on/off recommendations took is not derived twice
     assert derived_k_servers(an.k_recommendations, CONFIGS, infos(names), taken={"spec__recommended"}) == {}
@@ -207,7 +208,7 @@ def test_a_round_of_the_sequential_design_continues_undecided_k_choices():
     choices stop."""
     from specmatch.records import Continuation
     from specmatch.deciding.rounds import plan
-    from specmatch.deciding.sequential import Design
+    from specmatch.deciding.reading.sequential import Design
 
     close = {2: {1: 1.10, 4: 1.40, 16: 2.6}, 4: {1: 1.15, 4: 1.62, 16: 4.0}}   # c=4: k=2 and k=4 within ~2%
     cells = [x for x in sweep_cells(3, close, repeats=2) if x[0].repeat <= 2]
@@ -240,7 +241,7 @@ def test_a_k_choice_whose_best_changed_is_looked_at_although_one_side_missed_the
     the best's comparison is with the baseline, its pair has 2 common repeats: it is still this round's
     question (one side was measured), not a pair that stopped earlier."""
     from specmatch.deciding.rounds import k_choices
-    from specmatch.deciding.sequential import Design
+    from specmatch.deciding.reading.sequential import Design
 
     close = {2: {1: 1.10, 4: 1.40, 16: 2.6}, 4: {1: 1.15, 4: 1.62, 16: 4.0}}
     cells = [x for x in sweep_cells(3, close, repeats=3)
@@ -262,7 +263,7 @@ def test_the_report_names_ks_it_cannot_predict_in_one_sentence_and_flags_in_samp
     """A k below the smallest measured one has τ but no step cost (never extrapolated): no row of dashes
     for it, one sentence; a sweep on a suite of seen rows carries the in-sample caveat."""
     from specmatch.reporting import kreport
-    from specmatch.deciding.kmodel import KPoint
+    from specmatch.deciding.recommending.kmodel import KPoint
     from specmatch.records import Interval
 
     iv = Interval(1.2, 1.1, 1.3)

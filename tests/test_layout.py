@@ -11,6 +11,9 @@ from builders import REPO
 PKG = REPO / "workflow" / "specmatch"
 # the pipeline, in order: a module may import its own stage, an earlier one, or the shared root
 STAGES = ("data", "training", "serving", "measuring", "deciding", "reporting", "calibration")
+# the engine registry and its adapters: they import only the shared root, so the root may read them (the
+# config's engine names, sweeps and environments are the adapters')
+REGISTRY = "specmatch.serving.engines"
 
 
 def module_name(path: Path) -> str:
@@ -111,6 +114,8 @@ def test_imports_point_down_the_stages_or_to_the_root():
             there = stage_of(d)
             if there is None:
                 continue   # the shared root: records, files, stats, provenance, config, ...
+            if here is None and in_registry(d):
+                continue   # the engine registry, which imports only the root (below)
             if here is None:
                 if mod != "specmatch.cli" and mod != "specmatch.__main__":
                     bad.append(f"{mod} (root) imports {d} (stage {STAGES[there]})")
@@ -119,11 +124,74 @@ def test_imports_point_down_the_stages_or_to_the_root():
     assert bad == []
 
 
+# the deciding stage by question, in order: a module may import its own floor or a lower one; the steps
+# and the analysis that joins every question (modules directly in deciding/) sit on top
+DECIDING = ("reading", "verdicts", "explaining", "recommending")
+STEPS_MODULES = {"decide", "recommend", "rounds"}
+
+
+def deciding_floor(mod: str) -> int | None:
+    """The floor of a deciding module (None: outside deciding/); modules directly in deciding/ are on top."""
+    parts = mod.split(".")
+    if len(parts) < 3 or parts[1] != "deciding":
+        return None
+    return DECIDING.index(parts[2]) if parts[2] in DECIDING else len(DECIDING)
+
+
+def test_the_deciding_stage_is_split_by_question_and_its_floors_point_down():
+    mods = modules()
+    for floor in DECIDING:
+        assert (PKG / "deciding" / floor / "__init__.py").exists(), floor
+    top = sorted(m.rsplit(".", 1)[-1] for m, path in mods.items() if m.count(".") == 2
+                 and m.startswith("specmatch.deciding.") and path.name != "__init__.py")
+    assert set(top) <= {"analysis", "inputs"} | STEPS_MODULES, top
+    bad = []
+    for mod, deps in graph().items():
+        here = deciding_floor(mod)
+        if here is None:
+            continue
+        for d in deps:
+            there = deciding_floor(d)
+            if there is not None and there > here:
+                bad.append(f"{mod} imports {d}, a later question")
+            if d.rsplit(".", 1)[-1] in STEPS_MODULES and there == len(DECIDING) and mod.rsplit(".", 1)[-1] != "__main__":
+                bad.append(f"{mod} imports the step {d}")
+    assert bad == []
+
+
+def test_no_module_reexports_private_names():
+    """A module's __all__ lists public names only, and analysis re-exports nothing it does not define."""
+    import ast
+
+    bad = []
+    for mod, path in modules().items():
+        tree = ast.parse(path.read_text())
+        for node in tree.body:
+            if isinstance(node, ast.Assign) and any(getattr(t, "id", None) == "__all__" for t in node.targets):
+                names = [e.value for e in node.value.elts]
+                bad += [f"{mod}: {n}" for n in names if n.startswith("_")]
+    assert bad == []
+
+
+def in_registry(mod: str) -> bool:
+    return mod == REGISTRY or mod.startswith(REGISTRY + ".")
+
+
+def test_the_engine_registry_imports_only_the_root():
+    """What lets the root read the registry: the adapters import nothing of any stage but themselves."""
+    g = graph()
+    adapters = [m for m in g if in_registry(m)]
+    assert REGISTRY in adapters and len(adapters) > 2
+    bad = [f"{m} imports {d}" for m in adapters for d in g[m] if stage_of(d) is not None and not in_registry(d)]
+    assert bad == []
+
+
 def test_the_checks_see_a_circle_and_an_upward_import(tmp_path):
     """The graph tools are not vacuous: a circle and an upward import are found."""
     assert cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": set()}) == [["a", "b", "c"]]
     g = graph()
-    assert "specmatch.deciding.comparison" in g["specmatch.deciding.analysis"]
+    assert "specmatch.deciding.verdicts.comparison" in g["specmatch.deciding.analysis"]
+    assert deciding_floor("specmatch.deciding.reading.measurements") < deciding_floor("specmatch.deciding.analysis")
     assert stage_of("specmatch.reporting.summary") > stage_of("specmatch.deciding.analysis")
     assert stage_of("specmatch.records") is None
 

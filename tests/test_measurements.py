@@ -1,12 +1,12 @@
-"""A request's influence on the others in a closed loop's drain (deciding.measurements): checked
+"""A request's influence on the others in a closed loop's drain (deciding.reading.measurements): checked
 against a step-by-step server whose truth is exact, by removing each request and serving the rest."""
 from __future__ import annotations
 
 import numpy as np
 import pytest
 
-from specmatch.deciding.measurements import Arrays, caused_delay, load_figures
-from specmatch.measuring.metrics import tpot_s
+from specmatch.deciding.reading.measurements import Arrays, caused_delay, load_figures
+from specmatch.metrics import tpot as tpot_s
 
 A, B = 0.020, 0.004   # step cost a + b x batch: x = b / a = 0.2
 
@@ -115,3 +115,46 @@ def test_the_load_figures_keep_every_point_estimate():
     assert e2e_load.mean() == pytest.approx(e2e.mean())
     assert np.nanmean(tpot_load) == pytest.approx(np.nanmean(a.tpot))
     assert np.isnan(tpot_load).sum() == np.isnan(a.tpot).sum() == 1   # the one-token request has none
+
+
+def test_the_decide_step_reads_every_cell_once_and_estimates_run_to_run_once_per_question(tmp_path, monkeypatch):
+    """One door: the decide step reads each cell's request records once (measurements.Measurements), and
+    every question that rests on run to run or acceptance run to run (verdicts, verification,
+    attribution, the context axis, traffic) reads the one estimate of its set of servers."""
+    import json
+
+    import polars as pl
+
+    from builders import SPEC, launches, write_cells
+    from specmatch.calibration.simulate import experiment
+    from specmatch.deciding.explaining import attribution
+    from specmatch.deciding.reading import measurements
+    from specmatch.deciding.verdicts import noise
+    from specmatch.deciding.decide import main as decide_main
+
+    calls: dict = {"read_parquet": [], "Arrays.of": [], "estimates": []}
+
+    def spy(owner, name, log, key):
+        real = getattr(owner, name)
+
+        def wrapped(*a, **k):
+            calls[log].append(key(*a))
+            return real(*a, **k)
+
+        monkeypatch.setattr(owner, name, staticmethod(wrapped) if isinstance(owner, type) else wrapped)
+
+    spy(pl, "read_parquet", "read_parquet", lambda path, *_: str(path))
+    spy(measurements.Arrays, "of", "Arrays.of", lambda cell, *_: (cell.server, cell.suite, cell.concurrency, cell.repeat))
+    spy(noise, "_run_to_run", "estimates", lambda m, servers: ("run_to_run", tuple(m.servers()), servers and tuple(servers)))
+    spy(attribution, "_acceptance_run_to_run", "estimates",
+        lambda m, servers: ("acceptance", tuple(m.servers()), servers and tuple(servers)))
+    cells = experiment(np.random.default_rng(5), 1.3, concurrencies=(1, 4), repeats=2, prompts=12)
+    cp, rp = write_cells(tmp_path, cells)
+    cfgs = {"baseline": {"engine": "vllm", "model": "m"}, "spec": {"engine": "vllm", "model": "m", "speculative": SPEC}}
+    assert decide_main(["--baseline", "baseline", "--settings", json.dumps({"bootstrap": 200}), "--servers",
+                        json.dumps(cfgs), "--cells", *cp, "--requests", *rp,
+                        "--launches", *launches(tmp_path, {"baseline": None, "spec": SPEC}), "--suites", "s",
+                        "--out-dir", str(tmp_path / "out")]) == 0
+    assert sorted(calls["read_parquet"]) == sorted(rp)                 # every request file, once
+    assert len(calls["Arrays.of"]) == len(cells) == len(set(calls["Arrays.of"]))
+    assert calls["estimates"] and len(calls["estimates"]) == len(set(calls["estimates"]))

@@ -1,10 +1,10 @@
-"""Run-to-run noise (specmatch.deciding.noise) on synthetic estimates whose structure is known."""
+"""Run-to-run noise (specmatch.deciding.verdicts.noise) on synthetic estimates whose structure is known."""
 import math
 
 import numpy as np
 import pytest
 
-from specmatch.deciding.noise import _shrunk, prior_dof
+from specmatch.deciding.verdicts.noise import _shrunk, prior_dof
 
 
 def _groups(s2_by_c: dict, repeats: int = 3):

@@ -155,7 +155,7 @@ def test_field_comments_come_from_the_source():
     assert docs["output_sha256"].group == "" and docs["index"].doc == ""
     assert {d.name for d in reference.member_docs(records.CellResult) if d.group} >= {"max_concurrency",
                                                                                        "completed"}
-    from specmatch.deciding.kmodel import KBand
+    from specmatch.deciding.recommending.kmodel import KBand
 
     band = {d.name: d for d in reference.member_docs(KBand)}
     assert band["pinned_at"].doc.endswith("(off: no k pays there at the deploying level; kbands.bands)")

@@ -45,7 +45,8 @@ def test_the_first_screen_holds_the_recommendation_the_verdicts_by_load_and_the_
     rec = json.loads((out / "recommendations.json").read_text())[0]
     deploy = next(x for x in first if x.startswith("- **spec** (`s`): "))
     assert rec["text"] in deploy and "Evidence: " + rec["evidence"] in deploy
-    assert "--speculative-config" in deploy and json.dumps(rec["vllm_schedule"]) in deploy
+    assert rec["deploy"]["flag"] in deploy and "--speculative-config" in deploy   # as the vLLM adapter rendered it
+    assert json.dumps(rec["schedule"]["bands"]) in deploy
     header = next(x for x in first if x.startswith("| traffic |"))
     assert header == "| traffic | c=1 | c=4 | c=16 |" and "`spec`" in text
     row = next(x for x in first if x.startswith("| suite `s` (measured) |"))

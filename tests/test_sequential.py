@@ -13,13 +13,14 @@ import numpy as np
 import pytest
 import yaml
 
-from specmatch.calibration import harness as cal
-from specmatch.deciding.analysis import Settings, analyse
+from specmatch.calibration import grid, scenarios, workload
+from specmatch.deciding.analysis import analyse
+from specmatch.deciding.reading.measurements import Settings
 from specmatch.config import load, validate
 from specmatch.files import SpecmatchError
 from specmatch.records import Continuation, Decision, RoundPlan
 from specmatch.deciding.rounds import plan
-from specmatch.deciding.sequential import Design, continues, chance_decided, look_confidence
+from specmatch.deciding.reading.sequential import Design, continues, chance_decided, look_confidence
 
 from builders import REPO
 
@@ -141,15 +142,15 @@ def simulated():
     """One experiment shaped like the default (3 suites x c=1,4,16) on the discrete-event server:
     `same` is the baseline's configuration, `fast` 60% faster in every step; 3 repeats each."""
     rng = np.random.default_rng(7)
-    work = [cal.Workload.draw(rng)]
+    work = [workload.Workload.draw(rng)]
     servers = ["baseline", "same", "fast"]
-    eff = [cal.run_to_run(rng, cal.SCENARIOS["plain"], servers, cal.SUITES, cal.CONCURRENCIES, 3)]
-    engines = {"baseline": cal.BASE, "same": cal.BASE, "fast": cal.BASE.faster(1.6)}
-    return cal.simulate_cells(rng, work, engines, eff, 3)[0]
+    eff = [scenarios.run_to_run(rng, scenarios.SCENARIOS["plain"], servers, grid.SUITES, grid.CONCURRENCIES, 3)]
+    engines = {"baseline": grid.BASE, "same": grid.BASE, "fast": grid.BASE.faster(1.6)}
+    return workload.simulate_cells(rng, work, engines, eff, 3)[0]
 
 
 def settings() -> Settings:
-    return cal.settings(bootstrap=200, repeats={"min": 2, "max": 3})
+    return grid.settings(bootstrap=200, repeats={"min": 2, "max": 3})
 
 
 def test_a_round_continues_only_the_undecided_and_their_baseline(simulated):
@@ -158,7 +159,7 @@ def test_a_round_continues_only_the_undecided_and_their_baseline(simulated):
     p = plan(an, d, 2)
     assert p.round == 2 and p.metric == "output_throughput" and p.design == {"min": 2, "max": 3, "min_probability": 0.25}
     configs = {(x.server, x.suite, x.concurrency) for x in p.decisions}
-    assert configs == {(s, u, c) for s in ("same", "fast") for u in cal.SUITES for c in cal.CONCURRENCIES}
+    assert configs == {(s, u, c) for s in ("same", "fast") for u in grid.SUITES for c in grid.CONCURRENCIES}
     fast = [x for x in p.decisions if x.server == "fast"]
     assert all(x.verdict == Decision.PAYS and x.action == Continuation.DECIDED for x in fast)
     go = {(x.suite, x.concurrency) for x in p.decisions if x.action == Continuation.CONTINUE}
@@ -184,7 +185,7 @@ def test_a_round_continues_only_the_undecided_and_their_baseline(simulated):
     for x in p3.decisions:
         first = next(y for y in p.decisions if (y.server, y.suite, y.concurrency) == (x.server, x.suite, x.concurrency))
         assert x.confidence > first.confidence    # the second look is stricter still
-    stopped = an3.verdict("fast", cal.SUITES[0], 1)
+    stopped = an3.verdict("fast", grid.SUITES[0], 1)
     assert stopped.repeats == 2 and stopped.verdict == Decision.PAYS
 
 
@@ -235,11 +236,11 @@ def test_a_frozen_pair_is_the_same_verdict_asked_either_way_round(simulated):
     the data as they stood where it stopped."""
     import dataclasses
 
-    from specmatch.deciding.comparison import compare, decide
-    from specmatch.deciding.noise import run_to_run
+    from specmatch.deciding.verdicts.comparison import compare, decide
+    from specmatch.deciding.verdicts.noise import run_to_run
 
     an = analyse([x for x in simulated if x[0].repeat <= 2], "baseline", settings())
-    u = cal.SUITES[0]
+    u = grid.SUITES[0]
     v = decide(compare(an.measurements, an.run_to_run, "fast", "same", u, 4, "output_throughput"), an.settings)
     assert v.verdict == Decision.PAYS
     m = an.measurements

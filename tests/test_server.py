@@ -33,7 +33,24 @@ def fake_vllm(tmp_path: Path, config_source: str) -> Path:
 
 @pytest.fixture
 def fake_python(tmp_path):
-    return engine_python(tmp_path, f'exec {sys.executable} {REPO}/tests/fakeserver.py --tokens 4 "$@"')
+    # tagged with the test's folder, so a test finds its own servers among other tests' (fakeservers_of)
+    return engine_python(tmp_path, f'SPECMATCH_FAKE_TAG={tmp_path} exec {sys.executable} {REPO}/tests/fakeserver.py '
+                                   '--tokens 4 "$@"')
+
+
+def fakeservers_of(tmp_path) -> list[int]:
+    """Live fake servers started through this test's fake_python (scripts/test.sh runs two test
+    processes: the other one's servers are not this test's)."""
+    out = subprocess.run(["pgrep", "-f", "fakeserver.py"], capture_output=True, text=True).stdout.split()
+    mine = []
+    for pid in map(int, out):
+        try:
+            env = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
+        except (FileNotFoundError, PermissionError):
+            continue
+        if f"SPECMATCH_FAKE_TAG={tmp_path}".encode() in env:
+            mine.append(pid)
+    return mine
 
 
 def cfg(python, **kw):
@@ -152,8 +169,7 @@ def test_the_engines_own_check_runs_beside_the_start_up_and_a_refusal_stops_the_
     with pytest.raises(SpecmatchError, match="speculative.speculative_token_schedule: vLLM 0.32.0 has no such"):
         m.attach("s", cfg(fake_python, speculative=spec), 8, tmp_path / "s.log")
     assert m.read_current() is None
-    out = subprocess.run(["pgrep", "-f", "fakeserver.py"], capture_output=True, text=True).stdout
-    assert not out.strip(), "the refused server must be stopped"
+    assert not fakeservers_of(tmp_path), "the refused server must be stopped"
     assert time.time() - t0 < 20
 
     known = {"method", "model", "num_speculative_tokens", "speculative_token_schedule"}
@@ -162,6 +178,7 @@ def test_the_engines_own_check_runs_beside_the_start_up_and_a_refusal_stops_the_
     a = m.attach("s", cfg(fake_python, speculative=spec), 8, tmp_path / "s2.log", session="r2")
     assert time.time() - t0 >= 4.0 and a.startup_s >= 4.0  # healthy only once the check has passed
     assert requests.get(a.base_url + "/health", timeout=5).status_code == 200
+    assert fakeservers_of(tmp_path), "a live server of this test is found (what the refusal's check looks for)"
     m.stop_current()
     assert wait_dead(a.pid, 30)
 

@@ -25,7 +25,8 @@ def test_speedup_crossover_and_schedule(tmp_path):
     assert verdicts[(1, "output_throughput")]["confidence"] == 0.9 and verdicts[(1, "output_throughput")]["repeats"] == 3
     rec = json.loads((out / "recommendations.json").read_text())[0]
     assert rec["crossover"]["direction"] == "stops paying" and 4 < rec["crossover"]["point"] < 16
-    sched = rec["vllm_schedule"]
+    sched = rec["schedule"]["bands"]
+    assert rec["deploy"]["engine"] == "vllm" and rec["deploy"]["speculative"]["num_speculative_tokens_per_batch_size"] == sched
     assert sched[0][0] == 1 and sched[0][2] == 3 and sched[-1][1:] == [256, 0] and 4 <= sched[0][1] < 16
     assert "**spec** on `s`: pays at c=1,4; loses at c=16" in md and "90% confidence" in md
     assert "--speculative-config" in md and '"num_speculative_tokens_per_batch_size": [[1,' in md
@@ -42,14 +43,14 @@ def test_never_pays_and_everywhere(tmp_path):
     out, md = run_summary(tmp_path, cells, {"baseline": None, "spec": SPEC, "fast": SPEC})
     recs = {r["server"]: r for r in json.loads((out / "recommendations.json").read_text())}
     assert recs["spec"]["action"] == "off" and recs["spec"]["text"].startswith("turn speculation off: it loses at")
-    assert recs["fast"]["action"] == "keep" and recs["fast"]["vllm_schedule"] is None
+    assert recs["fast"]["action"] == "keep" and recs["fast"]["as_configured"] and recs["fast"]["deploy"]["flag"] is None
 
 
 def test_no_schedule_is_recommended_from_noise(tmp_path):
     cells = experiment(np.random.default_rng(3), {1: 1.05, 4: 1.0, 16: 0.95}, repeats=2)
     out, md = run_summary(tmp_path, cells, {"baseline": None, "spec": SPEC})
     rec = json.loads((out / "recommendations.json").read_text())[0]
-    assert rec["action"] == "undecided" and rec["vllm_schedule"] is None
+    assert rec["action"] == "undecided" and rec["schedule"] is None and rec["deploy"] is None
     assert "no recommendation: no concurrency is decided" in md
 
 
@@ -99,7 +100,7 @@ def test_recommended_server_cells_join_the_tables_but_not_the_decision(tmp_path)
     spec_alone = [v for v in json.loads((alone / "verdicts.json").read_text()) if v["server"] == "spec"]
     assert [v for v in verdicts if v["server"] == "spec"] == spec_alone  # the primary grid's verdicts, unchanged
     rec = json.loads((out / "recommendations.json").read_text())[0]
-    assert rec["vllm_schedule"] == json.loads((alone / "recommendations.json").read_text())[0]["vllm_schedule"]
+    assert rec["schedule"] == json.loads((alone / "recommendations.json").read_text())[0]["schedule"]
     assert rec["verified"]["server"] == "spec__recommended" and rec["verified"]["outcome"] == "failed"
     # the switch's truth is 0.8 at c=16 (the rate at the load; the makespan, a maximum, read 0.7)
     assert "**Verification failed:** `spec__recommended` ran at 0.8" in (out / "summary.md").read_text()
@@ -165,7 +166,9 @@ def test_a_gain_of_the_configuration_alone_is_never_the_drafters(tmp_path):
 def test_the_summary_renders_typed_crossovers_and_verification():
     """Issue 18: the summary renders the analysis's records (a typed crossover direction, the
     verification's outcome and error rates); it never decides or calls verify itself."""
-    from specmatch.deciding.analysis import ServerInfo, Settings, analyse, recommend
+    from specmatch.deciding.analysis import analyse
+    from specmatch.deciding.reading.measurements import Settings
+    from specmatch.deciding.recommending.deployment import ServerInfo, recommend
     from specmatch.records import Direction, Outcome
     from specmatch.reporting.recommendations import recommendation_lines
     from specmatch.reporting.verdicts import verdict_lines
@@ -211,7 +214,7 @@ def test_the_report_decides_nothing():
     from specmatch.records import Record
 
     got = reporting_imports_from_deciding()
-    assert "specmatch.deciding.decide" in got and "specmatch.deciding.kmodel" in got   # the check sees imports
+    assert "specmatch.deciding.decide" in got and "specmatch.deciding.recommending.kmodel" in got   # the check sees imports
     for module, names in got.items():
         mod = importlib.import_module(module)
         for name in names:
@@ -281,7 +284,7 @@ def test_the_recommend_step_writes_its_derived_servers_as_records(tmp_path):
     schedule = d.config["speculative"]["num_speculative_tokens_per_batch_size"]
     assert schedule[-1][1] == 256 and schedule[-1][2] == 0  # up to the launch record's max_batch
     recs = [Recommendation.from_json(r) for r in json.loads((out / "recommendations.json").read_text())]
-    assert recs[0].derived_server == "spec__recommended" and recs[0].vllm_schedule == schedule
+    assert recs[0].derived_server == "spec__recommended" and recs[0].schedule.bands == schedule
 
 
 def test_one_formatter_writes_unknown_as_a_dash_and_unbounded_as_infinity():
@@ -290,7 +293,7 @@ def test_one_formatter_writes_unknown_as_a_dash_and_unbounded_as_infinity():
     "—", an infinite bound is a bound ("∞"), in every part of the report."""
     from specmatch.records import Decision, Effect, Interval, Verdict
     from specmatch.reporting import formats, kreport
-    from specmatch.deciding.kmodel import KChoice, KRecommendation
+    from specmatch.deciding.recommending.kmodel import KChoice, KRecommendation
 
     nan, inf = float("nan"), float("inf")
     assert [formats.number(x) for x in (None, nan, inf, -inf, 1.234, 2)] == ["—", "—", "∞", "-∞", "1.23", "2.00"]
@@ -310,7 +313,9 @@ def test_a_schedule_with_plain_steps_says_over_how_many_steps_its_acceptance_was
     """The engine's acceptance length of a schedule that runs plain steps at some batch sizes counts its
     speculative steps only: the speedup table and the table of every cell both say over how many (the
     cell table never did: a later variable of the same name hid the servers' set)."""
-    from specmatch.deciding.analysis import ServerInfo, Settings, analyse
+    from specmatch.deciding.analysis import analyse
+    from specmatch.deciding.reading.measurements import Settings
+    from specmatch.deciding.recommending.deployment import ServerInfo
     from specmatch.reporting.markdown import markdown
 
     cells = experiment(np.random.default_rng(0), {1: 1.5, 4: 1.2}, repeats=2, session_sd=0.01, cell_sd=0.01)

@@ -10,8 +10,10 @@ import pytest
 from builders import traffic_cells, traffic_experiment, traffic_profiles, traffic_truth
 from specmatch.calibration.traffic import PROFILES, break_even_truth, coverage
 from specmatch.config import TRAINING_MIX
-from specmatch.deciding.analysis import Settings, analyse
-from specmatch.deciding.traffic import simulate, traffic_report
+from specmatch.deciding.analysis import analyse
+from specmatch.deciding.reading.measurements import Settings
+from specmatch.deciding.explaining.traffic.report import traffic_report
+from specmatch.deciding.explaining.traffic.step_model import simulate
 from specmatch.records import Decision, TrafficRow
 from specmatch.reporting import traffic as section
 
@@ -105,7 +107,7 @@ def test_a_verified_profile_is_set_beside_its_measured_suite_and_rendered():
     an = analyse(cells, "base", Settings(bootstrap=300))
     profiles = traffic_profiles({"training_mix": PROFILES["training_mix"], "generic_heavy": mix})
     profiles.profiles[1].verify, profiles.profiles[1].suite = True, "traffic_generic_heavy"
-    rows = traffic_report(an, profiles, [], cells)
+    rows = traffic_report(an, profiles, [])
     row = next(r for r in rows if r.profile == "generic_heavy" and r.metric == "output_throughput")
     assert row.measured.value == pytest.approx(an.verdict("spec", "traffic_generic_heavy", 1).speedup)
     assert row.check is not None and row.check.lo < row.check.error < row.check.hi

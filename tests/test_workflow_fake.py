@@ -117,7 +117,7 @@ def test_every_file_is_a_serialisation_of_its_record(workdir):
     assert {v["verdict"] for v in verdicts} <= {"pays", "loses", "equivalent", "inconclusive"}
     assert all(Verdict.from_json(v).to_json() == v for v in verdicts)
     recs = json.loads((res / "summary" / "recommendations.json").read_text())
-    assert recs and all({"server", "suite", "regions", "crossover", "vllm_schedule", "sglang", "verified"} <= set(r)
+    assert recs and all({"server", "suite", "regions", "crossover", "schedule", "deploy", "verified"} <= set(r)
                         for r in recs)
     fields = {f.name for f in dataclasses.fields(Recommendation)}
     for r in recs:  # each is a Recommendation's serialisation: typed when read, and unchanged when written again

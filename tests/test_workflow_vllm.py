@@ -62,23 +62,30 @@ TINY = {
 }
 
 
-def server_pids() -> list[int]:
-    """Live vLLM server processes (a zombie has exited and holds nothing; its reaping is init's job)."""
-    out = subprocess.run(["pgrep", "-f", "vllm.entrypoints.openai.api_server"], capture_output=True, text=True)
+def pids_of(pattern: str, wd: Path) -> list[int]:
+    """Live processes matching `pattern` that run in the workflow folder `wd` (every job, server and
+    watchdog of the workflow does; a zombie has exited and holds nothing, its reaping is init's job).
+    Only this workflow's: other tests may run servers at the same time (scripts/test.sh runs two)."""
+    out = subprocess.run(["pgrep", "-f", pattern], capture_output=True, text=True)
     live = []
     for pid in map(int, out.stdout.split()):
         try:
             state = Path(f"/proc/{pid}/stat").read_text().rsplit(") ", 1)[1][0]
-        except (FileNotFoundError, IndexError):
+            cwd = Path(os.readlink(f"/proc/{pid}/cwd"))
+        except (FileNotFoundError, IndexError, PermissionError):
             continue
-        if state != "Z":
+        if state != "Z" and cwd.is_relative_to(wd.resolve()):
             live.append(pid)
     return live
 
 
+def server_pids(wd: Path) -> list[int]:
+    """This workflow's live vLLM server processes."""
+    return pids_of("vllm.entrypoints.openai.api_server", wd)
+
+
 @pytest.fixture(scope="module")
 def wd(tmp_path_factory):
-    assert not server_pids(), "a vLLM server is already running on this machine"
     d = copy_workflow(tmp_path_factory.mktemp("e2e"))
     (d / "tiny.yaml").write_text(yaml.safe_dump(TINY))
     return d
@@ -126,7 +133,7 @@ def test_real_vllm_end_to_end(wd):
     assert "## Which k at which load" in summary and "**ngram** on `train_mix`" in summary  # the sweep
     assert "| k | c=1 | c=2 |" in summary and "| **best k** |" in summary
     assert "These intervals exclude run-to-run variation" in summary  # one repeat
-    assert not server_pids(), "servers must be stopped when the workflow ends"
+    assert not server_pids(wd), "servers must be stopped when the workflow ends"
     assert "Nothing to be done" in sm(wd, "-n").stdout
     counts = job_counts(sm(wd, "-n", "--config", "concurrency=[1, 3]").stdout)
     assert counts == {"all": 1, "cell": 6, "recommend": 1, "decide": 1, "summary": 1}
@@ -135,7 +142,7 @@ def test_real_vllm_end_to_end(wd):
     sm(wd, "--forcerun", target)
     assert starts(wd, "ngram@k=4") == 2
     assert starts(wd, "baseline") == 1 and starts(wd, "eagle3") == 1
-    assert not server_pids()
+    assert not server_pids(wd)
 
 
 def test_sigkill_of_snakemake_leaves_no_server(wd):
@@ -158,15 +165,15 @@ def test_sigkill_of_snakemake_leaves_no_server(wd):
             break
         assert proc.poll() is None, "snakemake ended before the cell started"
         time.sleep(1)
-    assert server_pids(), "the server did not start"
+    assert server_pids(wd), "the server did not start"
     time.sleep(3)
     os.kill(proc.pid, signal.SIGKILL)  # only Snakemake itself: its children are orphaned, as in real life
     proc.wait()
     deadline = time.time() + 40  # watchdog polls every 1 s, then SIGTERM with a 20 s grace before SIGKILL
-    while time.time() < deadline and server_pids():
+    while time.time() < deadline and server_pids(wd):
         time.sleep(1)
-    assert not server_pids(), "server still running after the watchdog bound"
-    leftover = subprocess.run(["pgrep", "-f", "specmatch.measuring.cell"], capture_output=True, text=True).stdout.split()
+    assert not server_pids(wd), "server still running after the watchdog bound"
+    leftover = pids_of("specmatch.measuring.cell", wd)
     assert not leftover, "the orphaned cell job must abort too"
     # Snakemake removes a job's old output before running it; what must never appear is a file that
     # looks complete but is not: the target is either absent or byte-identical to the old one.

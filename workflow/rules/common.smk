@@ -23,7 +23,7 @@ from specmatch.data.traffic import (
 from specmatch.files import SpecmatchError
 from specmatch.records import DerivedServers, RoundPlan
 from specmatch.run_order import UPSTREAM, priority as _run_priority
-from specmatch.deciding.sequential import Design
+from specmatch.deciding.reading.sequential import Design
 from specmatch.workflow_env import prepare as _prepare_env
 
 try:

@@ -3,6 +3,10 @@
 The schema is the reference manual; this module applies its defaults, checks the cross-key rules a
 JSON Schema cannot express (the baseline names a server, engines have what they need) and turns
 validation errors into messages that name the bad key, e.g. `servers.ngram.speculative.method`.
+
+The engine names a server may take are the engine registry's (serving/engines: ENGINES), filled into
+the schema as it is loaded, so registering an adapter is all a new engine needs here. The registry
+imports only the shared root, so reading it here makes no circle.
 """
 from __future__ import annotations
 
@@ -14,13 +18,17 @@ import jsonschema
 import yaml
 
 from .files import SCHEMAS_DIR, SpecmatchError
+from .serving.engines import ENGINES
 from .sweep import expand, member_of
 
 SCHEMA_PATH = SCHEMAS_DIR / "config.schema.yaml"
 
 
 def load_schema() -> dict:
-    return yaml.safe_load(SCHEMA_PATH.read_text())
+    """The config schema, with a server's `engine` limited to the registered engines."""
+    schema = yaml.safe_load(SCHEMA_PATH.read_text())
+    schema["$defs"]["server"]["properties"]["engine"]["enum"] = list(ENGINES)
+    return schema
 
 
 def _key_path(error: jsonschema.ValidationError) -> str:
@@ -111,7 +119,7 @@ def validate(config: dict, source: str = "config") -> dict:
         cfg.setdefault(top, {})
     session_defaults(cfg)
     _fill_defaults(schema, cfg, schema)
-    # a k sweep (a list of num_speculative_tokens / num_steps) becomes one ordinary server per value
+    # a k sweep (a list under the key the engine sweeps) becomes one ordinary server per value
     # (`<name>@k=<v>`, specmatch.sweep) before anything else reads the servers
 
     cfg["servers"] = expand(cfg["servers"], f"{source}: ")
@@ -174,14 +182,17 @@ def _cross_checks(cfg: dict, source: str) -> None:
     for member, srv in servers.items():
         got = member_of(member)   # a k sweep's member: its errors name the server the user configured
         name = got.parent if got is not None else member
-        if srv["engine"] in ("vllm", "sglang") and not srv.get("model"):
+        # a server launched here needs its model; an endpoint nobody here launches, its address
+        launched = ENGINES[srv["engine"]].launches
+        endpoints = " or ".join(n for n, e in ENGINES.items() if not e.launches)
+        if launched and not srv.get("model"):
             raise SpecmatchError(f"{source}: servers.{name}.model: required for engine {srv['engine']}")
-        if srv["engine"] == "external" and not srv.get("base_url"):
-            raise SpecmatchError(f"{source}: servers.{name}.base_url: required for engine external")
-        if srv["engine"] != "external" and srv.get("base_url"):
-            raise SpecmatchError(f"{source}: servers.{name}.base_url: only for engine external")
-        if srv["engine"] != "external" and srv.get("max_batch") is not None:
-            raise SpecmatchError(f"{source}: servers.{name}.max_batch: only for engine external (a server launched "
+        if not launched and not srv.get("base_url"):
+            raise SpecmatchError(f"{source}: servers.{name}.base_url: required for engine {srv['engine']}")
+        if launched and srv.get("base_url"):
+            raise SpecmatchError(f"{source}: servers.{name}.base_url: only for engine {endpoints}")
+        if launched and srv.get("max_batch") is not None:
+            raise SpecmatchError(f"{source}: servers.{name}.max_batch: only for engine {endpoints} (a server launched "
                                  "here runs the batch its launch sets)")
         for suite in srv.get("suites") or []:
             if suite not in cfg["suites"]:

@@ -16,6 +16,7 @@ from __future__ import annotations
 from typing import Callable, Iterable, Iterator
 
 from .records import RoundPlan
+from .serving.engines import ENGINES
 
 # One cell of the grid and one server session: every rule and input function formats these.
 CELL = "results/cells/{server}/{suite}/r{repeat}/c{concurrency}"
@@ -96,14 +97,9 @@ def launches_of(keys: Iterable[CellKey]) -> list[str]:
 # -- settings the rules pass ------------------------------------------------------------------------
 def launch_env(server: dict) -> str:
     """The conda environment (envs/<name>.yaml) a server's engine needs with
-    `--software-deployment-method conda`: SGLang's, vLLM's for the GPU or the CPU profile, or the
-    package's own for an external endpoint (nothing to start)."""
-    engine = server["engine"]
-    if engine == "sglang":
-        return "sglang"
-    if engine == "external":
-        return "specmatch"
-    return "vllm-gpu" if server.get("profile") == "gpu" else "vllm-cpu"
+    `--software-deployment-method conda`: its adapter's (Engine.conda_env), e.g. vLLM's for the GPU or
+    the CPU profile, or the package's own for an external endpoint (nothing to start)."""
+    return ENGINES[server["engine"]].conda_env(server)
 
 
 # keys of models.eagle3.<name> that are not the drafter's budget (training.drafter.Budget)

@@ -9,9 +9,9 @@ key names where the quantity exists), and the decide step's analysis over all ce
 the summary renders without deciding anything.
 
 Every record is defined here but the k sweep's (KPoint, KChoice, KBand, KRecommendation, KSweeps),
-which live with their model in specmatch.deciding.kmodel (only that module builds them), and the
-context-length axis's and natural stopping's (ContextRow, ContextTrend in specmatch.deciding.context;
-StoppingReport and its parts in specmatch.deciding.stopping).
+which live with their model in specmatch.deciding.recommending.kmodel (only that module builds them), and the
+context-length axis's and natural stopping's (ContextRow, ContextTrend in specmatch.deciding.explaining.context;
+StoppingReport and its parts in specmatch.deciding.explaining.stopping).
 
 The JSON and Parquet files are serialisations of these classes: `to_json`/`from_json` and
 `polars_schema` derive from the dataclass fields, so a field added here reaches every file, and
@@ -363,7 +363,7 @@ class SuiteMatch(Record):
     training_prompt_tokens_by_source: Optional[dict] = None
     length_like: Optional[str] = None
     length_match: Optional[dict] = None
-    # the suite as strata of a traffic mix (specmatch.deciding.traffic): stratum -> {kind: source | file,
+    # the suite as strata of a traffic mix (specmatch.deciding.explaining.traffic): stratum -> {kind: source | file,
     # prompts, training_share (post-stratification weight of the training mix), share (a traffic suite's
     # drawn share)}; and the per-source floor of a stratified training suite
     strata: Optional[dict] = None
@@ -790,7 +790,7 @@ class Verdict(Record):
     dof: Optional[float] = None           # the Student t interval's degrees of freedom
     # for inconclusive: the cheapest (repeats, suite size) whose data decide it with probability
     # >= `probability` over the effect's current interval, or the best reachable: {repeats,
-    # suite_scale, prompts, probability, reachable} (deciding.comparison.deciding_design)
+    # suite_scale, prompts, probability, reachable} (deciding.verdicts.comparison.deciding_design)
     design: Optional[dict] = None
 
 
@@ -878,16 +878,77 @@ class Verification(Record):
 
 
 @dataclass
+class Schedule(Record):
+    """What to deploy, in no engine's terms: the k drafted at every batch size 1..max_batch, as inclusive
+    bands [lo, hi, k] in order, each starting where the previous one ends, neighbours with different k
+    (k = 0: no speculation there; 0 everywhere: the baseline). The deciding stage writes it; the
+    server's engine adapter renders it (serving/engines: Engine.render, a Deployment)."""
+    bands: list = field(default_factory=list)   # [[lo, hi, k], ...] inclusive, covering 1..max_batch
+    max_batch: int = 0
+
+    def __post_init__(self):
+        at = 1
+        for lo, hi, k in self.bands:
+            if lo != at or hi < lo or k < 0:
+                raise ValueError(f"schedule {self.bands}: bands must run from 1 in order, without gaps or "
+                                 "overlaps, with k >= 0")
+            at = hi + 1
+        if self.bands and at - 1 != self.max_batch:
+            raise ValueError(f"schedule {self.bands}: must cover 1..{self.max_batch}")
+
+    @classmethod
+    def of(cls, ks: list[int]) -> "Schedule":
+        """The schedule of k per batch size (`ks[b - 1]` at batch size b), equal neighbours merged."""
+        bands: list[list[int]] = []
+        for b, k in enumerate(ks, 1):
+            if bands and bands[-1][2] == int(k):
+                bands[-1][1] = b
+            else:
+                bands.append([b, b, int(k)])
+        return cls(bands, len(ks))
+
+    def k_at(self, batch: int) -> Optional[int]:
+        """The k deployed at a batch size (None: outside 1..max_batch)."""
+        return next((k for lo, hi, k in self.bands if lo <= batch <= hi), None)
+
+    def ks(self) -> list[int]:
+        """The k at every batch size 1..max_batch."""
+        return [k for lo, hi, k in self.bands for _ in range(lo, hi + 1)]
+
+    @property
+    def top(self) -> int:
+        """The largest k deployed (0: the baseline)."""
+        return max((k for _, _, k in self.bands), default=0)
+
+
+@dataclass
+class Deployment(Record):
+    """A Schedule in one engine's terms, as the server's engine adapter renders it (serving/engines:
+    Engine.render): the speculative config that runs it and the lines the report prints, already in the
+    engine's own syntax, so no report formats an engine's flags. An external endpoint's deployment is
+    rendered for the engine behind it (its `flavor`); nothing here restarts it to measure it."""
+    engine: str                           # the adapter that rendered it
+    speculative: Optional[dict] = None    # the `speculative` block of a server config that runs the schedule
+                                          # (None: the server as configured, the baseline, or no config: `note`)
+    files: dict = field(default_factory=dict)  # a key of `speculative` -> the JSON a file must hold; the key
+                                               # then holds that file's path (SGLang's adaptive config)
+    flag: Optional[str] = None            # what to set on the engine, in its syntax (e.g. vLLM's
+                                          # --speculative-config), where the schedule is not the server as configured
+    note: Optional[str] = None            # the engine's own word on it: its mechanism, or why it cannot run it
+
+
+@dataclass
 class Recommendation(Record):
-    """What to deploy for one speculative server on one suite, built from its verdicts."""
+    """What to deploy for one speculative server on one suite, built from its verdicts: the
+    engine-neutral `schedule` and its engine's rendering of it (`deploy`)."""
     server: str
     suite: str
     regions: list
     crossover: Optional[Crossover]        # the first of `crossovers` (None where verdicts never change sign)
     action: str                           # keep | off | schedule | undecided | none
-    vllm_schedule: Optional[list]         # [[start, end, k], ...] (inclusive) or None
-    sglang: Optional[dict]                # the SGLang mechanism, or {"mechanism": None, "why": ...}
-    verified: Optional[Verification]      # the measured check of the recommended deployment
+    schedule: Optional[Schedule] = None   # the k at every batch size (None: undecided, or the k is not known)
+    deploy: Optional[Deployment] = None   # the schedule as the server's engine runs it (None: not rendered)
+    verified: Optional[Verification] = None   # the measured check of the recommended deployment
     text: str = ""
     evidence: str = ""
     derived_server: Optional[str] = None  # "<server>__recommended" when it is measured on the grid
@@ -904,6 +965,10 @@ class Recommendation(Record):
         obj = dict(obj)
         if isinstance(obj.get("verified"), dict) and "outcome" not in obj["verified"]:
             obj["verified"] = None  # a file from before verification was typed has no outcome: not read
+        if "schedule" not in obj and obj.get("vllm_schedule"):
+            # a file that names the bands by vLLM's schedule (`vllm_schedule`): the same inclusive ranges
+            bands = obj["vllm_schedule"]
+            obj["schedule"] = {"bands": bands, "max_batch": bands[-1][1]}
         r = super().from_json(obj)
         r.regions = [Region.from_json(x) if isinstance(x, dict) else x for x in r.regions or []]
         r.crossovers = [Crossover.from_json(x) if isinstance(x, dict) else x for x in r.crossovers or []]
@@ -976,7 +1041,7 @@ class Contrast(Record):
 @dataclass
 class Attribution(Record):
     """Why a speculative server's TPOT differs from the baseline's at one (suite, concurrency)
-    (`results/summary/attribution.json`, specmatch.deciding.attribution).
+    (`results/summary/attribution.json`, specmatch.deciding.explaining.attribution).
 
     A speculative step yields tau tokens (`tokens_per_step`, the engine's acceptance length; for a
     batch-size schedule with plain steps at some batch sizes, tokens per decode step, plain steps
@@ -1015,7 +1080,7 @@ class Attribution(Record):
 class AcceptanceSummary(Record):
     """Mean acceptance length (tokens per speculative step) of a server on a suite, pooled over its
     cells that drafted, with a bootstrap interval over prompts (a prompt's requests stay together;
-    specmatch.deciding.acceptance)."""
+    specmatch.deciding.verdicts.acceptance)."""
     server: str
     suite: str
     length: Optional[float]
@@ -1048,7 +1113,7 @@ class RunToRunFigure(Record):
 
 @dataclass
 class RunToRunSummary(Record):
-    """How much a configuration's figures move between server sessions (deciding.noise.RunToRun):
+    """How much a configuration's figures move between server sessions (deciding.verdicts.noise.RunToRun):
     `pooled` per metric (empty: nothing measured it, every cell was measured once) and `levels` per
     metric and concurrency, fitted over `configurations` measured in up to `repeats` repeats."""
     configurations: int
@@ -1094,7 +1159,7 @@ class CellGoodput(Record):
 @dataclass
 class FlaggedClaim(Record):
     """A claimed difference (pays or loses) that rests on cells measured while the machine was busy
-    (deciding.interference): the verdict's key and the flagged cells, each [server, suite, concurrency, repeat]."""
+    (deciding.explaining.interference): the verdict's key and the flagged cells, each [server, suite, concurrency, repeat]."""
     server: str
     suite: str
     concurrency: int
@@ -1115,7 +1180,7 @@ class AnalysisRecord(Record):
     servers: list
     suites: list
     concurrencies: list
-    settings: dict                        # config `summary` (deciding.measurements.Settings), `repeats` with it
+    settings: dict                        # config `summary` (deciding.reading.measurements.Settings), `repeats` with it
     run_to_run: RunToRunSummary
     acceptance: list[AcceptanceSummary] = field(default_factory=list)
     drafted_nothing: list[Verdict] = field(default_factory=list)
@@ -1137,7 +1202,7 @@ class BreakEven(Record):
     bounds cross 1): the shares whose interval contains 1, a confidence set for the crossing (test
     inversion). `direction`: whether it stops or starts paying as the share grows. `curve`: [share,
     predicted, lo, hi] along the line; `measured`: [share, speedup, lo, hi, suite] of measured suites
-    whose mix lies on it (specmatch.deciding.traffic)."""
+    whose mix lies on it (specmatch.deciding.explaining.traffic)."""
     toward: str
     share: Optional[float]
     lo: Optional[float]
@@ -1206,7 +1271,7 @@ class RoundDecision(Record):
     concurrency: int
     repeats: int
     verdict: Decision
-    confidence: float                     # this look's level (alpha spent so far, specmatch.deciding.sequential)
+    confidence: float                     # this look's level (alpha spent so far, specmatch.deciding.reading.sequential)
     action: Continuation
     speedup: Optional[float] = None
     lo: Optional[float] = None
@@ -1319,10 +1384,10 @@ RESULT_FILES: tuple[ResultFile, ...] = (
     ResultFile("recommend/recommendations.json", "recommend",
                "a list of {Recommendation}: what to deploy, as decided before the recommended servers were measured"),
     ResultFile("recommend/k_schedules.json", "recommend",
-               "a list of {deciding.kmodel.KRecommendation}: which k at which load, one per k sweep and suite"),
+               "a list of {deciding.recommending.kmodel.KRecommendation}: which k at which load, one per k sweep and suite"),
     ResultFile("recommend/adaptive/", "recommend",
-               "SGLang's `--speculative-adaptive-config` of each recommended server that needs one "
-               "(`<server>__recommended.json`)"),
+               "the files a recommended server's config points at, where its engine reads part of the deployment "
+               "from a file (`Deployment.files`: SGLang's `--speculative-adaptive-config`), `<server>__recommended.json`"),
     ResultFile("summary/verdicts.json", "decide",
                "a list of {Verdict}: every server against the baseline at every suite, concurrency and metric"),
     ResultFile("summary/recommendations.json", "decide",
@@ -1330,7 +1395,7 @@ RESULT_FILES: tuple[ResultFile, ...] = (
     ResultFile("summary/attribution.json", "decide",
                "a list of {Attribution}: why each speedup is what it is (tokens per step against step cost)"),
     ResultFile("summary/k_sweeps.json", "decide",
-               "{deciding.kmodel.KSweeps}: every k sweep's recommendation, verified, and each k's predicted "
+               "{deciding.recommending.kmodel.KSweeps}: every k sweep's recommendation, verified, and each k's predicted "
                "against measured speedup"),
     ResultFile("summary/analysis.json", "decide",
                "{AnalysisRecord}: the grid analysed and everything else the report shows (run-to-run variation, "
@@ -1339,12 +1404,12 @@ RESULT_FILES: tuple[ResultFile, ...] = (
                "a list of {TrafficRow}: each traffic mix's predicted speedup, measured where the profile is "
                "verified, and its break-even share"),
     ResultFile("summary/context.json", "decide",
-               "a list of {deciding.context.ContextRow}: the speedup by context length"),
+               "a list of {deciding.explaining.context.ContextRow}: the speedup by context length"),
     ResultFile("summary/context_trends.json", "decide",
-               "a list of {deciding.context.ContextTrend}: how acceptance moves with context, and where the "
+               "a list of {deciding.explaining.context.ContextTrend}: how acceptance moves with context, and where the "
                "speedup crosses 1"),
     ResultFile("summary/stopping.json", "decide",
-               "{deciding.stopping.StoppingReport}: output agreement with the baseline, tokens past the natural "
+               "{deciding.explaining.stopping.StoppingReport}: output agreement with the baseline, tokens past the natural "
                "stop, and session suites' sessions"),
     ResultFile("summary/summary.md", "summary",
                "the report: the answer first, then the evidence (renders the decide step's records, decides nothing)"),

@@ -131,7 +131,7 @@ def trigamma_inverse(y):
 
 def median_fit_dof(dofs) -> float:
     """Effective degrees of freedom of tau^2 fitted as the value at which the median over n
-    configurations of P(chi2_{d_k} <= Q_k / tau^2) is one half (deciding.noise.fit_tau2).
+    configurations of P(chi2_{d_k} <= Q_k / tau^2) is one half (deciding.verdicts.noise.fit_tau2).
 
     It is an M-estimator with estimating function 1{F_d(Q/tau^2) <= 1/2} - 1/2, so (the asymptotics
     of a sample median: Serfling 1980, "Approximation Theorems of Mathematical Statistics", 2.3.3;

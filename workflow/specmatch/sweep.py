@@ -8,13 +8,11 @@ config holds nothing of the list (neither the other values nor its position in i
 to a sweep adds one server and runs only its cells: every other member's launches, cells, provenance
 and caches stay as they are.
 
-What can be swept:
+What can be swept is the engine's (its adapter's `sweep_fields` and `sweep`, serving/engines):
 
 - vLLM: `speculative.num_speculative_tokens` (k, the drafted tokens per step) -> `<name>@k=<k>`;
-- SGLang: `speculative.num_steps` (k: with eagle_topk 1, num_draft_tokens follows as k + 1; with a
-  larger topk, num_draft_tokens stays as written, or is a list of the same length, paired by position)
-  -> `<name>@k=<k>`; or `speculative.num_draft_tokens` alone (a tree's size at a fixed num_steps, topk
-  > 1 only) -> `<name>@draft=<n>`.
+- SGLang: `speculative.num_steps` (k) -> `<name>@k=<k>`, or `speculative.num_draft_tokens` alone (a
+  tree's size at a fixed num_steps) -> `<name>@draft=<n>`.
 
 Names: a configured server's name matches `^[A-Za-z0-9_.-]+$` (workflow/schemas/config.schema.yaml), so
 `@` never occurs in one and a member's name cannot collide with a configured name or be misread: the
@@ -32,14 +30,11 @@ from dataclasses import dataclass, field
 from typing import Optional
 from .files import SpecmatchError
 from .records import Record
+from .serving.engines import ENGINES
 
 SEP = "@"
 NAME = re.compile(r"^[A-Za-z0-9_.-]+$")            # a configured server's name (the config schema's pattern)
 MEMBER = re.compile(r"^(?P<parent>[A-Za-z0-9_.-]+)@(?P<label>k|draft)=(?P<value>[1-9][0-9]*)$")
-
-# engine -> the speculative fields a sweep may list, and the label of each in a member's name
-FIELDS = {"vllm": {"num_speculative_tokens": "k"},
-          "sglang": {"num_steps": "k", "num_draft_tokens": "draft"}}
 
 
 @dataclass
@@ -48,7 +43,7 @@ class Sweep(Record):
     (a key of its `speculative` block) on `engine`; `members[i]` is the server of `values[i]`."""
     parent: str
     engine: str
-    field: str                    # num_speculative_tokens (vLLM) | num_steps | num_draft_tokens (SGLang)
+    field: str                    # the swept key (the engine's: num_speculative_tokens, num_steps, ...)
     label: str                    # what a member's name calls the value: k | draft
     values: list = field(default_factory=list)
     members: list = field(default_factory=list)
@@ -109,96 +104,31 @@ def _listed(v) -> bool:
     return isinstance(v, (list, tuple))
 
 
-def _values(where: str, v) -> list[int]:
-    if not v:
-        raise SpecmatchError(f"{where}: a sweep lists at least one value")
-    out = []
-    for x in v:
-        if isinstance(x, bool) or not isinstance(x, int) or x < 1:
-            raise SpecmatchError(f"{where}: {x!r} is not a whole number >= 1 (k = 0 is the baseline, measured "
-                                 "already; list only speculative values)")
-        if x in out:
-            raise SpecmatchError(f"{where}: {x} is listed twice")
-        out.append(x)
-    return out
-
-
 def _sweep_of_config(name: str, srv: dict, source: str) -> tuple[Optional[Sweep], list[dict]]:
-    """The sweep a configured server is (None if it lists nothing) and its members' configs."""
+    """The sweep a configured server is (None if it lists nothing) and its members' configs. A list
+    under a key some engine sweeps is a sweep; the server's own engine says whether it may be one and
+    what each member runs (Engine.sweep)."""
     spec = srv.get("speculative")
-    if not isinstance(spec, dict):
+    engine = ENGINES.get(srv.get("engine"))
+    if not isinstance(spec, dict) or engine is None:
         return None, []
-    engine = srv.get("engine", "vllm")
-    listed = [k for k, v in spec.items() if _listed(v) and k in ("num_speculative_tokens", "num_steps",
-                                                                    "num_draft_tokens")]
+    sweepable = {k for e in ENGINES.values() for k in e.sweep_fields}
+    listed = [k for k, v in spec.items() if _listed(v) and k in sweepable]
     if not listed:
         return None, []
     where = f"{source}servers.{name}.speculative"
-    allowed = FIELDS.get(engine, {})
+    allowed = engine.sweep_fields
     for k in listed:
         if k not in allowed:
-            raise SpecmatchError(f"{where}.{k}: a list (a sweep) is not supported for engine {engine}"
+            raise SpecmatchError(f"{where}.{k}: a list (a sweep) is not supported for engine {engine.name}"
                                  + (f"; it sweeps {', '.join(allowed)}" if allowed else
-                                    " (only vllm and sglang servers are launched here)"))
+                                    " (it has nothing to sweep)"))
     if not NAME.match(name):
         raise SpecmatchError(f"{source}servers.{name}: a swept server's name must match {NAME.pattern} "
                              f"(its members are named <name>{SEP}k=<value>)")
-    if engine == "vllm":
-        f = "num_speculative_tokens"
-        values = _values(f"{where}.{f}", spec[f])
-        if spec.get("num_speculative_tokens_per_batch_size"):
-            raise SpecmatchError(f"{where}.{f}: a sweep cannot be combined with num_speculative_tokens_per_batch_size "
-                                 "(the schedule is what the sweep recommends); remove one of them")
-        configs = [_with(srv, {f: v}) for v in values]
-        return Sweep(name, engine, f, "k", values, [member_name(name, "k", v) for v in values]), configs
-    # SGLang
-    topk = spec.get("eagle_topk")
-    if _listed(spec.get("eagle_topk")):
-        raise SpecmatchError(f"{where}.eagle_topk: a list (a sweep) is not supported; sweep num_steps or "
-                             "num_draft_tokens")
-    if spec.get("adaptive"):
-        raise SpecmatchError(f"{where}: a sweep cannot be combined with adaptive (SGLang would choose the steps "
-                             "itself); remove one of them")
-    steps, ndraft = spec.get("num_steps"), spec.get("num_draft_tokens")
-    if _listed(steps):
-        values = _values(f"{where}.num_steps", steps)
-        if topk is None:
-            raise SpecmatchError(f"{where}.eagle_topk: required with a num_steps sweep (SGLang needs num_steps, "
-                                 "eagle_topk and num_draft_tokens together)")
-        if _listed(ndraft):
-            drafts = _values(f"{where}.num_draft_tokens", ndraft)
-            if len(drafts) != len(values):
-                raise SpecmatchError(f"{where}.num_draft_tokens: {len(drafts)} values for {len(values)} num_steps "
-                                     "values; list one per num_steps value (paired by position) or a single number")
-        elif topk == 1:
-            if ndraft is not None and not all(ndraft == v + 1 for v in values):
-                raise SpecmatchError(f"{where}.num_draft_tokens: with eagle_topk 1 it is num_steps + 1 for each "
-                                     "swept value; leave it out (it follows num_steps) or list "
-                                     f"{[v + 1 for v in values]}")
-            drafts = [v + 1 for v in values]
-        else:
-            if ndraft is None:
-                raise SpecmatchError(f"{where}.num_draft_tokens: required with eagle_topk {topk} (a number, or one "
-                                     "per num_steps value)")
-            drafts = [ndraft] * len(values)
-        if topk == 1:
-            bad = [(v, d) for v, d in zip(values, drafts) if d != v + 1]
-            if bad:
-                raise SpecmatchError(f"{where}.num_draft_tokens: with eagle_topk 1 it must be num_steps + 1, got "
-                                     + ", ".join(f"{d} for num_steps {v}" for v, d in bad))
-        configs = [_with(srv, {"num_steps": v, "num_draft_tokens": d}) for v, d in zip(values, drafts)]
-        return (Sweep(name, engine, "num_steps", "k", values, [member_name(name, "k", v) for v in values]),
-                configs)
-    # num_draft_tokens alone: the tree's size at fixed steps
-    values = _values(f"{where}.num_draft_tokens", ndraft)
-    if steps is None or topk is None:
-        raise SpecmatchError(f"{where}.num_draft_tokens: a sweep of it needs num_steps and eagle_topk set")
-    if topk == 1:
-        raise SpecmatchError(f"{where}.num_draft_tokens: with eagle_topk 1 it is num_steps + 1, so it cannot be "
-                             "swept alone; sweep num_steps instead")
-    configs = [_with(srv, {"num_draft_tokens": v}) for v in values]
-    return Sweep(name, engine, "num_draft_tokens", "draft", values,
-                 [member_name(name, "draft", v) for v in values]), configs
+    field_, label, values, overrides = engine.sweep(where, spec, listed)
+    configs = [_with(srv, o) for o in overrides]
+    return Sweep(name, engine.name, field_, label, values, [member_name(name, label, v) for v in values]), configs
 
 
 def _with(srv: dict, values: dict) -> dict:

@@ -27,7 +27,9 @@ import sys
 import numpy as np
 import polars as pl
 
-from ..deciding.analysis import Settings, analyse
+from .. import metrics
+from ..deciding.analysis import analyse
+from ..deciding.reading.measurements import Settings
 from ..records import CellResult, Decision
 
 
@@ -79,8 +81,7 @@ def cell(server: str, suite: str, c: int, repeat: int, e2e: np.ndarray, ttft: np
         res.total_input_tokens = int(np.nansum(prompt_tokens))
         res.total_token_throughput = (res.total_input_tokens + float(out.sum())) / duration
     ms = {"ttft": ttft * 1000, "e2el": e2e * 1000}
-    with np.errstate(invalid="ignore", divide="ignore"):
-        ms["tpot"] = np.where(out > 1, (e2e - ttft) / np.maximum(out - 1, 1), np.nan) * 1000
+    ms["tpot"] = metrics.tpot(e2e, ttft, out) * 1000
     for k, v in ms.items():
         v = v[np.isfinite(v)]
         if v.size:
@@ -125,7 +126,7 @@ def decomposed_experiment(rng: np.random.Generator, servers: dict, suites: dict,
                           repeats: int = 2, prompts: int = 24, out_tokens: int = 64, session_sd: float = 0.02,
                           cell_sd: float = 0.02, request_cv: float = 0.05, tau_cv: float = 0.05
                           ) -> list[tuple[CellResult, pl.DataFrame]]:
-    """Cells whose speedup has a known cause (specmatch.deciding.attribution): `servers` maps a name to (tau,
+    """Cells whose speedup has a known cause (specmatch.deciding.explaining.attribution): `servers` maps a name to (tau,
     rho): tau tokens per speculative step (None: a server that drafts nothing, the baseline or a
     configured-off control `x__off`) and rho, the time of one of its steps in plain decode steps of the
     baseline (a number, or a function of prompt length). `suites` maps a name to the (shortest,

@@ -1,6 +1,6 @@
 """Traffic mixes whose truth is known: a discrete-event server (specmatch.calibration.des) serving
 batches that mix sources of different acceptance and prompt length, and the coverage of the traffic
-predictions (specmatch.deciding.traffic) against it.
+predictions (specmatch.deciding.explaining.traffic) against it.
 
 An experiment measures a baseline and a speculative server (k=3, a step cost that grows with the
 batch) on a stratified basis suite of three sources and a file suite (`generic`), at c = 1 and a
@@ -25,11 +25,14 @@ from dataclasses import replace
 import numpy as np
 import polars as pl
 
+from .. import metrics
 from .des import serve
-from .harness import BASE
+from .grid import BASE
+from .pool import run_tasks
 from .simulate import cell
-from ..deciding.analysis import Settings, analyse
-from ..deciding.traffic import traffic_report
+from ..deciding.analysis import analyse
+from ..deciding.reading.measurements import Settings
+from ..deciding.explaining.traffic.report import traffic_report
 from ..records import TrafficProfile, TrafficProfiles
 
 # Strata of a synthetic deployment: per-token acceptance Beta(a, b) and prompt length (median tokens,
@@ -117,8 +120,11 @@ def traffic_truth(seed: int, mix: dict, size: int, c: int, suites: int = 300, ou
     ot = np.full((suites, size), out_tokens)
     spec = replace(BASE, k=3, rho=rho or _traffic_rho)
     b, x = serve(BASE, c, tok, ot, rng, match=match), serve(spec, c, tok, ot, rng, match=match)
-    thr = np.log(b.duration / x.duration)
-    tpot = np.log((b.e2e - b.ttft).mean(1) / (x.e2e - x.ttft).mean(1))
+    def figure(s, metric):   # as the verdicts read a closed-loop cell (specmatch.metrics)
+        tp = metrics.tpot(s.e2e, s.ttft, ot)
+        return metrics.closed_loop(metric, min(c, size), ot, np.ones(ot.shape, bool), s.e2e, tp)
+
+    thr, tpot = (metrics.log_speedup(m_, figure(x, m_), figure(b, m_)) for m_ in ("output_throughput", "tpot"))
     return {"output_throughput": float(thr.mean()), "tpot": float(tpot.mean()),
             "se": {"output_throughput": float(thr.std(ddof=1) / np.sqrt(suites)),
                    "tpot": float(tpot.std(ddof=1) / np.sqrt(suites))}}
@@ -143,7 +149,7 @@ def traffic_experiment(seed: int, concurrencies=(1, 4), size: int = 16, repeats:
     cells = traffic_cells(seed, {"basis": basis or basis_counts(size), "generic": {"generic": size}},
                           concurrencies=concurrencies, repeats=repeats, **kw)
     an = analyse(cells, "base", Settings(bootstrap=bootstrap))
-    return an, traffic_report(an, traffic_profiles(profiles), [], cells, lines=lines)
+    return an, traffic_report(an, traffic_profiles(profiles), [], lines=lines)
 
 
 def break_even_truth(seed: int, c: int, size: int, points: int = 11, suites: int = 300) -> dict:
@@ -164,6 +170,12 @@ def break_even_truth(seed: int, c: int, size: int, points: int = 11, suites: int
     return out
 
 
+def _experiment_rows(a: tuple) -> list:
+    seed, concurrencies, size, break_even = a
+    return traffic_experiment(seed, concurrencies, size, lines=break_even,
+                              profiles=None if not break_even else {"training_mix": PROFILES["training_mix"]})[1]
+
+
 def coverage(experiments: int, concurrencies=(1, 4), size: int = 16, seed: int = 1000, truth_suites: int = 400,
              break_even: bool = False) -> dict:
     """Per (profile, concurrency, metric): how often the truth lies inside the predicted interval, with
@@ -173,9 +185,8 @@ def coverage(experiments: int, concurrencies=(1, 4), size: int = 16, seed: int =
              for c in concurrencies}
     be_truth = {c: break_even_truth(seed - 2, c, size) for c in concurrencies} if break_even else {}
     hits: dict = {}
-    for e in range(experiments):
-        _, rows = traffic_experiment(seed + e, concurrencies, size, lines=break_even,
-                                     profiles=None if not break_even else {"training_mix": PROFILES["training_mix"]})
+    jobs = [(_experiment_rows, (seed + e, tuple(concurrencies), size, break_even)) for e in range(experiments)]
+    for rows in run_tasks(jobs):   # each experiment is its seed's: the same rows in any number of processes
         for r in rows:
             if r.predicted is None:
                 continue

@@ -1,21 +1,20 @@
-"""Deciding: verdicts, crossovers and recommendations from repeated, paired measurements.
+"""The analysis: every question of the deciding stage asked once of one set of measurements.
 
 The experiment (docs/methods/verdicts.md): every server measures the same prompts at every
 concurrency, and every cell is repeated in fresh server sessions (repeats), interleaved across
-servers. The analysis is split along its seams, each a module, all importable from here:
+servers. The questions live in folders, each importing only the ones below it:
 
-- specmatch.deciding.measurements: every cell's requests as arrays; the estimator the bootstrap resamples.
-- specmatch.deciding.noise: run-to-run variance per (server, concurrency), shrunk toward the pooled level
-  where data are thin (empirical Bayes), with honest degrees of freedom.
-- specmatch.deciding.comparison: one comparison (a paired bootstrap by prompt for the prompt sample, tau^2
-  for run to run, each counted once), its typed verdict, what would decide an inconclusive one,
-  and crossovers (only where verdicts change sign).
-- specmatch.deciding.deployment: the recommendation (a vLLM schedule, SGLang's mechanism, the baseline) and
-  its verification against a reference the schedule fixes in advance.
-- specmatch.deciding.acceptance: acceptance length per suite with intervals.
+- reading/: the measurements (every cell read once) and the design of repeats;
+- verdicts/: run to run, one comparison and its typed verdict (pays, loses, equivalent,
+  inconclusive), crossovers, acceptance per suite;
+- explaining/: tokens per step x step cost, the context axis, natural stopping and sessions, traffic
+  mixes, claims resting on flagged cells;
+- recommending/: what to deploy (on/off and k schedules) and its verification.
 
-Verdicts are typed (records.Decision): pays, loses, equivalent, inconclusive. Their error rates are
-checked by simulation (specmatch.calibration.simulate, tests/test_calibration.py).
+This module joins them into an Analysis (the primary grid's verdicts and recommendations, the
+recommended servers' cells joined and verified, the attribution) for the steps on top (recommend,
+rounds, decide). Verdicts' error rates are checked by simulation (specmatch.calibration,
+tests/test_calibration.py).
 """
 from __future__ import annotations
 
@@ -25,30 +24,23 @@ from dataclasses import dataclass, field
 
 import polars as pl
 
-from .acceptance import AcceptanceSummary, acceptance_summary
-from .attribution import (_interval, acceptance_run_to_run, both, decompose, length_model, median_prompt_tokens,
+from .verdicts.acceptance import acceptance_summary
+from .explaining.attribution import (_interval, acceptance_run_to_run, both, decompose, length_model, median_prompt_tokens,
                           mixed_servers, session_variance)
-from .comparison import (Comparison, compare, crossovers, decide, deciding_design, decision, effect_prior, regions,
-                         what_would_decide)
+from .verdicts.comparison import Comparison, compare, crossovers, decide, effect_prior
 from ..serving.controls import OFF, is_control
-from .deployment import (RECOMMENDED, ServerInfo, _pairs_crossing, _spans, decisions, deployed_on, on_per_batch,
-                         own_k, recommend, reference, server_k, sglang_mechanism, validate_schedule, verification,
-                         verify_against, vllm_schedule)
-from .measurements import (LABEL, LATENCY, Arrays, Measurements, Settings, _log, _rng, cell_log_stat,
-                           closed_loop_makespan, drafted_nothing)
-from .noise import RunToRun, VarianceSum, _tau2_dof, fit_tau2, run_to_run
-from .krecommend import references, sweep_report
+from ..serving.engines import get_engine
+from .recommending.deployment import RECOMMENDED, ServerInfo, own_k, recommend, verification, verify_against
+from .reading.measurements import Measurements, Settings, drafted_nothing
+from .verdicts.noise import RunToRun, VarianceSum, run_to_run
+from .recommending.krecommend import references, sweep_report
 from ..records import (AdjustedSpeedup, Attribution, CellResult, Contrast, Decision, DerivedServer, Effect, Interval,
                        Outcome, Recommendation, RoundPlan, Verdict, Verification)
 from ..sweep import members as sweep_members, parents as sweep_parents, sweep_of
 
-__all__ = ["AcceptanceSummary", "Analysis", "Arrays", "Comparison", "LABEL", "LATENCY", "Measurements", "RunToRun",
-           "ServerInfo", "Settings", "VarianceSum", "acceptance_summary", "analyse", "cell_log_stat",
-           "closed_loop_makespan", "compare", "crossover", "crossovers", "decide", "deciding_design", "decision",
-           "decisions", "deployed_on", "drafted_nothing", "fit_tau2", "frozen_verdicts", "join_derived", "on_per_batch", "own_k",
-           "recommend", "reference", "regions", "run_to_run", "server_k", "server_verdicts", "sglang_mechanism",
-           "validate_schedule", "verification", "verify", "verify_recommendations", "vllm_schedule",
-           "what_would_decide", "_log", "_pairs_crossing", "_rng", "_spans", "_tau2_dof"]
+__all__ = ["Analysis", "analyse", "attribute", "crossover", "frozen_verdicts", "join_derived", "primary_analysis",
+           "server_verdicts", "verified_analysis", "verify", "verify_k", "verify_k_recommendations",
+           "verify_recommendations"]
 
 
 def crossover(verdicts: list[Verdict], cmps: list[Comparison], s: Settings):
@@ -136,15 +128,18 @@ def frozen_verdicts(plans: list[RoundPlan], baseline: str) -> dict[tuple, Verdic
     return out
 
 
-def analyse(cells: list[tuple[CellResult, pl.DataFrame]], baseline: str, settings: Settings,
+def analyse(cells: "Measurements | list[tuple[CellResult, pl.DataFrame]]", baseline: str, settings: Settings,
             infos: dict[str, ServerInfo] | None = None, recommend_suites: list[str] | None = None,
             primary: list[str] | None = None, frozen: dict | None = None) -> Analysis:
     """Verdicts for every server against the baseline, the run-to-run variance, the configured-but-off
     findings, acceptance per suite and the recommendations. `primary` names the servers of the grid
     the recommendation comes from (run-to-run variance is estimated from them only, so adding the
     recommended server's cells later leaves the recommendation unchanged). `frozen`: the verdicts the
-    sequential design kept where it stopped a configuration (frozen_verdicts of the round plans)."""
-    m = Measurements.of(cells, settings)
+    sequential design kept where it stopped a configuration (frozen_verdicts of the round plans).
+    `cells`: the measurements (measurements.Measurements), or the cells and request records to read."""
+    m = Measurements.read(cells, settings)
+    m = m.only(m.servers())
+    m.settings = settings
     m.frozen = dict(frozen or {})
     servers = m.servers()
     if baseline not in servers:
@@ -192,13 +187,14 @@ def endpoint_k(m: Measurements, infos: dict[str, ServerInfo]) -> dict[str, Serve
     be written as a schedule (ServerInfo.k_source says where the k came from). Others as they are."""
     out = dict(infos)
     for name, info in infos.items():
-        if info.engine != "external" or own_k(info.speculative or {}):
+        engine = get_engine({"engine": info.engine, "flavor": info.flavor})
+        if engine.launches or own_k(info.speculative or {}):
             continue
         tokens = sum(x.spec_decode_num_draft_tokens or 0 for key, x in m.cells.items() if key[0] == name)
         drafts = sum(x.spec_decode_num_drafts or 0 for key, x in m.cells.items() if key[0] == name)
-        if drafts > 0 and tokens > 0:
-            k = max(1, round(tokens / drafts))
-            out[name] = dataclasses.replace(info, speculative={**(info.speculative or {}), "num_speculative_tokens": k},
+        spec = engine.naming_k(info.speculative or {}, max(1, round(tokens / drafts))) if drafts and tokens else None
+        if spec is not None:
+            out[name] = dataclasses.replace(info, speculative=spec,
                                             k_source="the endpoint's draft counters: draft tokens per speculative step")
     return out
 
@@ -231,14 +227,15 @@ def _crossovers(verdicts: list, comparisons: dict, s: Settings, servers: list | 
     return out
 
 
-def join_derived(an: Analysis, cells: list[tuple[CellResult, pl.DataFrame]], derived: list[str]) -> Analysis:
-    """The analysis with the cells of the recommended servers (`derived`) joined: their verdicts against
-    the baseline join the tables, while every decision (run-to-run variance, verdicts of the configured
-    servers, recommendations) stays the primary grid's."""
+def join_derived(an: Analysis, m: "Measurements | list", derived: list[str]) -> Analysis:
+    """The analysis with the cells of the recommended servers (`derived`) joined from every measurement
+    `m`: their verdicts against the baseline join the tables, while every decision (run-to-run variance,
+    verdicts of the configured servers, recommendations) stays the primary grid's."""
     if not derived:
         return an
-    full = Measurements.of(cells, an.settings)
-    full.frozen = an.measurements.frozen
+    m = Measurements.read(m, an.settings)
+    full = m.only(m.servers())
+    full.settings, full.frozen = an.settings, an.measurements.frozen
     an.measurements = full
     an.servers = full.servers()
     for name in derived:
@@ -339,7 +336,7 @@ def verify(an: Analysis, rec: Recommendation, derived: str) -> Verification:
                         an.concurrencies, s, undecided)
 
 
-# -- why: every speedup split into tokens per step x step cost (specmatch.deciding.attribution) -----
+# -- why: every speedup split into tokens per step x step cost (specmatch.deciding.explaining.attribution) -----
 def attribute(an: Analysis, reference_suite: str | None = None) -> list[Attribution]:
     """The decomposition for every speculative server (controls and recommended servers included)
     at every (suite, concurrency) it shares with the baseline."""
@@ -389,3 +386,29 @@ def attribute(an: Analysis, reference_suite: str | None = None) -> list[Attribut
                         a.contrast = Contrast(ref, contrast(lm.raw, lm.boot_raw), contrast(lm.adjusted, lm.boot_adj))
                 out.append(a)
     return out
+
+
+# -- the steps' analyses ---------------------------------------------------------------------------
+def primary_analysis(m: Measurements, baseline: str, settings: Settings, configs: dict, infos: dict,
+                     suites: list[str], frozen: dict | None = None) -> Analysis:
+    """The analysis of the configured servers only: a recommendation must not depend on the
+    derived servers that exist to verify it. `frozen`: the verdicts the sequential design kept
+    (analysis.frozen_verdicts of the round plans)."""
+    primary = [s for s in configs if not s.endswith(RECOMMENDED)]
+    return analyse(m.only(primary), baseline, settings, infos, suites, primary, frozen)
+
+
+def verified_analysis(cells: "Measurements | list", baseline: str, settings: Settings, configs: dict, infos: dict,
+                      suites: list[str],
+                      derived: dict[str, DerivedServer], recs: list[Recommendation] | None = None,
+                      frozen: dict | None = None) -> Analysis:
+    """Everything the summary renders, decided here: the primary grid's analysis, the recommended
+    servers' cells joined (their verdicts; no decision of the primary grid changes), and each
+    recommendation (the recommend step's, which name the servers that deploy them; else the
+    analysis's own) with its measured verification against the reference its schedule fixes."""
+    m = Measurements.read(cells, settings)
+    an = primary_analysis(m, baseline, settings, configs, infos, suites, frozen)
+    an = join_derived(an, m, list(derived))
+    an.recommendations = verify_recommendations(an, recs or an.recommendations, derived)
+    an.k_recommendations = verify_k_recommendations(an, an.k_recommendations, derived)
+    return an

@@ -2,7 +2,7 @@
 
 The `decide` step runs after every cell, the recommended servers' included. From the cells it takes
 the primary grid's analysis, joins the recommended servers' cells and verifies each recommendation
-(recommend.verified_analysis), splits every speedup into tokens per step x step cost
+(analysis.verified_analysis), splits every speedup into tokens per step x step cost
 (analysis.attribute), and collects what the report needs beside the verdicts. It writes
 
 - `verdicts.json`: records.Verdict per (server, suite, concurrency, metric);
@@ -13,14 +13,14 @@ the primary grid's analysis, joins the recommended servers' cells and verifies e
 - `analysis.json`: records.AnalysisRecord (the grid, run-to-run variation, acceptance, the cells that
   drafted nothing, crossovers, what the launch records say, cell goodput, the claims resting on cells
   measured while the machine was busy);
-- `context.json`, `context_trends.json`: deciding.context.ContextRow per (server, suite, concurrency,
+- `context.json`, `context_trends.json`: deciding.explaining.context.ContextRow per (server, suite, concurrency,
   context bin) and ContextTrend per (server, suite, concurrency): tau, rho and the TPOT speedup by
   context length, acceptance per doubling of the context, where the speedup crosses 1;
-- `stopping.json`: deciding.stopping.StoppingReport (outputs against the baseline's, tokens past the
+- `stopping.json`: deciding.explaining.stopping.StoppingReport (outputs against the baseline's, tokens past the
   natural stop, the session suites' sessions);
 - `traffic.json`: records.TrafficRow per traffic profile, speculative server, concurrency and metric:
   the mix's predicted speedup, the measured one where it is verified, the break-even share
-  (specmatch.deciding.traffic).
+  (specmatch.deciding.explaining.traffic).
 
 The summary step (specmatch.reporting.summary) reads these and renders them; it decides nothing.
 
@@ -45,15 +45,18 @@ from ..records import (AnalysisRecord, Attribution, CellGoodput, CrossoverSet, D
                        RoundPlan, RunToRunFigure, RunToRunSummary, ServerFacts, SuiteMatch, TrafficProfiles, TrafficRow,
                        Verdict)
 from ..serving.controls import OFF, is_control, why_no_control
-from .acceptance import pooled_acceptance
-from .analysis import Analysis, ServerInfo, Settings, attribute, frozen_verdicts
-from .attribution import launch_differences, mixed_servers
-from .interference import flagged_claims
-from .context import ContextAxis, ContextRow, ContextTrend, context_report
-from .kmodel import KSweeps
-from .stopping import StoppingReport, session_ids, stopping_report
-from .traffic import traffic_report
-from .recommend import SUFFIX, analysis_arguments, load, server_infos, verified_analysis
+from .verdicts.acceptance import pooled_acceptance
+from .analysis import Analysis, attribute, frozen_verdicts, verified_analysis
+from .reading.measurements import Settings
+from .recommending.deployment import RECOMMENDED, ServerInfo
+from .explaining.attribution import launch_differences, mixed_servers
+from .recommending.deployment import rendered
+from .explaining.interference import flagged_claims
+from .explaining.context import ContextAxis, ContextRow, ContextTrend, context_report
+from .recommending.kmodel import KSweeps
+from .explaining.stopping import StoppingReport, stopping_report
+from .explaining.traffic.report import traffic_report
+from .inputs import analysis_arguments, load, server_infos
 
 # the decision records, by name: the files the decide step writes into its folder and the summary reads
 FILES = DECISION_FILES
@@ -134,7 +137,7 @@ def uncontrolled(settings: dict, configs: dict, baseline: str) -> dict[str, str]
     if not ctl.get("configured_off"):
         return {}
     names = ctl.get("servers") or [n for n, c in configs.items() if c.get("speculative") and not is_control(n)
-                                   and not n.endswith(SUFFIX) and n != baseline]
+                                   and not n.endswith(RECOMMENDED) and n != baseline]
     out = {}
     for n in names:
         if n in configs and n + OFF not in configs:
@@ -174,8 +177,8 @@ def decide(cells, baseline: str, settings: Settings, configs: dict, infos: dict[
     an = verified_analysis(cells, baseline, settings, configs, infos, suites, derived, recs, frozen)
     reference = next((u for u in [*suites, *training] if u in an.suites), None)
     got = records_of(an, attribute(an, reference), no_control)
-    got.traffic = traffic_report(an, profiles, matches or [], cells)
-    axis, got.stopping = context_and_stopping(an, cells, matches or [])
+    got.traffic = traffic_report(an, profiles, matches or [])
+    axis, got.stopping = context_and_stopping(an, matches or [])
     got.context, got.context_trends = axis.rows, axis.trends
     return got
 
@@ -183,13 +186,13 @@ def decide(cells, baseline: str, settings: Settings, configs: dict, infos: dict[
 AXIS_KINDS = ("training", "session")   # the suites the context-length axis is read on
 
 
-def context_and_stopping(an: Analysis, cells: list, matches: list[SuiteMatch]) -> tuple[ContextAxis, StoppingReport]:
+def context_and_stopping(an: Analysis, matches: list[SuiteMatch]) -> tuple[ContextAxis, StoppingReport]:
     """The context-length axis over the training and session suites (every suite, where no match record
     says its kind), and natural stopping and the session suites' sessions over every cell."""
     kinds = {m.suite: m.kind for m in matches}
     suites = [u for u in an.suites if not kinds or kinds.get(u) in AXIS_KINDS]
-    axis = context_report(an, session_ids(cells), suites) if suites else ContextAxis([], [])
-    return axis, stopping_report(cells, an.baseline, an.settings, an.run_to_run)
+    axis = context_report(an, an.measurements.session_ids(), suites) if suites else ContextAxis([], [])
+    return axis, stopping_report(an.measurements, an.baseline, an.run_to_run)
 
 
 # -- the step -----------------------------------------------------------------------------------------
@@ -210,10 +213,11 @@ def execute(a: argparse.Namespace) -> int:
     rec = Recorder("decide", a.cells + a.requests + a.launches + a.matches +
                    [x for x in (a.recommendations, a.derived, a.traffic) if x] + a.rounds,
                    {"baseline": a.baseline, "summary": settings.__dict__, "suites": a.suites})
-    cells = load(a.cells, a.requests)
+    cells = load(a.cells, a.requests, settings)
     infos = server_infos(a.launches, configs)
     derived = DerivedServers.from_json(read_json(a.derived)).servers if a.derived else {}
-    recs = [Recommendation.from_json(r) for r in read_json(a.recommendations)] if a.recommendations else []
+    recs = [rendered(Recommendation.from_json(r), infos.get(r["server"]))
+            for r in read_json(a.recommendations)] if a.recommendations else []
     matches = [SuiteMatch.from_json(read_json(x)) for x in a.matches]
     training = [m.suite for m in matches if m.training]
     profiles = TrafficProfiles.from_json(read_json(a.traffic)) if a.traffic else None

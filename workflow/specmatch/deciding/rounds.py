@@ -2,7 +2,7 @@
 
 A Snakemake checkpoint per round (workflow/rules/rounds.smk). With `repeats: {min, max}` every cell
 is measured `min` times; after round R (the cells of repeats 1..R), the configured servers are
-analysed as the summary would (sequential levels, specmatch.deciding.sequential) and each configuration
+analysed as the summary would (sequential levels, specmatch.deciding.reading.sequential) and each configuration
 (server against the baseline at a suite and concurrency, on `summary.recommend_metric`) measured
 in round R either stops (decided, at max, or unlikely to be decided by the remaining repeats) or
 continues. The plan
@@ -32,13 +32,14 @@ import math
 import sys
 from pathlib import Path
 from .. import steps
-from .analysis import Analysis, Settings, frozen_verdicts
-from .comparison import _split, compare, frozen_for
+from .analysis import Analysis, frozen_verdicts, primary_analysis
+from .reading.measurements import Settings
+from .verdicts.comparison import _split, compare, frozen_for
 from ..files import SpecmatchError, read_json, write_json
 from ..provenance import Recorder
 from ..records import Continuation, Decision, PlannedCell, RoundDecision, RoundPlan, Verdict
-from .recommend import analysis_arguments, load, primary_analysis, server_infos
-from .sequential import Design, continues
+from .inputs import analysis_arguments, load, server_infos
+from .reading.sequential import Design, continues
 from ..sweep import members as sweep_members
 
 
@@ -151,7 +152,7 @@ def execute(a: argparse.Namespace) -> int:
         raise SpecmatchError("rounds: the configured repeats are a fixed design (no rounds to plan)")
     infos = server_infos(a.launches, configs)
     earlier = [RoundPlan.from_json(read_json(x)) for x in a.rounds]
-    an = primary_analysis(load(a.cells, a.requests), a.baseline, settings, configs, infos, a.suites,
+    an = primary_analysis(load(a.cells, a.requests, settings), a.baseline, settings, configs, infos, a.suites,
                           frozen_verdicts(earlier, a.baseline))
     out = plan(an, design, a.round)
     write_json(a.out, out.to_json())

@@ -41,7 +41,7 @@ from urllib.parse import urlsplit
 
 import requests as http
 
-from . import metrics
+from . import summary as figures
 from .. import steps
 from .client import DEFINITIONS, Request, run, run_load
 from .interference import Owners, Sampler, listener_pids
@@ -202,13 +202,13 @@ def run_cell(name: str, cfg: dict, suite: str, prompts: list[Prompt], concurrenc
                          settings.timeout_s, api_key))
         records, before, after, t0, reset, seen, outcome, served = measure()
         if seen.flagged and settings.on_interference == "remeasure" and all(r.ok for r in records):
-            first = metrics.summarize(records)
+            first = figures.summarize(records)
             earlier.append(EarlierMeasurement(interference=seen, started_at=t0, duration=first["duration"],
                                               output_throughput=first["output_throughput"],
                                               median_tpot_ms=first["median_tpot_ms"]))
             records, before, after, t0, reset, seen, outcome, served = measure()
     died = manager.death_notice(att) if any(not r.ok for r in records) else None
-    summary = metrics.summarize(records)
+    summary = figures.summarize(records)
     result = CellResult(
         server=name, suite=suite, concurrency=concurrency, repeat=repeat, engine=cfg["engine"], protocol=protocol,
         flavor=engine.flavor,
@@ -220,10 +220,10 @@ def run_cell(name: str, cfg: dict, suite: str, prompts: list[Prompt], concurrenc
         holdout_share=sum(r.holdout for r in records) / len(records) if records else None,
         definitions=DEFINITIONS, interference=seen, earlier=earlier, **summary)
     result.sessions, result.served_context, result.ignore_eos = outcome, served, settings.ignore_eos
-    result.warnings = warnings + metrics.measurement_warnings(result)
+    result.warnings = warnings + figures.measurement_warnings(result)
     result.set_acceptance(engine.cell_acceptance(before, after, records))
-    result.acceptance_by_source = metrics.acceptance_by_group(engine, records, lambda r: r.source)
-    result.acceptance_by_holdout = metrics.acceptance_by_group(engine, records,
+    result.acceptance_by_source = figures.acceptance_by_group(engine, records, lambda r: r.source)
+    result.acceptance_by_holdout = figures.acceptance_by_group(engine, records,
                                                                lambda r: "held_out" if r.holdout else "seen")
     return result, records, died
 

@@ -7,17 +7,14 @@ quietness readings); the same lines open `report.html`.
 """
 from __future__ import annotations
 
-import json
-
 from ..config import TRAINING_MIX
-from ..deciding.measurements import LABEL
-from ..deciding.recommend import SUFFIX
+from ..metrics import LABEL
+from ..deciding.recommending.deployment import RECOMMENDED
 from ..records import Decision, Outcome, Verdict
 from ..serving.controls import OFF, is_control
 from . import interference
 from .decided import Decided
 from .formats import concurrencies, number
-from .recommendations import vllm_flag
 from .traffic import WORD   # one word per verdict, as "Your traffic" says it
 from .verdicts import not_drafting
 
@@ -33,7 +30,7 @@ def _cell(verdict: Decision, value, lo, hi) -> str:
 
 def speculative_servers(d: Decided) -> list[str]:
     """The configured speculative servers: not the baseline, its derived `__recommended` or `__off` servers."""
-    return [s for s in d.servers if s != d.baseline and not s.endswith(SUFFIX) and not is_control(s)]
+    return [s for s in d.servers if s != d.baseline and not s.endswith(RECOMMENDED) and not is_control(s)]
 
 
 def deploy_lines(d: Decided) -> list[str]:
@@ -50,15 +47,14 @@ def deploy_lines(d: Decided) -> list[str]:
                 status += f" (`{r.verified.server}`)"
         elif r.as_configured or r.action == "off":
             status = "; the deployment is one already measured"
-        schedule = f"; vLLM: {vllm_flag(d, r)}" if r.vllm_schedule else ""
+        schedule = f"; {r.deploy.flag}" if r.deploy and r.deploy.flag else ""
         cause = not_drafting(d, r.server, r.suite)["configured"]
         cause = (f" At c={concurrencies(cause)} its configured-off control `{r.server}{OFF}` pays as much: the gain "
                  "comes with the configuration, not from drafting." if cause else "")
         out.append(f"- **{r.server}** (`{r.suite}`): {r.text}{schedule}{status}. Evidence: {r.evidence}.{cause}")
     for k in d.k_recommendations:
         status = f"; {OUTCOME.get(k.verified.outcome, 'not verified yet')}" if k.verified is not None else ""
-        flag = (f"; vLLM: `--speculative-config '{json.dumps(k.speculative, sort_keys=True)}'`"
-                if k.vllm_schedule and k.speculative else "")
+        flag = f"; {k.deploy.flag}" if k.deploy and k.deploy.flag else ""
         out.append(f"- **{k.parent}**, which k (`{k.suite}`): {k.text}{flag}{status}. Evidence: the best k at each "
                    "measured concurrency (\"Which k at which load\").")
     return out

@@ -1,5 +1,5 @@
 """Render the context-length axis, natural stopping and sessions: the decide step's context.json,
-context_trends.json and stopping.json (specmatch.deciding.context, specmatch.deciding.stopping), as
+context_trends.json and stopping.json (specmatch.deciding.explaining.context, specmatch.deciding.explaining.stopping), as
 `plots/context.png` and the summary's "Context length", "Natural stopping" and "Sessions" sections.
 Nothing here decides anything.
 """
@@ -8,8 +8,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-from ..deciding.context import ContextAxis
-from ..deciding.stopping import StoppingReport
+from ..deciding.explaining.context import ContextAxis
+from ..deciding.explaining.stopping import StoppingReport
 from ..files import atomic_path
 from ..records import Decision
 from .decided import Decided

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ..deciding.decide import Decisions
-from ..deciding.measurements import Settings
+from ..deciding.reading.measurements import Settings
 from ..files import read_json
 from ..records import CellResult, Crossover, ServerFacts, Verdict
 

@@ -4,14 +4,14 @@ from __future__ import annotations
 
 import math
 
-from ..deciding.measurements import LABEL
-from ..deciding.recommend import SUFFIX
+from ..metrics import LABEL
+from ..deciding.recommending.deployment import RECOMMENDED
 from ..records import RoundPlan
 from .decided import Decided
 
 
 def noise_lines(d: Decided) -> list[str]:
-    """The run-to-run variation the intervals include (deciding.noise), or that they exclude it."""
+    """The run-to-run variation the intervals include (deciding.verdicts.noise), or that they exclude it."""
     rr, s = d.decisions.analysis.run_to_run, d.settings
     if not rr.pooled:
         return [f"**These intervals exclude run-to-run variation.** Each cell was measured once (repeats: 1), so "
@@ -38,7 +38,7 @@ def sequential_lines(d: Decided, plans: list[RoundPlan]) -> list[str]:
     design of `max` repeats, and the levels the verdicts were taken at."""
     s = d.settings
     design = s.design
-    primary = [k for k in d.cells if not k[0].endswith(SUFFIX)]
+    primary = [k for k in d.cells if not k[0].endswith(RECOMMENDED)]
     configs = {k[:3] for k in primary}
     fixed = len(configs) * design.max
     rounds = []
@@ -46,7 +46,7 @@ def sequential_lines(d: Decided, plans: list[RoundPlan]) -> list[str]:
         rounds.append(f"after round {p.round}: " + ", ".join(f"{v} {a.value}" for a, v in p.counts().items() if v)
                       + (f"; repeat {p.round + 1} measured {len(p.next)} cells" if p.next else "; nothing continued"))
     levels = sorted({round(v.confidence, 3) for v in d.verdicts if v.metric == s.recommend_metric
-                     and v.run_to_run and not v.server.endswith(SUFFIX)})
+                     and v.run_to_run and not v.server.endswith(RECOMMENDED)})
     return [f"**Sequential design (repeats {design.min}–{design.max}):** every cell was measured {design.min} times; "
             "then, round by round, only the configurations whose "
             f"{LABEL[s.recommend_metric]} verdict was still inconclusive "
@@ -56,6 +56,6 @@ def sequential_lines(d: Decided, plans: list[RoundPlan]) -> list[str]:
             + ("; ".join(rounds) if rounds else "no round ran") + f". {len(primary)} cells measured against "
             f"{fixed} for a fixed design of {design.max} repeats ({1 - len(primary) / fixed:.0%} saved). Stopping "
             f"when a verdict is decided is optional stopping, so each look's verdict is taken at a stricter level "
-            f"(alpha spending over the looks, specmatch.deciding.sequential) that keeps the overall error at "
+            f"(alpha spending over the looks, specmatch.deciding.reading.sequential) that keeps the overall error at "
             f"{1 - s.confidence:.0%}: the verdicts here stand at "
             + ", ".join(f"{x:.1%}" for x in levels) + " confidence (verdicts.json, `confidence`)."]

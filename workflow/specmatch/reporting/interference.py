@@ -1,7 +1,7 @@
 """The summary's "Machine quietness": what else used the machine while the cells measured, which cells
 were flagged and re-measured, and which claimed differences rest on flagged cells.
 
-Renders the cells' records.Interference readings and deciding.interference's basis; decides nothing.
+Renders the cells' records.Interference readings and deciding.explaining.interference's basis; decides nothing.
 `quietness()` is the typed account, `section()` its markdown, `verdict_note()` the note a verdict line
 carries when a claimed difference rests on flagged cells.
 """

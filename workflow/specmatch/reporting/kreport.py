@@ -8,14 +8,13 @@ nothing here decides anything.
 """
 from __future__ import annotations
 
-import json
 import math
 
-from ..deciding.kmodel import KPoint, KRecommendation
-from ..deciding.measurements import LABEL
+from ..deciding.recommending.kmodel import KPoint, KRecommendation
+from ..metrics import LABEL
 from .decided import Decided
 from .formats import UNKNOWN, number, of
-from .recommendations import verification_text
+from .recommendations import deploy_lines, verification_text
 
 
 def _ks(rec: KRecommendation) -> list[int]:
@@ -117,11 +116,7 @@ def lines(d: Decided, seen: set | None = None) -> list[str]:
         out += ["", f"**{rec.parent}** on `{rec.suite}`{flag}:", ""] + table(rec)
         out += ["", f"- Bands: {band_text(rec) or 'none (nothing decided)'}.",
                 f"- Recommendation ({rec.action}): {rec.text}."]
-        if rec.vllm_schedule:
-            out.append(f"- vLLM: `--speculative-config '{json.dumps(rec.speculative, sort_keys=True)}'`.")
-        if rec.sglang:
-            out.append(f"- SGLang: {rec.sglang.get('mechanism') or 'no mechanism'}"
-                       + (f" ({rec.sglang['why']})" if rec.sglang.get("why") else "") + ".")
+        out += [f"- {x}." for x in deploy_lines(rec.deploy)]
         v = rec.verified
         if rec.action in ("keep", "off") and v is not None and v.per_concurrency and all(
                 x.against == v.server for x in v.per_concurrency):

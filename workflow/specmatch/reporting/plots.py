@@ -9,7 +9,7 @@ from pathlib import Path
 
 import numpy as np
 
-from ..deciding.recommend import SUFFIX
+from ..deciding.recommending.deployment import RECOMMENDED
 from ..files import atomic_path
 from ..serving.controls import OFF, is_control
 from . import context, kreport, traffic
@@ -23,15 +23,15 @@ def server_styles(servers: list[str]) -> dict[str, dict]:
     """One colour per server in every plot, from the order servers appear (the config's order, the
     baseline first): a control (`x__off`) and a recommended server (`x__recommended`) take their
     parent's colour with a dashed or dotted line, so a reader links them at a glance."""
-    parents = list(dict.fromkeys(x[:-len(OFF)] if is_control(x) else x[:-len(SUFFIX)] if x.endswith(SUFFIX) else x
+    parents = list(dict.fromkeys(x[:-len(OFF)] if is_control(x) else x[:-len(RECOMMENDED)] if x.endswith(RECOMMENDED) else x
                                  for x in servers))
     colour = {p: PALETTE[i % len(PALETTE)] for i, p in enumerate(parents)}
     out = {}
     for x in servers:
         if is_control(x):
             out[x] = {"color": colour[x[:-len(OFF)]], "linestyle": "--"}
-        elif x.endswith(SUFFIX):
-            out[x] = {"color": colour[x[:-len(SUFFIX)]], "linestyle": ":"}
+        elif x.endswith(RECOMMENDED):
+            out[x] = {"color": colour[x[:-len(RECOMMENDED)]], "linestyle": ":"}
         else:
             out[x] = {"color": colour[x], "linestyle": "-"}
     return out

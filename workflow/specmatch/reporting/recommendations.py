@@ -1,11 +1,10 @@
-"""What to deploy, in words: each records.Recommendation with its engine's configuration, its evidence
-and its measured verification (records.Verification), rendered."""
+"""What to deploy, in words: each records.Recommendation with its engine's configuration (the lines the
+engine's adapter rendered: records.Deployment), its evidence and its measured verification
+(records.Verification), rendered."""
 from __future__ import annotations
 
-import json
-
-from ..deciding.measurements import LABEL
-from ..records import Decision, Outcome, Recommendation, Verification
+from ..metrics import LABEL
+from ..records import Decision, Deployment, Outcome, Recommendation, Verification
 from ..serving.controls import OFF
 from .decided import Decided
 from .formats import concurrencies, number
@@ -45,13 +44,9 @@ def verification_text(v: Verification | None) -> str:
     return f" **Not verified yet:** {v.reason or 'not measured'}."
 
 
-def vllm_flag(d: Decided, r: Recommendation) -> str:
-    """The server's own speculative config with the recommended per-batch schedule, as vLLM's flag."""
-    facts = d.facts(r.server)
-    own = facts.speculative if facts else {}
-    spec = {**({k: v for k, v in (own or {}).items() if k != "num_speculative_tokens_per_batch_size"}),
-            "num_speculative_tokens_per_batch_size": r.vllm_schedule}
-    return f"`--speculative-config '{json.dumps(spec, sort_keys=True)}'`"
+def deploy_lines(deploy: Deployment | None) -> list[str]:
+    """What the engine's adapter said of a deployment: what to set, then its own word on it."""
+    return [x for x in ((deploy.flag, deploy.note) if deploy else ()) if x]
 
 
 def recommendation_lines(d: Decided, recs: list[Recommendation]) -> list[str]:
@@ -59,13 +54,7 @@ def recommendation_lines(d: Decided, recs: list[Recommendation]) -> list[str]:
     verification, and where the gain comes with the configuration rather than from drafting."""
     lines = []
     for r in recs:
-        text = f"- **{r.server}** (`{r.suite}`): {r.text}"
-        if r.vllm_schedule:
-            text += f". vLLM: {vllm_flag(d, r)}"
-        if r.sglang and r.sglang.get("mechanism"):
-            text += f". SGLang: {r.sglang['mechanism']}" + (f" ({r.sglang['why']})" if r.sglang.get("why") else "")
-        elif r.sglang:
-            text += f". SGLang: {r.sglang.get('why')}"
+        text = f"- **{r.server}** (`{r.suite}`): {r.text}" + "".join(f". {x}" for x in deploy_lines(r.deploy))
         text += f" — evidence: {r.evidence}."
         if r.measured_by and r.verified is not None and r.verified.per_concurrency:
             text += f" The recommended deployment is `{r.measured_by}`'s configuration, measured on the same grid."

@@ -512,7 +512,7 @@ def outputs_page(files: tuple[ResultFile, ...] = RESULT_FILES) -> str:
     lines = [
         "# Outputs reference", "",
         GENERATED.format(source="records.RESULT_FILES and the record classes (workflow/specmatch/records.py, "
-                                "deciding/kmodel.py, deciding/context.py, deciding/stopping.py)"), "",
+                                "deciding/recommending/kmodel.py, deciding/explaining/context.py, deciding/explaining/stopping.py)"), "",
         "Everything the workflow writes lies under `results/` (git-ignored). The files a program reads are "
         "records: typed classes of the `specmatch` package, written as JSON (one object, or a list of them), "
         "JSON Lines or Parquet (one row each, the fields as columns), whose fields are listed below with the "

@@ -1,4 +1,4 @@
-"""Render the traffic predictions (specmatch.deciding.traffic): the summary's "Your traffic" section,
+"""Render the traffic predictions (specmatch.deciding.explaining.traffic): the summary's "Your traffic" section,
 which answers first ("At your mix X: pays / loses / no difference / undecided at c=..."), and the
 break-even plot (predicted speedup against a stratum's share, one line per concurrency, measured
 suites on it). Nothing here decides anything."""
@@ -8,7 +8,7 @@ import math
 from pathlib import Path
 
 from ..config import TRAINING_MIX
-from ..deciding.measurements import LABEL
+from ..metrics import LABEL
 from ..files import atomic_path
 from ..records import Decision, Direction, TrafficRow
 

@@ -5,7 +5,7 @@ prose, so a line can never claim "pays" where the verdict table says inconclusiv
 """
 from __future__ import annotations
 
-from ..deciding.recommend import SUFFIX
+from ..deciding.recommending.deployment import RECOMMENDED
 from ..records import Attribution, Decision, Direction
 from ..serving.controls import OFF, is_control
 from .decided import Decided
@@ -17,7 +17,7 @@ def headline(d: Decided, training: list[str], control: list[str]) -> list[str]:
     """The distribution effect, first: acceptance per suite and what a benchmark on the control
     prompts would have concluded against what the training mix says."""
     lines = []
-    for server in [s for s in d.servers if s != d.baseline and not s.endswith(SUFFIX) and not is_control(s)]:
+    for server in [s for s in d.servers if s != d.baseline and not s.endswith(RECOMMENDED) and not is_control(s)]:
         acc = {a.suite: a for a in d.decisions.analysis.acceptance if a.server == server}
         if not acc:
             continue

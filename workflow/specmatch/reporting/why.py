@@ -1,5 +1,5 @@
 """Why a speedup happens, and what being configured costs: the attribution records
-(deciding.attribution: tokens per step x step cost, the configured-off split, prompt length) and the
+(deciding.explaining.attribution: tokens per step x step cost, the configured-off split, prompt length) and the
 cells where a configured server drafted nothing, rendered."""
 from __future__ import annotations
 

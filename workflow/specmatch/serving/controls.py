@@ -9,10 +9,10 @@ every batch size, so
     server / baseline  =  (server__off / baseline)  x  (server / server__off)
                           configuration effect         drafting effect
 
-and each factor gets its own verdict (attribution.py). vLLM expresses "configured but drafting
-nothing" exactly: `num_speculative_tokens_per_batch_size: [[1, max_batch, 0]]`. SGLang has no such
-switch (its adaptive mode lowers steps but never to a configured drafter that drafts nothing), and
-nothing here restarts an external endpoint: for those the control is reported as not expressible.
+and each factor gets its own verdict (attribution.py). Whether an engine can say "configured but
+drafting nothing", and how, is its adapter's (Engine.configured_off: vLLM's one schedule range of
+k = 0); where it cannot (SGLang, an external endpoint nothing here restarts) the control is reported
+as not expressible, with the adapter's reason.
 
 The controls are ordinary configured servers (launches, cells, provenance, caching), added to the
 validated config by `with_controls`, so the workflow needs no special case beyond their name.
@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import copy
 
-from .engines import ENGINES
+from .engines import ENGINES, get_engine
 from ..files import SpecmatchError
 from ..sweep import members as swept, sweep_of
 
@@ -48,21 +48,19 @@ def why_no_control(srv: dict) -> str | None:
     """Why the configured-off control cannot be expressed for this server (None: it can)."""
     if not srv.get("speculative"):
         return "it does not speculate"
-    if srv["engine"] == "external":
-        return "an external endpoint: nothing here restarts it with another configuration"
-    if srv["engine"] == "sglang":
-        return ("SGLang has no setting that keeps the drafter configured while drafting nothing at every batch "
-                "size (--speculative-adaptive lowers the steps, never to zero)")
-    return None
+    return get_engine(srv).configured_off(1)[1]
 
 
 def off_config(name: str, srv: dict, max_batch: int) -> tuple[dict | None, str | None]:
-    """The control's config, or None and why it cannot be expressed for this server."""
-    why = why_no_control(srv)
-    if why:
+    """The control's config, or None and why it cannot be expressed for this server: the server's own,
+    with the `speculative` block its engine's adapter gives for drafting nothing (Engine.configured_off)."""
+    if not srv.get("speculative"):
+        return None, "it does not speculate"
+    spec, why = get_engine(srv).configured_off(max_batch)
+    if spec is None:
         return None, why
     cfg = copy.deepcopy({k: v for k, v in srv.items() if k != "suites"})
-    cfg["speculative"]["num_speculative_tokens_per_batch_size"] = [[1, int(max_batch), 0]]
+    cfg["speculative"] = spec
     return cfg, None
 
 

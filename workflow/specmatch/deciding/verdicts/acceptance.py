@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..records import Acceptance, AcceptanceSummary, GroupAcceptance
-from ..serving.engines import definitions
-from .measurements import Measurements, _rng
+from ...records import Acceptance, AcceptanceSummary, GroupAcceptance
+from ...serving.engines import definitions
+from ..reading.measurements import Measurements
 
 
 def acceptance_summary(m: Measurements, server: str, suite: str) -> AcceptanceSummary:
@@ -40,7 +40,7 @@ def acceptance_summary(m: Measurements, server: str, suite: str) -> AcceptanceSu
 
     n = len(ids)
     point = length(np.arange(n))
-    draw = _rng(m.settings, "acceptance", server, suite).integers(0, n, size=(m.settings.bootstrap, n))
+    draw = m.settings.rng("acceptance", server, suite).integers(0, n, size=(m.settings.bootstrap, n))
     boot = [x for x in (length(d) for d in draw) if x is not None]
     q = (1 - m.settings.confidence) / 2
     hs = [h for h in hold if h is not None]

@@ -3,92 +3,51 @@ k per concurrency from kchoice, the bands from kbands), the deployment that runs
 references its measured check is made against, and the derived server's config. The record is
 kmodel.KRecommendation.
 
-**The deployment** (deploy). vLLM: `num_speculative_tokens_per_batch_size` with one inclusive
-[lo, hi, k] range per band (k = 0: off), covering 1..max_batch, the speculative config's own
-`num_speculative_tokens` set to the largest k it uses (vLLM clamps every range's k by it). One k
-everywhere ("keep") is a recommendation like any other: derived_config gives its config, which is the
-sweep member of that k as configured, so that member IS its measurement (recommend.derived_k_servers
-finds it as the deployment's twin) and its verification is against the references like a schedule's;
-k = 0 everywhere ("off") is the baseline, likewise. SGLang
-(where the release has `--speculative-adaptive`, engines/sglang.adaptive_support): an adaptive config
-with one slot per band whose only candidate is the band's k (a slot with one candidate never moves),
-num_steps the largest k, eagle_topk 1.
+**The deployment.** The bands are an engine-neutral records.Schedule (one inclusive [lo, hi, k] per
+band, neighbours with the same k merged, covering 1..max_batch; k = 0: off), which the sweep's engine
+adapter renders (Engine.render, a records.Deployment: e.g. vLLM's per-batch-size schedule, SGLang's
+adaptive candidate steps, or why the engine cannot run it) from the sweep's speculative config less
+the keys the sweep sets (the adapter's sweep_fields: the schedule sets k). One k everywhere ("keep")
+is a recommendation like any other: derived_config gives its config, which is the sweep member of
+that k as configured, so that member IS its measurement (recommend.derived_k_servers finds it as the
+deployment's twin) and its verification is against the references like a schedule's; k = 0
+everywhere ("off") is the baseline, likewise.
 """
 from __future__ import annotations
 
 import copy
 
-from .deployment import Reference, ServerInfo, server_k, validate_schedule
+from .deployment import Reference, ServerInfo, engine_of
 from .kbands import bands, runs
 from .kchoice import best_k
 from .kmodel import KBand, KChoice, KPoint, KRecommendation, predict
-from .measurements import Measurements, Settings
-from .noise import RunToRun
-from ..sweep import members
+from ..reading.measurements import Measurements, Settings
+from ..verdicts.noise import RunToRun
+from ...records import Schedule
+from ...sweep import members
 
 
 # -- the deployment ---------------------------------------------------------------------------------
-def vllm_ranges(bands_: list[KBand]) -> list[list[int]]:
-    """Inclusive [lo, hi, k] ranges of the bands, neighbours with the same k merged."""
+def schedule_of(bands_: list[KBand], max_batch: int) -> Schedule:
+    """The bands as an engine-neutral schedule, neighbours with the same k merged (ValueError where they
+    do not cover 1..max_batch in order)."""
     out: list[list[int]] = []
     for band in bands_:
         if out and out[-1][2] == band.k and out[-1][1] == band.lo - 1:
             out[-1][1] = band.hi
         else:
             out.append([band.lo, band.hi, band.k])
-    return out
+    return Schedule(out, max_batch)
 
 
-def vllm_deployment(spec: dict, bands_: list[KBand], max_batch: int) -> tuple[list[list[int]], dict]:
-    """The schedule and the speculative config that runs it: the sweep's config with
-    num_speculative_tokens the largest k the schedule uses and the schedule as
-    num_speculative_tokens_per_batch_size. Checked against vLLM's rules (deployment.validate_schedule)
-    and its carry-forward and clamping (deployment.server_k: every batch size gets its band's k)."""
-    ranges = vllm_ranges(bands_)
-    validate_schedule(ranges)
-    if ranges[-1][1] != max_batch:
-        raise ValueError(f"schedule {ranges}: must cover 1..{max_batch}")
-    top = max(k for _, _, k in ranges)
-    if top < 1:
-        raise ValueError(f"schedule {ranges}: speculates nowhere (deploy the baseline)")
-    out = copy.deepcopy(spec)
-    out["num_speculative_tokens"] = top
-    out["num_speculative_tokens_per_batch_size"] = ranges
-    for band in bands_:
-        for b in (band.lo, band.hi):
-            if server_k(out, b) != band.k:
-                raise ValueError(f"schedule {ranges}: batch {b} would run k={server_k(out, b)}, not {band.k}")
-    return ranges, out
-
-
-def sglang_deployment(info: ServerInfo, bands_: list[KBand]) -> dict:
-    """SGLang's adaptive candidate steps: one slot per band (keyed by its first batch size) whose only
-    candidate is the band's k, num_steps the largest k; or why the installed release cannot."""
-    spec = info.speculative or {}
-    if not info.sglang_adaptive:
-        return {"mechanism": None,
-                "why": f"SGLang {info.version or '(version unknown)'} has no --speculative-adaptive (it came with "
-                       "0.5.18): run one member per batch band and route traffic by load instead"}
-    if spec.get("method") not in ("eagle", "eagle3", "mtp"):
-        return {"mechanism": None, "why": f"SGLang adapts EAGLE/EAGLE3 only, not {spec.get('method')}"}
-    if spec.get("eagle_topk", 1) != 1:
-        return {"mechanism": None, "why": "SGLang adapts only with eagle_topk 1"}
-    ranges = vllm_ranges(bands_)
-    top = max(k for _, _, k in ranges)
-    config = {str(lo): {"candidate_steps": [k]} for lo, _, k in ranges}
-    speculative = {**copy.deepcopy(spec), "num_steps": top, "eagle_topk": 1, "num_draft_tokens": top + 1,
-                   "adaptive": True}
-    return {"mechanism": "speculative-adaptive", **info.sglang_adaptive, "config": config,
-            "speculative": speculative,
-            "why": "--speculative-adaptive with --speculative-adaptive-config holding this config (write it to a "
-                   "file): each batch band a slot with one candidate step count, so SGLang never moves off it; "
-                   "SGLang routes a batch to the slot of the largest key <= its CUDA-graph-padded batch size, so a "
-                   "band boundary between two captured batch sizes moves up to the next captured one"}
-
-
-def sglang_adaptive_config(bands_: list[KBand]) -> dict:
-    """The --speculative-adaptive-config a k schedule is (sglang_deployment's `config`)."""
-    return {str(lo): {"candidate_steps": [k]} for lo, _, k in vllm_ranges(bands_)}
+def deployment(rec: KRecommendation, info: ServerInfo) -> None:
+    """rec's schedule from its bands and the sweep's engine's rendering of it, from the sweep's
+    speculative config less the keys a sweep sets (the schedule sets k); the report's line for it only
+    where it is a schedule (one k everywhere is a member as configured, off the baseline)."""
+    engine = engine_of(info)
+    rec.schedule = schedule_of(rec.bands, rec.max_batch)
+    spec = {k: v for k, v in (info.speculative or {}).items() if k not in engine.sweep_fields}
+    rec.deploy = engine.render(rec.schedule, spec, info.version, rec.action == "schedule")
 
 
 def recommend(m: Measurements, rr: RunToRun, info: ServerInfo, parent: str, ks: dict[int, str], baseline: str,
@@ -96,7 +55,7 @@ def recommend(m: Measurements, rr: RunToRun, info: ServerInfo, parent: str, ks: 
               ) -> KRecommendation:
     """The best k per band for a sweep on one suite and its deployment (the docstrings of kchoice, kbands
     and this module). `info`: the sweep's server (any member's ServerInfo: engine, flavor, max_batch,
-    speculative config, the SGLang release's adaptive support)."""
+    speculative config, the engine's release)."""
     cs = sorted(concurrencies or {k[2] for k in m.cells if k[1] == suite})
     choices, cmps_by_c = [], {}
     for c in cs:
@@ -162,31 +121,19 @@ def recommendation(choices: list[KChoice], cmps_by_c: dict, info: ServerInfo, pa
     used = sorted({b.k for b in bs})
     parts = [(f"{b.lo}-{b.hi}" if b.hi != b.lo else f"{b.lo}") + f": k={b.k}"
              + (f" (extrapolated {b.extrapolated} the measured concurrencies)" if b.extrapolated else "") for b in bs]
-    spec = {k: v for k, v in (info.speculative or {}).items() if not isinstance(v, (list, tuple))
-            or k == "num_speculative_tokens_per_batch_size"}
     if used == [0]:
         rec.action, rec.k, rec.server = "off", 0, baseline
         rec.text = ("turn speculation off: the baseline is best (or as good) at every decided concurrency, and no k "
                     "was shown to pay at any other")
-        if info.flavor == "sglang":
-            rec.sglang = {"mechanism": "baseline", "why": "serve without --speculative-algorithm"}
     elif len(used) == 1:
         rec.action, rec.k, rec.server = "keep", used[0], ks.get(used[0])
         rec.text = (f"run k={used[0]} at every batch size: it is the k chosen at every measured concurrency"
                     + (f"; that is `{rec.server}` as configured, so its cells are this recommendation's measurement"
                        if rec.server else ""))
-        if info.flavor == "vllm":
-            rec.speculative = {**spec, "num_speculative_tokens": used[0]}
-            rec.speculative.pop("num_speculative_tokens_per_batch_size", None)
     else:
         rec.action = "schedule"
         rec.text = "k per batch band: " + ", ".join(parts)
-        if info.flavor == "vllm":
-            rec.vllm_schedule, rec.speculative = vllm_deployment(spec, bs, max_batch)
-        elif info.flavor == "sglang":
-            rec.sglang = sglang_deployment(info, bs)
-            if rec.sglang.get("mechanism"):
-                rec.speculative = rec.sglang["speculative"]
+    deployment(rec, info)
     if part_text:
         rec.text += f"; {part_text}"
     if pin_text:
@@ -249,28 +196,26 @@ def references(rec: KRecommendation, ks: dict[int, str], baseline: str, concurre
 
 
 # -- the derived server and the report ------------------------------------------------------------------
-def derived_config(member_config: dict, rec: KRecommendation, adaptive_config_path: str | None = None
-                   ) -> dict | None:
-    """The server config that deploys the recommendation: a member's config with the recommended
-    speculative config. A schedule's is `<parent>__recommended` (any member's config); one k everywhere
-    (`keep`, `member_config` the member of rec.k) is that member as configured, which
+def derived_config(member_config: dict, rec: KRecommendation, paths: dict[str, str] | None = None) -> dict | None:
+    """The server config that deploys the recommendation: a member's config with the rendered
+    deployment's speculative config. A schedule's is `<parent>__recommended` (any member's config); one k
+    everywhere (`keep`, `member_config` the member of rec.k) is that member as configured, which
     recommend.derived_k_servers then finds as the deployment's twin, so the member's cells are its
-    measurement. None where no server config deploys it: `off` is the baseline, `undecided` nothing.
-    SGLang's adaptive config is a file: write rec.sglang["config"] to `adaptive_config_path` and pass
-    the path here."""
-    if rec.action == "keep":
-        cfg = copy.deepcopy({k: v for k, v in member_config.items() if k != "suites"})
-        if rec.speculative is not None:
-            cfg["speculative"] = copy.deepcopy(rec.speculative)
-        return cfg
-    if rec.action != "schedule" or rec.speculative is None:
-        return None
+    measurement. None where no server config deploys it: `off` is the baseline, `undecided` nothing, a
+    schedule the engine cannot run nothing. Where the engine reads part of it from a file
+    (Deployment.files), write each file and pass `paths` (key -> the file's path)."""
     cfg = copy.deepcopy({k: v for k, v in member_config.items() if k != "suites"})
-    spec = copy.deepcopy(rec.speculative)
-    if spec.get("adaptive") is True:
-        if not adaptive_config_path:
-            raise ValueError("an SGLang schedule needs adaptive_config_path (its --speculative-adaptive-config file)")
-        spec["adaptive"] = adaptive_config_path
+    if rec.action == "keep":
+        if rec.deploy is not None and rec.deploy.speculative is not None:
+            cfg["speculative"] = copy.deepcopy(rec.deploy.speculative)
+        return cfg
+    if rec.action != "schedule" or rec.deploy is None or rec.deploy.speculative is None:
+        return None
+    spec = copy.deepcopy(rec.deploy.speculative)
+    for key in rec.deploy.files:
+        if not (paths or {}).get(key):
+            raise ValueError(f"the deployment's `speculative.{key}` is a file: pass its path (paths)")
+        spec[key] = paths[key]
     cfg["speculative"] = spec
     return cfg
 

@@ -9,11 +9,12 @@ from __future__ import annotations
 
 import numpy as np
 
+from ..metrics import tpot
 from ..records import CellResult, RequestRecord
 
 # A cell whose outputs ran past the model's natural stop (requests.ignore_eos: true) by more than this
 # share of their tokens is warned about: acceptance and step costs were measured on text the model
-# would not have written (the summary says it per suite too, specmatch.deciding.stopping).
+# would not have written (the summary says it per suite too, specmatch.deciding.explaining.stopping).
 PAST_STOP_WARNING = 0.10
 
 
@@ -26,20 +27,11 @@ def _dist(prefix: str, values, unit: str = "ms") -> dict:
             f"p99_{prefix}_{unit}": float(np.percentile(a, 99))}
 
 
-def tpot_s(e2e_s, ttft_s, output_tokens):
-    """TPOT in seconds, vLLM's definition (the one home of it): (e2e - TTFT) / (output tokens - 1),
-    output tokens from usage; NaN for fewer than two tokens or no TTFT. Scalars or arrays."""
-    out = np.asarray(output_tokens, float)
-    with np.errstate(invalid="ignore", divide="ignore"):
-        return np.where(out > 1, (np.asarray(e2e_s, float) - np.asarray(ttft_s, float)) / np.maximum(out - 1, 1),
-                        np.nan)
-
-
 def request_tpot_ms(rec: RequestRecord) -> float | None:
-    """Time per output token after the first, from usage counts (not from event counts)."""
+    """A request's TPOT in ms (metrics.tpot), from usage counts, never from event counts."""
     if not rec.ok or rec.ttft_s is None:
         return None
-    t = float(tpot_s(rec.e2e_s, rec.ttft_s, rec.output_tokens or 0))
+    t = float(tpot(rec.e2e_s, rec.ttft_s, rec.output_tokens or 0))
     return None if np.isnan(t) else t * 1000.0
 
 

@@ -14,7 +14,7 @@ model's own end, and what a session suite's sessions did.
 - **Past the end.** With `ignore_eos: true` every output runs to max_tokens; the tokens after the
   model's first end-of-sequence/stop token (measured per request from its token ids:
   client.natural_stop) are text the model would not have written. Per (server, suite): their share
-  of the output tokens measured, and a warning above metrics.PAST_STOP_WARNING.
+  of the output tokens measured, and a warning above measuring.summary.PAST_STOP_WARNING.
 - **Sessions.** Per (server, session suite, concurrency): the sessions whole and cut short (by reason),
   the turns sent, failed and not sent, the share of prompt tokens served from the prefix cache, the
   median TTFT by turn (the prefix cache at work), and each session's own throughput (its output
@@ -30,14 +30,13 @@ from dataclasses import dataclass, field
 from typing import Optional
 
 import numpy as np
-import polars as pl
 
-from .comparison import decision, repeat_mean_variance
-from .measurements import Settings, _rng
-from .noise import RunToRun, VarianceSum
-from ..measuring.metrics import PAST_STOP_WARNING
-from ..records import CellResult, Decision, Interval, Record
-from ..stats import describe, t_ppf
+from ..verdicts.comparison import decision, repeat_mean_variance
+from ..reading.measurements import Measurements, Settings
+from ..verdicts.noise import RunToRun, VarianceSum
+from ...measuring.summary import PAST_STOP_WARNING
+from ...records import Decision, Interval, Record
+from ...stats import describe, t_ppf
 
 EXAMPLES = 5
 
@@ -112,21 +111,6 @@ class StoppingReport(Record):
 
 
 # -- reading the records ---------------------------------------------------------------------------
-COLUMNS = ("prompt_id", "pass_index", "ok", "output_tokens", "output_sha256", "output_token_ids", "session_id",
-           "turn", "natural_stop", "past_stop_tokens", "cached_tokens", "prompt_tokens", "ttft_s", "start_s", "e2e_s")
-
-
-def rows_of(df: pl.DataFrame) -> list[dict]:
-    """A cell's request records as dicts with every column this module reads (None where a cell from
-    before them lacks it)."""
-    have = [c for c in COLUMNS if c in df.columns]
-    out = df.select(have).to_dicts()
-    for r in out:
-        for c in COLUMNS:
-            r.setdefault(c, None)
-    return out
-
-
 def first_difference(a: list, b: list) -> int | None:
     """The first position where two token sequences differ (the shorter one's length if one is a
     prefix of the other); None when they are equal."""
@@ -176,11 +160,11 @@ def compare_outputs(mine: list[dict], theirs: list[dict]) -> tuple[int, int, int
 
 
 # -- the report -------------------------------------------------------------------------------------
-def stopping_report(cells: list[tuple[CellResult, pl.DataFrame]], baseline: str, settings: Settings,
-                    rr: RunToRun | None = None) -> StoppingReport:
+def stopping_report(m: Measurements, baseline: str, rr: RunToRun | None = None) -> StoppingReport:
     """Output agreement with the baseline, tokens past the natural stop, and the session suites'
     sessions, from every cell's request records (module docstring)."""
-    by = {(c.server, c.suite, c.concurrency, c.repeat): (c, rows_of(df)) for c, df in cells}
+    settings = m.settings
+    by = {k: (cell, m.rows(k)) for k, cell in m.cells.items()}
     rep = StoppingReport()
     configs = sorted({k[:3] for k in by})
     for server, suite, c in configs:
@@ -302,7 +286,7 @@ def session_speedup(out: SessionSummary, by: dict, keys: list, baseline: str, s:
     out.paired_sessions = len(common)
     if len(common) < 2:
         return
-    draw = _rng(s, "sessions", server, baseline, suite, c).integers(0, len(common), size=(s.bootstrap, len(common)))
+    draw = s.rng("sessions", server, baseline, suite, c).integers(0, len(common), size=(s.bootstrap, len(common)))
     logs, boots = [], []
     for p in pairs:
         tok_s = np.array([p[x][0][0] for x in common])
@@ -326,13 +310,3 @@ def session_speedup(out: SessionSummary, by: dict, keys: list, baseline: str, s:
     out.session_throughput = Interval(math.exp(est), math.exp(est - t * se), math.exp(est + t * se))
     out.verdict = decision(est - t * se, est + t * se, math.log(1 + s.min_effect), run)
     out.run_to_run = run
-
-
-def session_ids(cells: list[tuple[CellResult, pl.DataFrame]]) -> dict[str, str]:
-    """prompt id -> session id of every session suite's turn (the context axis resamples sessions)."""
-    out = {}
-    for _c, df in cells:
-        if "session_id" in df.columns:
-            for p, sid in df.select("prompt_id", "session_id").drop_nulls().iter_rows():
-                out[p] = sid
-    return out

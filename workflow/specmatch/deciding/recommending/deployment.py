@@ -1,5 +1,8 @@
-"""Deployment: what to deploy from the verdicts (a vLLM schedule, SGLang's mechanism, or the baseline),
-and the measured check of it against a reference the schedule fixes in advance (verification).
+"""Deployment: what to deploy from the verdicts (an engine-neutral records.Schedule: the server's own k
+where speculation pays, none where it does not), rendered by the server's engine adapter
+(serving/engines: Engine.render, a records.Deployment), and the measured check of it against a
+reference the schedule fixes in advance (verification). This module names no engine's flags or keys:
+what a server's `speculative` block drafts at a batch size is its adapter's answer (server_k).
 
 Concurrency stands in for batch size (a closed loop of C workers keeps about C requests running).
 Batch sizes above the largest measured concurrency only extend the verdict there: the record flags
@@ -12,32 +15,14 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 from typing import Callable, TypeVar
-from .comparison import Comparison, compare, crossovers, decision, regions
-from .measurements import Settings
-from ..records import Decision, Outcome, Recommendation, Verdict, Verification, VerificationRow
-from ..stats import t_ppf
+from ..verdicts.comparison import Comparison, compare, crossovers, decision, regions
+from ..reading.measurements import Settings
+from ...records import Decision, Outcome, Recommendation, Schedule, Verdict, Verification, VerificationRow
+from ...serving.engines import Engine, adapters, get_engine
+from ...stats import t_ppf
 
 RECOMMENDED = "__recommended"   # the suffix of a derived server that deploys a recommendation
 T = TypeVar("T")
-
-def server_k(spec: dict, batch: int) -> int:
-    """Speculative tokens the server itself uses at a batch size: its own schedule (with vLLM's
-    carry-forward through gaps and the tail, clamped by num_speculative_tokens), else its k."""
-    k = spec.get("num_speculative_tokens")
-    sched = spec.get("num_speculative_tokens_per_batch_size")
-    if not sched:
-        return int(k) if k else 0
-    last = None
-    for start, end, kk in sorted(sched):
-        if start <= batch <= end:
-            last = kk
-            break
-        if start > batch:
-            break
-        last = kk
-    if last is None:
-        return 0
-    return int(min(last, k)) if k else int(last)
 
 
 def decisions(verdicts: list[Verdict]) -> dict[int, bool | None]:
@@ -94,41 +79,24 @@ def per_batch_schedule(runs: dict[int, T], switch_at: Callable[[int, int], float
     return out
 
 
-def vllm_schedule(spec: dict, on: list[bool]) -> list[list[int]]:
-    """Inclusive [start, end, k] ranges, the first starting at 1, that keep the server's own k where
-    speculation stays on and 0 where it goes off (vLLM carries the last range's k to max_num_seqs).
-    Where the server's own schedule had switched speculation off and the verdicts say on, its
-    num_speculative_tokens is used: the k it speculates with."""
-    own = own_k(spec)
-    ks = [(server_k(spec, b) or own) if on[b - 1] else 0 for b in range(1, len(on) + 1)]
-    ranges: list[list[int]] = []
-    for b, k in enumerate(ks, 1):
-        if ranges and ranges[-1][2] == k:
-            ranges[-1][1] = b
-        else:
-            ranges.append([b, b, k])
-    return ranges
+def onoff_schedule(engine: Engine, spec: dict, on: list[bool]) -> Schedule:
+    """The k at every batch size 1..len(on): the server's own where speculation stays on, 0 where it
+    goes off. Where the server's own schedule had switched speculation off and the verdicts say on, the
+    k it speculates with elsewhere (Engine.own_k: `server_k(...) or 0` would switch it off there)."""
+    own = engine.own_k(spec)
+    return Schedule.of([(engine.server_k(spec, b) or own) if on[b - 1] else 0 for b in range(1, len(on) + 1)])
 
 
 def own_k(spec: dict) -> int:
-    """The k a server speculates with where it speculates: num_speculative_tokens, else the largest k of
-    its own batch-size schedule (a server configured only by a schedule has no num_speculative_tokens,
-    and `server_k(...) or 0` would have switched speculation off where the verdicts say on)."""
-    k = spec.get("num_speculative_tokens")
-    if k:
-        return int(k)
-    return max((int(kk) for _, _, kk in spec.get("num_speculative_tokens_per_batch_size") or []), default=0)
+    """The k a `speculative` block names, by whichever registered engine reads its keys (0: none names
+    one; no engine's default is assumed), for a caller that does not name the engine; one that does
+    asks that engine's adapter (engine_of(info).own_k)."""
+    return max((a.named_k(spec) for a in adapters()), default=0)
 
 
-def validate_schedule(ranges: list[list[int]]) -> None:
-    """vLLM's own rules for num_speculative_tokens_per_batch_size (validate_and_normalize_dynamic_sd_schedule)."""
-    prev = 0
-    if not ranges or ranges[0][0] != 1:
-        raise ValueError(f"schedule {ranges}: the first range must start at 1")
-    for start, end, k in ranges:
-        if start <= prev or start > end or k < 0:
-            raise ValueError(f"schedule {ranges}: ranges must be sorted, non-overlapping, start <= end, k >= 0")
-        prev = end
+def engine_of(info: "ServerInfo") -> Engine:
+    """The server's engine adapter (an external endpoint's answers for the engine behind it, its flavor)."""
+    return get_engine({"engine": info.engine, "flavor": info.flavor})
 
 
 def _pairs_crossing(cmps: list[Comparison]) -> dict[tuple[int, int], float]:
@@ -146,12 +114,11 @@ def _pairs_crossing(cmps: list[Comparison]) -> dict[tuple[int, int], float]:
 class ServerInfo:
     """What the recommendation needs to know of a server (from its launch record)."""
     name: str
-    engine: str                  # vllm | sglang | external
+    engine: str                  # its engine adapter's name (serving/engines: ENGINES)
     flavor: str
     speculative: dict | None
-    max_batch: int               # the server's max_num_seqs / running-request cap
-    sglang_adaptive: dict | None = None  # the installed SGLang's adaptive mechanism, if it has one
-    version: str | None = None
+    max_batch: int               # the server's largest batch (vLLM's max_num_seqs, SGLang's running-request cap)
+    version: str | None = None   # the engine release it ran, where a deployment depends on it
     engine_warnings: tuple = ()  # what the engine warned of at start-up (see launch.engine_warnings)
     argv: tuple = ()             # the launch command (secrets redacted), to say what differs from the baseline's
     k_source: str | None = None  # where `speculative`'s k came from when not from the config (an external endpoint's
@@ -168,8 +135,8 @@ def recommend(info: ServerInfo, suite: str, verdicts: list[Verdict], cmps: list[
     cross = crossovers(verdicts, cmps, s)
     dec = decisions(verdicts)
     max_batch = info.max_batch or max(dec, default=0)
-    rec = Recommendation(info.name, suite, regs, cross[0] if cross else None, "undecided", None, None, None,
-                         crossovers=cross, max_batch=max_batch)
+    rec = Recommendation(info.name, suite, regs, cross[0] if cross else None, "undecided", crossovers=cross,
+                         max_batch=max_batch)
     decided = {c: d for c, d in dec.items() if d is not None}
     undecided = sorted(c for c, d in dec.items() if d is None)
     if not decided:
@@ -208,29 +175,29 @@ def recommend(info: ServerInfo, suite: str, verdicts: list[Verdict], cmps: list[
         rec.text += (f"; the server's largest batch is not known (an external endpoint: set `max_batch` on it), so the "
                      f"deployment covers the measured concurrencies, 1-{max_batch}")
     spec = info.speculative or {}
-    if info.flavor == "vllm" and rec.action in ("schedule", "keep") and not own_k(spec):
-        rec.text += ("; the k it drafts is not known (no `speculative` configured and no draft counters), so no vLLM "
-                     "schedule can be written")
-    elif info.flavor == "vllm" and rec.action in ("schedule", "keep"):
-        sched = vllm_schedule(spec, on)
-        configured = [server_k(spec, b) for b in range(1, max_batch + 1)]
-        rec.as_configured = [k for a, z, k in sched for _ in range(a, z + 1)] == configured
-        if rec.action == "schedule" or not rec.as_configured:
-            # a schedule, or "always on" for a server whose own schedule switches speculation off
-            # somewhere: unless it is the server's own, a deployment nobody has measured yet
-            validate_schedule(sched)
-            rec.vllm_schedule = sched
-            if rec.action == "keep":
-                rec.text += "; its configured schedule switches speculation off where the verdicts say on"
+    engine = engine_of(info)
+    k = engine.own_k(spec)
+    if engine.label and rec.action in ("schedule", "keep") and not k:
+        rec.text += ("; the k it drafts is not known (no `speculative` configured and no draft counters), so no "
+                     f"{engine.label} schedule can be written")
+    elif engine.label and rec.action in ("schedule", "keep"):
+        rec.schedule = onoff_schedule(engine, spec, on)
+        rec.as_configured = rec.schedule.ks() == [engine.server_k(spec, b) for b in range(1, max_batch + 1)]
+        # a schedule, or "always on" for a server whose own schedule switches speculation off somewhere:
+        # unless it is the server's own, a deployment nobody has measured yet, so its rendering says what to set
+        rec.deploy = engine.render(rec.schedule, spec, info.version, rec.action == "schedule" or not rec.as_configured)
+        if rec.action == "keep" and not rec.as_configured:
+            rec.text += "; its configured schedule switches speculation off where the verdicts say on"
     elif rec.action in ("keep", "off"):
         rec.as_configured = rec.action == "keep"
+        if rec.action == "off":
+            rec.schedule = Schedule.of([0] * max_batch)
+            rec.deploy = engine.render(rec.schedule, spec, info.version)
     if info.k_source and rec.action in ("schedule", "keep"):
-        rec.text += f" (k={own_k(spec)}: {info.k_source})"
-    if info.flavor == "sglang":
-        rec.sglang = sglang_mechanism(info, rec.action, on)
-    if info.engine == "external":
+        rec.text += f" (k={k}: {info.k_source})"
+    if not engine.launches:
         # the deployment is still stated for the engine behind it; nothing here restarts it to measure it
-        how = {"vllm": "the vLLM schedule above", "sglang": "the SGLang mechanism above"}.get(info.flavor)
+        how = engine.deployment_noun
         rec.text += (" (an external endpoint: nothing here restarts it, so the recommended deployment is not measured"
                      + (f"; deploy {how} on it and measure it as a configured server" if how and not rec.as_configured
                         and rec.action in ("schedule", "keep") else "") + ")")
@@ -239,6 +206,17 @@ def recommend(info: ServerInfo, suite: str, verdicts: list[Verdict], cmps: list[
                                         min_effect=s.min_effect,
                                         reason="an external endpoint: nothing here restarts it with the recommended "
                                                "configuration, so it is not measured")
+    return rec
+
+
+def rendered(rec: Recommendation, info: ServerInfo | None) -> Recommendation:
+    """rec with its engine's rendering of its schedule (as recommend makes it) where the file it was read
+    from names the schedule only (`vllm_schedule`, Recommendation.from_json)."""
+    if rec.deploy is None and rec.schedule is not None and info is not None:
+        engine = engine_of(info)
+        if engine.label:
+            rec.deploy = engine.render(rec.schedule, info.speculative or {}, info.version,
+                                       rec.action == "schedule" or not rec.as_configured)
     return rec
 
 
@@ -263,38 +241,13 @@ def _list(dec: dict, value, verdicts: list[Verdict], kind: Decision) -> str:
     return ("c=" + ",".join(map(str, cs))) if cs else ""
 
 
-def sglang_mechanism(info: ServerInfo, action: str, on: list[bool]) -> dict:
-    """The nearest mechanism the installed SGLang has for speculating less as batches grow."""
-    if action in ("keep", "undecided"):
-        return {"mechanism": None, "why": "nothing to change"}
-    if action == "off":
-        return {"mechanism": "baseline", "why": "serve without --speculative-algorithm"}
-    if info.sglang_adaptive and _spans(on) == [(1, max(b for b, x in enumerate(on, 1) if x))]:
-        from ..serving.engines.sglang import adaptive_config
-
-        boundary = max(b for b, x in enumerate(on, 1) if x)
-        return {"mechanism": "speculative-adaptive", **info.sglang_adaptive, "boundary": boundary,
-                "config": adaptive_config(info.speculative or {}, boundary),
-                "why": f"--speculative-adaptive with a config whose batch sizes above {boundary} have only 0 "
-                       "steps to choose from (no drafting), and the server's own steps below"}
-    if info.sglang_adaptive:
-        return {"mechanism": None, "why": "speculation pays in more than one range of batch sizes; SGLang's adaptive "
-                                          "config cannot express that: route traffic by batch size instead"}
-    return {"mechanism": None,
-            "why": f"SGLang {info.version or '(version unknown)'} has no flag that switches speculation off above a "
-                   f"batch size (--speculative-adaptive came with 0.5.18): route traffic above batch "
-                   f"{max(b for b, x in enumerate(on, 1) if x)} to the baseline server instead"}
-
-
-
-
 # -- verification: the recommendation, measured, against a reference fixed in advance --------------
 def deployed_on(rec: Recommendation, c: int) -> bool | None:
-    """Whether the recommended deployment speculates at batch size c (None: it does not say)."""
-    if rec.vllm_schedule:
-        return server_k({"num_speculative_tokens_per_batch_size": rec.vllm_schedule}, c) > 0
-    if rec.sglang and rec.sglang.get("mechanism") == "speculative-adaptive":
-        return c <= rec.sglang["boundary"]
+    """Whether the recommended deployment speculates at batch size c (None: it does not say); above its
+    schedule's largest batch, its last band's setting."""
+    if rec.schedule is not None and rec.schedule.bands:
+        k = rec.schedule.k_at(c)
+        return (rec.schedule.bands[-1][2] if k is None else k) > 0
     return {"keep": True, "off": False}.get(rec.action)
 
 
@@ -308,7 +261,8 @@ def reference(rec: Recommendation, info: ServerInfo | None, baseline: str, c: in
     if not on:
         return baseline, None
     spec = (info.speculative if info else None) or {}
-    if spec.get("num_speculative_tokens_per_batch_size") and server_k(spec, c) == 0:
+    engine = engine_of(info) if info else None
+    if engine is not None and engine.own_k(spec) and engine.server_k(spec, c) == 0:
         return None, f"`{rec.server}` as configured does not speculate at c={c}, so no measured server is the reference"
     return rec.server, None
 

@@ -43,12 +43,12 @@ from dataclasses import dataclass, field
 import numpy as np
 import polars as pl
 
-from ..measuring.metrics import tpot_s
-from ..records import METRICS, CellResult
+from ... import metrics
+from ...metrics import LABEL, LATENCY
+from ...records import CellResult
 from .sequential import Design
 
-LATENCY = {"tpot", "e2el"}  # lower is better: speedup = baseline / server
-LABEL = {"output_throughput": "throughput", "goodput": "goodput", "tpot": "TPOT", "e2el": "end-to-end latency"}
+__all__ = ["LABEL", "LATENCY", "Arrays", "Measurements", "Settings", "plain_steps", "rows_of"]
 
 
 @dataclass
@@ -78,29 +78,17 @@ class Settings:
 
     @property
     def metrics(self) -> tuple[str, ...]:
-        return tuple(m for m in METRICS if m != "goodput" or self.slo)
+        return tuple(m for m in metrics.NAMES if m != "goodput" or self.slo)
+
+    def rng(self, *key) -> np.random.Generator:
+        """The random source of one question (a comparison, a bootstrap, a simulation), seeded by the
+        settings' seed and the question's key: a result never depends on the order questions are asked."""
+        import zlib
+
+        return np.random.default_rng([self.seed, zlib.crc32(repr(key).encode())])
 
 
 # -- one cell's requests, as arrays -----------------------------------------------------------
-def closed_loop_makespan(e2e: np.ndarray, c: int) -> np.ndarray:
-    """How long C workers take to serve requests of these latencies in this order, each worker taking
-    the next request when it is free (the cell's closed loop), for every row of resamples at once.
-
-    The verdicts used to take a closed loop's throughput as tokens over this makespan; they take the
-    rate at the load now (module docstring: at C >= requests the makespan is the slowest request,
-    whose variance a bootstrap understates). Kept for the calibration's own makespan model."""
-    e2e = np.atleast_2d(e2e)
-    rows, n = e2e.shape
-    if c >= n:
-        return e2e.max(-1)
-    free = np.zeros((rows, c))
-    r = np.arange(rows)
-    for i in range(n):
-        j = free.argmin(-1)
-        free[r, j] += e2e[:, i]
-    return free.max(-1)
-
-
 @dataclass
 class Arrays:
     """A cell's successful requests as numpy arrays, keyed by (prompt, pass) for pairing."""
@@ -115,7 +103,7 @@ class Arrays:
     duration: float
     prompts: list = field(default_factory=list)
     spec: dict = field(default_factory=dict)  # per request: num_spec_steps, num_draft_tokens, num_accepted_tokens
-    flavor: str = "vllm"
+    flavor: str = "openai"      # whose acceptance definitions its counters follow (the cell's flavor)
     prompt_tokens: np.ndarray | None = None    # per request, from the server's usage (NaN where unknown)
     start: np.ndarray | None = None            # per request: when it was sent (s from the cell's start)
     # per request: the latency and the TPOT the bootstrap resamples, each plus the request's influence on the
@@ -123,30 +111,29 @@ class Arrays:
     # unchanged, so every point estimate is.
     e2e_load: np.ndarray | None = None
     tpot_load: np.ndarray | None = None
+    sources: list = field(default_factory=list)    # per request: its training source (None: a file suite's)
+    # per request: its decode steps (speculative and plain); None where they cannot be known (a server that
+    # drafted without per-request counters)
+    decode_steps: np.ndarray | None = None
 
     @classmethod
     def of(cls, cell: CellResult, requests: pl.DataFrame, slo: dict) -> "Arrays":
         ok = requests.filter(pl.col("ok"))
-        out = ok["output_tokens"].cast(pl.Float64).to_numpy()
-        e2e = ok["e2e_s"].cast(pl.Float64).to_numpy()
-        ttft = ok["ttft_s"].cast(pl.Float64).fill_null(np.nan).to_numpy()
-        tpot = tpot_s(e2e, ttft, out)
-        good = np.ones(len(out), bool)
-        if slo.get("ttft_ms") is not None:
-            good &= ttft * 1000 <= slo["ttft_ms"]
-        if slo.get("tpot_ms") is not None:  # vLLM: a request of one token has TPOT 0
-            good &= np.nan_to_num(tpot, nan=0.0) * 1000 <= slo["tpot_ms"]
-        if slo.get("e2el_ms") is not None:
-            good &= e2e * 1000 <= slo["e2el_ms"]
+
+        def col(name: str) -> np.ndarray:
+            return (ok[name].cast(pl.Float64).fill_null(np.nan).to_numpy() if name in ok.columns
+                    else np.full(ok.height, np.nan))
+
+        out, e2e, ttft = col("output_tokens"), col("e2e_s"), col("ttft_s")
+        tpot = metrics.tpot(e2e, ttft, out)
         prompts = ok["prompt_id"].to_list()
         keys = [f"{p}#{k}" for p, k in zip(prompts, ok["pass_index"].to_list())]
-        spec = {k: ok[k].cast(pl.Float64).fill_null(np.nan).to_numpy() if k in ok.columns else np.full(len(out), np.nan)
-                for k in ("num_spec_steps", "num_draft_tokens", "num_accepted_tokens")}
-        ptok = (ok["prompt_tokens"].cast(pl.Float64).fill_null(np.nan).to_numpy() if "prompt_tokens" in ok.columns
-                else np.full(len(out), np.nan))
-        start = ok["start_s"].cast(pl.Float64).fill_null(np.nan).to_numpy() if "start_s" in ok.columns else None
-        return cls(keys, out, e2e, ttft, tpot, good, cell.request_rate in ("inf", None), cell.concurrency,
-                   cell.duration or 0.0, prompts, spec, cell.flavor, ptok, start)
+        spec = {k: col(k) for k in ("num_spec_steps", "num_draft_tokens", "num_accepted_tokens")}
+        start = col("start_s") if "start_s" in ok.columns else None
+        sources = ok["source"].to_list() if "source" in ok.columns else [None] * ok.height
+        return cls(keys, out, e2e, ttft, tpot, metrics.good(e2e, ttft, tpot, slo), cell.request_rate in ("inf", None),
+                   cell.concurrency, cell.duration or 0.0, prompts, spec, cell.flavor, col("prompt_tokens"), start,
+                   sources=sources, decode_steps=decode_steps(out, spec, cell))
 
     @property
     def workers(self) -> int:
@@ -158,52 +145,94 @@ class Arrays:
         loop's throughput is the rate at its load, C x tokens / sum of latencies (module docstring);
         latencies and TPOT carry their influence on the others' in the drain (e2e_load, tpot_load)."""
         lat = self.e2e if self.e2e_load is None else self.e2e_load
-        if metric in ("output_throughput", "goodput"):
-            num = (self.out if metric == "output_throughput" else self.good.astype(float))[idx].sum(-1)
-            if self.closed:
-                return self.workers * num / lat[idx].sum(-1)
-            return num / self.duration * (len(self.out) / idx.shape[-1])
-        vals = (lat if metric == "e2el" else self.tpot if self.tpot_load is None else self.tpot_load)[idx]
-        with np.errstate(invalid="ignore"):
-            return np.nanmean(vals, axis=-1)
+        tpot = self.tpot if self.tpot_load is None else self.tpot_load
+        v = metrics.values(metric, self.out, self.good, lat, tpot)[idx]
+        if not metrics.TABLE[metric].rate:
+            return metrics.estimate(metric, self.workers, v)
+        if not self.closed:
+            return v.sum(-1) / self.duration * (len(self.out) / idx.shape[-1])
+        return metrics.estimate(metric, self.workers, v, lat[idx])
 
     def point(self, metric: str, cell: CellResult) -> float | None:
         """The cell's own figure: a closed loop's throughput and goodput at its load (C x tokens or good
         requests / the sum of latencies: module docstring), an open loop's over the cell's duration
         (vLLM's definitions); mean TPOT and end-to-end latency."""
-        if metric in ("output_throughput", "goodput") and self.closed:
+        rate = metrics.TABLE[metric].rate
+        if rate and self.closed:
             if not len(self.out) or not np.isfinite(self.e2e).all() or self.e2e.sum() <= 0:
                 return cell.output_throughput if metric == "output_throughput" else None
-            num = self.out.sum() if metric == "output_throughput" else float(self.good.sum())
-            return float(self.workers * num / self.e2e.sum())
+            return float(metrics.closed_loop(metric, self.workers, self.out, self.good, self.e2e, self.tpot))
         if metric == "output_throughput":
             return cell.output_throughput
-        if metric == "goodput":
-            return float(self.good.sum()) / cell.duration if cell.duration else None
-        vals = self.tpot if metric == "tpot" else self.e2e
+        if rate:
+            return metrics.open_loop_rate(metric, self.out, self.good, cell.duration)
+        vals = metrics.values(metric, self.out, self.good, self.e2e, self.tpot)
         vals = vals[~np.isnan(vals)]
         return float(vals.mean()) if vals.size else None
+
+
+def plain_steps(decoded, spec_steps, accepted) -> np.ndarray:
+    """A request's plain decode steps: its tokens after the first that no speculative step produced (a
+    speculative step yields 1 + its accepted tokens). Never below 0: the engines count accepted tokens
+    that max_tokens then cut off, so a request that speculated at every step can appear to have more."""
+    return np.maximum(np.asarray(decoded, float) - np.asarray(spec_steps, float) - np.asarray(accepted, float), 0.0)
+
+
+def decode_steps(out: np.ndarray, spec: dict, cell: CellResult) -> np.ndarray | None:
+    """Per request: the decode steps it took (speculative plus plain), from its own counters; one a token
+    where its server drafted nothing in the cell; None where a drafting server did not count them per
+    request (the step model cannot replay such a cell)."""
+    decoded = np.maximum(out - 1, 0.0)
+    steps = spec["num_spec_steps"]
+    if len(out) and np.isfinite(steps).all():
+        return steps + plain_steps(decoded, steps, np.nan_to_num(spec["num_accepted_tokens"], nan=0.0))
+    if not (cell.spec_decode_num_drafts or 0):
+        return decoded
+    return None
+
+
+# Every column of a cell's request records read as rows (output agreement, natural stopping, sessions)
+COLUMNS = ("prompt_id", "pass_index", "ok", "output_tokens", "output_sha256", "output_token_ids", "session_id",
+           "turn", "natural_stop", "past_stop_tokens", "cached_tokens", "prompt_tokens", "ttft_s", "start_s", "e2e_s")
+
+
+def rows_of(df: pl.DataFrame) -> list[dict]:
+    """A cell's request records, failed ones included, as dicts with every column in COLUMNS (None
+    where a cell's records lack it)."""
+    have = [c for c in COLUMNS if c in df.columns]
+    out = df.select(have).to_dicts()
+    for r in out:
+        for c in COLUMNS:
+            r.setdefault(c, None)
+    return out
 
 
 # -- the measurements ---------------------------------------------------------------------------
 @dataclass
 class Measurements:
-    """Every cell, indexed by (server, suite, concurrency, repeat)."""
+    """Every cell, indexed by (server, suite, concurrency, repeat): the only reader of the cells' request
+    records. `arrays`: the successful requests as arrays (what every estimate reads); rows(): every
+    request as a dict (what output agreement, natural stopping and sessions read), made when first asked
+    for (most analyses never ask: the calibration runs thousands)."""
     cells: dict
     arrays: dict
     settings: Settings
     # (server, against, suite, c, metric) -> the Verdict the sequential design kept where it stopped that
     # configuration (analysis.frozen_verdicts): every comparison of those data keeps it (comparison.freeze)
     frozen: dict = field(default_factory=dict)
+    frames: dict = field(default_factory=dict, repr=False)   # key -> the cell's request records as read
+    _rows: dict = field(default_factory=dict, repr=False)
+    _estimates: dict = field(default_factory=dict, repr=False)
 
     @classmethod
     def of(cls, cells: list[tuple[CellResult, pl.DataFrame]], settings: Settings) -> "Measurements":
-        c, a = {}, {}
+        c, a, frames = {}, {}, {}
         for cell, req in cells:
             k = (cell.server, cell.suite, cell.concurrency, cell.repeat)
             c[k] = cell
             a[k] = Arrays.of(cell, req, settings.slo)
-        m = cls(c, a, settings)
+            frames[k] = req
+        m = cls(c, a, settings, frames=frames)
         for (server, suite, conc), keys in _configurations(m).items():
             if not any(a[k].closed and a[k].start is not None and conc > 1 for k in keys):
                 continue
@@ -213,8 +242,43 @@ class Measurements:
                     a[k].e2e_load, a[k].tpot_load = load_figures(a[k], x)
         return m
 
+    @classmethod
+    def read(cls, cells: "Measurements | list[tuple[CellResult, pl.DataFrame]]", settings: Settings) -> "Measurements":
+        """Measurements as given, or read from (cell, request records) pairs."""
+        return cells if isinstance(cells, Measurements) else cls.of(cells, settings)
+
     def servers(self) -> list[str]:
         return list(dict.fromkeys(k[0] for k in self.cells))
+
+    def only(self, servers) -> "Measurements":
+        """The cells of these servers (the same arrays: a server's figures never depend on another's)."""
+        keep = set(servers)
+        pick = lambda d: {k: v for k, v in d.items() if k[0] in keep}   # noqa: E731
+        return Measurements(pick(self.cells), pick(self.arrays), self.settings, dict(self.frozen), pick(self.frames),
+                            pick(self._rows))
+
+    def estimated(self, name: str, servers, estimate):
+        """An estimate over these servers' cells (run to run, acceptance run to run), made once: every
+        question that rests on it (verdicts, verifications, attribution, the context axis) reads the
+        same one. `servers`: None for every server."""
+        key = (name, tuple(x for x in self.servers() if servers is None or x in servers))
+        if key not in self._estimates:
+            self._estimates[key] = estimate()
+        return self._estimates[key]
+
+    def rows(self, key) -> list[dict]:
+        """Every request of a cell, failed ones included, as dicts (rows_of)."""
+        if key not in self._rows:
+            self._rows[key] = rows_of(self.frames[key])
+        return self._rows[key]
+
+    def session_ids(self) -> dict[str, str]:
+        """prompt id -> session id of every session suite's turn (the context axis resamples sessions)."""
+        out = {}
+        for df in self.frames.values():
+            if "session_id" in df.columns:
+                out.update(dict(df.select("prompt_id", "session_id").drop_nulls().iter_rows()))
+        return out
 
     def repeats(self, server: str, suite: str, c: int) -> list[int]:
         return sorted(k[3] for k in self.cells if k[:3] == (server, suite, c))
@@ -273,7 +337,7 @@ def load_figures(a: Arrays, x: float) -> tuple[np.ndarray, np.ndarray]:
     n = len(a.e2e)
     share = caused_delay(a.start, a.e2e, x, np.ones(n))
     tpot_ok = np.isfinite(a.tpot)
-    per_token = np.where(tpot_ok, 1 / np.maximum(a.out - 1, 1), 0.0)
+    per_token = np.where(tpot_ok, 1 / metrics.tpot_tokens(a.out), 0.0)
     first = a.start + np.where(np.isfinite(a.ttft), a.ttft, 0.0)
     t_share = caused_delay(a.start, a.e2e, x, per_token, since=first)
     t_mean = float(t_share[tpot_ok].mean()) if tpot_ok.any() else 0.0
@@ -325,13 +389,6 @@ def batch_scaling(m: Measurements, server: str, suite: str, c: int) -> float:
         if den > 0:
             xs.append(max(0.0, (r - 1) / den))
     return float(np.median(xs)) if xs else float("inf")
-
-
-def _rng(settings: Settings, *key) -> np.random.Generator:
-    """A generator seeded by the settings and the comparison: results do not depend on order."""
-    import zlib
-
-    return np.random.default_rng([settings.seed, zlib.crc32(repr(key).encode())])
 
 
 def _log(v) -> float | None:

@@ -35,11 +35,11 @@ from __future__ import annotations
 
 import dataclasses
 
-from .comparison import compare, decide
+from ..verdicts.comparison import compare, decide
 from .kmodel import KChoice
-from .measurements import Measurements, Settings
-from .noise import RunToRun
-from ..records import Decision
+from ..reading.measurements import Measurements, Settings
+from ..verdicts.noise import RunToRun
+from ...records import Decision
 
 
 # -- the best k per concurrency ------------------------------------------------------------------------

@@ -1,13 +1,13 @@
 """Which k at which load, part one: the k-sweep records and the model of the speedup
 per k. The best k per concurrency is decided in kchoice, the batch bands in kbands, and the deployment
-that runs them (a vLLM per-batch-size schedule, SGLang's adaptive candidate steps) with its text and
+that runs them (an engine-neutral schedule, rendered by the sweep's engine adapter) with its text and
 verification references in krecommend; the records of all four live here, beside the model.
 
 The servers of one k sweep (specmatch.sweep: `eagle3@k=1`, `eagle3@k=2`, ...) and the baseline (k = 0)
 were measured on the same prompts at the same concurrencies, in repeated server sessions.
 
 **The model** (predict). A speculative step yields tau tokens and costs rho plain decode steps of the
-baseline, so the TPOT speedup is tau / rho (specmatch.deciding.attribution). vLLM reports the acceptance rate
+baseline, so the TPOT speedup is tau / rho (specmatch.deciding.explaining.attribution). vLLM reports the acceptance rate
 at each draft position p = 0, 1, ... (`spec_decode_per_position_acceptance_rates`: accepted tokens at
 position p over drafts; a token is accepted only if every one before it was, so r_p is already the
 product of the conditional acceptances a_0 ... a_p). A drafter's proposal at position p does not
@@ -45,10 +45,10 @@ from dataclasses import dataclass, field
 from statistics import NormalDist
 from typing import Optional
 
-from .attribution import acceptance_run_to_run, decompose
-from .measurements import Measurements
-from .noise import RunToRun
-from ..records import Interval, Record, Verdict, Verification
+from ..explaining.attribution import acceptance_run_to_run, decompose
+from ..reading.measurements import Measurements
+from ..verdicts.noise import RunToRun
+from ...records import Deployment, Interval, Record, Schedule, Verdict, Verification
 
 
 # -- records ------------------------------------------------------------------------------------
@@ -126,9 +126,8 @@ class KRecommendation(Record):
     bands: list[KBand] = field(default_factory=list)
     k: Optional[int] = None                     # keep: the one k
     server: Optional[str] = None                # keep: the member that runs it as measured; off: the baseline
-    vllm_schedule: Optional[list] = None        # [[lo, hi, k], ...] inclusive, covering 1..max_batch
-    speculative: Optional[dict] = None          # the speculative config to deploy (vLLM / SGLang)
-    sglang: Optional[dict] = None               # SGLang's mechanism, or {"mechanism": None, "why": ...}
+    schedule: Optional[Schedule] = None         # the bands, neighbours with the same k merged, covering 1..max_batch
+    deploy: Optional[Deployment] = None         # the schedule as the sweep's engine runs it (its adapter's rendering)
     extrapolated_above: Optional[int] = None    # the largest measured concurrency, when max_batch exceeds it
     extrapolated_below: Optional[int] = None    # the smallest measured concurrency, when it is above 1
     max_batch: Optional[int] = None

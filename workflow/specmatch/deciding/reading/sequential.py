@@ -18,7 +18,7 @@ alpha(t) = alpha * ln(1 + (e - 1) t) (spends early, so a large effect stops at `
 boundary c_j solves P(no crossing before j, |Z_j| > c_j) = alpha(t_j) - alpha(t_{j-1}) under that
 joint normal. The verdict at look j is then the ordinary interval at the nominal level
 1 - 2 (1 - Phi(c_j)) (with the comparison's own Student-t degrees of freedom), so every rule of
-specmatch.deciding.comparison applies unchanged. A fixed design (min = max) has one look at the full level.
+specmatch.deciding.verdicts.comparison applies unchanged. A fixed design (min = max) has one look at the full level.
 
 Why this and not Bonferroni over looks: when w dominates, later looks barely add information and
 their statistics are nearly the first one's; Bonferroni would spend alpha on them as if
@@ -40,7 +40,7 @@ from statistics import NormalDist
 
 import numpy as np
 
-from ..stats import t_ppf
+from ...stats import t_ppf
 
 MIN_DECIDE = 0.25    # default: continue only where the remaining repeats decide a verdict with this probability
 _DRAWS = 200_000     # Monte-Carlo draws for the boundaries (MC error of a level ~0.0005)

@@ -5,13 +5,13 @@ A comparison has two levels of noise, and its interval includes both, each once:
 - the **prompt sample**: a paired bootstrap by prompt (the two servers served the same prompts; a
   resample draws prompts, both servers' requests for them together, the same draw in every repeat).
   Closed loop, throughput is the rate at the load, each request's latency and TPOT carrying its
-  influence on the others' in the drain (deciding.measurements); open loop, sum(output tokens) /
+  influence on the others' in the drain (deciding.reading.measurements); open loop, sum(output tokens) /
   duration. A bootstrap's variance of a mean over n prompts is short by (n - 1) / n: w is scaled back.
   The part of the bootstrap variance that every repeat shares (the covariance of the repeats'
   resampled log ratios) is the prompt sample's, which more repeats do not average out: `w`, with
   prompts - 1 degrees of freedom. The rest is each repeat's own request noise, which is part of
   the repeats' spread and so of tau^2: counted there, not twice.
-- **run to run**: tau^2 of each server at this concurrency (specmatch.deciding.noise), divided by R.
+- **run to run**: tau^2 of each server at this concurrency (specmatch.deciding.verdicts.noise), divided by R.
 
 The log speedup averaged over R repeats has variance w + (tau^2_server + tau^2_against) / R and a
 Student t interval with Satterthwaite's dof over its independent parts (noise.VarianceSum).
@@ -35,11 +35,11 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from .measurements import LATENCY, Measurements, Settings, _rng
+from ..reading.measurements import LATENCY, Measurements, Settings
 from .noise import RunToRun, VarianceSum
-from ..records import Crossover, Decision, Direction, Verdict
-from . import sequential
-from ..stats import t_ppf
+from ...records import Crossover, Decision, Direction, Verdict
+from ..reading import sequential
+from ...stats import t_ppf
 
 
 @dataclass
@@ -131,7 +131,7 @@ def compare(m: Measurements, rr: RunToRun, server: str, against: str, suite: str
         cmp.note = "fewer than two prompts answered by both servers in every repeat"
         cmp.logs = []
         return cmp
-    draw = _rng(m.settings, "pair", server, against, suite, c, metric).integers(
+    draw = m.settings.rng("pair", server, against, suite, c, metric).integers(
         0, len(prompts), size=(m.settings.bootstrap, len(prompts)))
     boot = _bootstrap(m, pairs, prompts, common, metric, sign, draw)
     boot = boot[:, np.isfinite(boot).all(0)]
@@ -224,7 +224,7 @@ def decide(cmp: Comparison, s: Settings) -> Verdict:
 def look_level(cmp: Comparison, s: Settings) -> float:
     """The confidence of this comparison's verdict: `s.confidence` in a fixed design; under the
     sequential design (`repeats: {min, max}`) the level of the look its repeats make, so that
-    stopping when a verdict is decided keeps the error rate (specmatch.deciding.sequential)."""
+    stopping when a verdict is decided keeps the error rate (specmatch.deciding.reading.sequential)."""
     d = s.design
     if not d.sequential or not cmp.run_to_run or cmp.estimate is None or cmp.se is None:
         return s.confidence
@@ -305,7 +305,7 @@ def deciding_design(cmp: Comparison, s: Settings, target: float = TARGET) -> dic
     if not todo:
         return None
     key = (cmp.server, cmp.against, cmp.suite, cmp.concurrency, cmp.metric)
-    rng, fresh = _rng(s, "design", *key), _rng(s, "confirm", *key)
+    rng, fresh = s.rng("design", *key), s.rng("confirm", *key)
     post = effect_posterior(cmp)
     best, tried = None, 0
     batch = DESIGN_BATCH if not s.design.sequential else max(1, DESIGN_BATCH // 8)
@@ -558,7 +558,7 @@ def what_would_decide(cmp: Comparison, s: Settings) -> tuple[str, dict | None]:
 def regions(verdicts: list[Verdict]):
     """Consecutive concurrencies with the same verdict, so a non-monotone shape (loses low, pays
     higher up, as with MoE targets) is described as it is instead of by a single crossover."""
-    from ..records import Region
+    from ...records import Region
 
     out: list = []
     for v in sorted(verdicts, key=lambda v: v.concurrency):
@@ -594,7 +594,7 @@ def crossovers(verdicts: list[Verdict], cmps: list[Comparison], s: Settings, dra
     xs = np.log([c.concurrency for c in order])
     mu = np.array([c.estimate for c in order])
     n = draws or max(1000, s.bootstrap)
-    rng = _rng(s, "crossover", order[0].server, order[0].against, order[0].suite, order[0].metric)
+    rng = s.rng("crossover", order[0].server, order[0].against, order[0].suite, order[0].metric)
     servers = sorted({k for c in order for k in c.session})
     shared = rng.standard_normal((n, len(servers)))
     y = np.tile(mu, (n, 1))

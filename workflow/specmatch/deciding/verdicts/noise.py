@@ -48,8 +48,8 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from .measurements import Measurements, cell_log_stat
-from ..stats import chi2_cdf, chi2_ppf, digamma, median_fit_dof, trigamma, trigamma_inverse
+from ..reading.measurements import Measurements, cell_log_stat
+from ...stats import chi2_cdf, chi2_ppf, digamma, median_fit_dof, trigamma, trigamma_inverse
 
 
 # -- a variance made of estimated parts ---------------------------------------------------------
@@ -269,7 +269,11 @@ def _shrunk(metric: str, cfgs: list, pi: float, resid: list) -> tuple[dict, dict
 
 def run_to_run(m: Measurements, servers: list[str] | None = None) -> RunToRun:
     """tau^2 of every configuration group (module docstring) from every configuration measured in
-    two repeats or more, and the robust pooled headline."""
+    two repeats or more, and the robust pooled headline; estimated once per set of servers."""
+    return m.estimated("run_to_run", servers, lambda: _run_to_run(m, servers))
+
+
+def _run_to_run(m: Measurements, servers: list[str] | None) -> RunToRun:
     configs: dict = {}
     for key in m.cells:
         if servers is None or key[0] in servers:

@@ -30,20 +30,17 @@ correlation), plus the measured run-to-run variance of TPOT and of tau across se
 """
 from __future__ import annotations
 
-import json
 import math
 from dataclasses import dataclass
-from pathlib import Path
 
 import numpy as np
 
-from .comparison import compare, decide, repeat_mean_variance, shared_variance
-from .measurements import Arrays, Measurements, _rng
-from .noise import RunToRun, VarianceSum, _tau2_dof, fit_tau2
-from ..serving.controls import OFF, is_control
-from ..serving.engines import definitions
-from ..records import AdjustedSpeedup, Attribution, Contrast, Effect, Interval
-from ..stats import t_ppf
+from ..verdicts.comparison import compare, decide, repeat_mean_variance, shared_variance
+from ..reading.measurements import Arrays, Measurements, plain_steps
+from ..verdicts.noise import RunToRun, VarianceSum, _tau2_dof, fit_tau2
+from ...serving.engines import adapters, definitions
+from ...records import Interval
+from ...stats import t_ppf
 
 SPEC = ("num_spec_steps", "num_draft_tokens", "num_accepted_tokens")
 
@@ -111,19 +108,11 @@ def _tau(flavor: str, steps, drafted, accepted, out) -> np.ndarray:
 
 def mixed_schedule(spec: dict | None) -> bool:
     """Whether a server's batch-size schedule runs plain steps at some batch sizes and speculative
-    steps at others: vLLM's num_speculative_tokens_per_batch_size with k=0 and k>0 bands, or an SGLang
-    --speculative-adaptive config (`adaptive`: its file) with 0 and non-zero candidate steps. An
-    adaptive config that cannot be read counts as mixed: tokens per decode step is right for any
-    server, the engine's acceptance length only for one whose every step speculates."""
-    spec = spec or {}
-    ks = {int(k) for _, _, k in spec.get("num_speculative_tokens_per_batch_size") or []}
-    if not ks and spec.get("adaptive"):
-        try:
-            cfg = json.loads(Path(spec["adaptive"]).read_text())
-            ks = {int(x) for slot in cfg.values() if isinstance(slot, dict) for x in slot.get("candidate_steps", [])}
-        except (OSError, ValueError, TypeError, AttributeError):
-            return True
-    return 0 in ks and any(ks)
+    steps at others (vLLM's num_speculative_tokens_per_batch_size with k=0 and k>0 bands, SGLang's
+    --speculative-adaptive config with 0 and non-zero candidate steps): the registered engines' adapters
+    answer for their own keys (Engine.mixed_schedule). Tokens per decode step is right for any server,
+    the engine's acceptance length only for one whose every step speculates."""
+    return any(a.mixed_schedule(spec or {}) for a in adapters())
 
 
 def mixed_servers(infos: dict) -> set[str]:
@@ -142,13 +131,6 @@ def every_request_counted(a: Arrays, cell) -> bool:
     return cell.spec_decode_num_drafts is not None and float(np.nansum(steps)) == float(cell.spec_decode_num_drafts)
 
 
-def plain_steps(decoded, spec_steps, accepted) -> np.ndarray:
-    """A request's plain decode steps: its tokens after the first that no speculative step produced (a
-    speculative step yields 1 + its accepted tokens). Never below 0: the engines count accepted tokens
-    that max_tokens then cut off, so a request that speculated at every step can appear to have more."""
-    return np.maximum(np.asarray(decoded, float) - np.asarray(spec_steps, float) - np.asarray(accepted, float), 0.0)
-
-
 def _per_decode_step(decoded, decode_steps) -> np.ndarray:
     """Tokens per decode step, plain steps included: what TPOT = step time / tokens per step divides by."""
     decoded, decode_steps = np.atleast_1d(np.asarray(decoded, float)), np.atleast_1d(np.asarray(decode_steps, float))
@@ -161,7 +143,12 @@ def _per_decode_step(decoded, decode_steps) -> np.ndarray:
 # -- run-to-run variation of tau ----------------------------------------------------------------
 def acceptance_run_to_run(m: Measurements, servers: list[str] | None = None) -> tuple[float | None, float]:
     """tau_acc^2: the session-to-session variance of a configuration's log acceptance length, fitted
-    as analysis.run_to_run fits the metrics' (a median over configurations)."""
+    as noise.run_to_run fits the metrics' (a median over configurations); estimated once per set of
+    servers."""
+    return m.estimated("acceptance_run_to_run", servers, lambda: _acceptance_run_to_run(m, servers))
+
+
+def _acceptance_run_to_run(m: Measurements, servers: list[str] | None) -> tuple[float | None, float]:
     groups: dict = {}
     for key, cell in m.cells.items():
         if servers is not None and key[0] not in servers:
@@ -233,7 +220,7 @@ def decompose(m: Measurements, rr: RunToRun, acc_rr: tuple, server: str, baselin
     flavor = m.arrays[(server, suite, c, reps[0])].flavor
     # the same prompts and the same draw as the TPOT comparison (analysis.compare)
     prompts = common_prompts(m, server, baseline, suite, c, reps)
-    draw = _rng(s, "pair", server, baseline, suite, c, "tpot").integers(0, len(prompts), size=(s.bootstrap, len(prompts)))
+    draw = s.rng("pair", server, baseline, suite, c, "tpot").integers(0, len(prompts), size=(s.bootstrap, len(prompts)))
     log_tau, log_tpot, boot_tau, boot_tpot, sources = [], [], [], [], set()
     for r in reps:
         ps = PerPrompt.of(m.arrays[(server, suite, c, r)], prompts)
@@ -419,7 +406,7 @@ def length_model(m: Measurements, server: str, baseline: str, c: int, suites: li
     if full is None:
         return None
     b, raw, adj = full
-    rng = _rng(m.settings, "length", server, baseline, c, tuple(names))
+    rng = m.settings.rng("length", server, baseline, c, tuple(names))
     boot_raw = {u: [] for u in names}
     boot_adj = {u: [] for u in names}
     for _ in range(m.settings.bootstrap):

@@ -11,7 +11,7 @@ read from the cell; the verdict says it rests on such cells, and the reader (or
 """
 from __future__ import annotations
 
-from ..records import CellResult, Decision, FlaggedClaim, Verdict
+from ...records import CellResult, Decision, FlaggedClaim, Verdict
 
 CellKey = tuple   # (server, suite, concurrency, repeat)
 VerdictKey = tuple  # (server, suite, concurrency, metric, against): `against` "" for the baseline

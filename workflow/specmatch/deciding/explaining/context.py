@@ -5,7 +5,7 @@ never learnt), and a plain decode step costs more over a longer context, so a sp
 short prompts answers for traffic a team may not have. Per (server, suite, concurrency), the requests
 are binned by their context length (the baseline's prompt tokens from usage, so both servers' requests
 of one prompt or turn fall in the same bin) and each bin gets what attribution gives a cell
-(specmatch.deciding.attribution: tau from the per-request spec-decode metrics, the TPOT speedup paired
+(specmatch.deciding.explaining.attribution: tau from the per-request spec-decode metrics, the TPOT speedup paired
 by prompt, rho = tau / speedup) with its interval and its verdict in the usual wording (pays / loses /
 equivalent / inconclusive on the TPOT speedup). Then, per (server, suite, concurrency):
 
@@ -36,11 +36,11 @@ import numpy as np
 
 from .attribution import PerPrompt, _interval, _per_decode_step, _tau, acceptance_run_to_run, common_prompts, \
     mixed_servers
-from .comparison import Comparison, crossovers, decision, repeat_mean_variance
-from .measurements import Measurements, Settings, _rng
-from .noise import RunToRun, VarianceSum
-from ..records import Crossover, Decision, Interval, Record, Verdict
-from ..stats import t_ppf
+from ..verdicts.comparison import Comparison, crossovers, decision, repeat_mean_variance
+from ..reading.measurements import Measurements, Settings
+from ..verdicts.noise import RunToRun, VarianceSum
+from ...records import Crossover, Decision, Interval, Record, Verdict
+from ...stats import t_ppf
 
 MIN_BIN = 8          # paired prompts (turns) a bin needs: sparser bins are merged with their neighbour
 FIRST_EDGE = 64      # bins are powers of two from here (tokens), merged until each has MIN_BIN prompts
@@ -155,7 +155,7 @@ def bin_figures(m: Measurements, rr: RunToRun, acc_rr: tuple, server: str, basel
     uidx = {u: i for i, u in enumerate(units)}
     g = np.array([uidx[unit_of[p]] for p in prompts], dtype=int)
     G = len(units)
-    draw = _rng(s, "context", server, baseline, suite, c, tuple(prompts[:3]), len(prompts)).integers(
+    draw = s.rng("context", server, baseline, suite, c, tuple(prompts[:3]), len(prompts)).integers(
         0, G, size=(s.bootstrap, G))
     flavor = m.arrays[(server, suite, c, reps[0])].flavor
     log_tpot, boot_tpot, log_tau, boot_tau, per_request = [], [], [], [], True
@@ -258,7 +258,7 @@ def acceptance_slope(m: Measurements, server: str, suite: str, c: int, reps: lis
 
     b = fit(np.arange(len(y)))
     members = [np.flatnonzero(g == i) for i in range(len(units))]
-    rng = _rng(s, "context-slope", server, suite, c)
+    rng = s.rng("context-slope", server, suite, c)
     boots = []
     for _ in range(s.bootstrap):
         pick = rng.integers(0, len(units), len(units))

@@ -1,0 +1,261 @@
+"""Predictions of any mix for one speculative server against the baseline at one concurrency: the
+strata both measured, a post-stratified closed form at c = 1, simulated suites through the step model
+at c > 1, with the prompt sample's variance (paired, stratified bootstrap; small-strata correction).
+The method: specmatch.deciding.explaining.traffic."""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from ....metrics import LATENCY, log_speedup
+from ...verdicts.comparison import repeat_mean_variance, shared_variance
+
+from .step_model import CellRequests, figures, simulate
+
+SUITES = 300              # simulated suites at the measured data (c > 1): the point estimate
+
+
+# -- one server against the baseline at one concurrency ------------------------------------------------
+FIELDS = ("e2e", "ttft", "out", "ptok", "steps", "good", "m_dec", "m_adm", "tpot")
+
+
+@dataclass
+class Stratum:
+    """One stratum's prompts as both servers answered them in every repeat: per server and repeat, the
+    per-prompt means of FIELDS (over a prompt's passes), in the order of `prompts`."""
+    name: str
+    suite: str
+    prompts: list
+    data: dict = field(default_factory=dict)     # (server, repeat) -> {field: array over prompts}
+
+    @property
+    def n(self) -> int:
+        return len(self.prompts)
+
+
+def _per_prompt(cr: CellRequests, prompts: list[str]) -> dict:
+    pos = {p: i for i, p in enumerate(prompts)}
+    idx = np.array([pos.get(p, -1) for p in cr.prompts])
+    keep = idx >= 0
+    cnt = np.bincount(idx[keep], minlength=len(prompts)).astype(float)
+    tpot = cr.tpot if cr.tpot is not None else np.full(len(cr.out), np.nan)
+    vals = {"e2e": cr.e2e, "ttft": cr.ttft, "out": cr.out, "ptok": cr.ptok,
+            "steps": cr.steps if cr.steps is not None else np.full(len(cr.out), np.nan),
+            "good": cr.good.astype(float), "m_dec": cr.m_dec if cr.m_dec is not None else np.ones(len(cr.out)),
+            "m_adm": cr.m_adm if cr.m_adm is not None else np.ones(len(cr.out)), "tpot": tpot}
+    out = {}
+    for k, v in vals.items():
+        v = np.asarray(v, float)[keep]
+        with np.errstate(invalid="ignore", divide="ignore"):
+            out[k] = np.bincount(idx[keep], np.nan_to_num(v, nan=0.0), minlength=len(prompts)) / cnt
+        if k in ("steps", "tpot") and np.isnan(v).any():
+            bad = np.bincount(idx[keep], np.isnan(v).astype(float), minlength=len(prompts)) > 0
+            out[k][bad] = np.nan
+    return out
+
+
+@dataclass
+class Pair:
+    """What one speculative server's predictions at one concurrency rest on: the strata both it and
+    the baseline measured there in every common repeat, the repeats, the suite size a cell sends, the
+    step models (c > 1) and the random numbers every prediction shares (paired, and smooth along a
+    line)."""
+    server: str
+    baseline: str
+    concurrency: int
+    repeats: list
+    strata: dict                     # name -> Stratum
+    size: int
+    theta: dict = field(default_factory=dict)   # server -> step model
+    note: str | None = None
+
+    def usable(self, mix: dict) -> str | None:
+        """Why this mix cannot be predicted here (None: it can)."""
+        missing = [s for s, w in mix.items() if w > 0 and s not in self.strata]
+        if missing:
+            return f"{', '.join(missing)} not measured by both servers at c={self.concurrency}"
+        few = [s for s, w in mix.items() if w > 0 and self.strata[s].n < 2]
+        if few:
+            return f"{', '.join(few)}: fewer than 2 prompts (no estimate of the stratum's spread)"
+        if self.concurrency > 1:
+            if any(self.theta.get(x) is None for x in (self.server, self.baseline)):
+                return "no step model (a server without per-request decode steps, or open loop)"
+            if any(not np.isfinite(self.strata[s].data[(x, r)]["steps"]).all() for s, w in mix.items() if w > 0
+                   for x in (self.server, self.baseline) for r in self.repeats):
+                return "a stratum's requests without per-request decode steps"
+        return None
+
+
+@dataclass
+class Estimate:
+    """A predicted log speedup: the estimate, the prompt sample's variance (corrected for small strata)
+    with its dof, and the per-repeat predictions."""
+    value: float
+    var_w: float
+    dof_w: float
+    per_repeat: list
+
+
+class Predictor:
+    """Predictions of any mix for one Pair, with the shared random numbers (module docstring)."""
+
+    def __init__(self, pair: Pair, slo: dict, rng_of, bootstrap: int):
+        self.p, self.slo = pair, slo
+        self.metric = "output_throughput"
+        self.names = sorted(pair.strata)
+        self.rng_of = rng_of
+        self.bootstrap = bootstrap
+        self._draws: dict = {}
+        self._cache: dict = {}
+
+    # the random numbers: stratified resamples of each stratum's prompts, and (c > 1) the simulated
+    # suites' slots (a uniform for the stratum, one for the prompt), shared by both servers, every
+    # repeat and every mix
+    def draws(self, rows: int) -> dict:
+        if rows not in self._draws:
+            rng = self.rng_of("traffic", self.p.concurrency, rows, tuple((s, self.p.strata[s].n) for s in self.names))
+            d = {"res": {s: rng.integers(0, self.p.strata[s].n, (rows, self.p.strata[s].n)) for s in self.names}}
+            n = self.p.size
+            d["u_boot"], d["v_boot"] = rng.random((rows, n)), rng.random((rows, n))
+            d["u_suite"], d["v_suite"] = rng.random((SUITES, n)), rng.random((SUITES, n))
+            self._draws[rows] = d
+        return self._draws[rows]
+
+    def estimate(self, mix: dict, metric: str, rows: int | None = None) -> Estimate:
+        """The predicted log speedup of `mix` on `metric` (simulated suites are shared across metrics)."""
+        self.metric = metric
+        rows = rows or self.bootstrap
+        if self.p.concurrency == 1:
+            boot, point = self._closed_form(mix, rows)
+            S = None
+        else:
+            boot, point, S = self._simulated(mix, rows)
+        R = len(self.p.repeats)
+        ok = np.isfinite(boot).all(0)
+        boot = boot[:, ok]
+        w = shared_variance(boot) if R >= 2 else repeat_mean_variance(boot)
+        if S is not None:   # one simulated suite per resample: its own draw is not the estimate's error
+            w = max(w - repeat_mean_variance(S[:, np.isfinite(S).all(0)]), 0.0)
+        kappa, dof = self._small_strata(mix)
+        return Estimate(float(np.mean(point)), w * kappa, dof, [float(x) for x in point])
+
+    # c = 1: exact, in closed form
+    def _closed_form(self, mix: dict, rows: int) -> tuple[np.ndarray, np.ndarray]:
+        d = self.draws(rows)
+        boot, point = [], []
+        for r in self.p.repeats:
+            fig_b, fig_p = {}, {}
+            for x in (self.p.server, self.p.baseline):
+                num_b = den_b = 0.0
+                num_p = den_p = 0.0
+                for s, wt in mix.items():
+                    if wt <= 0:
+                        continue
+                    v = self.p.strata[s].data[(x, r)]
+                    num, den = self._num_den(v)
+                    res = d["res"][s]
+                    num_b = num_b + wt * num[res].mean(1)
+                    den_b = den_b + wt * (den[res].mean(1) if den is not None else 1.0)
+                    num_p += wt * num.mean()
+                    den_p += wt * (den.mean() if den is not None else 1.0)
+                fig_b[x], fig_p[x] = num_b / den_b, num_p / den_p
+            boot.append(log_speedup(self.metric, fig_b[self.p.server], fig_b[self.p.baseline]))
+            point.append(float(log_speedup(self.metric, np.array(fig_p[self.p.server]),
+                                           np.array(fig_p[self.p.baseline]))))
+        return np.array(boot), np.array(point)
+
+    def _num_den(self, v: dict) -> tuple[np.ndarray, np.ndarray | None]:
+        if self.metric == "tpot":
+            return v["tpot"], None
+        if self.metric == "e2el":
+            return v["e2e"], None
+        return (v["good"] if self.metric == "goodput" else v["out"]), v["e2e"]
+
+    # c > 1: simulated suites
+    def _slots(self, mix: dict, u: np.ndarray, v: np.ndarray, res: dict | None) -> tuple[np.ndarray, np.ndarray]:
+        """Each slot's stratum (by the mix's cumulative shares) and prompt (resampled where `res`)."""
+        names = [s for s in self.names if mix.get(s, 0) > 0]
+        cum = np.cumsum([mix[s] for s in names])
+        cum = cum / cum[-1]
+        which = np.minimum(np.searchsorted(cum, u, side="right"), len(names) - 1)
+        pick = np.zeros(u.shape, int)
+        for j, s in enumerate(names):
+            m = which == j
+            k = np.floor(v * self.p.strata[s].n).astype(int)
+            if res is not None:
+                k = np.take_along_axis(res[s], k, 1)
+            pick[m] = k[m]
+        return np.array(names)[which], pick
+
+    def _gather(self, x: str, r: int, names: np.ndarray, pick: np.ndarray) -> dict:
+        out = {k: np.zeros(names.shape) for k in ("ptok", "out", "steps", "m_dec", "m_adm")}
+        for s in np.unique(names):
+            m = names == s
+            v = self.p.strata[str(s)].data[(x, r)]
+            for k in out:
+                out[k][m] = v[k][pick[m]]
+        return out
+
+    def _run(self, x: str, r: int, names: np.ndarray, pick: np.ndarray) -> tuple:
+        g = self._gather(x, r, names, pick)
+        e2e, ttft, _ = simulate(self.p.theta[x], self.p.concurrency, g["ptok"], g["out"], g["steps"],
+                                g["m_dec"], g["m_adm"])
+        return g["out"], e2e, ttft
+
+    def _simulated(self, mix: dict, rows: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        d = self.draws(rows)
+        nb, pb = self._slots(mix, d["u_boot"], d["v_boot"], d["res"])
+        ns, ps = self._slots(mix, d["u_suite"], d["v_suite"], None)
+        boot, suites = [], []
+        key = tuple(sorted((s, round(w, 12)) for s, w in mix.items() if w > 0))
+        for r in self.p.repeats:
+            figs = {}
+            for x in (self.p.server, self.p.baseline):
+                ck = (x, r, key, rows)
+                if ck not in self._cache:
+                    self._cache[ck] = (self._run(x, r, nb, pb), self._run(x, r, ns, ps))
+                figs[x] = [figures(self.metric, self.p.concurrency, *raw, self.slo) for raw in self._cache[ck]]
+            boot.append(log_speedup(self.metric, figs[self.p.server][0], figs[self.p.baseline][0]))
+            suites.append(log_speedup(self.metric, figs[self.p.server][1], figs[self.p.baseline][1]))
+        suites = np.array(suites)
+        point = np.array([float(np.nanmean(s)) for s in suites])
+        return np.array(boot), point, suites
+
+    # the prompt sample's small-stratum correction and dof, from the linearised post-stratified ratio
+    def _small_strata(self, mix: dict) -> tuple[float, float]:
+        parts = []
+        tot = {}
+        means = {}
+        for x in (self.p.server, self.p.baseline):
+            for s, wt in mix.items():
+                if wt <= 0:
+                    continue
+                v = [self.p.strata[s].data[(x, r)] for r in self.p.repeats]
+                num = np.mean([self._num_den(a)[0] for a in v], 0)
+                den = self._num_den(v[0])[1]
+                den = np.mean([self._num_den(a)[1] for a in v], 0) if den is not None else None
+                means[(x, s)] = (num, den)
+                n_t, d_t = tot.get(x, (0.0, 0.0))
+                tot[x] = (n_t + wt * float(np.nanmean(num)), d_t + wt * (float(den.mean()) if den is not None else 1.0))
+        sign = -1.0 if self.metric in LATENCY else 1.0
+        for s, wt in mix.items():
+            if wt <= 0:
+                continue
+            psi = np.zeros(self.p.strata[s].n)
+            for x, sg in ((self.p.server, 1.0), (self.p.baseline, -1.0)):
+                num, den = means[(x, s)]
+                N, D = tot[x]
+                term = (num - np.nanmean(num)) / N
+                if den is not None:
+                    term = term - (den - den.mean()) / D
+                psi = psi + sg * sign * wt * np.nan_to_num(term)
+            n = len(psi)
+            ss = float((psi ** 2).sum())
+            parts.append((ss / n ** 2, ss / (n * (n - 1)), n - 1))
+        plug = sum(p[0] for p in parts)
+        unb = sum(p[1] for p in parts)
+        den = sum(p[1] ** 2 / p[2] for p in parts if p[1] > 0)
+        kappa = unb / plug if plug > 0 else 1.0
+        dof = unb ** 2 / den if den > 0 else float("inf")
+        return kappa, dof

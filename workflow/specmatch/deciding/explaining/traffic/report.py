@@ -1,0 +1,300 @@
+"""The traffic report: every profile's predicted speedup for every speculative server and concurrency,
+its interval (prompt sample, run to run, the model's error), the break-even lines and the check against
+a verifying suite. The method: specmatch.deciding.explaining.traffic."""
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from ...verdicts.comparison import decision
+from ...verdicts.noise import VarianceSum
+from ....config import TRAFFIC_PREFIX, TRAINING_MIX
+from ....records import (BreakEven, Decision, Direction, Interval, SuiteMatch, TrafficCheck, TrafficProfile,
+                        TrafficProfiles, TrafficRow)
+from ....serving.controls import is_control
+from ....stats import t_ppf
+
+from .predictor import Estimate, Pair, Predictor, Stratum, _per_prompt
+from .step_model import calibrate, cell_requests, fit_step_model, model_error, model_residuals, stratum_function
+
+GRID = 11                 # points along a break-even line
+LINE_BOOTSTRAP = 300      # resamples per point of a line (a profile's own prediction uses summary.bootstrap)
+ON_LINE = 0.1             # a measured suite whose composition lies within this TVD of a line is drawn on it
+
+
+# -- the report -----------------------------------------------------------------------------------------
+def profiles_from_matches(matches: list[SuiteMatch]) -> TrafficProfiles:
+    """Without a traffic.json (a run before traffic profiles): the training mix of the first training
+    suite whose match record names its sources' training shares, and the file suites."""
+    basis = next((m for m in matches if m.kind == "training" and (m.strata or m.training_sources)), None)
+    files = [m.suite for m in matches if m.kind == "file"]
+    if basis is None:
+        return TrafficProfiles(None, {}, files)
+    if basis.strata:
+        shares = {s: v["training_share"] for s, v in basis.strata.items()}
+    else:
+        total = sum(basis.training_sources.values()) or 1
+        shares = {s: n / total for s, n in basis.training_sources.items()}
+    return TrafficProfiles(basis.suite, shares, files, [TrafficProfile(TRAINING_MIX, dict(shares), {TRAINING_MIX: 1.0})])
+
+
+def _interval(est: float, parts: VarianceSum, confidence: float) -> Interval:
+    se = math.sqrt(parts.total)
+    t = t_ppf(0.5 + confidence / 2, parts.dof)
+    return Interval(math.exp(est), math.exp(est - t * se), math.exp(est + t * se))
+
+
+def _crossing(xs: np.ndarray, ys: np.ndarray) -> float | None:
+    """The first x where ys (linear between points) changes sign from its start; None if it never does."""
+    s0 = np.sign(ys[0])
+    if s0 == 0:
+        return float(xs[0])
+    for i in range(1, len(xs)):
+        if np.sign(ys[i]) != s0:
+            f = ys[i - 1] / (ys[i - 1] - ys[i]) if ys[i - 1] != ys[i] else 0.0
+            return float(xs[i - 1] + f * (xs[i] - xs[i - 1]))
+    return None
+
+
+class Report:
+    """Everything traffic_report computes, by (server, concurrency)."""
+
+    def __init__(self, an, profiles: TrafficProfiles, matches: list[SuiteMatch]):
+        self.an, self.s, self.m = an, an.settings, an.measurements
+        self.profiles = profiles
+        self.matches = {m.suite: m for m in matches}
+        stratum = stratum_function(profiles.files)
+        self.reqs = {k: cell_requests(k, a, stratum) for k, a in self.m.arrays.items()}
+        self.measuring = [u for u in ([profiles.basis] if profiles.basis else []) + list(profiles.files)
+                          if any(k[1] == u for k in self.reqs)]
+        self.model_suites = [u for u in dict.fromkeys(k[1] for k in self.reqs) if not u.startswith(TRAFFIC_PREFIX)]
+        self.theta = {}
+        for x in dict.fromkeys(k[0] for k in self.reqs):
+            mine = [cr for k, cr in self.reqs.items() if k[0] == x and k[1] in self.model_suites]
+            self.theta[x] = fit_step_model(mine) if any(k[2] > 1 for k in self.reqs if k[0] == x) else None
+            if self.theta[x] is not None:
+                for cr in mine + [cr for k, cr in self.reqs.items() if k[0] == x and k[1] not in self.model_suites]:
+                    if cr.steps is not None and cr.closed and cr.concurrency > 1:
+                        calibrate(self.theta[x], cr)
+
+    def pair(self, server: str, c: int) -> Pair:
+        b = self.an.baseline
+        strata: dict = {}
+        reps = None
+        for u in self.measuring:
+            r = sorted({k[3] for k in self.reqs if k[:3] == (server, u, c)} & {k[3] for k in self.reqs
+                                                                             if k[:3] == (b, u, c)})
+            if r:
+                reps = set(r) if reps is None else reps & set(r)
+        reps = sorted(reps or [])
+        size = 0
+        for u in self.measuring:
+            if not reps or (server, u, c, reps[0]) not in self.reqs:
+                continue
+            crs = [self.reqs[(x, u, c, r)] for r in reps for x in (server, b)]
+            common = set.intersection(*(set(cr.prompts) for cr in crs))
+            by: dict = {}
+            for p, st in zip(crs[0].prompts, crs[0].strata):
+                if p in common:
+                    by.setdefault(st, set()).add(p)
+            if u == self.profiles.basis or not size:
+                size = len(crs[0].prompts)
+            for st, ps in by.items():
+                if u != self.profiles.basis and st != u:
+                    continue
+                prompts = sorted(ps)
+                data = {(x, r): _per_prompt(self.reqs[(x, u, c, r)], prompts) for r in reps for x in (server, b)}
+                strata[st] = Stratum(st, u, prompts, data)
+        closed = all(self.reqs[k].closed for k in self.reqs if k[0] in (server, b) and k[2] == c)
+        pair = Pair(server, b, c, reps, strata, size)
+        if c > 1 and closed:
+            pair.theta = {server: self.theta.get(server), b: self.theta.get(b)}
+        if not closed:
+            pair.note = "open loop: not predicted"
+        return pair
+
+
+def traffic_report(an, profiles: TrafficProfiles | None, matches: list[SuiteMatch], lines: bool = True
+                   ) -> list[TrafficRow]:
+    """Every profile's predicted speedup (module docstring) for every speculative server and concurrency,
+    on summary.recommend_metric and TPOT, with the measured speedup of its verifying suite and the
+    break-even shares (`lines`: False skips them), from the analysis's measurements."""
+    profiles = profiles if profiles is not None and profiles.profiles else profiles_from_matches(matches)
+    if not profiles.profiles:
+        return []
+    rep = Report(an, profiles, matches)
+    s = an.settings
+    metrics = list(dict.fromkeys([s.recommend_metric, "tpot"]))
+    servers = [x for x in an.servers if x != an.baseline and not is_control(x)
+               and any(k[0] == x and k[1] in rep.measuring for k in rep.reqs)]
+    rows: list[TrafficRow] = []
+    for x in servers:
+        for c in an.concurrencies:
+            pair = rep.pair(x, c)
+            if not pair.repeats:
+                continue
+            pred = Predictor(pair, s.slo, s.rng, s.bootstrap)
+            for metric in metrics:
+                rows += _rows(rep, pair, pred, metric, lines)
+    return rows
+
+
+def _composition(rep: Report, server: str, suite: str, c: int) -> dict | None:
+    """A measured suite's strata shares (its prompts, from its requests at c)."""
+    got = [cr for k, cr in rep.reqs.items() if k[:3] == (server, suite, c)]
+    if not got:
+        return None
+    first: dict = {}
+    for p, st in zip(got[0].prompts, got[0].strata):
+        first.setdefault(p, st)
+    counts: dict = {}
+    for st in first.values():
+        counts[st] = counts.get(st, 0) + 1
+    total = sum(counts.values())
+    return {k: v / total for k, v in counts.items()}
+
+
+def _rows(rep: Report, pair: Pair, pred: Predictor, metric: str, lines: bool = True) -> list[TrafficRow]:
+    an, s = rep.an, rep.an.settings
+    x, c = pair.server, pair.concurrency
+    R = len(pair.repeats)
+    rr = an.run_to_run
+    ts, tb = rr.at(metric, x, c), rr.at(metric, an.baseline, c)
+    run = ts is not None and tb is not None
+    merr = None
+    note_model = None
+    if c > 1:
+        res = model_residuals(rep.reqs, rep.m, rep.theta, x, an.baseline, c, metric, rep.model_suites)
+        # a residual's own noise: each suite's cells move by their own conditions (the session's part of
+        # run to run is shared by every suite of a session, and cancels in the spread)
+        cell_part = (1 - rr.session_share.get(metric, 0.0)) * (ts.total + tb.total) / R if run else 0.0
+        merr = model_error(res, cell_part)
+        if merr is None:
+            note_model = "the model's error at c > 1 is unchecked (fewer than two measured suites)"
+        if not any(k[2] == 1 and k[0] in (x, an.baseline) for k in rep.reqs):
+            note_model = "; ".join(n for n in (note_model, (
+                "no c=1 cells: the step model's batch dependence rests on the batched cells alone (a mix unlike "
+                "the measured suites may be mispredicted beyond its interval)")) if n)
+
+    def parts_for(est: Estimate, key) -> VarianceSum:
+        out = VarianceSum().add(("traffic-w", x, c, metric) + key, est.var_w, est.dof_w)
+        if run:
+            out.plus(ts, 1 / R).plus(tb, 1 / R)
+        if merr is not None:
+            out.add(("model", x, c, metric), merr[0], merr[1])
+        return out
+
+    def interval(mix: dict, key, rows: int | None = None) -> tuple[Interval, VarianceSum, Estimate] | None:
+        if pair.usable(mix) is not None:
+            return None
+        est = pred.estimate(mix, metric, rows)
+        parts = parts_for(est, key)
+        return _interval(est.value, parts, s.confidence), parts, est
+
+    def line(start: dict, toward: str) -> BreakEven | None:
+        if pair.usable({toward: 1.0}) is not None or pair.usable(start) is not None:
+            return None
+        s0 = start.get(toward, 0.0)
+        if s0 >= 1 - 1e-9:
+            return None
+        curve, lam = [], np.linspace(0, 1, GRID)
+        for l in lam:
+            mix = {k: (1 - l) * v for k, v in start.items()}
+            mix[toward] = mix.get(toward, 0.0) + l
+            got = interval(mix, ("line", toward, round(float(l), 6)), min(LINE_BOOTSTRAP, s.bootstrap))
+            iv = got[0]
+            curve.append([s0 + l * (1 - s0), iv.value, iv.lo, iv.hi])
+        shares = np.array([p[0] for p in curve])
+        logs = np.log(np.array([[p[1], p[2], p[3]] for p in curve]))
+        point = _crossing(shares, logs[:, 0])
+        first, second = _crossing(shares, logs[:, 1]), _crossing(shares, logs[:, 2])
+        falls = logs[-1, 0] < logs[0, 0]
+        lo, hi = (first, second) if falls else (second, first)
+        direction = (Direction.STOPS_PAYING if falls else Direction.STARTS_PAYING) if point is not None else None
+        note = None
+        if point is None:
+            note = (f"{'pays' if logs[0, 0] > 0 else 'loses'} (point estimate) all the way to {toward} alone")
+        be = BreakEven(toward, point, lo, hi, direction, s0, curve, [], note)
+        for u in rep.measuring + [p.suite for p in rep.profiles.profiles if p.suite]:
+            comp = _composition(rep, x, u, c)
+            v = an.verdict(x, u, c, metric)
+            if comp is None or v is None or v.speedup is None:
+                continue
+            l = (comp.get(toward, 0.0) - s0) / (1 - s0)
+            if not -0.05 <= l <= 1.05:
+                continue
+            on = {k: (1 - l) * w for k, w in start.items()}
+            on[toward] = on.get(toward, 0.0) + l
+            tvd = 0.5 * sum(abs(comp.get(k, 0.0) - on.get(k, 0.0)) for k in set(comp) | set(on))
+            if tvd <= ON_LINE:
+                be.measured.append([comp.get(toward, 0.0), v.speedup, v.lo, v.hi, u])
+        return be
+
+    toward_file = next((f for f in rep.profiles.files if f in pair.strata), None)
+    strata_iv: dict = {}
+    training = rep.profiles.profile(TRAINING_MIX)
+    lines_tm: list = []
+    if lines and training is not None and pair.usable(training.mix) is None:
+        for st in sorted(pair.strata):
+            be = line(training.mix, st)
+            if be is not None:
+                lines_tm.append(be)
+                end = be.curve[-1]
+                strata_iv[st] = Interval(end[1], end[2], end[3])
+    out = []
+    for prof in rep.profiles.profiles:
+        mix = prof.mix
+        why = pair.note or pair.usable(mix)
+        row = TrafficRow(prof.name, dict(mix), x, c, metric, None, None, Decision.INCONCLUSIVE,
+                         suite=prof.suite, strata=dict(strata_iv), confidence=s.confidence)
+        if prof.suite:
+            v = an.verdict(x, prof.suite, c, metric)
+            if v is not None and v.speedup is not None:
+                row.measured = Interval(v.speedup, v.lo, v.hi)
+        if why is not None:
+            row.note = f"not predicted: {why}"
+            out.append(row)
+            continue
+        got = interval(mix, ("profile", prof.name))
+        iv, parts, est = got
+        row.predicted = iv
+        lo_l, hi_l = math.log(iv.lo), math.log(iv.hi)
+        row.verdict = decision(lo_l, hi_l, math.log(1 + s.min_effect), run)
+        row.parts = {"prompts": next(v for k, (v, _) in parts.parts.items() if k[0] == "traffic-w"),
+                     "run_to_run": sum(v for k, (v, _) in parts.parts.items() if k[0] not in ("traffic-w", "model")),
+                     "model": merr[0] if merr is not None else (0.0 if c == 1 else None),
+                     "dof": parts.dof, "repeats": R, "run_to_run_measured": run}
+        if prof.name == TRAINING_MIX:
+            row.break_evens = lines_tm
+            row.break_even = next((b for b in lines_tm if b.toward == toward_file), None)
+        elif lines and toward_file is not None:
+            row.break_even = line(mix, toward_file)
+        notes = [n for n in (note_model,) if n]
+        if prof.suite and row.measured is not None:
+            comp = _composition(rep, x, prof.suite, c)
+            at = interval(comp, ("check", prof.name)) if comp and pair.usable(comp) is None else None
+            if at is not None:
+                row.check = _check(an, prof.suite, x, c, metric, at, row.measured)
+                if any(abs(comp.get(k, 0) - mix.get(k, 0)) > 1e-9 for k in set(comp) | set(mix)):
+                    notes.append("checked at the verifying suite's drawn composition: "
+                                 + ", ".join(f"{k} {v:.0%}" for k, v in sorted(comp.items())))
+        row.note = "; ".join(notes) or None
+        out.append(row)
+    return out
+
+
+def _check(an, suite: str, server: str, c: int, metric: str, predicted: tuple, measured: Interval) -> TrafficCheck:
+    """Measured against predicted at the verifying suite's composition: log(measured / predicted) with
+    the variance of both estimates less the server-session part they share (it cancels)."""
+    iv, parts, est = predicted
+    s = an.settings
+    cmp = next((k for k in an.comparisons.get((server, suite, metric), []) if k.concurrency == c), None)
+    d = math.log(measured.value) - est.value
+    v_meas = cmp.se ** 2 if cmp is not None and cmp.se is not None else 0.0
+    shared = sum(cmp.session.values()) if cmp is not None else 0.0
+    var = max(parts.total + v_meas - 2 * shared, parts.total - shared, 1e-12)
+    dof = min(parts.dof, cmp.dof if cmp is not None else float("inf"))
+    t = t_ppf(0.5 + s.confidence / 2, dof)
+    lo, hi = d - t * math.sqrt(var), d + t * math.sqrt(var)
+    return TrafficCheck(math.exp(d) - 1, math.exp(lo) - 1, math.exp(hi) - 1, lo <= 0 <= hi)

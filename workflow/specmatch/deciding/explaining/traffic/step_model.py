@@ -1,0 +1,241 @@
+"""The step model (docs: specmatch.deciding.explaining.traffic): what it reads of a cell, T(b, C, P) fitted to a
+server's cells from their timelines, the closed loop it simulates, each request's own speed against
+the model's replay of its cell, and the model's own error from every measured suite's residual."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from .... import metrics
+from ....metrics import log_speedup
+from ...reading.measurements import Arrays, Measurements
+
+
+# -- what the model reads of a cell ----------------------------------------------------------------
+@dataclass
+class CellRequests:
+    """One cell's successful requests in the order they were sent, each with its stratum and (for the
+    step model) its timeline: start, time to first token, end-to-end latency, decode steps."""
+    key: tuple
+    prompts: list
+    strata: list
+    start: np.ndarray
+    ttft: np.ndarray
+    e2e: np.ndarray
+    out: np.ndarray
+    ptok: np.ndarray
+    steps: np.ndarray | None        # decode steps per request (None: a speculative server without per-request counts)
+    good: np.ndarray
+    closed: bool
+    m_dec: np.ndarray | None = None  # the request's speed against the step model's replay of its cell
+    m_adm: np.ndarray | None = None
+    tpot: np.ndarray | None = None   # metrics.tpot of the measured request
+
+    @property
+    def concurrency(self) -> int:
+        return self.key[2]
+
+
+def stratum_function(files: list[str]):
+    """A request's stratum: its file suite (one stratum) or its source (a training or traffic suite)."""
+    files = set(files)
+    return lambda suite, source: suite if suite in files else source
+
+
+def cell_requests(key: tuple, a: Arrays, stratum) -> CellRequests:
+    """What the step model reads of one cell's successful requests (measurements.Arrays: the one reader
+    of request records), each with its stratum."""
+    n = len(a.out)
+    start = np.zeros(n) if a.start is None else np.nan_to_num(a.start, nan=0.0)
+    ptok = np.zeros(n) if a.prompt_tokens is None else np.nan_to_num(a.prompt_tokens, nan=0.0)
+    sources = a.sources or [None] * n
+    return CellRequests(key, list(a.prompts), [stratum(key[1], x) for x in sources], start,
+                        np.nan_to_num(a.ttft, nan=0.0), a.e2e, a.out, ptok, a.decode_steps, a.good, a.closed,
+                        tpot=a.tpot)
+
+
+# -- the step model ---------------------------------------------------------------------------------
+def _timeline(cr: CellRequests, theta: np.ndarray, points: int = 400) -> tuple[np.ndarray, np.ndarray, np.ndarray,
+                                                                               np.ndarray]:
+    """Per request: its steps' mean features [1, b, C, P] over its decode (weighted by the steps T(theta)
+    says were taken at each moment) and the features at its first-token step; the batch at every
+    moment read from the cell's timeline (who was prefilling, who decoding, how much context)."""
+    d0, d1 = cr.start + cr.ttft, cr.start + cr.e2e
+    ts = np.linspace(0.0, float(d1.max()), points + 1)
+    mid, dt = (ts[:-1] + ts[1:]) / 2, np.diff(ts)
+    dec = (mid[None, :] >= d0[:, None]) & (mid[None, :] < d1[:, None])
+    pre = (mid[None, :] >= cr.start[:, None]) & (mid[None, :] < d0[:, None])
+    frac = np.clip((mid[None, :] - d0[:, None]) / np.maximum(d1 - d0, 1e-9)[:, None], 0.0, 1.0)
+    ctx = (cr.ptok[:, None] + 1 + (cr.out[:, None] - 1) * frac) * dec
+    F = np.stack([np.ones(points), dec.sum(0), ctx.sum(0) / 1000, (cr.ptok[:, None] * pre).sum(0) / 1000], 1)
+    rate = dt / np.maximum(F @ theta, 1e-9)
+    w = dec * rate[None, :]
+    with np.errstate(invalid="ignore", divide="ignore"):
+        dec_f = (w @ F) / w.sum(1, keepdims=True)
+    adm = np.clip(np.searchsorted(ts, cr.start + cr.ttft / 2) - 1, 0, points - 1)
+    return dec_f, (cr.e2e - cr.ttft) / np.maximum(cr.steps, 1), F[adm], cr.ttft
+
+
+def fit_step_model(cells: list[CellRequests], iterations: int = 3) -> np.ndarray | None:
+    """theta of T(b, C, P) for one server from its cells (module docstring), or None without cells that
+    count their decode steps. Relative least squares: every request's mean decode step and first-token
+    step weigh alike whatever their length."""
+    from scipy.optimize import nnls
+
+    use = [c for c in cells if c.steps is not None and c.closed and len(c.e2e) and np.isfinite(c.e2e).all()]
+    if not use:
+        return None
+    per_step = np.concatenate([(c.e2e - c.ttft)[c.steps > 0] / c.steps[c.steps > 0] for c in use])
+    theta = np.array([float(np.median(per_step)) if per_step.size else 0.01, 0.0, 0.0, 0.0])
+    for _ in range(iterations):
+        xs, ys = [], []
+        for c in use:
+            dec_f, dec_y, adm_f, adm_y = _timeline(c, theta)
+            keep = (c.steps > 0) & np.isfinite(dec_f).all(1) & (dec_y > 0)
+            xs += [dec_f[keep] / dec_y[keep, None]]
+            ys += [np.ones(int(keep.sum()))]
+            keep = adm_y > 0
+            xs += [adm_f[keep] / adm_y[keep, None]]
+            ys += [np.ones(int(keep.sum()))]
+        X, y = np.concatenate(xs), np.concatenate(ys)
+        scale = np.maximum(np.abs(X).max(0), 1e-12)
+        sol, _ = nnls(X / scale, y)
+        theta = sol / scale
+        if theta[0] <= 0 and theta[1] <= 0:
+            theta[0] = float(np.median(per_step))
+    return theta
+
+
+def simulate(theta: np.ndarray, c: int, ptok: np.ndarray, out: np.ndarray, steps: np.ndarray,
+             m_dec: np.ndarray | None = None, m_adm: np.ndarray | None = None
+             ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """A closed loop of c workers over suites (rows x requests, each row in sending order) stepped
+    synchronously through T(b, C, P): a request is prefilled in the step that admits it (its first
+    token), then takes its decode steps (a request of s steps is done after ceil(s)); each step costs T
+    times the mean multiplier of the requests in it. Between two events (an admission, a completion)
+    the batch is fixed and its context grows by the same tokens every step, so the steps up to the next
+    completion are summed in closed form. Returns every request's e2e and TTFT and each row's makespan."""
+    ptok, out, steps = (np.atleast_2d(np.asarray(x, float)) for x in (ptok, out, steps))
+    R, n = ptok.shape
+    m_dec = np.ones((R, n)) if m_dec is None else np.atleast_2d(m_dec)
+    m_adm = np.ones((R, n)) if m_adm is None else np.atleast_2d(m_adm)
+    with np.errstate(invalid="ignore", divide="ignore"):
+        per_step = np.where(steps > 0, (out - 1) / steps, 0.0)     # tokens a decode step adds to the context
+    w = min(c, n)
+    rows = np.arange(R)[:, None]
+    rr = np.broadcast_to(rows, (R, w))
+    slot = np.tile(np.arange(w), (R, 1))
+    fresh = np.ones((R, w), bool)
+    left = steps[:, :w].copy()
+    gen = np.zeros((R, w))
+    nxt = np.full(R, w)
+    t = np.zeros(R)
+    start, ttft, end = np.zeros((R, n)), np.zeros((R, n)), np.zeros((R, n))
+    while True:
+        active = slot >= 0
+        live = active.any(1)
+        if not live.any():
+            break
+        idx = np.where(active, slot, 0)
+        dec, pre = active & ~fresh, active & fresh
+        p = ptok[rows, idx]
+        g = np.where(dec, per_step[rows, idx], 0.0)
+        # a row admitting requests takes one (prefill) step; the others every step up to the next completion
+        k = np.where(pre.any(1), 1.0, np.ceil(np.where(dec, left, np.inf).min(1) - 1e-9))
+        k = np.where(live & np.isfinite(k), np.maximum(k, 1.0), 0.0)
+        b = dec.sum(1)
+        C0 = ((p + 1 + gen) * dec).sum(1) / 1000
+        P = (p * pre).sum(1) / 1000
+        mult = (np.where(dec, m_dec[rows, idx], 0.0) + np.where(pre, m_adm[rows, idx], 0.0)).sum(1) / np.maximum(
+            active.sum(1), 1)
+        cost = (k * (theta[0] + theta[1] * b + theta[2] * C0 + theta[3] * P)
+                + theta[2] * g.sum(1) / 1000 * k * (k - 1) / 2) * mult
+        t = t + cost
+        ttft[rr[pre], idx[pre]] = (t[:, None] - start[rows, idx])[pre]
+        kk = k[:, None]
+        gen = np.where(dec, gen + kk * g, gen)
+        left = np.where(dec, left - kk, left)
+        fresh[:] = False
+        done = active & (left <= 1e-9)
+        if done.any():
+            end[rr[done], idx[done]] = np.broadcast_to(t[:, None], done.shape)[done]
+            new = nxt[:, None] + np.cumsum(done, 1) - 1
+            ok = done & (new < n)
+            slot = np.where(done, np.where(ok, new, -1), slot)
+            nidx = np.where(ok, new, 0)
+            start[rr[ok], nidx[ok]] = np.broadcast_to(t[:, None], ok.shape)[ok]
+            left = np.where(ok, steps[rows, nidx], left)
+            gen = np.where(ok, 0.0, gen)
+            fresh = ok.copy()
+            nxt = np.minimum(nxt + done.sum(1), n)
+    return end - start, ttft, end.max(1)
+
+
+def calibrate(theta: np.ndarray, cr: CellRequests) -> None:
+    """Each request's multipliers: its measured decode time and first-token time over the step model's
+    replay of its own cell (its suite, in its order, at its concurrency)."""
+    e2e, ttft, _ = simulate(theta, cr.concurrency, cr.ptok, cr.out, cr.steps)
+    with np.errstate(invalid="ignore", divide="ignore"):
+        m_dec = (cr.e2e - cr.ttft) / (e2e[0] - ttft[0])
+        m_adm = cr.ttft / ttft[0]
+    cr.m_dec = np.where(np.isfinite(m_dec) & (m_dec > 0), m_dec, 1.0)
+    cr.m_adm = np.where(np.isfinite(m_adm) & (m_adm > 0), m_adm, 1.0)
+
+
+def figures(metric: str, c: int, out: np.ndarray, e2e: np.ndarray, ttft: np.ndarray, slo: dict) -> np.ndarray:
+    """A simulated suite's figure per row, read as a measured closed-loop cell is (metrics.closed_loop:
+    a rate at the load, C x sum / sum of latencies; a mean TPOT or latency), so a prediction and the
+    measured check of it are the same quantity."""
+    tp = metrics.tpot(e2e, ttft, out)
+    return metrics.closed_loop(metric, max(1, min(c, out.shape[-1])), out, metrics.good(e2e, ttft, tp, slo), e2e, tp)
+
+
+# -- the model's own error --------------------------------------------------------------------------------
+def model_residuals(reqs: dict, m: Measurements, thetas: dict, server: str, baseline: str, c: int, metric: str,
+                    suites: list[str]) -> dict[str, float]:
+    """Each suite's measured log speedup at c minus the step model's replay of its own requests (its
+    prompts in its order, their measured decode steps and lengths, without their own speeds: the
+    multipliers at 1), the mean over the repeats both servers measured. The prediction carries each
+    request's own speed into the mix, so a misfit common to every suite cancels; what it cannot remove
+    is how the misfit differs between batch conditions, which the spread of these residuals shows.
+    The suite stays in the fit: left out, the residuals read several times the actual error (without
+    all of a suite's cells the fit extrapolates to contexts it never saw, 3-4x; without its cells at c
+    alone, the suite's level at c is extrapolated from other concurrencies, which a mix never needs,
+    1.5-3x). tests/test_traffic.py measures the coverage this check gives."""
+    out = {}
+    if any(thetas.get(x) is None for x in (server, baseline)):
+        return out
+    for u in suites:
+        reps = sorted({k[3] for k in reqs if k[:3] == (server, u, c)} & {k[3] for k in reqs if k[:3] == (baseline, u, c)})
+        diffs = []
+        for r in reps:
+            got = {}
+            for x in (server, baseline):
+                cr = reqs[(x, u, c, r)]
+                if cr.steps is None or not cr.closed:
+                    break
+                e2e, ttft, _ = simulate(thetas[x], c, cr.ptok, cr.out, cr.steps)
+                key = (x, u, c, r)
+                got[x] = (float(figures(metric, c, cr.out[None, :], e2e, ttft, m.settings.slo)[0]),
+                          m.arrays[key].point(metric, m.cells[key]))
+            if len(got) < 2 or any(v[1] is None or not v[1] > 0 or not v[0] > 0 for v in got.values()):
+                continue
+            meas = float(log_speedup(metric, got[server][1], got[baseline][1]))
+            model = float(log_speedup(metric, got[server][0], got[baseline][0]))
+            diffs.append(meas - model)
+        if diffs:
+            out[u] = float(np.mean(diffs))
+    return out
+
+
+def model_error(residuals: dict[str, float], noise: float = 0.0) -> tuple[float, float] | None:
+    """The model's error variance from the leave-one-suite-out residuals: their spread across suites
+    (the prediction keeps each request's own measured speed, so a level every suite shares is not its
+    error) less what the cells' own run-to-run noise spreads them by (`noise`: a residual's variance
+    from it; the prompt sample cancels, a residual replays its own suite's requests), with suites - 1
+    dof; None with fewer than two suites (unchecked)."""
+    if len(residuals) < 2:
+        return None
+    v = np.array(list(residuals.values()))
+    return max(float(v.var(ddof=1)) - noise, 0.0), float(len(v) - 1)
