@@ -158,3 +158,17 @@ def test_the_decide_step_reads_every_cell_once_and_estimates_run_to_run_once_per
     assert sorted(calls["read_parquet"]) == sorted(rp)                 # every request file, once
     assert len(calls["Arrays.of"]) == len(cells) == len(set(calls["Arrays.of"]))
     assert calls["estimates"] and len(calls["estimates"]) == len(set(calls["estimates"]))
+
+
+def test_measurements_read_with_another_slo_are_read_again():
+    """The good-request flags follow the SLO of the settings analysed with, whoever read the cells."""
+    from specmatch.calibration.simulate import experiment
+    from specmatch.deciding.analysis import analyse
+    from specmatch.deciding.reading.measurements import Measurements, Settings
+
+    cells = experiment(np.random.default_rng(3), 1.2, concurrencies=(1, 4), repeats=2, prompts=12)
+    slo = Settings(bootstrap=200, slo={"e2el_ms": 450.0, "tpot_ms": 40.0})
+    m = Measurements.of(cells, Settings(bootstrap=200))
+    direct = {(v.suite, v.concurrency, v.metric): v.speedup for v in analyse(cells, "baseline", slo).verdicts}
+    via = {(v.suite, v.concurrency, v.metric): v.speedup for v in analyse(m, "baseline", slo).verdicts}
+    assert any(k[2] == "goodput" for k in direct) and via == direct

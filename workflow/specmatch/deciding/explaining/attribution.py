@@ -24,7 +24,7 @@ speculation is configured). Three controls separate the causes:
   log prompt length and log tau with one intercept per suite (the slope is learnt within suites),
   and each suite's speedup is reported at the reference suite's median prompt length.
 
-Intervals follow the verdicts' design (analysis.compare): a paired bootstrap by prompt, the same
+Intervals follow the verdicts' design (comparison.compare): a paired bootstrap by prompt, the same
 draw applied to every repeat (tau and the TPOT ratio drawn jointly, so rho's interval knows their
 correlation), plus the measured run-to-run variance of TPOT and of tau across server sessions.
 """
@@ -89,7 +89,7 @@ class PerPrompt:
 
 
 def common_prompts(m: Measurements, server: str, baseline: str, suite: str, c: int, reps: list[int]) -> list[str]:
-    """The prompts both servers answered in every repeat, in a fixed order (analysis.compare's)."""
+    """The prompts both servers answered in every repeat, in a fixed order (comparison.compare's)."""
     common = set.intersection(*(set(m.arrays[(x, suite, c, r)].keys) for r in reps for x in (server, baseline)))
     return sorted({k.split("#", 1)[0] for k in common})
 
@@ -218,7 +218,7 @@ def decompose(m: Measurements, rr: RunToRun, acc_rr: tuple, server: str, baselin
     if cmp.estimate is None or not reps:
         return Decomposition(None, None, tpot, None, len(reps), False, None, cmp.note)
     flavor = m.arrays[(server, suite, c, reps[0])].flavor
-    # the same prompts and the same draw as the TPOT comparison (analysis.compare)
+    # the same prompts and the same draw as the TPOT comparison (comparison.compare)
     prompts = common_prompts(m, server, baseline, suite, c, reps)
     draw = s.rng("pair", server, baseline, suite, c, "tpot").integers(0, len(prompts), size=(s.bootstrap, len(prompts)))
     log_tau, log_tpot, boot_tau, boot_tpot, sources = [], [], [], [], set()
@@ -272,7 +272,7 @@ def decompose(m: Measurements, rr: RunToRun, acc_rr: tuple, server: str, baselin
     P = max(len(prompts) - 1, 1)
     tau_parts, rho_parts = VarianceSum(), VarianceSum()
     if run:
-        # as analysis.compare: the prompt sample's part is what the repeats share (the covariance of
+        # as comparison.compare: the prompt sample's part is what the repeats share (the covariance of
         # their resampled figures); request noise is in the repeats' spread, i.e. in run to run
         tau_parts.add(("w", "tau"), shared_variance(boot_tau), P)
         rho_parts.add(("w", "rho"), shared_variance(boot_rho), P)

@@ -244,8 +244,15 @@ class Measurements:
 
     @classmethod
     def read(cls, cells: "Measurements | list[tuple[CellResult, pl.DataFrame]]", settings: Settings) -> "Measurements":
-        """Measurements as given, or read from (cell, request records) pairs."""
-        return cells if isinstance(cells, Measurements) else cls.of(cells, settings)
+        """Measurements as given, or read from (cell, request records) pairs; read again where the
+        settings' SLO differs from the one the good-request flags were read with."""
+        if not isinstance(cells, Measurements):
+            return cls.of(cells, settings)
+        if cells.settings.slo == settings.slo:
+            return cells
+        m = cls.of([(cells.cells[k], cells.frames[k]) for k in cells.cells], settings)
+        m.frozen = dict(cells.frozen)
+        return m
 
     def servers(self) -> list[str]:
         return list(dict.fromkeys(k[0] for k in self.cells))
@@ -261,7 +268,7 @@ class Measurements:
         """An estimate over these servers' cells (run to run, acceptance run to run), made once: every
         question that rests on it (verdicts, verifications, attribution, the context axis) reads the
         same one. `servers`: None for every server."""
-        key = (name, tuple(x for x in self.servers() if servers is None or x in servers))
+        key = (name, self.settings.metrics, tuple(x for x in self.servers() if servers is None or x in servers))
         if key not in self._estimates:
             self._estimates[key] = estimate()
         return self._estimates[key]
