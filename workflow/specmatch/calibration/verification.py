@@ -25,8 +25,10 @@ VERIFY_OUTCOMES = ("verified", "failed", "undecided", "not derived")
 
 
 def bands(rec) -> list | None:
-    """The recommendation's schedule as inclusive bands [lo, hi, k] (vLLM's per-batch-size list)."""
-    return rec.schedule.bands if rec is not None and rec.schedule is not None and rec.schedule.bands else None
+    """A recommendation to deploy a schedule: its inclusive bands [lo, hi, k] (vLLM's per-batch-size
+    list); None for any other action (keep, off: the server as configured or the baseline)."""
+    ok = rec is not None and rec.action == "schedule" and rec.schedule is not None
+    return rec.schedule.bands if ok and rec.schedule.bands else None
 
 
 def verification_outcome(an, rec, name: str) -> str:

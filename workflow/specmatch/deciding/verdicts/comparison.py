@@ -73,13 +73,17 @@ def _bootstrap(m: Measurements, pairs: list, prompts: list, common: set, metric:
                draw: np.ndarray) -> np.ndarray:
     """Per repeat, the resampled log speedup (rows: repeats, columns: resamples)."""
     rows_out = []
+    ordered = sorted(common)
     for ks, kb in pairs:
         one = []
         for key in (ks, kb):
             a = m.arrays[key]
             pos = {k: i for i, k in enumerate(a.keys)}
             # every request of a drawn prompt (all its passes) goes in together
-            rows = [[pos[k] for k in sorted(common) if k.split("#", 1)[0] == p] for p in prompts]
+            by: dict = {}
+            for k in ordered:
+                by.setdefault(k.split("#", 1)[0], []).append(pos[k])
+            rows = [by[p] for p in prompts]
             width = max(len(x) for x in rows)
             table = np.array([x + [x[0]] * (width - len(x)) for x in rows])  # passes are equal in practice
             idx = table[draw].reshape(draw.shape[0], -1)
