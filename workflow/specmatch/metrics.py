@@ -85,6 +85,11 @@ def values(name: str, out, good_, e2e, tpot_s) -> np.ndarray:
     return np.asarray(pick, float)
 
 
+def workers(concurrency: int, requests: int) -> int:
+    """C of a closed loop: the workers that had a request (min(concurrency, requests), at least 1)."""
+    return max(1, min(concurrency, requests))
+
+
 def estimate(name: str, workers: int, v, latency=None) -> np.ndarray:
     """The cell estimator of a closed loop over the last axis (one cell, or rows of bootstrap resamples
     or simulated suites), from what each request contributes (`v`, values()): a rate at the load,
@@ -104,11 +109,11 @@ def closed_loop(name: str, workers: int, out, good_, e2e, tpot_s) -> np.ndarray:
     return estimate(name, workers, values(name, out, good_, e2e, tpot_s), e2e)
 
 
-def open_loop_rate(name: str, out, good_, duration: float) -> float | None:
-    """An open loop's rate: sum(per request) over the cell's duration (vLLM's definition)."""
-    if not duration:
-        return None
-    return float(values(name, out, good_, out, out).sum()) / duration
+def open_loop_rate(v, duration: float):
+    """An open loop's rate over the last axis: sum of what each request contributes (values()) over the
+    cell's duration (vLLM's definition)."""
+    with np.errstate(invalid="ignore", divide="ignore"):
+        return np.asarray(v, float).sum(-1) / duration
 
 
 def log_speedup(name: str, server, baseline):

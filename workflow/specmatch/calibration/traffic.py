@@ -122,7 +122,7 @@ def traffic_truth(seed: int, mix: dict, size: int, c: int, suites: int = 300, ou
     b, x = serve(BASE, c, tok, ot, rng, match=match), serve(spec, c, tok, ot, rng, match=match)
     def figure(s, metric):   # as the verdicts read a closed-loop cell (specmatch.metrics)
         tp = metrics.tpot(s.e2e, s.ttft, ot)
-        return metrics.closed_loop(metric, min(c, size), ot, np.ones(ot.shape, bool), s.e2e, tp)
+        return metrics.closed_loop(metric, metrics.workers(c, size), ot, np.ones(ot.shape, bool), s.e2e, tp)
 
     thr, tpot = (metrics.log_speedup(m_, figure(x, m_), figure(b, m_)) for m_ in ("output_throughput", "tpot"))
     return {"output_throughput": float(thr.mean()), "tpot": float(tpot.mean()),

@@ -29,8 +29,7 @@ from .explaining.attribution import (_interval, acceptance_run_to_run, both, dec
                           mixed_servers, session_variance)
 from .verdicts.comparison import Comparison, compare, crossovers, decide, effect_prior
 from ..serving.controls import OFF, is_control
-from ..serving.engines import get_engine
-from .recommending.deployment import RECOMMENDED, ServerInfo, own_k, recommend, verification, verify_against
+from .recommending.deployment import RECOMMENDED, ServerInfo, engine_of, own_k, recommend, verification, verify_against
 from .reading.measurements import Measurements, Settings, drafted_nothing
 from .verdicts.noise import RunToRun, VarianceSum, run_to_run
 from .recommending.krecommend import references, sweep_report
@@ -187,7 +186,7 @@ def endpoint_k(m: Measurements, infos: dict[str, ServerInfo]) -> dict[str, Serve
     be written as a schedule (ServerInfo.k_source says where the k came from). Others as they are."""
     out = dict(infos)
     for name, info in infos.items():
-        engine = get_engine({"engine": info.engine, "flavor": info.flavor})
+        engine = engine_of(info)
         if engine.launches or own_k(info.speculative or {}):
             continue
         tokens = sum(x.spec_decode_num_draft_tokens or 0 for key, x in m.cells.items() if key[0] == name)

@@ -138,7 +138,7 @@ class Arrays:
     @property
     def workers(self) -> int:
         """The closed loop's workers that had a request."""
-        return max(1, min(self.concurrency, len(self.out)))
+        return metrics.workers(self.concurrency, len(self.out))
 
     def stat(self, metric: str, idx: np.ndarray) -> np.ndarray:
         """The metric over the requests `idx` (rows of resamples): the bootstrap's estimator. A closed
@@ -150,7 +150,7 @@ class Arrays:
         if not metrics.TABLE[metric].rate:
             return metrics.estimate(metric, self.workers, v)
         if not self.closed:
-            return v.sum(-1) / self.duration * (len(self.out) / idx.shape[-1])
+            return metrics.open_loop_rate(v, self.duration) * (len(self.out) / idx.shape[-1])
         return metrics.estimate(metric, self.workers, v, lat[idx])
 
     def point(self, metric: str, cell: CellResult) -> float | None:
@@ -165,7 +165,10 @@ class Arrays:
         if metric == "output_throughput":
             return cell.output_throughput
         if rate:
-            return metrics.open_loop_rate(metric, self.out, self.good, cell.duration)
+            if not cell.duration:
+                return None
+            return float(metrics.open_loop_rate(metrics.values(metric, self.out, self.good, self.e2e, self.tpot),
+                                                cell.duration))
         vals = metrics.values(metric, self.out, self.good, self.e2e, self.tpot)
         vals = vals[~np.isnan(vals)]
         return float(vals.mean()) if vals.size else None

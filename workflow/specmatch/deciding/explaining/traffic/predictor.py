@@ -34,7 +34,7 @@ class Stratum:
         return len(self.prompts)
 
 
-def _per_prompt(cr: CellRequests, prompts: list[str]) -> dict:
+def per_prompt(cr: CellRequests, prompts: list[str]) -> dict:
     pos = {p: i for i, p in enumerate(prompts)}
     idx = np.array([pos.get(p, -1) for p in cr.prompts])
     keep = idx >= 0

@@ -15,7 +15,7 @@ from ....records import (BreakEven, Decision, Direction, Interval, SuiteMatch, T
 from ....serving.controls import is_control
 from ....stats import t_ppf
 
-from .predictor import Estimate, Pair, Predictor, Stratum, _per_prompt
+from .predictor import Estimate, Pair, Predictor, Stratum, per_prompt
 from .step_model import calibrate, cell_requests, fit_step_model, model_error, model_residuals, stratum_function
 
 GRID = 11                 # points along a break-even line
@@ -104,7 +104,7 @@ class Report:
                 if u != self.profiles.basis and st != u:
                     continue
                 prompts = sorted(ps)
-                data = {(x, r): _per_prompt(self.reqs[(x, u, c, r)], prompts) for r in reps for x in (server, b)}
+                data = {(x, r): per_prompt(self.reqs[(x, u, c, r)], prompts) for r in reps for x in (server, b)}
                 strata[st] = Stratum(st, u, prompts, data)
         closed = all(self.reqs[k].closed for k in self.reqs if k[0] in (server, b) and k[2] == c)
         pair = Pair(server, b, c, reps, strata, size)

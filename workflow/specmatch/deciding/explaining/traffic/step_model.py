@@ -188,7 +188,7 @@ def figures(metric: str, c: int, out: np.ndarray, e2e: np.ndarray, ttft: np.ndar
     a rate at the load, C x sum / sum of latencies; a mean TPOT or latency), so a prediction and the
     measured check of it are the same quantity."""
     tp = metrics.tpot(e2e, ttft, out)
-    return metrics.closed_loop(metric, max(1, min(c, out.shape[-1])), out, metrics.good(e2e, ttft, tp, slo), e2e, tp)
+    return metrics.closed_loop(metric, metrics.workers(c, out.shape[-1]), out, metrics.good(e2e, ttft, tp, slo), e2e, tp)
 
 
 # -- the model's own error --------------------------------------------------------------------------------
