@@ -34,6 +34,7 @@ include: "workflow/rules/traffic.smk"
 include: "workflow/rules/servers.smk"
 include: "workflow/rules/cells.smk"
 include: "workflow/rules/rounds.smk"
+include: "workflow/rules/stepcost.smk"
 include: "workflow/rules/summary.smk"
 
 

@@ -38,7 +38,10 @@ EOS = 2
 class FakeServer:
     def __init__(self, tokens=16, ttft=0.02, itl=0.005, spec=None, tokens_per_event=1, host="127.0.0.1", port=0,
                  tls=None, usage_delay=0.0, empty_first=False, incremental=False, words=False, eos_at=None,
-                 diverge=None, cache=False, max_model_len=None, prefix="", api_key=None):
+                 diverge=None, cache=False, max_model_len=None, prefix="", api_key=None, keep_alive_s=None):
+        self.keep_alive_s = keep_alive_s  # close a connection idle this long between requests (uvicorn's
+                                          # timeout_keep_alive, 5 s in vLLM's server); None: never
+        self.idle_closed = 0              # connections closed so
         self.prefix = prefix            # serve under a path (a gateway's /team/llm): other paths are 404
         self.api_key = api_key          # every route but /health answers 401 without `Bearer <api_key>`
         self.unauthorized: list[str] = []  # the paths called without the key
@@ -108,7 +111,11 @@ class FakeServer:
     async def _handle(self, reader, writer):
         try:
             while True:
-                line = await reader.readline()
+                try:
+                    line = await asyncio.wait_for(reader.readline(), self.keep_alive_s)
+                except asyncio.TimeoutError:
+                    self.idle_closed += 1
+                    break
                 if not line:
                     break
                 method, path, _ = line.decode().split(" ", 2)

@@ -222,3 +222,42 @@ def test_one_protocol_object_per_endpoint():
         protocol("openai-chat").body(prompt(0, "hello"), "m", s)
     with pytest.raises(ValueError, match="unknown protocol 'grpc'"):
         protocol("grpc")
+
+
+def test_a_connection_the_server_closed_while_idle_is_reopened_not_failed(fake_server):
+    """uvicorn (vLLM's and SGLang's HTTP server) closes a kept-alive connection idle for 5 s: a worker
+    whose connection was opened before a long warm-up, or that waited, finds it closed with no byte of
+    a response. The request never reached the engine: it is sent again on a new connection, once."""
+    srv = fake_server(tokens=4, ttft=0.01, itl=0.002, keep_alive_s=0.2)
+
+    async def two_with_a_pause():
+        conn = transport.Connection("127.0.0.1", srv.port, {})
+        events = []
+        body = json.dumps({"prompt": "hello", "max_tokens": 4, "stream": True}).encode()
+        await conn.stream("/v1/completions", body, lambda e, t: events.append(e))
+        first = len(events)
+        await asyncio.sleep(0.5)          # the server closes the idle connection meanwhile
+        await conn.stream("/v1/completions", body, lambda e, t: events.append(e))
+        await conn.close()
+        return first, len(events) - first
+
+    first, second = asyncio.run(two_with_a_pause())
+    assert srv.idle_closed >= 1 and first > 0 and second == first
+
+
+def test_a_fresh_connection_closed_before_a_response_is_still_a_failure(fake_server):
+    """Only a kept-alive connection is retried: a server that closes a new connection without
+    answering fails the request (nothing hides a server that drops requests)."""
+    srv = fake_server(tokens=4, ttft=0.01, itl=0.002, keep_alive_s=0.0)
+
+    async def one():
+        conn = transport.Connection("127.0.0.1", srv.port, {})
+        await asyncio.sleep(0.1)
+        body = json.dumps({"prompt": "hello", "max_tokens": 4, "stream": True}).encode()
+        try:
+            await conn.stream("/v1/completions", body, lambda e, t: None)
+        finally:
+            await conn.close()
+
+    with pytest.raises(transport.HTTPError):
+        asyncio.run(one())

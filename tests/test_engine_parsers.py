@@ -262,3 +262,44 @@ def test_vllms_speculative_fields_are_read_once_per_vllm(tmp_path, monkeypatch):
     vllm_engine.speculative_fields(python, None)            # no state folder: nothing kept
     vllm_engine.speculative_fields(str(tmp_path / "elsewhere" / "python"), state)   # no venv layout
     assert len(reads) == 4
+
+
+@needs_vllm
+@pytest.mark.slow  # vLLM's own parser and SpeculativeConfig on the tiny target
+def test_forced_acceptance_keys_are_vllms_own(tiny_target, tmp_path):
+    """The keys a step-cost map at fixed acceptance would set (Engine.forced_acceptance) are read by vLLM's
+    own SpeculativeConfig: synthetic rejection sampling at that mean acceptance length, per-position rates
+    resolved from it. The CPU build refuses synthetic sampling at the first request: the refusal is in its
+    own source, and the CPU profile offers no keys."""
+    from specmatch.training.drafter import Budget, checkpoint_config
+    import vllm
+
+    head = tmp_path / "eagle3"
+    head.mkdir()
+    cfg = json.loads((tiny_target / "config.json").read_text())
+    (head / "config.json").write_text(json.dumps(checkpoint_config(cfg, Budget(draft_vocab=64), [1, 2, 3])))
+    keys, _ = get_engine({"engine": "vllm", "model": "/m", "profile": "gpu"}).forced_acceptance(2.5)
+    plan = vllm_plan({"model": str(tiny_target), "speculative": {"method": "eagle3", "model": str(head),
+                                                                 "num_speculative_tokens": 3, **keys}})
+    _, spec, _ = vllm_check(plan.argv[3:])
+    # vLLM consolidates the length into per-position rates whose sum is the accepted tokens a step
+    assert spec.rejection_sample_method == "synthetic" and len(spec.synthetic_acceptance_rates) == 3
+    assert 1 + sum(spec.synthetic_acceptance_rates) == pytest.approx(2.5)
+    cpu_src = (Path(vllm.__file__).parent / "utils" / "cpu_triton_utils.py").read_text()
+    assert "Synthetic acceptance not supported with CPU sampling" in cpu_src
+    assert get_engine({"engine": "vllm", "model": "/m", "profile": "cpu"}).forced_acceptance()[0] is None
+
+
+@pytest.mark.parametrize("release", ["sglang-0.5.23"])
+def test_forced_acceptance_environment_is_sglangs_own(release):
+    """SGLang's simulated acceptance: the variables its environment declares and the token mode its
+    speculative code accepts (read from the pinned release's source)."""
+    root = PARSERS / release
+    if not (root / ".done").exists():
+        pytest.skip("pinned SGLang release not installed (scripts/setup-parsers.sh)")
+    env = get_engine({"engine": "sglang", "model": "/m"}).forced_acceptance(2.0)[0]["env"]
+    environ = (root / "sglang" / "srt" / "environ.py").read_text()
+    utils = (root / "sglang" / "srt" / "speculative" / "spec_utils.py").read_text()
+    for name in env:
+        assert f"    {name} = Env" in environ, name
+    assert '"real-draft-token"' in utils and env["SGLANG_SIMULATE_ACC_TOKEN_MODE"] == "real-draft-token"

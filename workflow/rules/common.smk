@@ -15,7 +15,8 @@ if _PKG not in sys.path:
 from specmatch import pipeline
 from specmatch.config import validate as _validate_config
 from specmatch.pipeline import CELL_JSON, CELL_REQUESTS, DECISION_FILES, LAUNCH, SUMMARY
-from specmatch.serving.controls import recommendation_suites, with_controls
+from specmatch.config import step_cost_suite
+from specmatch.serving.controls import is_control, recommendation_suites, with_controls
 from specmatch.data.traffic import (
     step_config as traffic_step_config,
     with_traffic_suites,
@@ -146,7 +147,8 @@ def session_cells(server):
     """How many cells one session (repeat) of `server` has at most: its suites x the concurrencies
     (a recommended server is measured on one suite)."""
     suites = len(server_suites(server)) if server in CFG["servers"] else 1
-    return suites * len(CONCURRENCY)
+    extra = [c for c in CFG["step_cost"].get("concurrency", []) if c not in CONCURRENCY]
+    return suites * len(CONCURRENCY) + len(extra)
 
 
 def default_runtime():
@@ -364,6 +366,14 @@ def launch_paths(servers):
     return pipeline.launch_paths(servers, REPEATS)
 
 
+def map_cells(ext="json"):
+    """The step-cost map's own cells (config `step_cost`): the servers measured on the map suite, at
+    the map concurrencies the verdict grid lacks, in the first repeats' sessions (pipeline.map_keys)."""
+    suite = step_cost_suite(CFG)
+    servers = [s for s in SERVERS if suite in SERVER_SUITES[s] and not is_control(s)]
+    return pipeline.cell_paths(pipeline.map_keys(CFG, servers, DESIGN.min), ext)
+
+
 def derived_cells(ext):
     """Cells of the recommended servers: every concurrency and repeat of their suite."""
     out = []
@@ -435,6 +445,8 @@ def all_targets():
         *expand("results/prompts/{suite}.jsonl", suite=SUITES),
         *launch_paths(SERVERS),
         *cells_through(DESIGN.min),
+        *map_cells(),
+        "results/stepcost/stepcost.json",
         "results/summary/summary.md",
     ]
 

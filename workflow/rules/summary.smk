@@ -11,6 +11,7 @@ checkpoint recommend:
         requests=lambda wildcards: configured_cells("requests.parquet"),
         launches=lambda wildcards: launches_through(DESIGN.max),
         rounds=lambda wildcards: round_plans() if DESIGN.sequential else [],
+        stepcost="results/stepcost/stepcost.json",
     output:
         servers="results/recommend/servers.json",
         recommendations="results/recommend/recommendations.json",
@@ -38,7 +39,7 @@ checkpoint recommend:
         "python -m specmatch recommend --baseline {params.baseline} --settings {params.settings:q}"
         " --servers {params.servers:q} --cells {input.cells} --requests {input.requests}"
         " --launches {input.launches} --suites {params.suites} {params.verify} {params.rounds}"
-        " --out {output.servers} --recommendations {output.recommendations}"
+        " --stepcost {input.stepcost} --out {output.servers} --recommendations {output.recommendations}"
         " --k-schedules {output.k_schedules} --adaptive-dir {output.adaptive} > {log} 2>&1"
 
 
@@ -82,6 +83,7 @@ rule summary:
         cells=summary_cells,
         matches=expand("results/prompts/{suite}.match.json", suite=SUITES),
         rounds=lambda wildcards: round_plans() if DESIGN.sequential else [],
+        stepcost="results/stepcost/stepcost.json",
     output:
         md=report(
             "results/summary/summary.md",
@@ -121,4 +123,5 @@ rule summary:
         ),
     shell:
         "python -m specmatch summary --decided {params.decided} --cells {input.cells}"
-        " --matches {input.matches} {params.rounds} --out-dir {params.out_dir} > {log} 2>&1"
+        " --matches {input.matches} {params.rounds} --stepcost {input.stepcost}"
+        " --out-dir {params.out_dir} > {log} 2>&1"

@@ -30,6 +30,8 @@ STEPS: dict[str, tuple[str, str]] = {
     "watchdog": ("serving.watchdog", "the process that owns a server and stops it with the run (internal)"),
     "cell": ("measuring.cell", "measure one (server, suite, repeat, concurrency) cell"),
     "rounds": ("deciding.rounds", "the sequential design's plan after a round: which cells the next repeat measures"),
+    "stepcost": ("deciding.stepcost", "the step-cost map: a speculative step's cost by batch size and context, the"
+                                      " acceptance a drafter needs, predictions up to the largest batch"),
     "recommend": ("deciding.recommend", "decide what to deploy and derive the recommended servers"),
     "decide": ("deciding.decide", "every decision once, as records: verdicts, verified recommendations, attribution,"
                                   " k sweeps"),
@@ -38,6 +40,8 @@ STEPS: dict[str, tuple[str, str]] = {
                                     " records (--check: fail if a committed page is stale)"),
     "simulate": ("calibration.simulate", "the decision rules' error rates on quick synthetic experiments"),
     "calibrate": ("calibration.harness", "the full calibration table against a discrete-event server"),
+    "stepcost_coverage": ("calibration.stepcost", "the step-cost map's coverage against a server whose step cost is"
+                                                  " known"),
     "traffic_coverage": ("calibration.traffic", "the traffic predictions' coverage against a server of mixed batches"),
 }
 ALIASES = {"inspection": "inspect"}   # the module's own name works too

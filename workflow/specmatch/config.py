@@ -171,7 +171,31 @@ def keeps_busy(prompts: int, passes: int, concurrency: int) -> bool:
     return prompts * passes >= concurrency
 
 
+def step_cost_suite(cfg: dict) -> str:
+    """The suite the step-cost map cells measure: `step_cost.suite`, else the first recommendation suite,
+    else the first suite."""
+    sc = cfg.get("step_cost") or {}
+    rec = (cfg.get("summary") or {}).get("recommend_suites") or []
+    return sc.get("suite") or (rec[0] if rec else next(iter(cfg["suites"])))
+
+
+def _step_cost_checks(cfg: dict, source: str) -> None:
+    sc = cfg.get("step_cost") or {}
+    if sc.get("suite") and sc["suite"] not in cfg["suites"]:
+        raise SpecmatchError(f"{source}: step_cost.suite: '{sc['suite']}' is not a suite "
+                             f"(suites: {', '.join(cfg['suites'])})")
+    extra = set(sc.get("check") or []) - set(sc.get("concurrency") or [])
+    if extra:
+        raise SpecmatchError(f"{source}: step_cost.check: {sorted(extra)} not in step_cost.concurrency (a check "
+                             "concurrency is a map cell held out of the fit)")
+    inside = set(sc.get("check") or []) & set(cfg["concurrency"])
+    if inside:
+        raise SpecmatchError(f"{source}: step_cost.check: {sorted(inside)} also in concurrency (the verdict grid): "
+                             "a check must be measured only to check the map")
+
+
 def _cross_checks(cfg: dict, source: str) -> None:
+    _step_cost_checks(cfg, source)
     servers = cfg["servers"]
     if cfg["baseline"] not in servers:
         raise SpecmatchError(

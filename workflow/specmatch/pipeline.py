@@ -15,6 +15,7 @@ from __future__ import annotations
 
 from typing import Callable, Iterable, Iterator
 
+from .config import step_cost_suite
 from .records import RoundPlan
 from .serving.engines import ENGINES
 
@@ -87,6 +88,17 @@ def cell_keys_through(r: int, suites_of: dict[str, list[str]], concurrencies: li
     for _, got in rounds_before(r, min_repeats, max_repeats, plan):
         out += [(p.server, p.suite, p.repeat, p.concurrency) for p in got.next]
     return out
+
+
+def map_keys(cfg: dict, servers: Iterable[str], min_repeats: int) -> list[CellKey]:
+    """The step-cost map's own cells (config `step_cost`): `servers` (the configured servers measured on
+    the map suite, the configured-off controls left out by the caller) at each map concurrency the
+    verdict grid lacks, in the design's first `min_repeats` sessions."""
+    sc = cfg.get("step_cost") or {}
+    extra = [c for c in sorted(sc.get("concurrency") or []) if c not in cfg["concurrency"]]
+    if not extra:
+        return []
+    return grid_keys(list(servers), [step_cost_suite(cfg)], range(1, min_repeats + 1), extra)
 
 
 def launches_of(keys: Iterable[CellKey]) -> list[str]:

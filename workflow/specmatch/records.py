@@ -959,6 +959,10 @@ class Recommendation(Record):
     # max_batch) only extend its verdict, unmeasured: an extrapolation (None: measured up to max_batch)
     extrapolated_above: Optional[int] = None
     max_batch: Optional[int] = None
+    # the concurrencies the verdict grid lacks whose on/off the step-cost map's prediction decided
+    # (concurrency -> its predicted verdict), and what the map says of itself (where it was checked)
+    predicted: dict = field(default_factory=dict)
+    map_note: Optional[str] = None
 
     @classmethod
     def from_json(cls, obj: dict) -> "Recommendation":
@@ -1318,6 +1322,78 @@ REQUEST_SCHEMA = polars_schema(RequestRecord)
 CUT_SCHEMA = polars_schema(Cut)
 
 
+# -- the step-cost map ------------------------------------------------------------------------------
+@dataclass
+class StepCostPoint(Record):
+    """What a speculative step costs at one batch size and context, in plain decode steps of the
+    baseline at the same batch (rho), with its interval; `extrapolated` beyond the map's cells."""
+    batch: int
+    context: int                          # tokens of context per sequence
+    rho: Interval
+    extrapolated: bool = False
+
+
+@dataclass
+class StepCostPrediction(Record):
+    """One suite's speedup at one concurrency predicted from the map and the suite's measured
+    acceptance; where the cells measured it, the measured figure and measured / predicted with its
+    interval (`role`: "fit" where the map was fitted on the concurrency, "check" where it was held out,
+    "predicted" where nothing was measured)."""
+    suite: str
+    concurrency: int
+    metric: str
+    predicted: Interval
+    decision: Decision
+    dof: float
+    role: str = "predicted"
+    extrapolated: bool = False
+    measured: Optional[float] = None
+    difference: Optional[Interval] = None
+    agrees: Optional[bool] = None
+
+
+@dataclass
+class StratumTau(Record):
+    """A source's (or a file suite's) measured tokens per speculative step, with its interval over its
+    prompts: what it brings against the break-even acceptance."""
+    stratum: str
+    tau: Interval
+    prompts: int
+
+
+@dataclass
+class StepCostMap(Record):
+    """`results/stepcost/stepcost.json`, one per speculative server: its step cost against the baseline's
+    at every batch size and context (specmatch.deciding.explaining.stepcost)."""
+    server: str
+    baseline: str
+    suite: str                            # the map suite (contexts short and long)
+    fit: list                             # the concurrencies whose cells the map was fitted on
+    checks: list                          # the concurrencies measured only to check it
+    repeats: int
+    theta: dict                           # server -> [t0, t1, t2, t3]: T(b, C, P) seconds
+    context: int                          # the map suite's median context per sequence
+    contexts: list                        # the contexts of the points (short, median, long)
+    points: list[StepCostPoint] = field(default_factory=list)
+    break_even: list[StepCostPoint] = field(default_factory=list)   # rho at the median context: the tau to beat
+    strata: list[StratumTau] = field(default_factory=list)
+    predictions: list[StepCostPrediction] = field(default_factory=list)
+    tau_slope: Optional[Interval] = None  # d log(step time) / d log(tau) over the drafter's own requests
+    tau_moves: Optional[bool] = None
+    forced: str = ""                      # how acceptance was set (the engine's forced acceptance, or why not)
+    holds: Optional[bool] = None          # every held-out check agrees (None: no check)
+    max_batch: int = 0
+    note: Optional[str] = None
+
+
+@dataclass
+class StepCosts(Record):
+    """`results/stepcost/stepcost.json`: the map of every speculative server (empty without map cells)."""
+    maps: list[StepCostMap] = field(default_factory=list)
+    config: dict = field(default_factory=dict)
+    skipped: dict = field(default_factory=dict)   # a speculative server without a map -> why
+
+
 # -- the results layout ---------------------------------------------------------------------------
 @dataclass(frozen=True)
 class ResultFile:
@@ -1379,6 +1455,10 @@ RESULT_FILES: tuple[ResultFile, ...] = (
     ResultFile("rounds/r<round>.json", "sequential_round",
                "{RoundPlan}: the sequential design (`repeats: {min, max}`) after round R: each configuration's "
                "decision and the cells the next repeat measures"),
+    ResultFile("stepcost/stepcost.json", "stepcost",
+               "{StepCosts}: per speculative server, the step-cost map (what a speculative step costs in plain decode "
+               "steps at every batch size and context), the break-even acceptance, every stratum's tau, and every "
+               "suite's speedup predicted up to the largest batch, checked against the cells"),
     ResultFile("recommend/servers.json", "recommend",
                "{DerivedServers}: the `<server>__recommended` servers the recommend checkpoint derives"),
     ResultFile("recommend/recommendations.json", "recommend",
@@ -1437,6 +1517,9 @@ RESULT_FILES: tuple[ResultFile, ...] = (
     ResultFile("summary/plots/traffic.png", "summary",
                "the predicted speedup from the training mix toward the first file suite, measured suites on it "
                "(with a file suite)"),
+    ResultFile("summary/plots/break_even.png", "summary",
+               "the break-even tokens per step (the step cost) against batch size, every stratum's tau as a line "
+               "(with a step-cost map)"),
     ResultFile("summary/plots/context.png", "summary",
                "tokens per step and step cost, and the TPOT speedup, against context length (where the context axis "
                "has a row)"),

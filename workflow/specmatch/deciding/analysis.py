@@ -34,7 +34,7 @@ from .reading.measurements import Measurements, Settings, drafted_nothing
 from .verdicts.noise import RunToRun, VarianceSum, run_to_run
 from .recommending.krecommend import references, sweep_report
 from ..records import (AdjustedSpeedup, Attribution, CellResult, Contrast, Decision, DerivedServer, Effect, Interval,
-                       Outcome, Recommendation, RoundPlan, Verdict, Verification)
+                       Outcome, Recommendation, RoundPlan, StepCosts, Verdict, Verification)
 from ..sweep import members as sweep_members, parents as sweep_parents, sweep_of
 
 __all__ = ["Analysis", "analyse", "attribute", "crossover", "frozen_verdicts", "join_derived", "primary_analysis",
@@ -129,7 +129,8 @@ def frozen_verdicts(plans: list[RoundPlan], baseline: str) -> dict[tuple, Verdic
 
 def analyse(cells: "Measurements | list[tuple[CellResult, pl.DataFrame]]", baseline: str, settings: Settings,
             infos: dict[str, ServerInfo] | None = None, recommend_suites: list[str] | None = None,
-            primary: list[str] | None = None, frozen: dict | None = None) -> Analysis:
+            primary: list[str] | None = None, frozen: dict | None = None, stepcost: StepCosts | None = None
+            ) -> Analysis:
     """Verdicts for every server against the baseline, the run-to-run variance, the configured-but-off
     findings, acceptance per suite and the recommendations. `primary` names the servers of the grid
     the recommendation comes from (run-to-run variance is estimated from them only, so adding the
@@ -170,7 +171,8 @@ def analyse(cells: "Measurements | list[tuple[CellResult, pl.DataFrame]]", basel
             key = (server, suite, settings.recommend_metric)
             if key in comparisons:
                 vs = [v for v in verdicts if (v.server, v.suite, v.metric) == key]
-                recs.append(recommend(info, suite, vs, comparisons[key], settings))
+                recs.append(recommend(info, suite, vs, comparisons[key], settings,
+                                      *map_predictions(stepcost, server, suite, settings.recommend_metric)))
     an = Analysis(settings, baseline, servers, suites, concurrencies, rr, verdicts, comparisons, off, acc, recs, m,
                   infos or {}, cross)
     an.k_recommendations, an.k_points = k_reports(an, recommend_suites or [], primary)
@@ -389,12 +391,28 @@ def attribute(an: Analysis, reference_suite: str | None = None) -> list[Attribut
 
 # -- the steps' analyses ---------------------------------------------------------------------------
 def primary_analysis(m: Measurements, baseline: str, settings: Settings, configs: dict, infos: dict,
-                     suites: list[str], frozen: dict | None = None) -> Analysis:
+                     suites: list[str], frozen: dict | None = None, stepcost: StepCosts | None = None) -> Analysis:
     """The analysis of the configured servers only: a recommendation must not depend on the
     derived servers that exist to verify it. `frozen`: the verdicts the sequential design kept
-    (analysis.frozen_verdicts of the round plans)."""
+    (analysis.frozen_verdicts of the round plans); `stepcost`: the step-cost maps whose predictions
+    decide the concurrencies the verdict grid lacks."""
     primary = [s for s in configs if not s.endswith(RECOMMENDED)]
-    return analyse(m.only(primary), baseline, settings, infos, suites, primary, frozen)
+    return analyse(m.only(primary), baseline, settings, infos, suites, primary, frozen, stepcost)
+
+
+def map_predictions(stepcost: StepCosts | None, server: str, suite: str, metric: str
+                    ) -> tuple[dict[int, Decision], str | None]:
+    """The step-cost map's predicted verdicts for `server` on `suite` at every concurrency it predicts,
+    and what the map says of itself; nothing where there is no map or where a concurrency the cells
+    measured disagrees with it (the recommendation then falls back to the measured cells)."""
+    mp = next((x for x in (stepcost.maps if stepcost else []) if x.server == server), None)
+    rows = [p for p in (mp.predictions if mp else []) if p.suite == suite and p.metric == metric]
+    if not rows or any(p.agrees is False for p in rows):
+        return {}, None
+    checks = [p for p in rows if p.role == "check"]
+    note = (f"the map agrees with the cells at c={','.join(str(p.concurrency) for p in checks)}, measured only to "
+            "check it" if checks else "the map is unchecked: no concurrency was measured only to check it")
+    return {p.concurrency: p.decision for p in rows}, note
 
 
 def verified_analysis(cells: "Measurements | list", baseline: str, settings: Settings, configs: dict, infos: dict,

@@ -32,7 +32,7 @@ from .. import steps
 from .inputs import analysis_arguments, load, server_infos
 from ..files import read_json, write_json
 from ..provenance import Recorder
-from ..records import Deployment, DerivedServer, DerivedServers, Recommendation, RoundPlan
+from ..records import Deployment, DerivedServer, DerivedServers, Recommendation, RoundPlan, StepCosts
 from ..serving.engines import get_engine
 
 
@@ -147,16 +147,19 @@ def arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--k-schedules", type=Path, help="where the k sweeps' recommendations go (kmodel.KRecommendation)")
     p.add_argument("--rounds", nargs="*", type=Path, default=[],
                    help="the sequential design's round plans: the configurations they stopped keep their verdicts")
+    p.add_argument("--stepcost", type=Path, help="the step-cost maps (results/stepcost/stepcost.json): their "
+                   "predictions decide the concurrencies the verdict grid lacks")
 
 
 def execute(a: argparse.Namespace) -> int:
     settings, configs = Settings.of(json.loads(a.settings)), json.loads(a.servers)
-    rec = Recorder("recommend", a.cells + a.requests + a.launches + a.rounds,
+    rec = Recorder("recommend", a.cells + a.requests + a.launches + a.rounds + ([a.stepcost] if a.stepcost else []),
                    {"baseline": a.baseline, "summary": settings.__dict__, "suites": a.suites, "verify": not a.no_verify})
     infos = server_infos(a.launches, configs)
     plans = [RoundPlan.from_json(read_json(x)) for x in a.rounds]
+    stepcost = StepCosts.from_json(read_json(a.stepcost)) if a.stepcost else None
     an = primary_analysis(load(a.cells, a.requests, settings), a.baseline, settings, configs, infos, a.suites,
-                          frozen_verdicts(plans, a.baseline))
+                          frozen_verdicts(plans, a.baseline), stepcost)
     if a.adaptive_dir:
         a.adaptive_dir.mkdir(parents=True, exist_ok=True)
     derived = {} if a.no_verify else derived_servers(an.recommendations, configs, infos, a.adaptive_dir)

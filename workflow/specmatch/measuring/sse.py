@@ -20,7 +20,7 @@ class ProtocolError(Exception):
 
 class ResponseParser:
     __slots__ = ("on_event", "buf", "status", "headers", "mode", "remaining", "sse", "body", "complete",
-                 "got_done", "keep_alive", "head_done")
+                 "got_done", "keep_alive", "head_done", "received")
 
     def __init__(self, on_event: Callable[[bytes, float], None]):
         self.on_event = on_event
@@ -35,10 +35,12 @@ class ResponseParser:
         self.complete = False
         self.got_done = False   # saw `data: [DONE]`
         self.keep_alive = True
+        self.received = 0       # bytes of the response read so far
 
     # -- input ---------------------------------------------------------------------------------
     def feed(self, data: bytes, t: float) -> bool:
         """Consume one read that arrived at time `t`; True once the response is complete."""
+        self.received += len(data)
         if self.complete:
             if data:  # bytes after the end of a response we never pipelined for: do not reuse the connection
                 self.keep_alive = False
@@ -71,6 +73,11 @@ class ResponseParser:
             if buf:
                 self._body(buf, t)
         return self.complete
+
+    @property
+    def empty(self) -> bool:
+        """Nothing of a response came back (the connection was closed before the server answered)."""
+        return self.received == 0 and not self.head_done and not self.buf
 
     def feed_eof(self, t: float) -> None:
         """The server closed the connection. Fine for a read-until-close body; a cut stream otherwise."""

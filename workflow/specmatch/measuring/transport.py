@@ -23,6 +23,11 @@ class HTTPError(Exception):
     pass
 
 
+class StaleConnection(HTTPError):
+    """The server closed a kept-alive connection before a byte of the response to this request came
+    back (an HTTP server closes idle connections: uvicorn, under vLLM and SGLang, after 5 s)."""
+
+
 # Kernel receive timestamps (Linux SO_TIMESTAMPNS; Python's socket module does not name it).
 _SO_TIMESTAMPNS = getattr(socket, "SO_TIMESTAMPNS", 35 if sys.platform.startswith("linux") else None)
 _TIMESPEC = struct.Struct("@ll")  # struct timespec: time_t and long seconds/nanoseconds
@@ -172,6 +177,20 @@ class Connection:
         self._tls = self._tls_in = self._tls_out = None
 
     async def stream(self, path: str, body: bytes, on_event: Callable[[bytes, float], None]) -> None:
+        """Send one request and feed its events to `on_event`. A connection kept alive from an earlier
+        request (or opened before the load began) that the server closed while idle fails at once with
+        no byte of a response: the server never read the request, so it is sent again, once, on a new
+        connection (as HTTP clients retry a pooled connection). The request's time counts from its
+        first attempt (the failed one costs the round trip that found the connection closed)."""
+        reused = self.sock is not None
+        try:
+            await self._stream(path, body, on_event)
+        except StaleConnection:
+            if not reused:
+                raise
+            await self._stream(path, body, on_event)
+
+    async def _stream(self, path: str, body: bytes, on_event: Callable[[bytes, float], None]) -> None:
         self.read_lags = []  # this request's, even if connecting or sending fails
         self.completed_at = None
         await self.connect()
@@ -186,7 +205,11 @@ class Connection:
         if self._tls is not None:
             self._tls.write(wire)
             wire = self._tls_out.read()
-        await loop.sock_sendall(sock, wire)
+        try:
+            await loop.sock_sendall(sock, wire)
+        except (BrokenPipeError, ConnectionResetError) as exc:
+            await self.close()
+            raise StaleConnection(f"connection closed before the request was sent: {exc}") from None
         self.sent_at = time.perf_counter()
         parser = ResponseParser(on_event)
         done = loop.create_future()
@@ -199,6 +222,8 @@ class Connection:
                 loop.remove_reader(fd)  # before any close: a closed fd left registered breaks the selector
         except ProtocolError as exc:
             await self.close()
+            if parser.empty:
+                raise StaleConnection(str(exc)) from None
             raise HTTPError(str(exc)) from None
         if not parser.keep_alive:
             await self.close()

@@ -10,7 +10,7 @@ from pathlib import Path
 
 from ..deciding.explaining.context import ContextAxis
 from ..deciding.explaining.stopping import StoppingReport
-from ..files import atomic_path
+from .formats import save_figure
 from ..records import Decision
 from .decided import Decided
 
@@ -234,11 +234,7 @@ def plot(path: Path, axis: ContextAxis) -> Path:
         bottom.legend(fontsize=8)
     fig.suptitle("Context length: acceptance τ and step cost ρ (top), TPOT speedup (bottom)")
     fig.tight_layout()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    with atomic_path(path, ".png") as tmp:
-        fig.savefig(tmp, format="png", dpi=110, bbox_inches="tight")
-    plt.close(fig)
-    return path
+    return save_figure(fig, path)
 
 
 __all__ = ["Report", "of", "plots", "lines", "plot"]

@@ -14,13 +14,14 @@ from pathlib import Path
 from ..deciding.decide import Decisions
 from ..deciding.reading.measurements import Settings
 from ..files import read_json
-from ..records import CellResult, Crossover, ServerFacts, Verdict
+from ..records import CellResult, Crossover, ServerFacts, StepCosts, Verdict
 
 
 @dataclass
 class Decided:
     decisions: Decisions
     cells: dict   # (server, suite, concurrency, repeat) -> CellResult, in the order the cells were given
+    stepcost: StepCosts | None = None   # the step-cost maps (results/stepcost/stepcost.json), when given
 
     @classmethod
     def of(cls, decisions: Decisions, cells: list[CellResult]) -> "Decided":

@@ -6,7 +6,9 @@ bound (an interval unbounded on that side), written "∞" or "-∞", never "inf"
 from __future__ import annotations
 
 import math
+from pathlib import Path
 
+from ..files import atomic_path
 from ..records import Effect
 
 UNKNOWN = "—"
@@ -45,3 +47,14 @@ def speedup(v) -> str:
 def concurrencies(cs) -> str:
     """`1,4,16`: the concurrencies a statement holds at."""
     return ",".join(str(c) for c in cs)
+
+
+def save_figure(fig, path: Path) -> Path:
+    """A figure as a PNG (dpi 110, tight), written atomically, then closed: every plot's one way out."""
+    import matplotlib.pyplot as plt
+
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with atomic_path(path, ".png") as tmp:
+        fig.savefig(tmp, format="png", dpi=110, bbox_inches="tight")
+    plt.close(fig)
+    return path

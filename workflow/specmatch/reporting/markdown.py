@@ -3,7 +3,7 @@ evidence, assembled from the report's sections."""
 from __future__ import annotations
 
 from ..records import RoundPlan, SuiteMatch
-from . import answer, context, interference, kreport, traffic
+from . import answer, context, interference, kreport, stepcost, traffic
 from .decided import Decided
 from .design import noise_lines, sequential_lines
 from .loadgen import load_generator_lines
@@ -53,6 +53,9 @@ def markdown(d: Decided, matches: list[SuiteMatch], plans: list[RoundPlan] | Non
     why = why_lines(d)
     if why:
         lines += [""] + why
+    step = stepcost.lines(d.stepcost)
+    if step:
+        lines += [""] + step
     extra = context.lines(d)   # context length, natural stopping, sessions
     if extra:
         lines += [""] + extra

@@ -10,9 +10,9 @@ from pathlib import Path
 import numpy as np
 
 from ..deciding.recommending.deployment import RECOMMENDED
-from ..files import atomic_path
+from .formats import save_figure
 from ..serving.controls import OFF, is_control
-from . import context, kreport, traffic
+from . import context, kreport, stepcost, traffic
 from .decided import Decided
 
 PALETTE = ["#4d4d4d", "#1f77b4", "#d62728", "#2ca02c", "#9467bd", "#ff7f0e", "#8c564b", "#e377c2", "#17becf",
@@ -51,11 +51,7 @@ class Canvas:
         out.mkdir(parents=True, exist_ok=True)
 
     def save(self, fig, name: str) -> None:
-        path = self.out / f"{name}.png"
-        with atomic_path(path, ".png") as tmp:
-            fig.savefig(tmp, format="png", dpi=110, bbox_inches="tight")
-        self.plt.close(fig)
-        self.made.append(path)
+        self.made.append(save_figure(fig, self.out / f"{name}.png"))
 
     def log_concurrency(self, ax) -> None:
         cs = self.d.concurrencies
@@ -235,4 +231,5 @@ def plots(d: Decided, out: Path) -> list[Path]:
     for figure in FIGURES:
         figure(cv)
     kreport.heatmap(d, cv.save)
-    return cv.made + traffic.plot(d.decisions.traffic, out, d.settings.recommend_metric) + context.plots(d, out)
+    return (cv.made + traffic.plot(d.decisions.traffic, out, d.settings.recommend_metric) + context.plots(d, out)
+            + stepcost.plot(d.stepcost, out))

@@ -25,7 +25,7 @@ from .. import steps
 from ..deciding.decide import FILES
 from ..files import atomic_path, read_json, write_text
 from ..provenance import Recorder
-from ..records import RoundPlan, SuiteMatch
+from ..records import RoundPlan, StepCosts, SuiteMatch
 from .decided import Decided
 from .markdown import markdown
 from .page import page
@@ -38,6 +38,7 @@ def arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--cells", nargs="+", type=Path, required=True, help="the cells the decisions were made on")
     p.add_argument("--matches", nargs="*", type=Path, default=[], help="the prompt suites' match reports")
     p.add_argument("--rounds", nargs="*", type=Path, default=[], help="the sequential design's round plans")
+    p.add_argument("--stepcost", type=Path, help="the step-cost maps (results/stepcost/stepcost.json)")
     p.add_argument("--out-dir", type=Path, required=True)
 
 
@@ -54,8 +55,11 @@ def write_tables(d: Decided, out: Path) -> list[Path]:
 
 def execute(a: argparse.Namespace) -> int:
     folder = a.decided or a.out_dir
-    rec = Recorder("summary", [folder / f for f in FILES.values()] + a.cells + a.matches + a.rounds)
+    rec = Recorder("summary", [folder / f for f in FILES.values()] + a.cells + a.matches + a.rounds
+                   + ([a.stepcost] if a.stepcost else []))
     d = Decided.read(folder, a.cells)
+    if a.stepcost:
+        d.stepcost = StepCosts.from_json(read_json(a.stepcost))
     matches = [SuiteMatch.from_json(read_json(m)) for m in a.matches]
     plans = [RoundPlan.from_json(read_json(x)) for x in a.rounds]
     rec.config = {"baseline": d.baseline, "summary": d.decisions.analysis.settings}

@@ -9,7 +9,7 @@ from pathlib import Path
 
 from ..config import TRAINING_MIX
 from ..metrics import LABEL
-from ..files import atomic_path
+from .formats import save_figure
 from ..records import Decision, Direction, TrafficRow
 
 WORD = {Decision.PAYS: "pays", Decision.LOSES: "loses", Decision.EQUIVALENT: "no difference",
@@ -171,9 +171,4 @@ def plot(rows: list[TrafficRow], out: Path, metric: str) -> list[Path]:
         ax.legend(keep.values(), keep.keys(), fontsize=7)
     fig.suptitle("Your traffic: predicted speedup as the mix moves (band: interval; squares: measured suites)")
     fig.tight_layout()
-    out.mkdir(parents=True, exist_ok=True)
-    path = out / "traffic.png"
-    with atomic_path(path, ".png") as tmp:
-        fig.savefig(tmp, format="png", dpi=110, bbox_inches="tight")
-    plt.close(fig)
-    return [path]
+    return [save_figure(fig, out / "traffic.png")]

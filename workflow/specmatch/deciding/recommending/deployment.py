@@ -5,8 +5,10 @@ reference the schedule fixes in advance (verification). This module names no eng
 what a server's `speculative` block drafts at a batch size is its adapter's answer (server_k).
 
 Concurrency stands in for batch size (a closed loop of C workers keeps about C requests running).
-Batch sizes above the largest measured concurrency only extend the verdict there: the record flags
-them (`Recommendation.extrapolated_above`) and the text says so. A server whose largest batch is not
+Where a step-cost map predicts the concurrencies the verdict grid lacks (specmatch.deciding.explaining.stepcost,
+and its checks agree with the cells), its predicted verdicts decide them, marked as predicted
+(`Recommendation.predicted`); else batch sizes above the largest measured concurrency only extend the
+verdict there: the record flags them (`Recommendation.extrapolated_above`) and the text says so. A server whose largest batch is not
 known (an external endpoint, launched by no one here, without a configured `max_batch`) is
 recommended over the measured concurrencies, and the text says so.
 """
@@ -126,7 +128,8 @@ class ServerInfo:
 
 
 def recommend(info: ServerInfo, suite: str, verdicts: list[Verdict], cmps: list[Comparison],
-              s: Settings) -> Recommendation:
+              s: Settings, predicted: dict[int, Decision] | None = None, map_note: str | None = None
+              ) -> Recommendation:
     """What to deploy, built only from verdicts (never from point estimates alone). The batch range is
     the server's (`info.max_batch`), else, for a server whose largest batch is not known (an external
     endpoint without a configured `max_batch`), the measured concurrencies' (nothing is extrapolated
@@ -134,19 +137,28 @@ def recommend(info: ServerInfo, suite: str, verdicts: list[Verdict], cmps: list[
     regs = regions(verdicts)
     cross = crossovers(verdicts, cmps, s)
     dec = decisions(verdicts)
-    max_batch = info.max_batch or max(dec, default=0)
+    measured_top = max(dec, default=0)
+    max_batch = info.max_batch or measured_top
+    # the map's predictions where the verdict grid has no cell, within the server's batches (a measured
+    # verdict always decides its own concurrency)
+    predicted = {c: d for c, d in (predicted or {}).items() if c not in dec and c <= max_batch and dec}
+    if predicted:
+        dec = dict(sorted({**dec, **{c: True if d == Decision.PAYS else None if d == Decision.INCONCLUSIVE
+                                     else False for c, d in predicted.items()}}.items()))
     rec = Recommendation(info.name, suite, regs, cross[0] if cross else None, "undecided", crossovers=cross,
-                         max_batch=max_batch)
-    decided = {c: d for c, d in dec.items() if d is not None}
-    undecided = sorted(c for c, d in dec.items() if d is None)
+                         max_batch=max_batch, predicted={c: d.value for c, d in predicted.items()},
+                         map_note=map_note if predicted else None)
+    decided = {c: d for c, d in dec.items() if d is not None and c not in predicted}
+    undecided = sorted(c for c, d in dec.items() if d is None and c not in predicted)
     if not decided:
         why = "; ".join(dict.fromkeys(v.decide for v in verdicts if v.decide))
         rec.text = "no recommendation: no concurrency is decided" + (f" ({why})" if why else "")
         rec.evidence = "every verdict is inconclusive"
         return rec
     on = on_per_batch(dec, _pairs_crossing(cmps), max_batch)
-    pays, loses = _list(dec, True, verdicts, Decision.PAYS), _list(dec, False, verdicts, Decision.LOSES)
-    same = _list(dec, False, verdicts, Decision.EQUIVALENT)
+    measured = {c: d for c, d in dec.items() if c not in predicted}
+    pays, loses = _list(measured, True, verdicts, Decision.PAYS), _list(measured, False, verdicts, Decision.LOSES)
+    same = _list(measured, False, verdicts, Decision.EQUIVALENT)
     undecided_note = (f" (undecided at c={','.join(map(str, undecided))}: off there, not shown to pay)" if undecided
                       else "")
     found = _phrases(("it pays at", pays), ("loses at", loses), ("makes no difference at", same))
@@ -164,8 +176,10 @@ def recommend(info: ServerInfo, suite: str, verdicts: list[Verdict], cmps: list[
                     + (f": {found}" if found else "") + undecided_note)
     rec.evidence = "; ".join(f"{r.verdict.value} at c={r.first}" + (f"-{r.last}" if r.last != r.first else "")
                              for r in regs)
-    top = max(dec)
-    if max_batch > top:
+    top = measured_top
+    if predicted:
+        rec.text += "; " + predicted_text(predicted, top, max_batch, map_note)
+    elif max_batch > top:
         rec.extrapolated_above = top
         rec.text += (f"; batch sizes {top + 1}-{max_batch} were not measured (the largest measured concurrency is "
                      + (f"{top}): there it extends the verdict at c={top}, an extrapolation" if dec[top] is not None else
@@ -207,6 +221,19 @@ def recommend(info: ServerInfo, suite: str, verdicts: list[Verdict], cmps: list[
                                         reason="an external endpoint: nothing here restarts it with the recommended "
                                                "configuration, so it is not measured")
     return rec
+
+
+def predicted_text(predicted: dict[int, Decision], top: int, max_batch: int, note: str | None) -> str:
+    """What the map decided where the verdict grid has no cell."""
+    by: dict = {}
+    for c, d in sorted(predicted.items()):
+        by.setdefault(d, []).append(c)
+    word = {Decision.PAYS: "pays", Decision.LOSES: "loses", Decision.EQUIVALENT: "makes no difference",
+            Decision.INCONCLUSIVE: "undecided (off there)"}
+    parts = [f"{word[d]} at c={','.join(map(str, cs))}" for d, cs in by.items()]
+    beyond = f"; batch sizes {top + 1}-{max_batch} follow the map's predictions" if max_batch > top else ""
+    return ("where the verdict grid has no cell, the step-cost map's prediction decides (predicted, not measured): "
+            + ", ".join(parts) + beyond + (f" ({note})" if note else ""))
 
 
 def rendered(rec: Recommendation, info: ServerInfo | None) -> Recommendation:

@@ -130,6 +130,12 @@ class Engine:
         return None, (f"engine {self.name} has no setting specmatch knows that keeps the drafter configured while "
                       "drafting nothing")
 
+    def forced_acceptance(self, tau: float = 2.0) -> tuple[dict | None, str]:
+        """What makes this server accept `tau` tokens per speculative step whatever it drafts, the drafter
+        still drafting and the target still verifying (a step-cost map at fixed acceptance): the settings
+        in the engine's terms, or None and why it cannot."""
+        return None, f"engine {self.name} has no setting specmatch knows that forces the acceptance length"
+
     def release(self, versions: dict) -> str | None:
         """The engine's release among a launch record's `engine_versions` (None: not recorded)."""
         return next((versions[p] for p in self.packages if versions.get(p)), None)

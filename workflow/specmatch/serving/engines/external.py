@@ -34,6 +34,9 @@ class ExternalEngine(Engine):
     def configured_off(self, max_batch: int) -> tuple[dict | None, str | None]:
         return None, "an external endpoint: nothing here restarts it with another configuration"
 
+    def forced_acceptance(self, tau: float = 2.0) -> tuple[dict | None, str]:
+        return None, "an external endpoint: nothing here restarts it with a forced acceptance length"
+
     def named_k(self, spec: dict) -> int:
         return self._reader.named_k(spec)
 

@@ -70,6 +70,8 @@ def adaptive_support(version: str | None) -> dict | None:
 
 
 ADAPTIVE_METHODS = ("eagle", "eagle3", "mtp")   # the drafters SGLang adapts
+FORCED_ENV = "SGLANG_SIMULATE_ACC_LEN"               # a simulated acceptance length (off below 0)
+FORCED_MODE_ENV = "SGLANG_SIMULATE_ACC_TOKEN_MODE"   # "real-draft-token": the drafter's own tokens kept
 DEFAULT_STEPS = 3   # the steps a speculative config that names none is taken to draft
 
 
@@ -157,6 +159,12 @@ class SGLangEngine(Engine):
     def configured_off(self, max_batch: int) -> tuple[dict | None, str | None]:
         return None, ("SGLang has no setting that keeps the drafter configured while drafting nothing at every batch "
                       "size (--speculative-adaptive lowers the steps, never to zero)")
+
+    def forced_acceptance(self, tau: float = 2.0) -> tuple[dict | None, str]:
+        """SGLang's environment (sglang/srt/environ.py, read by sglang/srt/speculative/spec_utils.py): a
+        simulated acceptance length (off when below 0), the drafter's own tokens kept."""
+        return ({"env": {FORCED_ENV: str(float(tau)), FORCED_MODE_ENV: "real-draft-token"}},
+                "simulated acceptance length")
 
     # -- deployments -----------------------------------------------------------------------------
     def named_k(self, spec: dict) -> int:

@@ -28,6 +28,8 @@ from .prometheus import parse_prometheus
 DEFAULT_MAX_NUM_SEQS = 256
 K = "num_speculative_tokens"                           # the k a server drafts (what a sweep lists)
 SCHEDULE = "num_speculative_tokens_per_batch_size"     # its k per batch size: [[start, end, k], ...]
+FORCED_METHOD = "rejection_sample_method"             # "synthetic": accept a set length whatever is drafted
+FORCED_LENGTH = "synthetic_acceptance_length"         # its mean acceptance length, 1 ... k + 1
 
 
 def server_k(spec: dict, batch: int) -> int:
@@ -185,6 +187,16 @@ class VLLMEngine(Engine):
         spec = copy.deepcopy(self.cfg["speculative"])
         spec[SCHEDULE] = [[1, int(max_batch), 0]]
         return spec, None
+
+    def forced_acceptance(self, tau: float = 2.0) -> tuple[dict | None, str]:
+        """`speculative` keys of vLLM's SpeculativeConfig (vllm/config/speculative.py): synthetic rejection
+        sampling at a mean acceptance length (1 ... k + 1), the drafter drafting and the target verifying
+        as usual. The CPU build refuses it at the first request (vllm/utils/cpu_triton_utils.py:
+        "Synthetic acceptance not supported with CPU sampling")."""
+        if self.profile() == "cpu":
+            return None, ("vLLM's CPU build cannot force the acceptance length (synthetic rejection sampling: "
+                          "\"Synthetic acceptance not supported with CPU sampling\", vllm/utils/cpu_triton_utils.py)")
+        return {FORCED_METHOD: "synthetic", FORCED_LENGTH: float(tau)}, "synthetic rejection sampling"
 
     # -- deployments -----------------------------------------------------------------------------
     def named_k(self, spec: dict) -> int:

@@ -56,11 +56,12 @@ def cell_requests(key: tuple, a: Arrays, stratum) -> CellRequests:
 
 
 # -- the step model ---------------------------------------------------------------------------------
-def _timeline(cr: CellRequests, theta: np.ndarray, points: int = 400) -> tuple[np.ndarray, np.ndarray, np.ndarray,
+def timeline(cr: CellRequests, theta: np.ndarray, points: int = 400) -> tuple[np.ndarray, np.ndarray, np.ndarray,
                                                                                np.ndarray]:
-    """Per request: its steps' mean features [1, b, C, P] over its decode (weighted by the steps T(theta)
-    says were taken at each moment) and the features at its first-token step; the batch at every
-    moment read from the cell's timeline (who was prefilling, who decoding, how much context)."""
+    """Per request: its steps' mean features [1, b, C, P] (and b^2 for a theta of five: a step cost
+    that grows faster than the batch) over its decode (weighted by the steps T(theta) says were taken
+    at each moment) and the features at its first-token step; the batch at every moment read from the
+    cell's timeline (who was prefilling, who decoding, how much context)."""
     d0, d1 = cr.start + cr.ttft, cr.start + cr.e2e
     ts = np.linspace(0.0, float(d1.max()), points + 1)
     mid, dt = (ts[:-1] + ts[1:]) / 2, np.diff(ts)
@@ -68,7 +69,10 @@ def _timeline(cr: CellRequests, theta: np.ndarray, points: int = 400) -> tuple[n
     pre = (mid[None, :] >= cr.start[:, None]) & (mid[None, :] < d0[:, None])
     frac = np.clip((mid[None, :] - d0[:, None]) / np.maximum(d1 - d0, 1e-9)[:, None], 0.0, 1.0)
     ctx = (cr.ptok[:, None] + 1 + (cr.out[:, None] - 1) * frac) * dec
-    F = np.stack([np.ones(points), dec.sum(0), ctx.sum(0) / 1000, (cr.ptok[:, None] * pre).sum(0) / 1000], 1)
+    cols = [np.ones(points), dec.sum(0), ctx.sum(0) / 1000, (cr.ptok[:, None] * pre).sum(0) / 1000]
+    if len(theta) > 4:
+        cols.append(dec.sum(0).astype(float) ** 2)
+    F = np.stack(cols, 1)
     rate = dt / np.maximum(F @ theta, 1e-9)
     w = dec * rate[None, :]
     with np.errstate(invalid="ignore", divide="ignore"):
@@ -77,25 +81,32 @@ def _timeline(cr: CellRequests, theta: np.ndarray, points: int = 400) -> tuple[n
     return dec_f, (cr.e2e - cr.ttft) / np.maximum(cr.steps, 1), F[adm], cr.ttft
 
 
-def fit_step_model(cells: list[CellRequests], iterations: int = 3) -> np.ndarray | None:
+def fit_step_model(cells: list[CellRequests], iterations: int = 3, curved: bool = False,
+                   first_tokens: bool = True) -> np.ndarray | None:
     """theta of T(b, C, P) for one server from its cells (module docstring), or None without cells that
     count their decode steps. Relative least squares: every request's mean decode step and first-token
-    step weigh alike whatever their length."""
+    step weigh alike whatever their length. `curved` adds t4 b^2 (non-negative: a step that grows
+    faster than the batch, as a speculative step verifying k + 1 tokens a sequence does past the
+    batch where the plain step is still cheap). `first_tokens`: False fits the decode steps alone (a
+    first token is rarely one step: a queue, a chunked prefill)."""
     from scipy.optimize import nnls
 
     use = [c for c in cells if c.steps is not None and c.closed and len(c.e2e) and np.isfinite(c.e2e).all()]
     if not use:
         return None
     per_step = np.concatenate([(c.e2e - c.ttft)[c.steps > 0] / c.steps[c.steps > 0] for c in use])
-    theta = np.array([float(np.median(per_step)) if per_step.size else 0.01, 0.0, 0.0, 0.0])
+    theta = np.array([float(np.median(per_step)) if per_step.size else 0.01] + [0.0] * (4 if curved else 3))
     for _ in range(iterations):
         xs, ys = [], []
         for c in use:
-            dec_f, dec_y, adm_f, adm_y = _timeline(c, theta)
-            keep = (c.steps > 0) & np.isfinite(dec_f).all(1) & (dec_y > 0)
+            dec_f, dec_y, adm_f, adm_y = timeline(c, theta)
+            # a request whose tokens all arrived at once (the client or the server held the stream back: a
+            # busy machine) has no decode time and a first token that holds it: neither time is a step's
+            timed = ~((c.out > 1) & (c.e2e - c.ttft <= 0))
+            keep = (c.steps > 0) & np.isfinite(dec_f).all(1) & (dec_y > 0) & timed
             xs += [dec_f[keep] / dec_y[keep, None]]
             ys += [np.ones(int(keep.sum()))]
-            keep = adm_y > 0
+            keep = (adm_y > 0) & timed & first_tokens
             xs += [adm_f[keep] / adm_y[keep, None]]
             ys += [np.ones(int(keep.sum()))]
         X, y = np.concatenate(xs), np.concatenate(ys)
@@ -149,7 +160,8 @@ def simulate(theta: np.ndarray, c: int, ptok: np.ndarray, out: np.ndarray, steps
         P = (p * pre).sum(1) / 1000
         mult = (np.where(dec, m_dec[rows, idx], 0.0) + np.where(pre, m_adm[rows, idx], 0.0)).sum(1) / np.maximum(
             active.sum(1), 1)
-        cost = (k * (theta[0] + theta[1] * b + theta[2] * C0 + theta[3] * P)
+        curve = theta[4] * b * b if len(theta) > 4 else 0.0
+        cost = (k * (theta[0] + theta[1] * b + theta[2] * C0 + theta[3] * P + curve)
                 + theta[2] * g.sum(1) / 1000 * k * (k - 1) / 2) * mult
         t = t + cost
         ttft[rr[pre], idx[pre]] = (t[:, None] - start[rows, idx])[pre]

@@ -1,0 +1,130 @@
+"""The step-cost map against a server whose step cost and acceptance are known: the discrete-event
+server (specmatch.calibration.des) serving a stratified suite at map concurrencies in repeated sessions
+(calibration.traffic.traffic_cells), the map (specmatch.deciding.explaining.stepcost) fitted on some
+of them and checked at one held out, and how often its intervals hold the truth.
+
+The truth of rho at batch b is the simulated engine's own rho(b) (a speculative step costs rho(b)
+plain steps at any context). The truth of a prediction at concurrency c is what a suite drawn like
+the measured one (the same strata counts, fresh prompts) measures at c, read as a cell is, sending as
+many requests as the prediction does: the mean over many suites served without run-to-run noise.
+
+    python -m specmatch stepcost_coverage [--experiments 200] [--rho flat|rising]
+prints, per batch size and per concurrency, the coverage of the 90% intervals (with Monte-Carlo
+error), the mean log width and the bias, and how often the held-out check agreed.
+"""
+from __future__ import annotations
+
+import argparse
+import math
+import sys
+from dataclasses import replace
+
+import numpy as np
+
+from .. import metrics
+from .des import serve
+from .grid import BASE
+from .pool import run_tasks
+from .traffic import TRAFFIC_STRATA, traffic_cells, traffic_prompts
+from ..deciding.explaining.stepcost import build_map, requests_of
+from ..deciding.explaining.stepcost.predict import REQUESTS_PER_WORKER
+from ..deciding.reading.measurements import Measurements, Settings
+
+COUNTS = {"agent": 4, "code": 6, "chat": 4}
+MEASURED = (1, 2, 4, 8, 16)       # map cells; CHECK is held out of the fit
+CHECK = 4
+RHOS = {"flat": lambda b: 1.4,
+        # a step that grows dearer with the batch (verifying k + 1 tokens a sequence): linear in b on top of
+        # a plain step that is itself linear, so the map's linear form is not exact
+        "rising": lambda b: 1.25 + 0.03 * (b - 1)}
+BATCHES = (1, 4, 16, 64)
+PREDICTED = (4, 16, 32)
+
+
+def truth(rho: str, c: int, seed: int, suites: int = 200, metric: str = "output_throughput") -> float:
+    """The true log speedup at c of a suite drawn like the experiments' (module docstring)."""
+    rng = np.random.default_rng(seed)
+    n = sum(COUNTS.values())
+    size = max(n, REQUESTS_PER_WORKER * c)
+    tok, match = np.zeros((suites, size)), np.zeros((suites, size, 32), bool)
+    for j in range(suites):
+        _, t, _, mt = traffic_prompts(rng, TRAFFIC_STRATA, COUNTS, 24)
+        order = np.arange(size) % n
+        tok[j], match[j] = t[order], mt[order]
+    ot = np.full((suites, size), 24)
+    spec = replace(BASE, k=3, rho=RHOS[rho])
+    b, x = serve(BASE, c, tok, ot, rng, match=match), serve(spec, c, tok, ot, rng, match=match)
+
+    def figure(s):
+        tp = metrics.tpot(s.e2e, s.ttft, ot)
+        return metrics.closed_loop(metric, metrics.workers(c, size), ot, np.ones(ot.shape, bool), s.e2e, tp)
+
+    return float(np.mean(metrics.log_speedup(metric, figure(x), figure(b))))
+
+
+def experiment(a: tuple) -> dict:
+    """One experiment: the map's rho at BATCHES, its predictions at PREDICTED and the held-out check."""
+    seed, rho, measured = a
+    cells = traffic_cells(seed, {"basis": COUNTS}, concurrencies=measured, repeats=2, rho=RHOS[rho])
+    s = Settings(bootstrap=200)
+    m = Measurements.of(cells, s)
+    rec = build_map(m, requests_of(m), "spec", "base", "basis", ["basis"], list(measured), [CHECK], 64, "sim", s)
+    pts = {p.batch: p.rho for p in rec.break_even}
+    preds = {p.concurrency: p for p in rec.predictions if p.metric == "output_throughput"}
+    return {"rho": {b: (pts[b].value, pts[b].lo, pts[b].hi) for b in BATCHES},
+            "pred": {c: (preds[c].predicted.value, preds[c].predicted.lo, preds[c].predicted.hi) for c in PREDICTED},
+            "check": preds[CHECK].agrees, "tau_moves": rec.tau_moves}
+
+
+def coverage(experiments: int, rho: str = "flat", seed: int = 5000, truth_suites: int = 200,
+             measured: tuple = MEASURED) -> dict:
+    """Coverage, mean log width and bias of rho at BATCHES and of the predictions at PREDICTED, and the
+    share of experiments whose check at CHECK agreed; the map's cells at `measured` (CHECK among them)."""
+    t_pred = {c: truth(rho, c, seed - 1, truth_suites) for c in PREDICTED}
+    got = list(run_tasks([(experiment, (seed + e, rho, tuple(measured))) for e in range(experiments)]))
+    out = {}
+
+    def tally(key, rows, t):
+        """rows: (value, lo, hi) of a ratio; t: the true log ratio."""
+        inside = [math.log(lo) <= t <= math.log(hi) for _, lo, hi in rows]
+        p = float(np.mean(inside))
+        out[key] = {"coverage": p, "mc_se": math.sqrt(max(p * (1 - p), 1e-12) / len(rows)), "n": len(rows),
+                    "width": float(np.mean([math.log(hi / lo) for _, lo, hi in rows])),
+                    "bias": float(np.mean([math.log(v) for v, _, _ in rows]) - t), "truth": t}
+
+    for b in BATCHES:
+        tally(("rho", b), [g["rho"][b] for g in got], math.log(RHOS[rho](b)))
+    for c in PREDICTED:
+        tally(("throughput", c), [g["pred"][c] for g in got], t_pred[c])
+    checks = [g["check"] for g in got if g["check"] is not None]
+    out[("check agrees", CHECK)] = {"coverage": float(np.mean(checks)) if checks else float("nan"), "n": len(checks),
+                                    "mc_se": math.sqrt(max(np.mean(checks) * (1 - np.mean(checks)), 1e-12)
+                                                       / max(len(checks), 1)) if checks else float("nan"),
+                                    "width": float("nan"), "bias": float("nan"), "truth": float("nan")}
+    moves = [g["tau_moves"] for g in got if g["tau_moves"] is not None]
+    p = float(np.mean(moves)) if moves else float("nan")
+    out[("rho moves with tau", 0)] = {"coverage": p, "n": len(moves), "mc_se": math.sqrt(max(p * (1 - p), 1e-12)
+                                                                                         / max(len(moves), 1)),
+                                      "width": float("nan"), "bias": float("nan"), "truth": float("nan")}
+    return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m specmatch stepcost_coverage", description=__doc__.split("\n\n")[0])
+    p.add_argument("--experiments", type=int, default=200)
+    p.add_argument("--rho", choices=sorted(RHOS), default="flat")
+    p.add_argument("--measured", default=",".join(map(str, MEASURED)),
+                   help=f"the map's cells (the check, c={CHECK}, among them), e.g. 1,4,8,16 as the default measures")
+    a = p.parse_args(argv)
+    measured = tuple(int(x) for x in a.measured.split(","))
+    got = coverage(a.experiments, a.rho, measured=measured)
+    print(f"{a.experiments} experiments, rho {a.rho}, map at c={[c for c in measured if c != CHECK]}, check at "
+          f"c={CHECK}, 90% intervals, 2 repeats")
+    for k, v in got.items():
+        print(f"{k[0]:>13} {k[1]:<4} coverage {v['coverage']:.3f} ± {v['mc_se']:.3f} (n={v['n']})  width "
+              f"{v['width']:.3f}  bias {v['bias']:+.4f}  truth {v['truth']:.4f}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,46 @@
+"""The step-cost map: what a speculative step costs at every batch size and context, measured apart
+from acceptance, so any load is predicted from few cells (docs/methods/step-cost.md).
+
+A speculative server's TPOT speedup is tau / rho: tau tokens per speculative step (the content's
+and the drafter's) over rho, what the step costs in plain decode steps of the baseline at the same
+batch (the engine's: a step drafts k tokens and verifies k + 1 whatever is accepted). tau hardly
+moves with load; rho moves with the batch and the context and hardly with the content.
+
+**The map** (map.py). Each server's step is T(b, C, P) = t0 + t1 b + t2 C + t3 P seconds for b
+decoding sequences holding C thousand tokens of context with P thousand prompt tokens prefilled in
+it (traffic.step_model.fit_step_model: every request's own decode steps and times, the batch it
+shared read from its cell's timeline). The map's cells are the verdict cells plus short cells at
+more concurrencies (config `step_cost`), in the same fresh server sessions; some concurrencies are
+held out of the fit, measured only to check it. rho(b, L) = T_spec(b, bL, 0) / T_base(b, bL, 0) at
+L tokens of context per sequence. Its error is the session-to-session variance of the two servers'
+step times at the nearest fitted concurrency (noise.run_to_run on TPOT, which the steps of a
+greedy request do not move, over the map's repeats); beyond the fitted batches the linear form is
+extrapolated and marked so.
+
+On an engine that can force the acceptance length while drafting and verifying as usual (vLLM's
+`rejection_sample_method: synthetic` on GPUs, SGLang's SGLANG_SIMULATE_ACC_LEN) rho could be mapped at
+fixed tau; the CPU build refuses it (Engine.forced_acceptance), so the map reads the real drafter's
+requests, whose tau spans the sources' range, and tests whether rho moves with tau: the slope of
+each request's step time (over the map's) in its own log tau, within its cell, with an interval
+clustered by prompt.
+
+**Predictions** (predict.py). For a suite at concurrency c: a closed loop of c workers over its
+prompts (each with its measured prompt length, output and decode steps on each server) stepped
+through both servers' T (traffic.step_model.simulate), read as the verdicts read a cell
+(metrics.closed_loop). Intervals: the prompt sample (paired bootstrap by prompt, n/(n-1) corrected,
+n - 1 dof), the map's error at c, and the acceptance's run to run; Student t at Satterthwaite's
+dof, a verdict by the verdicts' rule. Where the cells measured c: measured / predicted with its
+interval (run to run of the measured cells and the map's error; the prompts are the same and cancel).
+A concurrency held out of the fit checks the map; a miss says so and the recommendation falls back to
+the measured cells.
+
+**Break-even acceptance.** At batch b speculation pays in TPOT when tau > rho(b, L): the map at the
+suite's median context is the acceptance a drafter must reach there, set beside every source's
+measured tau.
+"""
+from .build import build_map, requests_of
+from .map import StepMap, fit_map, rho_points, tau_slope
+from .predict import break_even, check_rows, predict_suite, stratum_taus
+
+__all__ = ["StepMap", "build_map", "requests_of", "fit_map", "rho_points", "tau_slope", "break_even", "check_rows",
+           "predict_suite", "stratum_taus"]

@@ -1,0 +1,70 @@
+"""One speculative server's map record: the map, its points, the break-even acceptance, the strata's
+tau, the predictions on the concurrency grid and their check (the method:
+specmatch.deciding.explaining.stepcost)."""
+from __future__ import annotations
+
+import numpy as np
+
+from ...reading.measurements import Measurements, Settings
+from ..attribution import acceptance_run_to_run
+from ..traffic.step_model import cell_requests
+from .map import fit_map, rho_points, tau_slope
+from .predict import as_prediction, break_even, check_rows, grid, predict_suite, stratum_taus, suite_prompts
+from ....records import StepCostMap
+
+METRICS = ("output_throughput", "tpot")
+
+
+def requests_of(m: Measurements) -> dict:
+    """Every cell's requests as the step model reads them, each with its stratum: its source, or its
+    suite where it has none (a file suite)."""
+    return {k: cell_requests(k, a, lambda suite, source: source or suite) for k, a in m.arrays.items()}
+
+
+def contexts(reqs: dict, server: str, suite: str) -> tuple[int, list[int]]:
+    """The map suite's context per sequence (prompt plus half the output) on the speculative server: its
+    median, and the quartiles with it (short, median, long)."""
+    v = np.concatenate([cr.ptok + cr.out / 2 for k, cr in reqs.items() if k[0] == server and k[1] == suite]
+                       or [np.zeros(1)])
+    q = [int(round(float(np.quantile(v, p)))) for p in (0.25, 0.5, 0.75)]
+    return q[1], sorted(set(q))
+
+
+def build_map(m: Measurements, reqs: dict, server: str, baseline: str, suite: str, suites: list[str],
+              fit: list[int], checks: list[int], max_batch: int, forced: str, s: Settings) -> StepCostMap | None:
+    """The map of `server` against the baseline (None where either has no cell to fit it on): fitted on
+    every given suite's cells at the `fit` concurrencies, checked at `checks`, predicted for every
+    measured suite on the grid up to `max_batch`."""
+    L, Ls = contexts(reqs, server, suite)
+    sm = fit_map(reqs, m, server, baseline, suite, suites, [c for c in fit if c not in checks], L)
+    if sm is None:
+        return None
+    measured = sorted({k[2] for k in m.cells if k[0] == server})
+    cs = grid(sm.fit, checks, measured, max_batch)
+    rec = StepCostMap(server, baseline, suite, sm.fit, sorted(checks), sm.repeats,
+                      {x: [float(t) for t in sm.theta[x]] for x in (server, baseline)}, L, Ls,
+                      forced=forced, max_batch=max(cs))
+    rec.points = rho_points(sm, cs, Ls, s.confidence)
+    rec.break_even = break_even(sm, cs, L, s.confidence)
+    rec.strata = stratum_taus(reqs, server, suites, s)
+    rec.tau_slope = tau_slope(sm, reqs, suites, s.confidence)
+    if rec.tau_slope is not None and rec.tau_slope.lo is not None:
+        rec.tau_moves = not (rec.tau_slope.lo <= 0 <= rec.tau_slope.hi)
+    acc = acceptance_run_to_run(m, [server, baseline])
+    acc = (acc[0] or 0.0, acc[1])
+    for u in suites:
+        data = suite_prompts(reqs, server, baseline, u)
+        if data is None:
+            continue
+        on = sorted({k[2] for k in m.cells if k[0] == server and k[1] == u})
+        for c in cs:
+            got = predict_suite(sm, data, u, c, list(METRICS), s, acc)
+            role = "check" if c in checks and c in on else "fit" if c in on else "predicted"
+            for mt, (est, var) in got.items():
+                p = as_prediction(u, c, mt, est, var, s, role, sm.extrapolated(c))
+                if role != "predicted":
+                    p = check_rows(sm, m, p, est, var, s)
+                rec.predictions.append(p)
+    held = [p.agrees for p in rec.predictions if p.role == "check" and p.agrees is not None]
+    rec.holds = all(held) if held else None
+    return rec

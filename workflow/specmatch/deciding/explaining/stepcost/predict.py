@@ -1,0 +1,182 @@
+"""Predictions from the map and the measured acceptance at any concurrency, their check against the
+cells, the break-even acceptance and every stratum's tau beside it (the method:
+specmatch.deciding.explaining.stepcost)."""
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from ...reading.measurements import Measurements, Settings
+from ...verdicts.comparison import decision
+from ...verdicts.noise import VarianceSum
+from ..traffic.step_model import figures, simulate
+from .map import StepMap
+from .... import metrics
+from ....metrics import log_speedup
+from ....records import Decision, Interval, StepCostPoint, StepCostPrediction, StratumTau
+from ....stats import t_ppf
+
+FIELDS = ("ptok", "out", "steps")
+REQUESTS_PER_WORKER = 2     # a predicted cell sends at least this many requests per worker (a steady state)
+ROWS = 200                  # prompt resamples per prediction
+
+
+def suite_prompts(reqs: dict, server: str, baseline: str, suite: str) -> dict | None:
+    """Per prompt both servers answered in the suite: its prompt tokens, output tokens and, per server,
+    decode steps, each the mean over every cell and pass (a greedy request's steps and lengths do not
+    depend on the load). None without such prompts."""
+    acc: dict = {}
+    for k, cr in reqs.items():
+        if k[1] != suite or k[0] not in (server, baseline) or cr.steps is None:
+            continue
+        for i, p in enumerate(cr.prompts):
+            d = acc.setdefault(p, {"ptok": [], "out": [], server: [], baseline: []})
+            if np.isfinite(cr.steps[i]) and cr.steps[i] > 0:
+                d[k[0]].append(float(cr.steps[i]))
+            if k[0] == server:
+                d["ptok"].append(float(cr.ptok[i]))
+                d["out"].append(float(cr.out[i]))
+    names = sorted(p for p, d in acc.items() if d[server] and d[baseline] and d["out"])
+    if len(names) < 2:
+        return None
+    return {"prompts": names,
+            "ptok": np.array([np.mean(acc[p]["ptok"]) for p in names]),
+            "out": np.array([np.mean(acc[p]["out"]) for p in names]),
+            "steps": {x: np.array([np.mean(acc[p][x]) for p in names]) for x in (server, baseline)}}
+
+
+def _draws(s: Settings, server: str, suite: str, n: int) -> np.ndarray:
+    """Row 0 the prompts as measured, then resamples by prompt; the same for every concurrency and
+    metric (a prediction's curve is smooth in c) and both servers (paired)."""
+    rng = s.rng("stepcost", server, suite, n)
+    return np.vstack([np.arange(n)[None, :], rng.integers(0, n, (ROWS, n))])
+
+
+def predict_suite(sm: StepMap, data: dict, suite: str, c: int, metric_names: list[str], s: Settings,
+                  acceptance: tuple) -> dict[str, tuple[float, VarianceSum]]:
+    """The predicted log speedup of `sm.server` over the baseline on `suite` at c for every metric,
+    with its variance: the prompt sample, the map's error at c, the acceptance's run to run."""
+    n = len(data["prompts"])
+    rows = _draws(s, sm.server, suite, n)
+    size = max(n, REQUESTS_PER_WORKER * c)
+    idx = rows[:, np.arange(size) % n]
+    figs: dict = {}
+    for x in (sm.server, sm.baseline):
+        ptok, out, steps = data["ptok"][idx], data["out"][idx], data["steps"][x][idx]
+        e2e, ttft, _ = simulate(sm.theta[x], c, ptok, out, steps, m_adm=np.full(ptok.shape, sm.models[x].admission))
+        figs[x] = {mt: figures(mt, c, out, e2e, ttft, s.slo) for mt in metric_names}
+    res = {}
+    acc_var, acc_dof = acceptance
+    for mt in metric_names:
+        ls = np.asarray(log_speedup(mt, figs[sm.server][mt], figs[sm.baseline][mt]), float)
+        point = float(ls[0])
+        boot = ls[1:][np.isfinite(ls[1:])]
+        var = VarianceSum()
+        if boot.size > 2:
+            var.add(("prompts", suite, c), float(boot.var(ddof=1)) * n / (n - 1), n - 1)
+        var.plus(sm.error(c, float(np.median(data["ptok"] + data["out"] / 2))))
+        if acc_var:
+            var.add(("acceptance", sm.server), acc_var / max(sm.repeats, 1), acc_dof)
+        res[mt] = (point, var)
+    return res
+
+
+def as_prediction(suite: str, c: int, metric: str, est: float, var: VarianceSum, s: Settings, role: str,
+                  extrapolated: bool) -> StepCostPrediction:
+    h = t_ppf(0.5 + s.confidence / 2, var.dof) * math.sqrt(var.total) if var.total > 0 else float("inf")
+    d = decision(est - h, est + h, math.log(1 + s.min_effect), True) if math.isfinite(h) else Decision.INCONCLUSIVE
+    iv = Interval(math.exp(est), math.exp(est - h) if math.isfinite(h) else None,
+                  math.exp(est + h) if math.isfinite(h) else None)
+    return StepCostPrediction(suite, c, metric, iv, d, float(var.dof), role, extrapolated)
+
+
+def measured_log_speedup(m: Measurements, server: str, baseline: str, suite: str, c: int, metric: str
+                         ) -> tuple[float, int] | None:
+    """The cells' log speedup at c: the mean over the repeats both servers measured of each repeat's."""
+    both = sorted(set(m.repeats(server, suite, c)) & set(m.repeats(baseline, suite, c)))
+    vals = []
+    for r in both:
+        ks, kb = (server, suite, c, r), (baseline, suite, c, r)
+        a, b = m.arrays[ks].point(metric, m.cells[ks]), m.arrays[kb].point(metric, m.cells[kb])
+        if a and b and a > 0 and b > 0:
+            vals.append(float(log_speedup(metric, a, b)))
+    return (float(np.mean(vals)), len(vals)) if vals else None
+
+
+def check_rows(sm: StepMap, m: Measurements, pred: StepCostPrediction, est: float, var: VarianceSum,
+               s: Settings) -> StepCostPrediction:
+    """Measured against predicted where the cells measured the concurrency: the difference of the logs
+    with its interval (the measured cells' run to run over their repeats, and the map's error; the
+    prompts are the same and cancel), and whether it contains 0."""
+    got = measured_log_speedup(m, sm.server, sm.baseline, pred.suite, pred.concurrency, pred.metric)
+    if got is None:
+        return pred
+    value, R = got
+    diff = VarianceSum().plus(sm.error(pred.concurrency))
+    for x in (sm.server, sm.baseline):
+        diff.plus(sm.rr.at(pred.metric, x, pred.concurrency), 1.0 / R)
+    d = value - est
+    pred.measured = math.exp(value)
+    if diff.total > 0:
+        h = t_ppf(0.5 + s.confidence / 2, diff.dof) * math.sqrt(diff.total)
+        pred.difference = Interval(math.exp(d), math.exp(d - h), math.exp(d + h))
+        pred.agrees = bool(d - h <= 0 <= d + h)
+    else:
+        pred.difference = Interval(math.exp(d), None, None)
+    return pred
+
+
+def break_even(sm: StepMap, batches: list[int], L: float, confidence: float) -> list[StepCostPoint]:
+    """The tokens per speculative step a drafter must reach at each batch size for the TPOT speedup to
+    exceed 1 (tau > rho(b, L)), at L tokens of context per sequence."""
+    return [StepCostPoint(b, int(round(L)), sm.rho(b, L, confidence), sm.extrapolated(b)) for b in batches]
+
+
+def stratum_taus(reqs: dict, server: str, suites: list[str], s: Settings) -> list[StratumTau]:
+    """Each source's (a training suite's requests) or file suite's tokens per decode step on the
+    speculative server, sum of decoded tokens over sum of steps over its prompts, with a bootstrap
+    interval by prompt (t at n - 1 dof on the log scale)."""
+    per: dict = {}
+    for k, cr in reqs.items():
+        if k[0] != server or k[1] not in suites or cr.steps is None:
+            continue
+        for i, p in enumerate(cr.prompts):
+            st = cr.strata[i] if cr.strata[i] is not None else k[1]
+            if np.isfinite(cr.steps[i]) and cr.steps[i] > 0:
+                d = per.setdefault(st, {}).setdefault(p, [0.0, 0.0])
+                d[0] += max(float(cr.out[i]) - 1, 0.0)
+                d[1] += float(cr.steps[i])
+    out = []
+    for st in sorted(per):
+        v = np.array(list(per[st].values()))
+        n = len(v)
+        tau = float(v[:, 0].sum() / v[:, 1].sum())
+        if n < 2:
+            out.append(StratumTau(st, Interval(tau, None, None), n))
+            continue
+        idx = s.rng("stepcost-tau", server, st).integers(0, n, (ROWS, n))
+        with np.errstate(divide="ignore", invalid="ignore"):
+            boot = np.log(v[idx, 0].sum(1) / v[idx, 1].sum(1))
+        boot = boot[np.isfinite(boot)]
+        se = float(boot.std(ddof=1)) * math.sqrt(n / (n - 1)) if boot.size > 2 else 0.0
+        h = t_ppf(0.5 + s.confidence / 2, n - 1) * se
+        out.append(StratumTau(st, Interval(tau, tau * math.exp(-h), tau * math.exp(h)), n))
+    return out
+
+
+def grid(fit: list[int], checks: list[int], measured: list[int], max_batch: int) -> list[int]:
+    """The concurrencies predicted: powers of two up to the largest batch the server runs, and every
+    concurrency a cell measured."""
+    top = max([max_batch] + list(fit) + list(checks) + list(measured))
+    out = {1}
+    b = 2
+    while b <= top:
+        out.add(b)
+        b *= 2
+    return sorted(out | set(fit) | set(checks) | set(measured) | {top})
+
+
+def metrics_of(s: Settings) -> list[str]:
+    """The metrics a prediction states: throughput (what the recommendation reads) and TPOT."""
+    return [mt for mt in ("output_throughput", "tpot") if mt in metrics.NAMES]

@@ -1,0 +1,143 @@
+"""Render the step-cost maps (specmatch.deciding.explaining.stepcost): the summary's "What a speculative
+step costs" section (the acceptance a drafter needs at each batch size with every source's beside it,
+the predictions by concurrency against the cells, whether the map holds) and plots/break_even.png.
+Nothing here decides anything."""
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+from ..records import Decision, StepCostMap, StepCosts
+from .formats import save_figure
+
+WORD = {Decision.PAYS: "pays", Decision.LOSES: "loses", Decision.EQUIVALENT: "no difference",
+        Decision.INCONCLUSIVE: "undecided"}
+
+
+def _iv(iv, unit: str = "x", digits: int = 2) -> str:
+    if iv is None or iv.value is None:
+        return "—"
+    core = f"{iv.value:.{digits}f}{unit}"
+    if iv.lo is None or iv.hi is None:
+        return core
+    return f"{core} [{iv.lo:.{digits}f}, {iv.hi:.{digits}f}]"
+
+
+def _holds(mp: StepCostMap) -> str:
+    checks = [p for p in mp.predictions if p.role == "check" and p.metric == "output_throughput"]
+    fits = [p for p in mp.predictions if p.role == "fit" and p.difference is not None]
+    missed = [p for p in mp.predictions if p.agrees is False]
+    if missed:
+        where = ", ".join(sorted({f"`{p.suite}` c={p.concurrency} ({p.metric})" for p in missed}))
+        return (f"**The map misses** where the cells measured it: {where}, beyond the difference's interval; the "
+                "recommendation falls back to the measured cells.")
+    if checks:
+        parts = [f"c={p.concurrency}: measured {p.measured:.2f}x against predicted {p.predicted.value:.2f}x, "
+                 f"measured / predicted {_iv(p.difference, '')}" for p in checks if p.measured is not None]
+        return ("**The map holds** at the concurrency measured only to check it (" + "; ".join(parts) + ") and at the "
+                f"{len(fits)} fitted points the cells measured (every difference's interval contains 1).")
+    return "**The map is unchecked**: no concurrency was measured only to check it (`step_cost.check`)."
+
+
+def _pays(tau, need) -> str:
+    """Whether a stratum's tau clears the break-even at a batch size: both intervals apart, or close."""
+    if tau.lo is None or need.rho.hi is None:
+        return "≥" if tau.value >= need.rho.value else "<"
+    if tau.lo > need.rho.hi:
+        return "pays"
+    if tau.hi < need.rho.lo:
+        return "short"
+    return "close"
+
+
+def lines(sc: StepCosts | None) -> list[str]:
+    if sc is None or not (sc.maps or sc.skipped):
+        return []
+    out = ["## What a speculative step costs, and the acceptance a drafter needs", "",
+           "A speculative server's TPOT speedup is τ / ρ: τ tokens per speculative step (the content's and the "
+           "drafter's) over ρ, what the step costs in plain decode steps of the baseline at the same batch (the "
+           "engine's). The map measures ρ at every batch size from each request's own steps and times; a drafter "
+           "pays at a batch size when its τ exceeds ρ there (docs/methods/step-cost.md).", ""]
+    for mp in sc.maps:
+        out += [f"### `{mp.server}` against `{mp.baseline}`", ""]
+        out.append(f"Fitted on the cells at c={', '.join(map(str, mp.fit))} ({mp.repeats} sessions each), checked at "
+                   f"c={', '.join(map(str, mp.checks)) or 'none'} on `{mp.suite}`; acceptance: {mp.forced}. "
+                   + _holds(mp))
+        out.append("")
+        strata = sorted(mp.strata, key=lambda s: -s.tau.value)
+        head = "| batch | ρ at " + f"{mp.context} tokens (= break-even τ) |" + "".join(
+            f" {s.stratum} |" for s in strata)
+        out += [head, "|---|---|" + "---|" * len(strata)]
+        for p in mp.break_even:
+            row = f"| {p.batch}{'*' if p.extrapolated else ''} | {_iv(p.rho, '')} |"
+            row += "".join(f" {_pays(s.tau, p)} |" for s in strata)
+            out.append(row)
+        out += ["", "τ of each stratum (tokens per decode step on this server, interval over its prompts): "
+                + "; ".join(f"{s.stratum} {_iv(s.tau, '')} ({s.prompts} prompts)" for s in strata) + ". pays: the "
+                "stratum's interval lies above the break-even's; short: below; close: they overlap. * beyond the "
+                "fitted batches: the map's form is extrapolated (its interval grows with the fit's uncertainty there)."]
+        if mp.tau_slope is not None and mp.tau_slope.lo is not None:
+            moves = ("**ρ moves with τ**: a request's step time changes by "
+                     f"{mp.tau_slope.value:+.3f} [{mp.tau_slope.lo:+.3f}, {mp.tau_slope.hi:+.3f}] per unit of log τ "
+                     "(within its cell): the break-even depends on the content too" if mp.tau_moves else
+                     f"ρ does not detectably move with τ (slope of a request's log step time in its log τ within its "
+                     f"cell {mp.tau_slope.value:+.3f} [{mp.tau_slope.lo:+.3f}, {mp.tau_slope.hi:+.3f}])")
+            out += ["", moves + "."]
+        out += ["", f"**Predicted speedup by concurrency** (throughput; TPOT), up to batch {mp.max_batch}:", "",
+                "| suite | c | throughput predicted | verdict | TPOT predicted | measured throughput | measured / "
+                "predicted |", "|---|---|---|---|---|---|---|"]
+        by = {}
+        for p in mp.predictions:
+            by.setdefault((p.suite, p.concurrency), {})[p.metric] = p
+        for (suite, c), got in sorted(by.items()):
+            thr, tpot = got.get("output_throughput"), got.get("tpot")
+            if thr is None:
+                continue
+            mark = {"fit": " (fitted)", "check": " (check)", "predicted": ""}[thr.role] + (" *" if thr.extrapolated
+                                                                                         else "")
+            meas = f"{thr.measured:.2f}x" if thr.measured is not None else "—"
+            diff = _iv(thr.difference, "") + ("" if thr.agrees is None else " ✓" if thr.agrees else " ✗")
+            out.append(f"| `{suite}` | {c}{mark} | {_iv(thr.predicted)} | {WORD[thr.decision]} | "
+                       f"{_iv(tpot.predicted) if tpot else '—'} | {meas} | {diff if thr.difference else '—'} |")
+        out += ["", "Intervals: the prompt sample, the map's error at that batch and the acceptance's run to run; "
+                "measured / predicted: the cells' run to run and the map's error (the prompts are the same). "
+                "(fitted): the map was fitted on these cells; (check): measured only to check the map."]
+        out.append("")
+    for x, why in sc.skipped.items():
+        out += [f"`{x}`: no step-cost map: {why}.", ""]
+    return out
+
+
+def plot(sc: StepCosts | None, out: Path) -> list[Path]:
+    """plots/break_even.png: per speculative server, the break-even τ (ρ at the map suite's median context)
+    against batch size with its band, every stratum's τ as a horizontal line."""
+    if sc is None or not sc.maps:
+        return []
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(1, len(sc.maps), figsize=(6 * len(sc.maps), 4.2), squeeze=False)
+    colours = plt.rcParams["axes.prop_cycle"].by_key()["color"]
+    for ax, mp in zip(axes[0], sc.maps):
+        pts = [p for p in mp.break_even if p.rho.value is not None]
+        xs = [p.batch for p in pts]
+        ax.plot(xs, [p.rho.value for p in pts], color="black", marker="o", label="break-even τ (= ρ)")
+        lo = [p.rho.lo if p.rho.lo is not None else p.rho.value for p in pts]
+        hi = [min(p.rho.hi, 50) if p.rho.hi is not None else p.rho.value for p in pts]
+        ax.fill_between(xs, lo, hi, color="grey", alpha=0.25)
+        top = max(mp.fit)
+        ax.axvspan(top, max(xs + [top]), color="orange", alpha=0.08, label="extrapolated")
+        for i, s in enumerate(sorted(mp.strata, key=lambda s: -s.tau.value)):
+            ax.axhline(s.tau.value, color=colours[i % len(colours)], lw=1.2, ls="--", label=f"{s.stratum} τ")
+        ax.set_xscale("log", base=2)
+        vals = [p.rho.value for p in pts] + [s.tau.value for s in mp.strata]
+        ax.set_ylim(0.8, max(vals) * 1.3 if vals and all(math.isfinite(v) for v in vals) else 4)
+        ax.set_xlabel("batch size")
+        ax.set_ylabel("tokens per speculative step")
+        ax.set_title(f"{mp.server}: speculation pays above the black line")
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=7)
+    fig.tight_layout()
+    return [save_figure(fig, out / "break_even.png")]
