@@ -51,22 +51,23 @@ def test_the_map_recovers_a_known_step_cost_and_says_where_it_extrapolates():
 
 @pytest.mark.parametrize("rho", ["flat", "rising"])
 def test_coverage_of_the_map_and_its_predictions_by_simulation(rho):
-    """90% intervals: rho at measured and unmeasured batch sizes and the throughput speedup predicted at a
-    concurrency held out (4), a fitted one (16) and one beyond the map (32) cover the truth at nominal
-    within three Monte-Carlo errors (at 100 experiments about ±0.09), and are never far too wide inside
-    the fitted batches. A step that grows dearer with the batch (`rising`) beyond the map: the
-    extrapolation's bias is carried by its wider interval (coverage 0.86 at 64, 4x the largest fitted
-    batch, where the bias is -0.19 in log; 0.90-0.96 inside)."""
+    """90% intervals against the truth, 100 experiments (Monte-Carlo error about ±0.03): rho at measured
+    and unmeasured batch sizes, and the throughput speedup at the concurrency held out of the fit (4), a
+    fitted one (16) and one beyond the map (32) cover at nominal within three Monte-Carlo errors, and
+    inside the fitted batches the intervals are not a blanket. Beyond them (rho at 64, 4x the largest)
+    the extrapolation's uncertainty is carried by a wider interval (coverage 0.82-0.93 at about 1.0 in
+    log width). The map is called wrong where it is right in at most the nominal 10% (the family's test
+    over every measured concurrency), and rho is called to move with tau where it does not in about
+    the nominal 10%."""
     got = cal.coverage(100, rho)
     for key in [("rho", 1), ("rho", 4), ("rho", 16), ("throughput", 4), ("throughput", 16), ("throughput", 32)]:
         v = got[key]
         assert v["coverage"] >= 0.9 - 3 * max(v["mc_se"], 0.03), (key, v)
+        assert abs(v["bias"]) < 0.05, (key, v)
     assert got[("rho", 64)]["coverage"] >= 0.75, got[("rho", 64)]
-    # inside the fitted batches the interval is not a blanket: under 0.45 in log width (a 1.5x span)
-    assert got[("rho", 4)]["width"] < 0.45 and got[("rho", 16)]["width"] < 0.45
-    # the held-out check agrees where the map is right (its false-miss rate at most the nominal 10% plus error)
-    assert got[("check agrees", 4)]["coverage"] >= 0.9 - 3 * 0.03
-    # and rho is not called to move with tau where it does not (nominal 10%)
+    assert got[("rho", 4)]["width"] < 0.3 and got[("rho", 16)]["width"] < 0.3
+    assert got[("rho", 64)]["width"] > 2 * got[("rho", 16)]["width"]
+    assert got[("map holds", 0)]["coverage"] >= 0.9 - 3 * 0.03
     assert got[("rho moves with tau", 0)]["coverage"] <= 0.1 + 3 * 0.03
 
 
@@ -139,7 +140,7 @@ def test_the_summary_section_states_the_check_the_break_even_and_what_was_not_ma
     mp = one_map()
     sc = StepCosts([mp], skipped={"eagle3__sched": "its batch-size schedule runs plain steps at some batch sizes"})
     text = "\n".join(render.lines(sc))
-    assert "**The map holds** at the concurrency measured only to check it (c=4: measured" in text
+    assert "**The map holds**: no measured concurrency disagrees with it beyond the family's interval" in text
     assert "| 64* |" in text and "agent 3.07" in text and "does not detectably move with τ" in text
     assert "| `basis` | 4 (check) |" in text and "`eagle3__sched`: no step-cost map" in text
     assert [p.name for p in render.plot(sc, tmp_path)] == ["break_even.png"]

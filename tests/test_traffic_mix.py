@@ -155,7 +155,8 @@ def test_the_default_workflow_measures_a_verified_profile_on_the_whole_grid(tmp_
         assert f"results/cells/{x}/traffic_generic_heavy/r2/c16.json" in out
     assert "--traffic results/prompts/traffic.json" in out and "results/summary/traffic.json" in out
     # the embedded default: baseline and eagle3 on train_holdout, generic and its verified profile's suite
-    # traffic_generic_heavy
+    # traffic_generic_heavy, plus the step-cost map's cells (both servers on train_holdout at c=4 and 8)
     plain = run(snakemake_cmd() + ["-n", "--cores", "2"], wd).stdout
-    assert job_counts(plain)["cell"] == 2 * 3 * 2 * 2 and job_counts(plain)["traffic_profiles"] == 1
+    assert job_counts(plain)["cell"] == 2 * 3 * 2 * 2 + 2 * 2 * 2 and job_counts(plain)["traffic_profiles"] == 1
+    assert "results/cells/eagle3/train_holdout/r2/c4.json" in plain and job_counts(plain)["stepcost"] == 1
     assert "results/cells/eagle3/traffic_generic_heavy/r2/c16.json" in plain

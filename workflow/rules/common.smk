@@ -368,7 +368,8 @@ def launch_paths(servers):
 
 def map_cells(ext="json"):
     """The step-cost map's own cells (config `step_cost`): the servers measured on the map suite, at
-    the map concurrencies the verdict grid lacks, in the first repeats' sessions (pipeline.map_keys)."""
+    the map concurrencies the verdict grid lacks, in the first repeats' sessions (pipeline.map_keys).
+    """
     suite = step_cost_suite(CFG)
     servers = [s for s in SERVERS if suite in SERVER_SUITES[s] and not is_control(s)]
     return pipeline.cell_paths(pipeline.map_keys(CFG, servers, DESIGN.min), ext)

@@ -1381,7 +1381,8 @@ class StepCostMap(Record):
     tau_slope: Optional[Interval] = None  # d log(step time) / d log(tau) over the drafter's own requests
     tau_moves: Optional[bool] = None
     forced: str = ""                      # how acceptance was set (the engine's forced acceptance, or why not)
-    holds: Optional[bool] = None          # every held-out check agrees (None: no check)
+    holds: Optional[bool] = None          # no measured concurrency disagrees at the family's level (None: no check)
+    comparisons: int = 0                  # the measured rows that family holds (Bonferroni)
     max_batch: int = 0
     note: Optional[str] = None
 

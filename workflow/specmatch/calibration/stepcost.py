@@ -73,7 +73,7 @@ def experiment(a: tuple) -> dict:
     preds = {p.concurrency: p for p in rec.predictions if p.metric == "output_throughput"}
     return {"rho": {b: (pts[b].value, pts[b].lo, pts[b].hi) for b in BATCHES},
             "pred": {c: (preds[c].predicted.value, preds[c].predicted.lo, preds[c].predicted.hi) for c in PREDICTED},
-            "check": preds[CHECK].agrees, "tau_moves": rec.tau_moves}
+            "check": preds[CHECK].agrees, "tau_moves": rec.tau_moves, "holds": rec.holds}
 
 
 def coverage(experiments: int, rho: str = "flat", seed: int = 5000, truth_suites: int = 200,
@@ -101,6 +101,11 @@ def coverage(experiments: int, rho: str = "flat", seed: int = 5000, truth_suites
                                     "mc_se": math.sqrt(max(np.mean(checks) * (1 - np.mean(checks)), 1e-12)
                                                        / max(len(checks), 1)) if checks else float("nan"),
                                     "width": float("nan"), "bias": float("nan"), "truth": float("nan")}
+    holds = [g["holds"] for g in got if g["holds"] is not None]
+    p = float(np.mean(holds)) if holds else float("nan")
+    out[("map holds", 0)] = {"coverage": p, "n": len(holds), "mc_se": math.sqrt(max(p * (1 - p), 1e-12)
+                                                                                / max(len(holds), 1)),
+                             "width": float("nan"), "bias": float("nan"), "truth": float("nan")}
     moves = [g["tau_moves"] for g in got if g["tau_moves"] is not None]
     p = float(np.mean(moves)) if moves else float("nan")
     out[("rho moves with tau", 0)] = {"coverage": p, "n": len(moves), "mc_se": math.sqrt(max(p * (1 - p), 1e-12)

@@ -403,15 +403,15 @@ def primary_analysis(m: Measurements, baseline: str, settings: Settings, configs
 def map_predictions(stepcost: StepCosts | None, server: str, suite: str, metric: str
                     ) -> tuple[dict[int, Decision], str | None]:
     """The step-cost map's predicted verdicts for `server` on `suite` at every concurrency it predicts,
-    and what the map says of itself; nothing where there is no map or where a concurrency the cells
-    measured disagrees with it (the recommendation then falls back to the measured cells)."""
+    and what the map says of itself; nothing where there is no map or where the cells disagree with it
+    (StepCostMap.holds False: the recommendation then falls back to the measured cells)."""
     mp = next((x for x in (stepcost.maps if stepcost else []) if x.server == server), None)
     rows = [p for p in (mp.predictions if mp else []) if p.suite == suite and p.metric == metric]
-    if not rows or any(p.agrees is False for p in rows):
+    if not rows or mp.holds is False:
         return {}, None
-    checks = [p for p in rows if p.role == "check"]
-    note = (f"the map agrees with the cells at c={','.join(str(p.concurrency) for p in checks)}, measured only to "
-            "check it" if checks else "the map is unchecked: no concurrency was measured only to check it")
+    checks = sorted({p.concurrency for p in mp.predictions if p.role == "check"})
+    note = (f"the map agrees with the cells at every measured concurrency, c={','.join(map(str, checks))} measured "
+            "only to check it" if mp.holds else "the map is unchecked: no concurrency was measured only to check it")
     return {p.concurrency: p.decision for p in rows}, note
 
 

@@ -24,19 +24,22 @@ def _iv(iv, unit: str = "x", digits: int = 2) -> str:
 
 
 def _holds(mp: StepCostMap) -> str:
-    checks = [p for p in mp.predictions if p.role == "check" and p.metric == "output_throughput"]
-    fits = [p for p in mp.predictions if p.role == "fit" and p.difference is not None]
-    missed = [p for p in mp.predictions if p.agrees is False]
-    if missed:
-        where = ", ".join(sorted({f"`{p.suite}` c={p.concurrency} ({p.metric})" for p in missed}))
-        return (f"**The map misses** where the cells measured it: {where}, beyond the difference's interval; the "
-                "recommendation falls back to the measured cells.")
-    if checks:
-        parts = [f"c={p.concurrency}: measured {p.measured:.2f}x against predicted {p.predicted.value:.2f}x, "
-                 f"measured / predicted {_iv(p.difference, '')}" for p in checks if p.measured is not None]
-        return ("**The map holds** at the concurrency measured only to check it (" + "; ".join(parts) + ") and at the "
-                f"{len(fits)} fitted points the cells measured (every difference's interval contains 1).")
-    return "**The map is unchecked**: no concurrency was measured only to check it (`step_cost.check`)."
+    checks = [p for p in mp.predictions if p.role == "check" and p.metric == "output_throughput"
+              and p.measured is not None]
+    off = sorted({f"`{p.suite}` c={p.concurrency} ({p.metric}: measured / predicted {_iv(p.difference, '')})"
+                  for p in mp.predictions if p.agrees is False})
+    where = ("; outside its own interval at " + ", ".join(off)) if off else ""
+    if mp.holds is None:
+        return ("**The map is unchecked**: no concurrency was measured only to check it (`step_cost.check`)"
+                + where + ".")
+    checked = "; ".join(f"c={p.concurrency}: measured {p.measured:.2f}x against predicted {p.predicted.value:.2f}x"
+                        for p in checks)
+    if mp.holds is False:
+        return (f"**The map misses**: the cells disagree with it beyond the family's interval (Bonferroni over the "
+                f"{mp.comparisons} measured comparisons){where}; the recommendation falls back to the measured "
+                f"cells (checked at {checked}).")
+    return (f"**The map holds**: no measured concurrency disagrees with it beyond the family's interval "
+            f"(Bonferroni over {mp.comparisons} comparisons; checked at {checked})" + where + ".")
 
 
 def _pays(tau, need) -> str:

@@ -9,7 +9,8 @@ from ...reading.measurements import Measurements, Settings
 from ..attribution import acceptance_run_to_run
 from ..traffic.step_model import cell_requests
 from .map import fit_map, rho_points, tau_slope
-from .predict import as_prediction, break_even, check_rows, grid, predict_suite, stratum_taus, suite_prompts
+from .predict import (as_prediction, break_even, check_rows, grid, map_holds, predict_suite, stratum_taus,
+                      suite_prompts)
 from ....records import StepCostMap
 
 METRICS = ("output_throughput", "tpot")
@@ -52,6 +53,7 @@ def build_map(m: Measurements, reqs: dict, server: str, baseline: str, suite: st
         rec.tau_moves = not (rec.tau_slope.lo <= 0 <= rec.tau_slope.hi)
     acc = acceptance_run_to_run(m, [server, baseline])
     acc = (acc[0] or 0.0, acc[1])
+    diffs: list = []
     for u in suites:
         data = suite_prompts(reqs, server, baseline, u)
         if data is None:
@@ -63,8 +65,13 @@ def build_map(m: Measurements, reqs: dict, server: str, baseline: str, suite: st
             for mt, (est, var) in got.items():
                 p = as_prediction(u, c, mt, est, var, s, role, sm.extrapolated(c))
                 if role != "predicted":
-                    p = check_rows(sm, m, p, est, var, s)
+                    got_diff = check_rows(sm, m, p, est, s)
+                    if got_diff is not None:
+                        diffs.append(got_diff)
                 rec.predictions.append(p)
-    held = [p.agrees for p in rec.predictions if p.role == "check" and p.agrees is not None]
-    rec.holds = all(held) if held else None
+    # the map is judged where a concurrency was measured only to check it; the fitted ones join the
+    # family (a map that cannot follow its own cells is no better), each row's own interval reported
+    if any(p.role == "check" and p.measured is not None for p in rec.predictions):
+        rec.holds = map_holds(diffs, s.confidence)
+        rec.comparisons = len(diffs)
     return rec

@@ -108,14 +108,18 @@ def map_cells(reqs: dict, server: str, suites: list[str], fit: list[int]) -> lis
             and len(cr.e2e) and np.isfinite(cr.e2e).all()]
 
 
-def fit_model(cells: list[CellRequests]) -> Model | None:
-    """T fitted on the cells' decode steps (with a b^2 term: a speculative step verifies k + 1 tokens a
-    sequence, so it can grow faster than the plain one), and a first token's cost against the replay's:
+def fit_model(cells: list[CellRequests], curved: bool, admission: float | None = None) -> Model | None:
+    """T fitted on the cells' decode steps and the first tokens at c = 1 (a prefill with no queue: what
+    a prompt token costs), with a b^2 term (a speculative step verifies k + 1 tokens a sequence, so it
+    can grow faster than the plain one), and a first token's cost against the replay's (a queue):
     every cell replayed through T (its prompts in its order: traffic.step_model.simulate), the
-    geometric mean of measured over replayed TTFT."""
-    theta = fit_step_model(cells, curved=True, first_tokens=False)
+    geometric mean of measured over replayed TTFT. `admission`: another fit's to reuse (the Jacobian's
+    refits move T alone)."""
+    theta = fit_step_model(cells, curved=curved, first_tokens_upto=1)
     if theta is None:
         return None
+    if admission is not None:
+        return Model(theta, admission)
     logs = []
     for cr in cells:
         _, ttft, _ = simulate(theta, cr.concurrency, cr.ptok, cr.out, cr.steps)
@@ -136,13 +140,14 @@ def fit_map(reqs: dict, m: Measurements, server: str, baseline: str, suite: str,
     got = sorted({k[2] for k in reqs if k[0] == server and k[1] in suites and k[2] in fit})
     for x in (server, baseline):
         cells = map_cells(reqs, x, suites, fit)
-        md = fit_model(cells) if cells else None
+        md = fit_model(cells, x == server) if cells else None
         if md is None:
             return None
         models[x] = md
         reps[x] = len({cr.key[3] for cr in cells})
         for c in got:
-            moved[(x, c)] = fit_model([_slower(cr, H) if cr.concurrency == c else cr for cr in cells])
+            moved[(x, c)] = fit_model([_slower(cr, H) if cr.concurrency == c else cr for cr in cells], x == server,
+                                      md.admission)
     return StepMap(server, baseline, models, suite, got, min(reps.values()), run_to_run(m, [server, baseline]),
                    context, moved)
 

@@ -104,14 +104,15 @@ def measured_log_speedup(m: Measurements, server: str, baseline: str, suite: str
     return (float(np.mean(vals)), len(vals)) if vals else None
 
 
-def check_rows(sm: StepMap, m: Measurements, pred: StepCostPrediction, est: float, var: VarianceSum,
-               s: Settings) -> StepCostPrediction:
+def check_rows(sm: StepMap, m: Measurements, pred: StepCostPrediction, est: float, s: Settings
+               ) -> tuple[float, VarianceSum] | None:
     """Measured against predicted where the cells measured the concurrency: the difference of the logs
     with its interval (the measured cells' run to run over their repeats, and the map's error; the
-    prompts are the same and cancel), and whether it contains 0."""
+    prompts are the same and cancel) and whether it contains 0, written on `pred`; returns the
+    difference and its variance (for the family's test, build.map_holds), None where not measured."""
     got = measured_log_speedup(m, sm.server, sm.baseline, pred.suite, pred.concurrency, pred.metric)
     if got is None:
-        return pred
+        return None
     value, R = got
     diff = VarianceSum().plus(sm.error(pred.concurrency))
     for x in (sm.server, sm.baseline):
@@ -124,7 +125,18 @@ def check_rows(sm: StepMap, m: Measurements, pred: StepCostPrediction, est: floa
         pred.agrees = bool(d - h <= 0 <= d + h)
     else:
         pred.difference = Interval(math.exp(d), None, None)
-    return pred
+    return d, diff
+
+
+def map_holds(diffs: list[tuple[float, VarianceSum]], confidence: float) -> bool | None:
+    """Whether the map agrees with every measured concurrency at once: no difference's interval at the
+    family's level (Bonferroni over the comparisons: 1 - (1 - confidence) / m) excludes 0, so a right
+    map is called wrong in at most 1 - confidence of runs however many cells check it."""
+    usable = [(d, v) for d, v in diffs if v.total > 0]
+    if not usable:
+        return None
+    level = 1 - (1 - confidence) / len(usable)
+    return all(abs(d) <= t_ppf(0.5 + level / 2, v.dof) * math.sqrt(v.total) for d, v in usable)
 
 
 def break_even(sm: StepMap, batches: list[int], L: float, confidence: float) -> list[StepCostPoint]:

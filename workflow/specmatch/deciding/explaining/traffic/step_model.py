@@ -82,13 +82,13 @@ def timeline(cr: CellRequests, theta: np.ndarray, points: int = 400) -> tuple[np
 
 
 def fit_step_model(cells: list[CellRequests], iterations: int = 3, curved: bool = False,
-                   first_tokens: bool = True) -> np.ndarray | None:
+                   first_tokens_upto: int | None = None) -> np.ndarray | None:
     """theta of T(b, C, P) for one server from its cells (module docstring), or None without cells that
     count their decode steps. Relative least squares: every request's mean decode step and first-token
     step weigh alike whatever their length. `curved` adds t4 b^2 (non-negative: a step that grows
     faster than the batch, as a speculative step verifying k + 1 tokens a sequence does past the
-    batch where the plain step is still cheap). `first_tokens`: False fits the decode steps alone (a
-    first token is rarely one step: a queue, a chunked prefill)."""
+    batch where the plain step is still cheap). `first_tokens_upto`: the first tokens fitted are those of
+    cells up to this concurrency (None: all; at c = 1 a first token is its prefill, with no queue)."""
     from scipy.optimize import nnls
 
     use = [c for c in cells if c.steps is not None and c.closed and len(c.e2e) and np.isfinite(c.e2e).all()]
@@ -106,7 +106,7 @@ def fit_step_model(cells: list[CellRequests], iterations: int = 3, curved: bool 
             keep = (c.steps > 0) & np.isfinite(dec_f).all(1) & (dec_y > 0) & timed
             xs += [dec_f[keep] / dec_y[keep, None]]
             ys += [np.ones(int(keep.sum()))]
-            keep = (adm_y > 0) & timed & first_tokens
+            keep = (adm_y > 0) & timed & (first_tokens_upto is None or c.concurrency <= first_tokens_upto)
             xs += [adm_f[keep] / adm_y[keep, None]]
             ys += [np.ones(int(keep.sum()))]
         X, y = np.concatenate(xs), np.concatenate(ys)
