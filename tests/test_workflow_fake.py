@@ -64,24 +64,24 @@ def test_full_run_then_nothing_then_exact_reruns(workdir):
     assert "Nothing to be done" in out
     # one concurrency changed: only the new cells (both repeats), the recommendation and the summary
     counts = job_counts(sm(workdir, "-n", "--config", "concurrency=[1, 3]").stdout)
-    assert counts == {"all": 1, "cell": 8, "recommend": 1, "decide": 1, "summary": 1}
+    assert counts == {"all": 1, "cell": 8, "stepcost": 1, "recommend": 1, "decide": 1, "summary": 1}
     # one more repeat: only the new repeat's launches and cells
     counts = job_counts(sm(workdir, "-n", "--config", "repeats=3").stdout)
-    assert counts == {"all": 1, "launch": 2, "cell": 8, "recommend": 1, "decide": 1, "summary": 1}
+    assert counts == {"all": 1, "launch": 2, "cell": 8, "stepcost": 1, "recommend": 1, "decide": 1, "summary": 1}
     # one server changed: its launch records and its cells only
     counts = job_counts(sm(workdir, "-n", "--config", "servers={'eagle': {'engine': 'external', 'base_url': "
                                                     f"'{json.loads((res / 'servers/eagle/r1/launch.json').read_text())['config']['base_url']}', "
                                                     "'flavor': 'vllm', 'args': ['--x']}}").stdout)
-    assert counts == {"all": 1, "launch": 2, "cell": 8, "recommend": 1, "decide": 1, "summary": 1}
+    assert counts == {"all": 1, "launch": 2, "cell": 8, "stepcost": 1, "recommend": 1, "decide": 1, "summary": 1}
     # one suite changed: that suite and its cells only
     counts = job_counts(sm(workdir, "-n", "--config", "suites={'generic': {'kind': 'file', 'size': 6, "
                                                     "'path': 'resources/prompts/generic.jsonl'}}").stdout)
-    assert counts == {"all": 1, "prompts": 1, "cell": 8, "recommend": 1, "decide": 1, "summary": 1}
+    assert counts == {"all": 1, "prompts": 1, "cell": 8, "stepcost": 1, "recommend": 1, "decide": 1, "summary": 1}
     # a server restricted to one suite: no launch or cell reruns, its other suite's cells just leave
     eagle_url = json.loads((res / "servers/eagle/r1/launch.json").read_text())["config"]["base_url"]
     out = sm(workdir, "-n", "--config", "servers={'eagle': {'engine': 'external', 'base_url': "
                                         f"'{eagle_url}', 'flavor': 'vllm', 'suites': ['train_mix']}}}}").stdout
-    assert job_counts(out) == {"all": 1, "recommend": 1, "decide": 1, "summary": 1}
+    assert job_counts(out) == {"all": 1, "stepcost": 1, "recommend": 1, "decide": 1, "summary": 1}
     out = sm(workdir, "-n", "--config", "servers={'eagle': {'engine': 'external', 'base_url': "
                                         f"'{eagle_url}', 'flavor': 'vllm', 'suites': ['train_mix']}}}}",
              "concurrency=[1, 3]").stdout

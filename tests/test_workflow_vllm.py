@@ -130,13 +130,19 @@ def test_real_vllm_end_to_end(wd):
     assert base["cache_reset"] == "ok"
     summary = (res / "summary" / "summary.md").read_text()
     assert "**ngram@k=4** on `train_mix`" in summary and "**eagle3** accepts" in summary
+    # the step-cost map of every speculative server from the real engine's own per-request steps and times
+    maps = {m["server"]: m for m in json.loads((res / "stepcost" / "stepcost.json").read_text())["maps"]}
+    assert {"eagle3", "ngram@k=4"} <= set(maps) and maps["eagle3"]["fit"] == [1, 2]
+    assert all(p["rho"]["value"] > 0 for p in maps["eagle3"]["break_even"]) and maps["eagle3"]["holds"] is None
+    assert "CPU build cannot force the acceptance length" in maps["eagle3"]["forced"]
+    assert "## What a speculative step costs" in summary and "**The map is unchecked**" in summary
     assert "## Which k at which load" in summary and "**ngram** on `train_mix`" in summary  # the sweep
     assert "| k | c=1 | c=2 |" in summary and "| **best k** |" in summary
     assert "These intervals exclude run-to-run variation" in summary  # one repeat
     assert not server_pids(wd), "servers must be stopped when the workflow ends"
     assert "Nothing to be done" in sm(wd, "-n").stdout
     counts = job_counts(sm(wd, "-n", "--config", "concurrency=[1, 3]").stdout)
-    assert counts == {"all": 1, "cell": 6, "recommend": 1, "decide": 1, "summary": 1}
+    assert counts == {"all": 1, "cell": 6, "stepcost": 1, "recommend": 1, "decide": 1, "summary": 1}
     # rerun one cell for real: only that cell's server starts again, and the summary follows
     target = "results/cells/ngram@k=4/train_mix/r1/c1.json"
     sm(wd, "--forcerun", target)

@@ -40,7 +40,7 @@ measured tau.
 """
 from .build import build_map, requests_of
 from .map import StepMap, fit_map, rho_points, tau_slope
-from .predict import break_even, check_rows, map_holds, predict_suite, stratum_taus
+from .predict import check_rows, map_holds, predict_suite, stratum_taus
 
-__all__ = ["StepMap", "build_map", "requests_of", "fit_map", "rho_points", "tau_slope", "break_even", "check_rows",
-           "map_holds", "predict_suite", "stratum_taus"]
+__all__ = ["StepMap", "build_map", "requests_of", "fit_map", "rho_points", "tau_slope", "check_rows", "map_holds",
+           "predict_suite", "stratum_taus"]

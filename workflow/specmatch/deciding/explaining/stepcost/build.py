@@ -9,8 +9,7 @@ from ...reading.measurements import Measurements, Settings
 from ..attribution import acceptance_run_to_run
 from ..traffic.step_model import cell_requests
 from .map import fit_map, rho_points, tau_slope
-from .predict import (as_prediction, break_even, check_rows, grid, map_holds, predict_suite, stratum_taus,
-                      suite_prompts)
+from .predict import as_prediction, check_rows, grid, map_holds, predict_suite, stratum_taus, suite_prompts
 from ....records import StepCostMap
 
 METRICS = ("output_throughput", "tpot")
@@ -46,7 +45,8 @@ def build_map(m: Measurements, reqs: dict, server: str, baseline: str, suite: st
                       {x: [float(t) for t in sm.theta[x]] for x in (server, baseline)}, L, Ls,
                       forced=forced, max_batch=max(cs))
     rec.points = rho_points(sm, cs, Ls, s.confidence)
-    rec.break_even = break_even(sm, cs, L, s.confidence)
+    # the tokens per step a drafter must reach at each batch size for TPOT to gain: rho at the median context
+    rec.break_even = rho_points(sm, cs, [L], s.confidence)
     rec.strata = stratum_taus(reqs, server, suites, s)
     rec.tau_slope = tau_slope(sm, reqs, suites, s.confidence)
     if rec.tau_slope is not None and rec.tau_slope.lo is not None:

@@ -12,12 +12,10 @@ from ...verdicts.comparison import decision
 from ...verdicts.noise import VarianceSum
 from ..traffic.step_model import figures, simulate
 from .map import StepMap
-from .... import metrics
 from ....metrics import log_speedup
-from ....records import Decision, Interval, StepCostPoint, StepCostPrediction, StratumTau
+from ....records import Decision, Interval, StepCostPrediction, StratumTau
 from ....stats import t_ppf
 
-FIELDS = ("ptok", "out", "steps")
 REQUESTS_PER_WORKER = 2     # a predicted cell sends at least this many requests per worker (a steady state)
 ROWS = 200                  # prompt resamples per prediction
 
@@ -139,12 +137,6 @@ def map_holds(diffs: list[tuple[float, VarianceSum]], confidence: float) -> bool
     return all(abs(d) <= t_ppf(0.5 + level / 2, v.dof) * math.sqrt(v.total) for d, v in usable)
 
 
-def break_even(sm: StepMap, batches: list[int], L: float, confidence: float) -> list[StepCostPoint]:
-    """The tokens per speculative step a drafter must reach at each batch size for the TPOT speedup to
-    exceed 1 (tau > rho(b, L)), at L tokens of context per sequence."""
-    return [StepCostPoint(b, int(round(L)), sm.rho(b, L, confidence), sm.extrapolated(b)) for b in batches]
-
-
 def stratum_taus(reqs: dict, server: str, suites: list[str], s: Settings) -> list[StratumTau]:
     """Each source's (a training suite's requests) or file suite's tokens per decode step on the
     speculative server, sum of decoded tokens over sum of steps over its prompts, with a bootstrap
@@ -188,7 +180,3 @@ def grid(fit: list[int], checks: list[int], measured: list[int], max_batch: int)
         b *= 2
     return sorted(out | set(fit) | set(checks) | set(measured) | {top})
 
-
-def metrics_of(s: Settings) -> list[str]:
-    """The metrics a prediction states: throughput (what the recommendation reads) and TPOT."""
-    return [mt for mt in ("output_throughput", "tpot") if mt in metrics.NAMES]
