@@ -59,8 +59,9 @@ def lines(sc: StepCosts | None) -> list[str]:
     out = ["## What a speculative step costs, and the acceptance a drafter needs", "",
            "A speculative server's TPOT speedup is τ / ρ: τ tokens per speculative step (the content's and the "
            "drafter's) over ρ, what the step costs in plain decode steps of the baseline at the same batch (the "
-           "engine's). The map measures ρ at every batch size from each request's own steps and times; a drafter "
-           "pays at a batch size when its τ exceeds ρ there (docs/methods/step-cost.md).", ""]
+           "engine's). The map measures ρ of a decode step at every batch size from each request's own steps and "
+           "times (a busy server's prefills beside decoding add to it); a drafter pays at a batch size when its τ "
+           "exceeds ρ there (docs/methods/step-cost.md).", ""]
     for mp in sc.maps:
         out += [f"### `{mp.server}` against `{mp.baseline}`", ""]
         out.append(f"Fitted on the cells at c={', '.join(map(str, mp.fit))} ({mp.repeats} sessions each), checked at "

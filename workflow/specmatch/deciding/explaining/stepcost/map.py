@@ -14,6 +14,7 @@ from ....records import Interval, StepCostPoint
 from ....stats import t_ppf
 
 H = 0.02   # the finite difference a cell's times are moved by (log scale)
+ITERATIONS = 30   # the fit's iterations at most (it stops at its fixed point: the Jacobian's refits start there)
 
 
 @dataclass
@@ -108,18 +109,20 @@ def map_cells(reqs: dict, server: str, suites: list[str], fit: list[int]) -> lis
             and len(cr.e2e) and np.isfinite(cr.e2e).all()]
 
 
-def fit_model(cells: list[CellRequests], curved: bool, admission: float | None = None) -> Model | None:
+def fit_model(cells: list[CellRequests], curved: bool, near: Model | None = None) -> Model | None:
     """T fitted on the cells' decode steps and the first tokens at c = 1 (a prefill with no queue: what
     a prompt token costs), with a b^2 term (a speculative step verifies k + 1 tokens a sequence, so it
     can grow faster than the plain one), and a first token's cost against the replay's (a queue):
     every cell replayed through T (its prompts in its order: traffic.step_model.simulate), the
-    geometric mean of measured over replayed TTFT. `admission`: another fit's to reuse (the Jacobian's
-    refits move T alone)."""
-    theta = fit_step_model(cells, curved=curved, first_tokens_upto=1)
+    geometric mean of measured over replayed TTFT. `near`: the fit this one perturbs (the Jacobian's
+    refits: its coefficients at their bounds stay there, its admission multiplier is kept)."""
+    if near is not None:
+        theta = fit_step_model(cells, ITERATIONS, curved=curved, first_tokens_upto=1, support=near.theta > 0,
+                               start=near.theta)
+        return None if theta is None else Model(theta, near.admission)
+    theta = fit_step_model(cells, ITERATIONS, curved=curved, first_tokens_upto=1)
     if theta is None:
         return None
-    if admission is not None:
-        return Model(theta, admission)
     logs = []
     for cr in cells:
         _, ttft, _ = simulate(theta, cr.concurrency, cr.ptok, cr.out, cr.steps)
@@ -146,8 +149,7 @@ def fit_map(reqs: dict, m: Measurements, server: str, baseline: str, suite: str,
         models[x] = md
         reps[x] = len({cr.key[3] for cr in cells})
         for c in got:
-            moved[(x, c)] = fit_model([_slower(cr, H) if cr.concurrency == c else cr for cr in cells], x == server,
-                                      md.admission)
+            moved[(x, c)] = fit_model([_slower(cr, H) if cr.concurrency == c else cr for cr in cells], x == server, md)
     return StepMap(server, baseline, models, suite, got, min(reps.values()), run_to_run(m, [server, baseline]),
                    context, moved)
 

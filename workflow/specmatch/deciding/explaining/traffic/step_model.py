@@ -82,13 +82,17 @@ def timeline(cr: CellRequests, theta: np.ndarray, points: int = 400) -> tuple[np
 
 
 def fit_step_model(cells: list[CellRequests], iterations: int = 3, curved: bool = False,
-                   first_tokens_upto: int | None = None) -> np.ndarray | None:
+                   first_tokens_upto: int | None = None, support: np.ndarray | None = None,
+                   start: np.ndarray | None = None) -> np.ndarray | None:
     """theta of T(b, C, P) for one server from its cells (module docstring), or None without cells that
     count their decode steps. Relative least squares: every request's mean decode step and first-token
     step weigh alike whatever their length. `curved` adds t4 b^2 (non-negative: a step that grows
     faster than the batch, as a speculative step verifying k + 1 tokens a sequence does past the
     batch where the plain step is still cheap). `first_tokens_upto`: the first tokens fitted are those of
-    cells up to this concurrency (None: all; at c = 1 a first token is its prefill, with no queue)."""
+    cells up to this concurrency (None: all; at c = 1 a first token is its prefill, with no queue).
+    `support` (with `start`, the fit it perturbs): the coefficients left free, the others held at 0, by
+    plain least squares: the fit's local sensitivity to its data, which a bound that switches on or off
+    would otherwise turn into a jump."""
     from scipy.optimize import nnls
 
     use = [c for c in cells if c.steps is not None and c.closed and len(c.e2e) and np.isfinite(c.e2e).all()]
@@ -96,6 +100,8 @@ def fit_step_model(cells: list[CellRequests], iterations: int = 3, curved: bool 
         return None
     per_step = np.concatenate([(c.e2e - c.ttft)[c.steps > 0] / c.steps[c.steps > 0] for c in use])
     theta = np.array([float(np.median(per_step)) if per_step.size else 0.01] + [0.0] * (4 if curved else 3))
+    if start is not None:
+        theta = np.array(start, float)
     for _ in range(iterations):
         xs, ys = [], []
         for c in use:
@@ -111,10 +117,17 @@ def fit_step_model(cells: list[CellRequests], iterations: int = 3, curved: bool 
             ys += [np.ones(int(keep.sum()))]
         X, y = np.concatenate(xs), np.concatenate(ys)
         scale = np.maximum(np.abs(X).max(0), 1e-12)
-        sol, _ = nnls(X / scale, y)
+        if support is None:
+            sol, _ = nnls(X / scale, y)
+        else:
+            sol = np.zeros(X.shape[1])
+            sol[support] = np.linalg.lstsq((X / scale)[:, support], y, rcond=None)[0]
+        done = np.allclose(sol / scale, theta, rtol=1e-6, atol=1e-12)
         theta = sol / scale
         if theta[0] <= 0 and theta[1] <= 0:
             theta[0] = float(np.median(per_step))
+        if done:   # the batch features T reads are its own fixed point
+            break
     return theta
 
 
