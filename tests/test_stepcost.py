@@ -4,6 +4,7 @@ measured and unmeasured concurrencies, coverage by simulation, the check catches
 recommendation uses the map's predictions only where it holds."""
 import math
 
+import numpy as np
 import pytest
 import yaml
 
@@ -146,3 +147,21 @@ def test_the_summary_section_states_the_check_the_break_even_and_what_was_not_ma
     assert [p.name for p in render.plot(sc, tmp_path)] == ["break_even.png"]
     bad = one_map(seed=41, rho=lambda b: 1.15 if b <= 2 else 2.6)
     assert bad.holds is False and "**The map misses**" in "\n".join(render.lines(StepCosts([bad])))
+
+
+def test_the_fit_is_its_own_fixed_point_so_the_jacobian_measures_the_data_not_the_iterations():
+    """The batch features T is fitted on depend on T; the fit iterates to its fixed point, and a refit that
+    starts there with the same data and its bounds held returns it (the error's Jacobian is then the
+    data's effect alone); moving one concurrency's cells 2% moves the map smoothly."""
+    from specmatch.deciding.explaining.stepcost.map import H, _slower, fit_model, map_cells
+
+    cells = traffic_cells(3, {"basis": cal.COUNTS}, concurrencies=(1, 2, 8, 16), repeats=2, rho=lambda b: 1.4)
+    m = Measurements.of(cells, Settings(bootstrap=50))
+    for x in ("spec", "base"):
+        got = map_cells(requests_of(m), x, ["basis"], [1, 2, 8, 16])
+        md = fit_model(got, x == "spec")
+        same = fit_model(got, x == "spec", md)
+        assert np.allclose(same.theta, md.theta, rtol=1e-5, atol=1e-10)
+        moved = fit_model([_slower(cr, H) if cr.concurrency == 16 else cr for cr in got], x == "spec", md)
+        ratio = [moved.step(b, 250) / md.step(b, 250) for b in (1, 4, 16)]
+        assert all(0.97 < r < 1.05 for r in ratio), ratio
