@@ -402,17 +402,18 @@ def primary_analysis(m: Measurements, baseline: str, settings: Settings, configs
 
 def map_predictions(stepcost: StepCosts | None, server: str, suite: str, metric: str
                     ) -> tuple[dict[int, Decision], str | None]:
-    """The step-cost map's predicted verdicts for `server` on `suite` at every concurrency it predicts,
-    and what the map says of itself; nothing where there is no map or where the cells disagree with it
-    (StepCostMap.holds False: the recommendation then falls back to the measured cells)."""
+    """The step-cost map's predicted verdicts for `server` on `suite` at the concurrencies within its fitted
+    batches, and what the map says of itself; nothing where there is no map, where no concurrency was
+    measured only to check it, or where the check disagrees (StepCostMap.holds not True: the
+    recommendation then follows the measured cells). Beyond the fitted batches a prediction is an
+    extrapolation the map cannot check, so it decides nothing there."""
     mp = next((x for x in (stepcost.maps if stepcost else []) if x.server == server), None)
-    rows = [p for p in (mp.predictions if mp else []) if p.suite == suite and p.metric == metric]
-    if not rows or mp.holds is False:
+    if mp is None or mp.holds is not True:
         return {}, None
+    rows = [p for p in mp.predictions if p.suite == suite and p.metric == metric and not p.extrapolated]
     checks = sorted({p.concurrency for p in mp.predictions if p.role == "check"})
-    note = (f"the map agrees with the cells at every measured concurrency, c={','.join(map(str, checks))} measured "
-            "only to check it" if mp.holds else "the map is unchecked: no concurrency was measured only to check it")
-    return {p.concurrency: p.decision for p in rows}, note
+    return ({p.concurrency: p.decision for p in rows},
+            f"the map agrees with the cells at c={','.join(map(str, checks))}, measured only to check it")
 
 
 def verified_analysis(cells: "Measurements | list", baseline: str, settings: Settings, configs: dict, infos: dict,

@@ -225,6 +225,11 @@ class Connection:
             if parser.empty:
                 raise StaleConnection(str(exc)) from None
             raise HTTPError(str(exc)) from None
+        except ConnectionResetError as exc:
+            if not parser.empty:
+                raise
+            await self.close()
+            raise StaleConnection(f"connection reset before a response: {exc}") from None
         if not parser.keep_alive:
             await self.close()
         if parser.status != 200:

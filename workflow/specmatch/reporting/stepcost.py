@@ -27,19 +27,20 @@ def _holds(mp: StepCostMap) -> str:
     checks = [p for p in mp.predictions if p.role == "check" and p.metric == "output_throughput"
               and p.measured is not None]
     off = sorted({f"`{p.suite}` c={p.concurrency} ({p.metric}: measured / predicted {_iv(p.difference, '')})"
-                  for p in mp.predictions if p.agrees is False})
-    where = ("; outside its own interval at " + ", ".join(off)) if off else ""
+                  for p in mp.predictions if p.agrees is False and p.role == "fit"})
+    fitted = ("; at the fitted concurrencies outside its own interval at " + ", ".join(off)) if off else ""
     if mp.holds is None:
-        return ("**The map is unchecked**: no concurrency was measured only to check it (`step_cost.check`)"
-                + where + ".")
-    checked = "; ".join(f"c={p.concurrency}: measured {p.measured:.2f}x against predicted {p.predicted.value:.2f}x"
-                        for p in checks)
+        return ("**The map is unchecked**: no concurrency was measured only to check it (`step_cost.check`), so "
+                "nothing it predicts decides the recommendation" + fitted + ".")
+    checked = "; ".join(f"c={p.concurrency}: measured {p.measured:.2f}x against predicted {p.predicted.value:.2f}x, "
+                        f"measured / predicted {_iv(p.difference, '')}" for p in checks)
     if mp.holds is False:
-        return (f"**The map misses**: the cells disagree with it beyond the family's interval (Bonferroni over the "
-                f"{mp.comparisons} measured comparisons){where}; the recommendation falls back to the measured "
-                f"cells (checked at {checked}).")
-    return (f"**The map holds**: no measured concurrency disagrees with it beyond the family's interval "
-            f"(Bonferroni over {mp.comparisons} comparisons; checked at {checked})" + where + ".")
+        return (f"**The map misses**: the cells disagree with it beyond the family's interval at the concurrency "
+                f"measured only to check it or at the measured concurrencies together (Bonferroni; checked at "
+                f"{checked}){fitted}. The recommendation follows the measured cells.")
+    return (f"**The map holds** at the concurrency measured only to check it ({checked}) and at the measured "
+            "concurrencies together (Bonferroni): its predictions within the fitted batches decide the "
+            "concurrencies the verdict grid lacks" + fitted + ".")
 
 
 def _pays(tau, need) -> str:

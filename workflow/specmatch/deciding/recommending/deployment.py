@@ -137,8 +137,7 @@ def recommend(info: ServerInfo, suite: str, verdicts: list[Verdict], cmps: list[
     regs = regions(verdicts)
     cross = crossovers(verdicts, cmps, s)
     dec = decisions(verdicts)
-    measured_top = max(dec, default=0)
-    max_batch = info.max_batch or measured_top
+    max_batch = info.max_batch or max(dec, default=0)
     # the map's predictions where the verdict grid has no cell, within the server's batches (a measured
     # verdict always decides its own concurrency)
     predicted = {c: d for c, d in (predicted or {}).items() if c not in dec and c <= max_batch and dec}
@@ -176,14 +175,15 @@ def recommend(info: ServerInfo, suite: str, verdicts: list[Verdict], cmps: list[
                     + (f": {found}" if found else "") + undecided_note)
     rec.evidence = "; ".join(f"{r.verdict.value} at c={r.first}" + (f"-{r.last}" if r.last != r.first else "")
                              for r in regs)
-    top = measured_top
     if predicted:
-        rec.text += "; " + predicted_text(predicted, top, max_batch, map_note)
-    elif max_batch > top:
+        rec.text += "; " + predicted_text(predicted, map_note)
+    top = max(dec)   # the largest concurrency measured or predicted within the map's fitted batches
+    if max_batch > top:
         rec.extrapolated_above = top
-        rec.text += (f"; batch sizes {top + 1}-{max_batch} were not measured (the largest measured concurrency is "
+        what = "predicted" if top in predicted else "measured"
+        rec.text += (f"; batch sizes {top + 1}-{max_batch} were not measured (the largest {what} concurrency is "
                      + (f"{top}): there it extends the verdict at c={top}, an extrapolation" if dec[top] is not None else
-                        f"{top}, undecided): speculation is off there (nothing measured shows it pays at or above "
+                        f"{top}, undecided): speculation is off there (nothing shows it pays at or above "
                         f"c={top}; no verdict is extrapolated)"))
     if not info.max_batch:
         rec.text += (f"; the server's largest batch is not known (an external endpoint: set `max_batch` on it), so the "
@@ -223,17 +223,16 @@ def recommend(info: ServerInfo, suite: str, verdicts: list[Verdict], cmps: list[
     return rec
 
 
-def predicted_text(predicted: dict[int, Decision], top: int, max_batch: int, note: str | None) -> str:
-    """What the map decided where the verdict grid has no cell."""
+def predicted_text(predicted: dict[int, Decision], note: str | None) -> str:
+    """What the map decided where the verdict grid has no cell (within the map's fitted batches)."""
     by: dict = {}
     for c, d in sorted(predicted.items()):
         by.setdefault(d, []).append(c)
     word = {Decision.PAYS: "pays", Decision.LOSES: "loses", Decision.EQUIVALENT: "makes no difference",
             Decision.INCONCLUSIVE: "undecided (off there)"}
     parts = [f"{word[d]} at c={','.join(map(str, cs))}" for d, cs in by.items()]
-    beyond = f"; batch sizes {top + 1}-{max_batch} follow the map's predictions" if max_batch > top else ""
     return ("where the verdict grid has no cell, the step-cost map's prediction decides (predicted, not measured): "
-            + ", ".join(parts) + beyond + (f" ({note})" if note else ""))
+            + ", ".join(parts) + (f" ({note})" if note else ""))
 
 
 def rendered(rec: Recommendation, info: ServerInfo | None) -> Recommendation:

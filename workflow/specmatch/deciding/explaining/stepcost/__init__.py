@@ -6,33 +6,36 @@ and the drafter's) over rho, what the step costs in plain decode steps of the ba
 batch (the engine's: a step drafts k tokens and verifies k + 1 whatever is accepted). tau hardly
 moves with load; rho moves with the batch and the context and hardly with the content.
 
-**The map** (map.py). Each server's step is T(b, C, P) = t0 + t1 b + t2 C + t3 P seconds for b
-decoding sequences holding C thousand tokens of context with P thousand prompt tokens prefilled in
-it (traffic.step_model.fit_step_model: every request's own decode steps and times, the batch it
-shared read from its cell's timeline). The map's cells are the verdict cells plus short cells at
-more concurrencies (config `step_cost`), in the same fresh server sessions; some concurrencies are
-held out of the fit, measured only to check it. rho(b, L) = T_spec(b, bL, 0) / T_base(b, bL, 0) at
-L tokens of context per sequence. Its error is the session-to-session variance of the two servers'
-step times at the nearest fitted concurrency (noise.run_to_run on TPOT, which the steps of a
-greedy request do not move, over the map's repeats); beyond the fitted batches the linear form is
-extrapolated and marked so.
+**The map** (map.py). Each server's step is T(b, C, P) = t0 + t1 b + t2 C + t3 P seconds (plus
+t4 b^2 for the speculative server, whose step verifies k + 1 tokens a sequence) for b decoding
+sequences holding C thousand tokens of context with P thousand prompt tokens waiting for a first
+token (traffic.step_model.fit_step_model: every request's own decode steps and times, the batch it
+shared read from its cell's timeline, and the first tokens at c = 1, a prefill with no queue), iterated
+to its fixed point. The map's cells are the verdict cells plus short cells at more concurrencies
+(config `step_cost`), in the same fresh server sessions; some concurrencies are held out of the fit,
+measured only to check it. rho(b, L) = T_spec(b, bL, 0) / T_base(b, bL, 0) at L tokens of context per
+sequence. Its error: the session share of both servers' log-TPOT run to run (noise.run_to_run; a greedy
+request's steps do not move, so this is its step time's) at the nearest fitted concurrency, plus each
+fitted concurrency's cell noise through the fit's Jacobian (refits with its cells 2% slower, bounds
+held): small between fitted cells, growing beyond them.
 
 On an engine that can force the acceptance length while drafting and verifying as usual (vLLM's
 `rejection_sample_method: synthetic` on GPUs, SGLang's SGLANG_SIMULATE_ACC_LEN) rho could be mapped at
 fixed tau; the CPU build refuses it (Engine.forced_acceptance), so the map reads the real drafter's
 requests, whose tau spans the sources' range, and tests whether rho moves with tau: the slope of
 each request's step time (over the map's) in its own log tau, within its cell, with an interval
-clustered by prompt.
+clustered by prompt and by cell.
 
-**Predictions** (predict.py). For a suite at concurrency c: a closed loop of c workers over its
-prompts (each with its measured prompt length, output and decode steps on each server) stepped
-through both servers' T (traffic.step_model.simulate), read as the verdicts read a cell
-(metrics.closed_loop). Intervals: the prompt sample (paired bootstrap by prompt, n/(n-1) corrected,
-n - 1 dof), the map's error at c, and the acceptance's run to run; Student t at Satterthwaite's
-dof, a verdict by the verdicts' rule. Where the cells measured c: measured / predicted with its
-interval (run to run of the measured cells and the map's error; the prompts are the same and cancel).
-A concurrency held out of the fit checks the map; a miss says so and the recommendation falls back to
-the measured cells.
+**Predictions** (predict.py). For a suite at concurrency c: a closed loop of c workers over whole
+passes of its prompts (each with its measured prompt length, output and decode steps on each server)
+replayed through both servers' T (traffic.step_model.simulate; a first token's queue as a multiplier of
+the admission step), read as the verdicts read a cell (metrics.closed_loop). Intervals: the prompt
+sample (paired bootstrap by prompt, n/(n-1) corrected, n - 1 dof), the map's error at c, and the
+acceptance's run to run; Student t at Satterthwaite's dof, a verdict by the verdicts' rule. Where the
+cells measured c: measured / predicted with its interval (run to run of the measured cells and the
+map's error; the prompts are the same and cancel). The map holds when the concurrencies held out of the
+fit agree (Bonferroni over them); only then do its predictions within the fitted batches decide the
+recommendation's concurrencies the verdict grid lacks.
 
 **Break-even acceptance.** At batch b speculation pays in TPOT when tau > rho(b, L): the map at the
 suite's median context is the acceptance a drafter must reach there, set beside every source's

@@ -53,7 +53,8 @@ def build_map(m: Measurements, reqs: dict, server: str, baseline: str, suite: st
         rec.tau_moves = not (rec.tau_slope.lo <= 0 <= rec.tau_slope.hi)
     acc = acceptance_run_to_run(m, [server, baseline])
     acc = (acc[0] or 0.0, acc[1])
-    diffs: list = []
+    checks_: list = []
+    fitted: list = []
     for u in suites:
         data = suite_prompts(reqs, server, baseline, u)
         if data is None:
@@ -63,15 +64,16 @@ def build_map(m: Measurements, reqs: dict, server: str, baseline: str, suite: st
             got = predict_suite(sm, data, u, c, list(METRICS), s, acc)
             role = "check" if c in checks and c in on else "fit" if c in on else "predicted"
             for mt, (est, var) in got.items():
-                p = as_prediction(u, c, mt, est, var, s, role, sm.extrapolated(c))
+                p = as_prediction(u, c, mt, est, var, s, role, sm.extrapolated(c), sm.measured_noise)
                 if role != "predicted":
                     got_diff = check_rows(sm, m, p, est, s)
                     if got_diff is not None:
-                        diffs.append(got_diff)
+                        (checks_ if role == "check" else fitted).append(got_diff)
                 rec.predictions.append(p)
-    # the map is judged where a concurrency was measured only to check it; the fitted ones join the
-    # family (a map that cannot follow its own cells is no better), each row's own interval reported
-    if any(p.role == "check" and p.measured is not None for p in rec.predictions):
-        rec.holds = map_holds(diffs, s.confidence)
-        rec.comparisons = len(diffs)
+    # the map is judged where a concurrency was measured only to check it (a test it was not fitted to,
+    # its own family) and, so that a map that cannot follow its own cells is no better, at every measured
+    # concurrency together (a second family: each alone errs in at most 1 - confidence of runs)
+    if checks_:
+        rec.holds = bool(map_holds(checks_, s.confidence) and map_holds(checks_ + fitted, s.confidence) is not False)
+        rec.comparisons = len(checks_)
     return rec

@@ -64,6 +64,11 @@ class StepMap:
     def extrapolated(self, b: float) -> bool:
         return b > max(self.fit) or b < min(self.fit)
 
+    @property
+    def measured_noise(self) -> bool:
+        """Whether run to run was measured for both servers (two repeats or more): the map's error."""
+        return all(self.rr.at("tpot", x, c) is not None for x in (self.server, self.baseline) for c in self.fit)
+
     def error(self, b: float, L: float | None = None) -> VarianceSum:
         """The variance of log rho(b, L) (L: the map suite's median context when None). Each server's
         step time moves with its sessions and its cells (noise.run_to_run of log TPOT, which
@@ -147,7 +152,8 @@ def fit_map(reqs: dict, m: Measurements, server: str, baseline: str, suite: str,
         if md is None:
             return None
         models[x] = md
-        reps[x] = len({cr.key[3] for cr in cells})
+        # the repeats every fitted concurrency has (a third-round cell adds a repeat to one configuration only)
+        reps[x] = min(len({cr.key[3] for cr in cells if cr.concurrency == c}) for c in {cr.concurrency for cr in cells})
         for c in got:
             moved[(x, c)] = fit_model([_slower(cr, H) if cr.concurrency == c else cr for cr in cells], x == server, md)
     return StepMap(server, baseline, models, suite, got, min(reps.values()), run_to_run(m, [server, baseline]),

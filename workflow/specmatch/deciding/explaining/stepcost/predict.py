@@ -12,11 +12,13 @@ from ...verdicts.comparison import decision
 from ...verdicts.noise import VarianceSum
 from ..traffic.step_model import figures, simulate
 from .map import StepMap
+from ....config import passes_for
 from ....metrics import log_speedup
 from ....records import Decision, Interval, StepCostPrediction, StratumTau
 from ....stats import t_ppf
 
-REQUESTS_PER_WORKER = 2     # a predicted cell sends at least this many requests per worker (a steady state)
+REQUESTS_PER_WORKER = 2     # the default requests.min_requests_per_worker: a predicted cell sends whole passes
+                            # of the suite, at least this many requests per worker, as a cell does
 ROWS = 200                  # prompt resamples per prediction
 
 
@@ -57,7 +59,7 @@ def predict_suite(sm: StepMap, data: dict, suite: str, c: int, metric_names: lis
     with its variance: the prompt sample, the map's error at c, the acceptance's run to run."""
     n = len(data["prompts"])
     rows = _draws(s, sm.server, suite, n)
-    size = max(n, REQUESTS_PER_WORKER * c)
+    size = n * passes_for(n, 1, REQUESTS_PER_WORKER, c)
     idx = rows[:, np.arange(size) % n]
     figs: dict = {}
     for x in (sm.server, sm.baseline):
@@ -81,9 +83,12 @@ def predict_suite(sm: StepMap, data: dict, suite: str, c: int, metric_names: lis
 
 
 def as_prediction(suite: str, c: int, metric: str, est: float, var: VarianceSum, s: Settings, role: str,
-                  extrapolated: bool) -> StepCostPrediction:
+                  extrapolated: bool, run_to_run: bool) -> StepCostPrediction:
+    """A prediction's interval and verdict by the verdicts' rule (without a measure of run-to-run variation,
+    one repeat, only an effect beyond the band is trusted, as comparison.decision does for the cells)."""
     h = t_ppf(0.5 + s.confidence / 2, var.dof) * math.sqrt(var.total) if var.total > 0 else float("inf")
-    d = decision(est - h, est + h, math.log(1 + s.min_effect), True) if math.isfinite(h) else Decision.INCONCLUSIVE
+    d = (decision(est - h, est + h, math.log(1 + s.min_effect), run_to_run) if math.isfinite(h)
+         else Decision.INCONCLUSIVE)
     iv = Interval(math.exp(est), math.exp(est - h) if math.isfinite(h) else None,
                   math.exp(est + h) if math.isfinite(h) else None)
     return StepCostPrediction(suite, c, metric, iv, d, float(var.dof), role, extrapolated)
@@ -127,9 +132,8 @@ def check_rows(sm: StepMap, m: Measurements, pred: StepCostPrediction, est: floa
 
 
 def map_holds(diffs: list[tuple[float, VarianceSum]], confidence: float) -> bool | None:
-    """Whether the map agrees with every measured concurrency at once: no difference's interval at the
-    family's level (Bonferroni over the comparisons: 1 - (1 - confidence) / m) excludes 0, so a right
-    map is called wrong in at most 1 - confidence of runs however many cells check it."""
+    """Whether the map agrees with a family of measured comparisons: no difference's interval at the
+    family's level (Bonferroni: 1 - (1 - confidence) / m) excludes 0."""
     usable = [(d, v) for d, v in diffs if v.total > 0]
     if not usable:
         return None
