@@ -11,6 +11,7 @@ import yaml
 from builders import REPO
 
 from specmatch.calibration import stepcost as cal
+from specmatch.calibration.traffic import traffic_cells
 from specmatch.config import validate
 from specmatch.deciding.analysis import map_predictions
 from specmatch.deciding.explaining.stepcost import build_map, requests_of
@@ -23,7 +24,7 @@ from specmatch.serving.engines import get_engine
 
 
 def one_map(seed=1, rho=lambda b: 1.4, fit=(1, 2, 4, 8, 16), check=(4,)):
-    cells = cal.map_cells(seed, rho, fit)
+    cells = traffic_cells(seed, {"basis": cal.COUNTS}, fit, rho=rho, min_requests_per_worker=cal.REQUESTS_PER_WORKER)
     s = Settings(bootstrap=200)
     m = Measurements.of(cells, s)
     return build_map(m, requests_of(m), "spec", "base", "basis", ["basis"], list(fit), list(check), 64, "sim", s)
@@ -168,7 +169,8 @@ def test_the_fit_is_its_own_fixed_point_so_the_jacobian_measures_the_data_not_th
     data's effect alone); moving one concurrency's cells 2% moves the map smoothly."""
     from specmatch.deciding.explaining.stepcost.map import H, _slower, fit_model, map_cells
 
-    cells = cal.map_cells(3, lambda b: 1.4, (1, 2, 8, 16))
+    cells = traffic_cells(3, {"basis": cal.COUNTS}, (1, 2, 8, 16), rho=lambda b: 1.4,
+                          min_requests_per_worker=cal.REQUESTS_PER_WORKER)
     m = Measurements.of(cells, Settings(bootstrap=50))
     for x in ("spec", "base"):
         got = map_cells(requests_of(m), x, ["basis"], [1, 2, 8, 16])

@@ -1,6 +1,6 @@
 """The step-cost map against a server whose step cost and acceptance are known: the discrete-event
 server (specmatch.calibration.des) serving a stratified suite at map concurrencies in repeated sessions
-(map_cells: whole passes, as a workflow cell sends), the map (specmatch.deciding.explaining.stepcost) fitted on some
+(calibration.traffic.traffic_cells, whole passes as a workflow cell sends), the map (specmatch.deciding.explaining.stepcost) fitted on some
 of them and checked at one held out, and how often its intervals hold the truth.
 
 The truth of rho at batch b is the simulated engine's own rho(b) (a speculative step costs rho(b)
@@ -20,16 +20,15 @@ import sys
 from dataclasses import replace
 
 import numpy as np
-import polars as pl
 
 from .. import metrics
 from .des import serve
 from .grid import BASE
 from .pool import run_tasks
-from .simulate import cell
-from .traffic import TRAFFIC_STRATA, traffic_prompts
+from .traffic import TRAFFIC_STRATA, traffic_cells, traffic_prompts
 from ..deciding.explaining.stepcost import build_map, requests_of
 from ..deciding.explaining.stepcost.predict import REQUESTS_PER_WORKER
+from ..deciding.explaining.traffic.step_model import figures
 from ..config import passes_for
 from ..deciding.reading.measurements import Measurements, Settings
 
@@ -57,52 +56,14 @@ def truth(rho: str, c: int, seed: int, suites: int = 200, metric: str = "output_
     ot = np.full((suites, size), 24)
     spec = replace(BASE, k=3, rho=RHOS[rho])
     b, x = serve(BASE, c, tok, ot, rng, match=match), serve(spec, c, tok, ot, rng, match=match)
-
-    def figure(s):
-        tp = metrics.tpot(s.e2e, s.ttft, ot)
-        return metrics.closed_loop(metric, metrics.workers(c, size), ot, np.ones(ot.shape, bool), s.e2e, tp)
-
-    return float(np.mean(metrics.log_speedup(metric, figure(x), figure(b))))
-
-
-def map_cells(seed: int, rho, concurrencies, repeats: int = 2, session_sd: float = 0.02, cell_sd: float = 0.02
-              ) -> list:
-    """Cells of the baseline `base` and a speculative server `spec` (k=3, step cost rho(b)) on one
-    stratified suite at every concurrency and repeat, each cell sending whole passes of the suite with at
-    least two requests a worker, as a workflow cell does (config.passes_for), moved by its session's and
-    its own run-to-run effect."""
-    rng = np.random.default_rng(seed)
-    names, tokens, _, match = traffic_prompts(rng, TRAFFIC_STRATA, COUNTS, 24)
-    n = len(names)
-    ids = [f"basis-{i:03d}" for i in range(n)]
-    engines = {"base": BASE, "spec": replace(BASE, k=3, rho=rho)}
-    sessions = {(x, r): rng.normal(0, session_sd) for x in engines for r in range(1, repeats + 1)}
-    out = []
-    for c in concurrencies:
-        order = np.arange(n * passes_for(n, 1, REQUESTS_PER_WORKER, c)) % n
-        keys = [(x, r) for x in engines for r in range(1, repeats + 1)]
-        served = serve([engines[x] for x, _ in keys], c, np.tile(tokens[order], (len(keys), 1)),
-                       np.full((len(keys), len(order)), 24), rng,
-                       match=np.broadcast_to(match[order], (len(keys), len(order)) + match.shape[1:]))
-        served = served.scaled(np.exp([sessions[k] + rng.normal(0, cell_sd) for k in keys]))
-        for i, (x, r) in enumerate(keys):
-            one = served.row(i)
-            spec = engines[x].k > 0
-            res, req = cell(x, "basis", c, r, one.e2e, one.ttft, np.full(len(order), 24.0), [ids[j] for j in order],
-                            one.steps if spec else None, one.accepted if spec else None, tokens[order],
-                            int(one.steps.sum()) if spec else None, starts=one.start,
-                            duration=float(one.duration[0]), drafted=one.drafted if spec else None,
-                            session=f"{x}-r{r}")
-            req = req.with_columns(pl.Series("pass_index", (np.arange(len(order)) // n).tolist()),
-                                   pl.Series("source", [names[j] for j in order]))
-            out.append((res, req))
-    return out
+    return float(np.mean(metrics.log_speedup(metric, figures(metric, c, ot, x.e2e, x.ttft, {}),
+                                             figures(metric, c, ot, b.e2e, b.ttft, {}))))
 
 
 def experiment(a: tuple) -> dict:
     """One experiment: the map's rho at BATCHES, its predictions at PREDICTED and the held-out check."""
     seed, rho, measured = a
-    cells = map_cells(seed, RHOS[rho], measured)
+    cells = traffic_cells(seed, {"basis": COUNTS}, measured, rho=RHOS[rho], min_requests_per_worker=REQUESTS_PER_WORKER)
     s = Settings(bootstrap=200)
     m = Measurements.of(cells, s)
     rec = build_map(m, requests_of(m), "spec", "base", "basis", ["basis"], list(measured), [CHECK], 64, "sim", s)

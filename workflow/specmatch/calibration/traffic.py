@@ -32,7 +32,9 @@ from .pool import run_tasks
 from .simulate import cell
 from ..deciding.analysis import analyse
 from ..deciding.reading.measurements import Settings
+from ..config import passes_for
 from ..deciding.explaining.traffic.report import traffic_report
+from ..deciding.explaining.traffic.step_model import figures
 from ..records import TrafficProfile, TrafficProfiles
 
 # Strata of a synthetic deployment: per-token acceptance Beta(a, b) and prompt length (median tokens,
@@ -68,12 +70,14 @@ def traffic_prompts(rng, strata: dict, counts: dict, out_tokens: int = 24):
 
 
 def traffic_cells(seed: int, suites: dict, concurrencies=(1, 4), repeats: int = 2, out_tokens: int = 24,
-                  session_sd: float = 0.02, cell_sd: float = 0.02, strata: dict | None = None, rho=None):
+                  session_sd: float = 0.02, cell_sd: float = 0.02, strata: dict | None = None, rho=None,
+                  min_requests_per_worker: int | None = None):
     """Cells of a baseline `base` and a speculative server `spec` (k=3, step cost `rho(b)`) on `suites`
     (name -> {stratum: prompts}) at every concurrency and repeat, simulated by specmatch.calibration.des:
     continuous batching of whatever each suite mixes, per-prompt acceptance, every cell moved by its
     session's and its own run-to-run effect. Request frames carry each prompt's stratum as `source`.
-    A file suite is one stratum named like the suite (`generic`)."""
+    A file suite is one stratum named like the suite (`generic`). Each cell sends one pass of its suite,
+    or, with `min_requests_per_worker`, the whole passes a workflow cell sends (config.passes_for)."""
     strata = strata or TRAFFIC_STRATA
     rng = np.random.default_rng(seed)
     engines = {"base": BASE, "spec": replace(BASE, k=3, rho=rho or _traffic_rho)}
@@ -81,24 +85,29 @@ def traffic_cells(seed: int, suites: dict, concurrencies=(1, 4), repeats: int = 
     sessions = {(x, r): rng.normal(0, session_sd) for x in engines for r in range(1, repeats + 1)}
     out = []
     for u, (names, tokens, alpha, match) in prompts.items():
-        ids = [f"{u}-{i:03d}" for i in range(len(names))]
+        n = len(names)
         for c in concurrencies:
+            order = np.arange(n * passes_for(n, 1, min_requests_per_worker, c)) % n
+            ids = [f"{u}-{i:03d}" for i in order]
             keys = [(x, r) for x in engines for r in range(1, repeats + 1)]
             m = len(keys)
-            served = serve([engines[x] for x, _ in keys], c, np.tile(tokens, (m, 1)),
-                           np.full((m, len(names)), out_tokens), rng, match=np.broadcast_to(match, (m,) + match.shape))
+            served = serve([engines[x] for x, _ in keys], c, np.tile(tokens[order], (m, 1)),
+                           np.full((m, len(order)), out_tokens), rng,
+                           match=np.broadcast_to(match[order], (m, len(order)) + match.shape[1:]))
             served = served.scaled(np.exp([sessions[k] + rng.normal(0, cell_sd) for k in keys]))
-            ot = np.full(len(names), float(out_tokens))
+            ot = np.full(len(order), float(out_tokens))
             for i, (x, r) in enumerate(keys):
                 one = served.row(i)
                 spec = engines[x].k > 0
                 res, req = cell(x, u, c, r, one.e2e, one.ttft, ot, ids, one.steps if spec else None,
-                                one.accepted if spec else None, tokens, int(one.steps.sum()) if spec else None,
-                                starts=one.start, duration=float(one.duration[0]),
-                                drafted=one.drafted if spec else None, session=f"{x}-r{r}")
+                                one.accepted if spec else None, tokens[order],
+                                int(one.steps.sum()) if spec else None, starts=one.start,
+                                duration=float(one.duration[0]), drafted=one.drafted if spec else None,
+                                session=f"{x}-r{r}")
                 if spec:
                     res.spec_decode_acceptance_length = 1 + float(one.accepted.sum() / max(one.steps.sum(), 1))
-                out.append((res, req.with_columns(pl.Series("source", names))))
+                out.append((res, req.with_columns(pl.Series("pass_index", (np.arange(len(order)) // n).tolist()),
+                                                  pl.Series("source", [names[j] for j in order]))))
     return out
 
 
@@ -120,11 +129,9 @@ def traffic_truth(seed: int, mix: dict, size: int, c: int, suites: int = 300, ou
     ot = np.full((suites, size), out_tokens)
     spec = replace(BASE, k=3, rho=rho or _traffic_rho)
     b, x = serve(BASE, c, tok, ot, rng, match=match), serve(spec, c, tok, ot, rng, match=match)
-    def figure(s, metric):   # as the verdicts read a closed-loop cell (specmatch.metrics)
-        tp = metrics.tpot(s.e2e, s.ttft, ot)
-        return metrics.closed_loop(metric, metrics.workers(c, size), ot, np.ones(ot.shape, bool), s.e2e, tp)
-
-    thr, tpot = (metrics.log_speedup(m_, figure(x, m_), figure(b, m_)) for m_ in ("output_throughput", "tpot"))
+    # read as the verdicts read a closed-loop cell, no SLO (traffic.step_model.figures)
+    thr, tpot = (metrics.log_speedup(m_, figures(m_, c, ot, x.e2e, x.ttft, {}), figures(m_, c, ot, b.e2e, b.ttft, {}))
+                 for m_ in ("output_throughput", "tpot"))
     return {"output_throughput": float(thr.mean()), "tpot": float(tpot.mean()),
             "se": {"output_throughput": float(thr.std(ddof=1) / np.sqrt(suites)),
                    "tpot": float(tpot.std(ddof=1) / np.sqrt(suites))}}

@@ -9,7 +9,7 @@ import numpy as np
 
 from ...reading.measurements import Measurements
 from ...verdicts.noise import RunToRun, VarianceSum, run_to_run
-from ..traffic.step_model import CellRequests, fit_step_model, simulate, timeline
+from ..traffic.step_model import CellRequests, fit_step_model, simulate, step_cost, timed, timeline
 from ....records import Interval, StepCostPoint
 from ....stats import t_ppf
 
@@ -27,8 +27,7 @@ class Model:
 
     def step(self, b: float, L: float) -> float:
         """T for b decoding sequences of L tokens of context each, no prefill (seconds)."""
-        t = self.theta
-        return float(t[0] + t[1] * b + t[2] * b * L / 1000 + (t[4] * b * b if len(t) > 4 else 0.0))
+        return float(step_cost(self.theta, b, b * L / 1000, 0.0))
 
 
 @dataclass
@@ -131,9 +130,9 @@ def fit_model(cells: list[CellRequests], curved: bool, near: Model | None = None
     logs = []
     for cr in cells:
         _, ttft, _ = simulate(theta, cr.concurrency, cr.ptok, cr.out, cr.steps)
-        timed = ~((cr.out > 1) & (cr.e2e - cr.ttft <= 0))
+        ok = timed(cr)
         with np.errstate(invalid="ignore", divide="ignore"):
-            r = np.log(cr.ttft[timed] / ttft[0][timed])
+            r = np.log(cr.ttft[ok] / ttft[0][ok])
         logs.append(r[np.isfinite(r)])
     got = np.concatenate(logs) if logs else np.zeros(0)
     return Model(theta, float(np.exp(got.mean())) if got.size else 1.0)

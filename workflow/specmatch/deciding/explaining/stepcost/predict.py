@@ -68,6 +68,7 @@ def predict_suite(sm: StepMap, data: dict, suite: str, c: int, metric_names: lis
         figs[x] = {mt: figures(mt, c, out, e2e, ttft, s.slo) for mt in metric_names}
     res = {}
     acc_var, acc_dof = acceptance
+    map_error = sm.error(c, float(np.median(data["ptok"] + data["out"] / 2)))   # the same for every metric
     for mt in metric_names:
         ls = np.asarray(log_speedup(mt, figs[sm.server][mt], figs[sm.baseline][mt]), float)
         point = float(ls[0])
@@ -75,7 +76,7 @@ def predict_suite(sm: StepMap, data: dict, suite: str, c: int, metric_names: lis
         var = VarianceSum()
         if boot.size > 2:
             var.add(("prompts", suite, c), float(boot.var(ddof=1)) * n / (n - 1), n - 1)
-        var.plus(sm.error(c, float(np.median(data["ptok"] + data["out"] / 2))))
+        var.plus(map_error)
         if acc_var:
             var.add(("acceptance", sm.server), acc_var / max(sm.repeats, 1), acc_dof)
         res[mt] = (point, var)
@@ -150,9 +151,8 @@ def stratum_taus(reqs: dict, server: str, suites: list[str], s: Settings) -> lis
         if k[0] != server or k[1] not in suites or cr.steps is None:
             continue
         for i, p in enumerate(cr.prompts):
-            st = cr.strata[i] if cr.strata[i] is not None else k[1]
-            if np.isfinite(cr.steps[i]) and cr.steps[i] > 0:
-                d = per.setdefault(st, {}).setdefault(p, [0.0, 0.0])
+            if np.isfinite(cr.steps[i]) and cr.steps[i] > 0:   # a stratum: its source, else its suite (requests_of)
+                d = per.setdefault(cr.strata[i], {}).setdefault(p, [0.0, 0.0])
                 d[0] += max(float(cr.out[i]) - 1, 0.0)
                 d[1] += float(cr.steps[i])
     out = []

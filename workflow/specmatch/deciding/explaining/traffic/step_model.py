@@ -56,6 +56,20 @@ def cell_requests(key: tuple, a: Arrays, stratum) -> CellRequests:
 
 
 # -- the step model ---------------------------------------------------------------------------------
+def step_cost(theta: np.ndarray, b, C, P):
+    """T(b, C, P) in seconds: b decoding sequences holding C thousand tokens of context, P thousand prompt
+    tokens prefilled in the step, and t4 b^2 for a theta of five (arrays broadcast)."""
+    curve = theta[4] * b * b if len(theta) > 4 else 0.0
+    return theta[0] + theta[1] * b + theta[2] * C + theta[3] * P + curve
+
+
+def timed(cr: CellRequests) -> np.ndarray:
+    """Which requests' times are a step model's to read: not one whose tokens all arrived at once (the
+    client or the server held the stream back: a busy machine), which has no decode time and a first
+    token that holds it."""
+    return ~((cr.out > 1) & (cr.e2e - cr.ttft <= 0))
+
+
 def timeline(cr: CellRequests, theta: np.ndarray, points: int = 400) -> tuple[np.ndarray, np.ndarray, np.ndarray,
                                                                                np.ndarray]:
     """Per request: its steps' mean features [1, b, C, P] (and b^2 for a theta of five: a step cost
@@ -106,13 +120,11 @@ def fit_step_model(cells: list[CellRequests], iterations: int = 3, curved: bool 
         xs, ys = [], []
         for c in use:
             dec_f, dec_y, adm_f, adm_y = timeline(c, theta)
-            # a request whose tokens all arrived at once (the client or the server held the stream back: a
-            # busy machine) has no decode time and a first token that holds it: neither time is a step's
-            timed = ~((c.out > 1) & (c.e2e - c.ttft <= 0))
-            keep = (c.steps > 0) & np.isfinite(dec_f).all(1) & (dec_y > 0) & timed
+            ok = timed(c)
+            keep = (c.steps > 0) & np.isfinite(dec_f).all(1) & (dec_y > 0) & ok
             xs += [dec_f[keep] / dec_y[keep, None]]
             ys += [np.ones(int(keep.sum()))]
-            keep = (adm_y > 0) & timed & (first_tokens_upto is None or c.concurrency <= first_tokens_upto)
+            keep = (adm_y > 0) & ok & (first_tokens_upto is None or c.concurrency <= first_tokens_upto)
             xs += [adm_f[keep] / adm_y[keep, None]]
             ys += [np.ones(int(keep.sum()))]
         X, y = np.concatenate(xs), np.concatenate(ys)
@@ -173,9 +185,7 @@ def simulate(theta: np.ndarray, c: int, ptok: np.ndarray, out: np.ndarray, steps
         P = (p * pre).sum(1) / 1000
         mult = (np.where(dec, m_dec[rows, idx], 0.0) + np.where(pre, m_adm[rows, idx], 0.0)).sum(1) / np.maximum(
             active.sum(1), 1)
-        curve = theta[4] * b * b if len(theta) > 4 else 0.0
-        cost = (k * (theta[0] + theta[1] * b + theta[2] * C0 + theta[3] * P + curve)
-                + theta[2] * g.sum(1) / 1000 * k * (k - 1) / 2) * mult
+        cost = (k * step_cost(theta, b, C0, P) + theta[2] * g.sum(1) / 1000 * k * (k - 1) / 2) * mult
         t = t + cost
         ttft[rr[pre], idx[pre]] = (t[:, None] - start[rows, idx])[pre]
         kk = k[:, None]
