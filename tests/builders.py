@@ -6,6 +6,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -120,8 +121,20 @@ def run(cmd, cwd, timeout=900, env=None, check=True):
     r = subprocess.run(cmd, cwd=cwd, capture_output=True, text=True, timeout=timeout,
                        env={**os.environ, **(env or {})})
     if check and r.returncode != 0:
-        raise AssertionError(f"{cmd} failed ({r.returncode}):\n{r.stdout[-4000:]}\n{r.stderr[-4000:]}")
+        raise AssertionError(f"{cmd} failed ({r.returncode}):\n{r.stdout[-4000:]}\n{r.stderr[-4000:]}"
+                             + failed_logs(r.stdout + r.stderr, Path(cwd)))
     return r
+
+
+def failed_logs(output: str, cwd: Path) -> str:
+    """The end of every log Snakemake names for a failed job (`log: <path> (check log file(s) ...)`): the
+    traceback a CI run would otherwise lose with its temporary folder."""
+    out = []
+    for name in dict.fromkeys(re.findall(r"log: (\S+) \(check log", output)):
+        p = cwd / name
+        if p.is_file():
+            out.append(f"\n--- {name} (end) ---\n" + p.read_text(errors="replace")[-3000:])
+    return "".join(out)
 
 
 def job_counts(stdout: str) -> dict:

@@ -180,3 +180,27 @@ def test_the_fit_is_its_own_fixed_point_so_the_jacobian_measures_the_data_not_th
         moved = fit_model([_slower(cr, H) if cr.concurrency == 16 else cr for cr in got], x == "spec", md)
         ratio = [moved.step(b, 250) / md.step(b, 250) for b in (1, 4, 16)]
         assert all(0.97 < r < 1.05 for r in ratio), ratio
+
+
+def test_a_refit_that_extrapolates_below_zero_widens_the_map_instead_of_failing():
+    """The Jacobian's refits have coefficients free in sign; far beyond the fitted batches one can give
+    a step cost below zero (seen on a two-concurrency fit in CI). The map's error there is its relative
+    move, so the interval is unbounded, never a crash."""
+    from specmatch.deciding.explaining.stepcost.map import Model
+
+    mp_cells = traffic_cells(2, {"basis": cal.COUNTS}, (1, 2, 4), rho=lambda b: 1.4,
+                             min_requests_per_worker=cal.REQUESTS_PER_WORKER)
+    m = Measurements.of(mp_cells, Settings(bootstrap=50))
+    from specmatch.deciding.explaining.stepcost.map import fit_map
+
+    sm = fit_map(requests_of(m), m, "spec", "base", "basis", ["basis"], [1, 2, 4])
+    ok = sm.rho(256, 300, 0.9)
+    assert ok.lo is not None and ok.hi is not None
+    theta = sm.models["spec"].theta.copy()
+    theta[4] = -abs(theta[1]) / 50          # a refit whose curvature turns the step negative far out
+    sm.moved[("spec", 4)] = Model(theta, 1.0)
+    assert sm.models["spec"].step(256, 300) > 0 > sm.moved[("spec", 4)].step(256, 300)
+    far = sm.rho(256, 300, 0.9)
+    assert far.value == pytest.approx(ok.value) and (far.hi is None or far.hi > 1e3 * ok.hi)
+    near = sm.rho(2, 300, 0.9)   # within the fitted batches the refit is still close
+    assert near.lo is not None and near.hi is not None

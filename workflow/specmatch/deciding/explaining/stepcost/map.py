@@ -83,12 +83,14 @@ class StepMap:
         pi = self.rr.session_share.get("tpot", 0.0)
         for x in (self.server, self.baseline):
             out.plus(self.rr.at("tpot", x, near), pi / R)
-            base = self.log_step(x, b, L)
+            base = self.models[x].step(b, L)
             for c in self.fit:
                 md = self.moved.get((x, c))
                 if md is None:
                     continue
-                j = (self.log_step(x, b, L, md) - base) / H
+                # d log T as dT / T: a refit that extrapolates below zero (its coefficients are free in
+                # sign) has no log, and its relative move is what makes the error grow there
+                j = (md.step(b, L) / base - 1.0) / H
                 out.plus(self.rr.at("tpot", x, c), j * j * (1 - pi) / R)
         return out
 
@@ -98,7 +100,13 @@ class StepMap:
         if not var.total > 0:
             return Interval(math.exp(est), None, None)
         h = t_ppf(0.5 + confidence / 2, var.dof) * math.sqrt(var.total)
-        return Interval(math.exp(est), math.exp(est - h), math.exp(est + h))
+        return Interval(math.exp(est), bounded_exp(est - h), bounded_exp(est + h))
+
+
+def bounded_exp(x: float) -> float | None:
+    """exp of a log-scale bound, None (unbounded) where it would overflow: an error so large that the
+    map says nothing there."""
+    return math.exp(x) if x < 700 else None
 
 
 def _slower(cr: CellRequests, h: float) -> CellRequests:

@@ -11,7 +11,7 @@ from ...reading.measurements import Measurements, Settings
 from ...verdicts.comparison import decision
 from ...verdicts.noise import VarianceSum
 from ..traffic.step_model import figures, simulate
-from .map import StepMap
+from .map import StepMap, bounded_exp
 from ....config import passes_for
 from ....metrics import log_speedup
 from ....records import Decision, Interval, StepCostPrediction, StratumTau
@@ -90,8 +90,8 @@ def as_prediction(suite: str, c: int, metric: str, est: float, var: VarianceSum,
     h = t_ppf(0.5 + s.confidence / 2, var.dof) * math.sqrt(var.total) if var.total > 0 else float("inf")
     d = (decision(est - h, est + h, math.log(1 + s.min_effect), run_to_run) if math.isfinite(h)
          else Decision.INCONCLUSIVE)
-    iv = Interval(math.exp(est), math.exp(est - h) if math.isfinite(h) else None,
-                  math.exp(est + h) if math.isfinite(h) else None)
+    iv = Interval(math.exp(est), bounded_exp(est - h) if math.isfinite(h) else None,
+                  bounded_exp(est + h) if math.isfinite(h) else None)
     return StepCostPrediction(suite, c, metric, iv, d, float(var.dof), role, extrapolated)
 
 
@@ -125,7 +125,7 @@ def check_rows(sm: StepMap, m: Measurements, pred: StepCostPrediction, est: floa
     pred.measured = math.exp(value)
     if diff.total > 0:
         h = t_ppf(0.5 + s.confidence / 2, diff.dof) * math.sqrt(diff.total)
-        pred.difference = Interval(math.exp(d), math.exp(d - h), math.exp(d + h))
+        pred.difference = Interval(math.exp(d), bounded_exp(d - h), bounded_exp(d + h))
         pred.agrees = bool(d - h <= 0 <= d + h)
     else:
         pred.difference = Interval(math.exp(d), None, None)
