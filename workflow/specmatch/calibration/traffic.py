@@ -71,13 +71,16 @@ def traffic_prompts(rng, strata: dict, counts: dict, out_tokens: int = 24):
 
 def traffic_cells(seed: int, suites: dict, concurrencies=(1, 4), repeats: int = 2, out_tokens: int = 24,
                   session_sd: float = 0.02, cell_sd: float = 0.02, strata: dict | None = None, rho=None,
-                  min_requests_per_worker: int | None = None):
+                  min_requests_per_worker: int | None = None, request_sd: float = 0.0, request_df: float = 3.0):
     """Cells of a baseline `base` and a speculative server `spec` (k=3, step cost `rho(b)`) on `suites`
     (name -> {stratum: prompts}) at every concurrency and repeat, simulated by specmatch.calibration.des:
     continuous batching of whatever each suite mixes, per-prompt acceptance, every cell moved by its
     session's and its own run-to-run effect. Request frames carry each prompt's stratum as `source`.
     A file suite is one stratum named like the suite (`generic`). Each cell sends one pass of its suite,
-    or, with `min_requests_per_worker`, the whole passes a workflow cell sends (config.passes_for)."""
+    or, with `min_requests_per_worker`, the whole passes a workflow cell sends (config.passes_for).
+    `request_sd`: each request's times also moved by its own heavy-tailed noise (Student t with
+    `request_df` dof, scaled to that sd in log: a stall, a scheduling hiccup), independent across
+    repeats, so two repeats' per-prompt values disagree beyond their prompts' spread."""
     strata = strata or TRAFFIC_STRATA
     rng = np.random.default_rng(seed)
     engines = {"base": BASE, "spec": replace(BASE, k=3, rho=rho or _traffic_rho)}
@@ -98,6 +101,10 @@ def traffic_cells(seed: int, suites: dict, concurrencies=(1, 4), repeats: int = 
             ot = np.full(len(order), float(out_tokens))
             for i, (x, r) in enumerate(keys):
                 one = served.row(i)
+                if request_sd > 0:
+                    f = np.exp(request_sd * rng.standard_t(request_df, len(order))
+                               * math.sqrt((request_df - 2) / request_df))
+                    one = replace(one, e2e=one.e2e * f, ttft=one.ttft * f)
                 spec = engines[x].k > 0
                 res, req = cell(x, u, c, r, one.e2e, one.ttft, ot, ids, one.steps if spec else None,
                                 one.accepted if spec else None, tokens[order],
@@ -178,21 +185,24 @@ def break_even_truth(seed: int, c: int, size: int, points: int = 11, suites: int
 
 
 def _experiment_rows(a: tuple) -> list:
-    seed, concurrencies, size, break_even = a
-    return traffic_experiment(seed, concurrencies, size, lines=break_even,
+    seed, concurrencies, size, break_even, small, noise = a
+    return traffic_experiment(seed, concurrencies, size, lines=break_even, basis=basis_counts(size, small),
+                              request_sd=noise,
                               profiles=None if not break_even else {"training_mix": PROFILES["training_mix"]})[1]
 
 
 def coverage(experiments: int, concurrencies=(1, 4), size: int = 16, seed: int = 1000, truth_suites: int = 400,
-             break_even: bool = False) -> dict:
+             break_even: bool = False, small: int | None = None, request_sd: float = 0.0) -> dict:
     """Per (profile, concurrency, metric): how often the truth lies inside the predicted interval, with
     the Monte-Carlo standard error, the mean log width, and the prediction's bias and sd; with
-    `break_even`, how often the true break-even share toward generic lies in [lo, hi]."""
+    `break_even`, how often the true break-even share toward generic lies in [lo, hi]. `small`: prompts
+    of the basis suite's agent and chat strata (basis_counts; 3 is the default workflow's smallest);
+    `request_sd`: heavy-tailed request noise (traffic_cells)."""
     truth = {(p, c): traffic_truth(seed - 1, m, size, c, truth_suites) for p, m in PROFILES.items()
              for c in concurrencies}
     be_truth = {c: break_even_truth(seed - 2, c, size) for c in concurrencies} if break_even else {}
     hits: dict = {}
-    jobs = [(_experiment_rows, (seed + e, tuple(concurrencies), size, break_even)) for e in range(experiments)]
+    jobs = [(_experiment_rows, (seed + e, tuple(concurrencies), size, break_even, small, request_sd)) for e in range(experiments)]
     for rows in run_tasks(jobs):   # each experiment is its seed's: the same rows in any number of processes
         for r in rows:
             if r.predicted is None:
@@ -230,8 +240,11 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--concurrency", type=int, default=4, help="the batched concurrency (besides c=1)")
     p.add_argument("--size", type=int, default=16, help="prompts per suite")
     p.add_argument("--break-even", action="store_true", help="the break-even share's coverage too (slower)")
+    p.add_argument("--small", type=int, default=None, help="prompts of the basis suite's agent and chat strata")
+    p.add_argument("--request-sd", type=float, default=0.0, help="heavy-tailed request noise (sd in log)")
     a = p.parse_args(argv)
-    got = coverage(a.experiments, (1, a.concurrency), a.size, break_even=a.break_even)
+    got = coverage(a.experiments, (1, a.concurrency), a.size, break_even=a.break_even, small=a.small,
+                   request_sd=a.request_sd)
     print(f"{a.experiments} experiments, suites of {a.size}, c = 1 and {a.concurrency}, 90% intervals, 2 repeats")
     for k, v in sorted(got["rows"].items(), key=lambda kv: (kv[0][0], kv[0][1], kv[0][2])):
         t = (got["truth"].get(k[:2], {}).get(k[2]) if k[0] != "break-even"

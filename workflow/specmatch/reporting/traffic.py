@@ -48,20 +48,26 @@ def answer(rows: list[TrafficRow], profile: str, server: str, metric: str) -> st
 
 
 def break_even_text(b, c: int) -> str | None:
+    """The break-even led by its confidence set (the shares whose interval contains 1), the point
+    estimate second, and only where a crossing is established (traffic.report: both ends decided, on
+    opposite sides of 1)."""
     if b is None:
         return None
+    toward = f"requests from `{b.toward}`"
+    lo, hi = b.lo, b.hi
     if b.share is None:
-        changes = [_share(v) for v in (b.lo, b.hi) if v is not None]
-        return (f"c={c}: {b.note}" + (f" (the interval's verdict changes at {' and '.join(changes)})" if changes else "")
+        span = (f"between {_share(lo)} and {_share(hi)}" if lo is not None and hi is not None
+                else f"from {_share(lo if lo is not None else hi)} on" if (lo is not None or hi is not None) else None)
+        return (f"c={c}: {b.note}" + (f" (the interval contains 1 {span} of {toward})" if span else "")
                 if b.note else None)
-    side = "at most" if b.direction == Direction.STOPS_PAYING else "at least"
-    decided = []
-    if b.lo is not None:
-        decided.append(f"interval's verdict changes at {_share(b.lo)}")
-    if b.hi is not None:
-        decided.append(f"and at {_share(b.hi)}")
-    return (f"c={c}: pays while `{b.toward}` is {side} {_share(b.share)} of requests"
-            + (f" ({' '.join(decided)})" if decided else " (the interval never decides on one side)"))
+    verb = "stops paying" if b.direction == Direction.STOPS_PAYING else "starts paying"
+    if lo is not None and hi is not None:
+        where = f"somewhere between {_share(min(lo, hi))} and {_share(max(lo, hi))}"
+    elif lo is not None or hi is not None:
+        where = f"somewhere beyond {_share(lo if lo is not None else hi)}"
+    else:
+        where = "somewhere along the line (the interval never decides on one side)"
+    return f"c={c}: {verb} {where} of {toward} (point estimate {_share(b.share)})"
 
 
 def check_text(r: TrafficRow) -> str:

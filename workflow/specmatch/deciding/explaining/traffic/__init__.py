@@ -43,14 +43,15 @@ closed loop (open loop is not predicted); no prefix-cache effects between reques
 
 **Intervals.** log speedup = mean over repeats of each repeat's predicted log speedup, with three
 independent parts:
-- the prompt sample, per stratum: a stratified bootstrap by prompt (resampled within each stratum,
-  the same draw for both servers and every repeat: paired), its part shared by the repeats
-  (comparison.shared_variance, as the verdicts count it); at c > 1 each resample is one simulated
-  suite, and the variance of simulated suites at the measured data (the suite's own draw, not the
-  estimate's error) is subtracted. The bootstrap's n_s/(n_s - 1) shortfall is corrected per stratum
-  (the linearised variance of the post-stratified ratio, unbiased against plug-in) and the part gets
-  Satterthwaite's dof over the strata (n_s - 1 each), so a stratum of 2-3 prompts widens the
-  interval by its t quantile, and a weighted stratum of one prompt has no interval;
+- the prompt sample, per stratum: the post-stratified ratio linearised in each prompt's values
+  averaged over the repeats (Predictor.prompt_variance: a prompt's share of the mix's numerator less
+  its share of the denominator, server minus baseline), s^2 / n per stratum with n - 1 dof, summed
+  with Satterthwaite's dof, so a stratum of 2-3 prompts widens the interval by its t quantile, a
+  weighted stratum of one prompt has no interval, and the part is never 0 by chance (a difference
+  of two noisy variances, the repeats' shared bootstrap variance or a bootstrap less the simulated
+  suites' spread, was clipped to 0 for a third of the default's strata). At c > 1 the influences are
+  the prompts' values measured at that concurrency. A prompt's mean over R repeats keeps 1/R of its
+  request noise, which run to run counts too: the part errs wide by that;
 - run to run: tau^2 of both servers at c over R repeats (noise.RunToRun, as comparison.compare);
 - the model's own error (c > 1): every measured suite's speedup predicted by the step model from its
   own requests (their steps and lengths, not their own speeds); the spread of these residuals across

@@ -1,6 +1,6 @@
 """Predictions of any mix for one speculative server against the baseline at one concurrency: the
 strata both measured, a post-stratified closed form at c = 1, simulated suites through the step model
-at c > 1, with the prompt sample's variance (paired, stratified bootstrap; small-strata correction).
+at c > 1, with the prompt sample's variance (the post-stratified ratio linearised in each prompt's values).
 The method: specmatch.deciding.explaining.traffic."""
 from __future__ import annotations
 
@@ -9,7 +9,6 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from ....metrics import LATENCY, log_speedup
-from ...verdicts.comparison import repeat_mean_variance, shared_variance
 
 from .step_model import CellRequests, figures, simulate
 
@@ -100,70 +99,47 @@ class Estimate:
 class Predictor:
     """Predictions of any mix for one Pair, with the shared random numbers (module docstring)."""
 
-    def __init__(self, pair: Pair, slo: dict, rng_of, bootstrap: int):
+    def __init__(self, pair: Pair, slo: dict, rng_of):
         self.p, self.slo = pair, slo
         self.metric = "output_throughput"
         self.names = sorted(pair.strata)
         self.rng_of = rng_of
-        self.bootstrap = bootstrap
         self._draws: dict = {}
         self._cache: dict = {}
 
-    # the random numbers: stratified resamples of each stratum's prompts, and (c > 1) the simulated
-    # suites' slots (a uniform for the stratum, one for the prompt), shared by both servers, every
-    # repeat and every mix
-    def draws(self, rows: int) -> dict:
-        if rows not in self._draws:
-            rng = self.rng_of("traffic", self.p.concurrency, rows, tuple((s, self.p.strata[s].n) for s in self.names))
-            d = {"res": {s: rng.integers(0, self.p.strata[s].n, (rows, self.p.strata[s].n)) for s in self.names}}
+    # the random numbers of the simulated suites (c > 1): each slot's stratum and prompt (a uniform for
+    # each), shared by both servers, every repeat and every mix (paired, and smooth along a line)
+    def draws(self) -> dict:
+        if not self._draws:
+            rng = self.rng_of("traffic", self.p.concurrency, tuple((s, self.p.strata[s].n) for s in self.names))
             n = self.p.size
-            d["u_boot"], d["v_boot"] = rng.random((rows, n)), rng.random((rows, n))
-            d["u_suite"], d["v_suite"] = rng.random((SUITES, n)), rng.random((SUITES, n))
-            self._draws[rows] = d
-        return self._draws[rows]
+            self._draws = {"u_suite": rng.random((SUITES, n)), "v_suite": rng.random((SUITES, n))}
+        return self._draws
 
-    def estimate(self, mix: dict, metric: str, rows: int | None = None) -> Estimate:
-        """The predicted log speedup of `mix` on `metric` (simulated suites are shared across metrics)."""
+    def estimate(self, mix: dict, metric: str) -> Estimate:
+        """The predicted log speedup of `mix` on `metric` (simulated suites are shared across metrics),
+        with the prompt sample's variance (`prompt_variance`)."""
         self.metric = metric
-        rows = rows or self.bootstrap
-        if self.p.concurrency == 1:
-            boot, point = self._closed_form(mix, rows)
-            S = None
-        else:
-            boot, point, S = self._simulated(mix, rows)
-        R = len(self.p.repeats)
-        ok = np.isfinite(boot).all(0)
-        boot = boot[:, ok]
-        w = shared_variance(boot) if R >= 2 else repeat_mean_variance(boot)
-        if S is not None:   # one simulated suite per resample: its own draw is not the estimate's error
-            w = max(w - repeat_mean_variance(S[:, np.isfinite(S).all(0)]), 0.0)
-        kappa, dof = self._small_strata(mix)
-        return Estimate(float(np.mean(point)), w * kappa, dof, [float(x) for x in point])
+        point = self._closed_form(mix) if self.p.concurrency == 1 else self._simulated(mix)
+        var, dof = self.prompt_variance(mix)
+        return Estimate(float(np.mean(point)), var, dof, [float(x) for x in point])
 
     # c = 1: exact, in closed form
-    def _closed_form(self, mix: dict, rows: int) -> tuple[np.ndarray, np.ndarray]:
-        d = self.draws(rows)
-        boot, point = [], []
+    def _closed_form(self, mix: dict) -> np.ndarray:
+        point = []
         for r in self.p.repeats:
-            fig_b, fig_p = {}, {}
+            fig = {}
             for x in (self.p.server, self.p.baseline):
-                num_b = den_b = 0.0
                 num_p = den_p = 0.0
                 for s, wt in mix.items():
                     if wt <= 0:
                         continue
-                    v = self.p.strata[s].data[(x, r)]
-                    num, den = self._num_den(v)
-                    res = d["res"][s]
-                    num_b = num_b + wt * num[res].mean(1)
-                    den_b = den_b + wt * (den[res].mean(1) if den is not None else 1.0)
+                    num, den = self._num_den(self.p.strata[s].data[(x, r)])
                     num_p += wt * num.mean()
                     den_p += wt * (den.mean() if den is not None else 1.0)
-                fig_b[x], fig_p[x] = num_b / den_b, num_p / den_p
-            boot.append(log_speedup(self.metric, fig_b[self.p.server], fig_b[self.p.baseline]))
-            point.append(float(log_speedup(self.metric, np.array(fig_p[self.p.server]),
-                                           np.array(fig_p[self.p.baseline]))))
-        return np.array(boot), np.array(point)
+                fig[x] = num_p / den_p
+            point.append(float(log_speedup(self.metric, np.array(fig[self.p.server]), np.array(fig[self.p.baseline]))))
+        return np.array(point)
 
     def _num_den(self, v: dict) -> tuple[np.ndarray, np.ndarray | None]:
         if self.metric == "tpot":
@@ -173,8 +149,8 @@ class Predictor:
         return (v["good"] if self.metric == "goodput" else v["out"]), v["e2e"]
 
     # c > 1: simulated suites
-    def _slots(self, mix: dict, u: np.ndarray, v: np.ndarray, res: dict | None) -> tuple[np.ndarray, np.ndarray]:
-        """Each slot's stratum (by the mix's cumulative shares) and prompt (resampled where `res`)."""
+    def _slots(self, mix: dict, u: np.ndarray, v: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """Each slot's stratum (by the mix's cumulative shares) and prompt."""
         names = [s for s in self.names if mix.get(s, 0) > 0]
         cum = np.cumsum([mix[s] for s in names])
         cum = cum / cum[-1]
@@ -182,10 +158,7 @@ class Predictor:
         pick = np.zeros(u.shape, int)
         for j, s in enumerate(names):
             m = which == j
-            k = np.floor(v * self.p.strata[s].n).astype(int)
-            if res is not None:
-                k = np.take_along_axis(res[s], k, 1)
-            pick[m] = k[m]
+            pick[m] = np.floor(v * self.p.strata[s].n).astype(int)[m]
         return np.array(names)[which], pick
 
     def _gather(self, x: str, r: int, names: np.ndarray, pick: np.ndarray) -> dict:
@@ -203,30 +176,35 @@ class Predictor:
                                 g["m_dec"], g["m_adm"])
         return g["out"], e2e, ttft
 
-    def _simulated(self, mix: dict, rows: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        d = self.draws(rows)
-        nb, pb = self._slots(mix, d["u_boot"], d["v_boot"], d["res"])
-        ns, ps = self._slots(mix, d["u_suite"], d["v_suite"], None)
-        boot, suites = [], []
+    def _simulated(self, mix: dict) -> np.ndarray:
+        """Per repeat, the mean over simulated suites of the mix of the suite's log speedup."""
+        d = self.draws()
+        names, pick = self._slots(mix, d["u_suite"], d["v_suite"])
         key = tuple(sorted((s, round(w, 12)) for s, w in mix.items() if w > 0))
+        point = []
         for r in self.p.repeats:
             figs = {}
             for x in (self.p.server, self.p.baseline):
-                ck = (x, r, key, rows)
+                ck = (x, r, key)
                 if ck not in self._cache:
-                    self._cache[ck] = (self._run(x, r, nb, pb), self._run(x, r, ns, ps))
-                figs[x] = [figures(self.metric, self.p.concurrency, *raw, self.slo) for raw in self._cache[ck]]
-            boot.append(log_speedup(self.metric, figs[self.p.server][0], figs[self.p.baseline][0]))
-            suites.append(log_speedup(self.metric, figs[self.p.server][1], figs[self.p.baseline][1]))
-        suites = np.array(suites)
-        point = np.array([float(np.nanmean(s)) for s in suites])
-        return np.array(boot), point, suites
+                    self._cache[ck] = self._run(x, r, names, pick)
+                figs[x] = figures(self.metric, self.p.concurrency, *self._cache[ck], self.slo)
+            point.append(float(np.nanmean(log_speedup(self.metric, figs[self.p.server], figs[self.p.baseline]))))
+        return np.array(point)
 
-    # the prompt sample's small-stratum correction and dof, from the linearised post-stratified ratio
-    def _small_strata(self, mix: dict) -> tuple[float, float]:
-        parts = []
-        tot = {}
-        means = {}
+    def prompt_variance(self, mix: dict) -> tuple[float, float]:
+        """The prompt sample's variance of the predicted log speedup and its dof: the post-stratified
+        ratio linearised in each prompt's values averaged over the repeats (its influence psi_i: its
+        share of the mix's numerator less its share of the denominator, server minus baseline), per
+        stratum s^2 / n with n - 1 dof, summed over the strata with Satterthwaite's dof. It is never 0
+        by chance, as a difference of two noisy variances can be (the covariance of two repeats'
+        bootstraps, or a bootstrap less the simulated suites' own spread): with two or three prompts a
+        stratum gets its t quantile. Each prompt's mean over R repeats still holds 1/R of its own request
+        noise, which run to run counts as well: the part errs wide by that. At c > 1 the influences are
+        the prompts' values as measured at that concurrency: a prompt's weight in the mix's batches, to
+        first order."""
+        tot: dict = {}
+        means: dict = {}
         for x in (self.p.server, self.p.baseline):
             for s, wt in mix.items():
                 if wt <= 0:
@@ -239,6 +217,7 @@ class Predictor:
                 n_t, d_t = tot.get(x, (0.0, 0.0))
                 tot[x] = (n_t + wt * float(np.nanmean(num)), d_t + wt * (float(den.mean()) if den is not None else 1.0))
         sign = -1.0 if self.metric in LATENCY else 1.0
+        parts = []
         for s, wt in mix.items():
             if wt <= 0:
                 continue
@@ -251,11 +230,7 @@ class Predictor:
                     term = term - (den - den.mean()) / D
                 psi = psi + sg * sign * wt * np.nan_to_num(term)
             n = len(psi)
-            ss = float((psi ** 2).sum())
-            parts.append((ss / n ** 2, ss / (n * (n - 1)), n - 1))
-        plug = sum(p[0] for p in parts)
-        unb = sum(p[1] for p in parts)
-        den = sum(p[1] ** 2 / p[2] for p in parts if p[1] > 0)
-        kappa = unb / plug if plug > 0 else 1.0
-        dof = unb ** 2 / den if den > 0 else float("inf")
-        return kappa, dof
+            parts.append((float(((psi - psi.mean()) ** 2).sum()) / (n * (n - 1)), n - 1))
+        var = sum(v for v, _ in parts)
+        den = sum(v ** 2 / d for v, d in parts if v > 0)
+        return var, (var ** 2 / den if den > 0 else float("inf"))

@@ -19,7 +19,6 @@ from .predictor import Estimate, Pair, Predictor, Stratum, per_prompt
 from .step_model import calibrate, cell_requests, fit_step_model, model_error, model_residuals, stratum_function
 
 GRID = 11                 # points along a break-even line
-LINE_BOOTSTRAP = 300      # resamples per point of a line (a profile's own prediction uses summary.bootstrap)
 ON_LINE = 0.1             # a measured suite whose composition lies within this TVD of a line is drawn on it
 
 
@@ -134,7 +133,7 @@ def traffic_report(an, profiles: TrafficProfiles | None, matches: list[SuiteMatc
             pair = rep.pair(x, c)
             if not pair.repeats:
                 continue
-            pred = Predictor(pair, s.slo, s.rng, s.bootstrap)
+            pred = Predictor(pair, s.slo, s.rng)
             for metric in metrics:
                 rows += _rows(rep, pair, pred, metric, lines)
     return rows
@@ -185,10 +184,10 @@ def _rows(rep: Report, pair: Pair, pred: Predictor, metric: str, lines: bool = T
             out.add(("model", x, c, metric), merr[0], merr[1])
         return out
 
-    def interval(mix: dict, key, rows: int | None = None) -> tuple[Interval, VarianceSum, Estimate] | None:
+    def interval(mix: dict, key) -> tuple[Interval, VarianceSum, Estimate] | None:
         if pair.usable(mix) is not None:
             return None
-        est = pred.estimate(mix, metric, rows)
+        est = pred.estimate(mix, metric)
         parts = parts_for(est, key)
         return _interval(est.value, parts, s.confidence), parts, est
 
@@ -202,7 +201,7 @@ def _rows(rep: Report, pair: Pair, pred: Predictor, metric: str, lines: bool = T
         for l in lam:
             mix = {k: (1 - l) * v for k, v in start.items()}
             mix[toward] = mix.get(toward, 0.0) + l
-            got = interval(mix, ("line", toward, round(float(l), 6)), min(LINE_BOOTSTRAP, s.bootstrap))
+            got = interval(mix, ("line", toward, round(float(l), 6)))
             iv = got[0]
             curve.append([s0 + l * (1 - s0), iv.value, iv.lo, iv.hi])
         shares = np.array([p[0] for p in curve])
@@ -213,8 +212,16 @@ def _rows(rep: Report, pair: Pair, pred: Predictor, metric: str, lines: bool = T
         lo, hi = (first, second) if falls else (second, first)
         direction = (Direction.STOPS_PAYING if falls else Direction.STARTS_PAYING) if point is not None else None
         note = None
+        # a crossing is established only where the intervals at both ends lie on opposite sides of 1;
+        # otherwise the true line may never cross, and a point share would be read as if it did
+        side = [1 if logs[i, 1] > 0 else -1 if logs[i, 2] < 0 else 0 for i in (0, -1)]
         if point is None:
             note = (f"{'pays' if logs[0, 0] > 0 else 'loses'} (point estimate) all the way to {toward} alone")
+        elif side[0] == 0 or side[1] != -side[0]:
+            where = "at the mix itself" if side[0] == 0 else f"at {toward} alone"
+            note = (f"the point estimate crosses 1 at {point:.0%}, but the interval contains 1 {where}: "
+                    "the line may not cross at all")
+            point = None
         be = BreakEven(toward, point, lo, hi, direction, s0, curve, [], note)
         for u in rep.measuring + [p.suite for p in rep.profiles.profiles if p.suite]:
             comp = _composition(rep, x, u, c)
