@@ -25,7 +25,7 @@ def test_shipped_config_is_valid_and_gets_defaults():
     assert suites["train_holdout"]["max_prompt_tokens"] + cfg["requests"]["max_tokens"] <= 2048   # served context
     assert "agent_sessions" not in suites   # resources/configs/cpu_sessions.yaml (time budget)
     assert suites["generic"]["kind"] == "file"
-    assert [n for n, p in cfg["traffic"].items() if p.get("verify")] == ["generic_heavy"] and len(cfg["traffic"]) >= 2
+    assert [n for n, p in cfg["traffic"].items() if p.get("verify")] == ["generic_heavy", "long_context"] and len(cfg["traffic"]) >= 3
     assert "agent_sessions/sessions.jsonl" in cfg["dataset"]["holdout"]["files"]
     assert cfg["requests"]["request_rate"] is None and cfg["requests"]["min_requests_per_worker"] == 2
     assert cfg["requests"]["passes"] == 1 and cfg["repeats"]["min"] >= 2 and cfg["repeats"]["max"] >= cfg["repeats"]["min"]

@@ -103,15 +103,22 @@ def test_a_verified_profile_is_set_beside_its_measured_suite_and_rendered():
     mix = PROFILES["generic_heavy"]
     counts = {"agent": 3, "code": 5, "chat": 2, "generic": 6}     # 16 prompts drawn with the mix
     cells = traffic_cells(21, {"basis": {"agent": 5, "code": 6, "chat": 5}, "generic": {"generic": 16},
-                               "traffic_generic_heavy": counts}, concurrencies=(1,), repeats=2)
+                               "traffic_generic_heavy": counts, "traffic_agentic": {"agent": 11, "code": 3, "generic": 2}},
+                          concurrencies=(1,), repeats=2)
     an = analyse(cells, "base", Settings(bootstrap=300))
-    profiles = traffic_profiles({"training_mix": PROFILES["training_mix"], "generic_heavy": mix})
-    profiles.profiles[1].verify, profiles.profiles[1].suite = True, "traffic_generic_heavy"
+    profiles = traffic_profiles({"training_mix": PROFILES["training_mix"], "generic_heavy": mix,
+                                 "agentic": PROFILES["agentic"]})
+    for p in profiles.profiles[1:]:
+        p.verify, p.suite = True, f"traffic_{p.name}"
     rows = traffic_report(an, profiles, [])
     row = next(r for r in rows if r.profile == "generic_heavy" and r.metric == "output_throughput")
     assert row.measured.value == pytest.approx(an.verdict("spec", "traffic_generic_heavy", 1).speedup)
     assert row.check is not None and row.check.lo < row.check.error < row.check.hi
     assert row.check.agree == (row.check.lo <= 0 <= row.check.hi)
+    # an equivalence reading: the largest error the interval allows, and the error it would catch in 80%
+    ck = row.check
+    assert math.log(1 + ck.bound) == pytest.approx(max(-math.log(1 + ck.lo), math.log(1 + ck.hi)))
+    assert ck.detectable > ck.bound / 2 and ck.se > 0 and ck.disjoint is None   # no match record: not known
     assert "drawn composition" in row.note   # 16 prompts cannot hold the mix's shares exactly
     tm = next(r for r in rows if r.profile == TRAINING_MIX and r.metric == "output_throughput")
     assert {b.toward for b in tm.break_evens} == {"agent", "code", "chat", "generic"}
@@ -126,6 +133,8 @@ def test_a_verified_profile_is_set_beside_its_measured_suite_and_rendered():
     text = "\n".join(section.lines(rows, "output_throughput"))
     assert text.startswith("## Your traffic") and "- At your mix `generic_heavy` (" in text
     assert "Measured on `traffic_generic_heavy`" in text and "Break-even from the training mix toward `generic`" in text
+    assert "may share prompts with the estimation suites" in text
+    assert "- All 2 verified mixes together (`spec`, c=1; each at the family's level, Bonferroni): " in text
 
 
 def test_the_break_even_share_is_where_the_interval_and_the_point_cross_one():
@@ -232,3 +241,29 @@ def test_no_break_even_share_is_stated_where_the_line_never_crosses():
     assert 0.03 < truth < 0.15, truth
     got = run_tasks([(_never_crosses_one, 2000 + e) for e in range(100)])
     assert sum(got) <= 0.05 * 100 + 2.5 * math.sqrt(0.05 * 0.95 * 100), sum(got)
+
+
+def test_pooled_checks_hold_at_the_familys_level_and_catch_a_shared_error():
+    """The verified mixes of one (server, concurrency, metric) as a family (Bonferroni): with every
+    prediction right, the family misses in at most 1 - confidence of runs; an error of 3 standard errors
+    in every mix is caught in most."""
+    from specmatch.deciding.explaining.traffic.report import pooled_checks
+    from specmatch.records import TrafficCheck
+
+    rng = np.random.default_rng(3)
+
+    def family(shift):
+        rows = []
+        for p in ("a", "b", "c"):
+            d = shift + 0.05 * rng.standard_t(6)
+            rows.append(TrafficRow(p, {}, "spec", 16, "output_throughput", None, None, Decision.INCONCLUSIVE,
+                                   check=TrafficCheck(math.exp(d) - 1, 0, 0, True, se=0.05, dof=6)))
+        return pooled_checks(rows, 0.9)[0]
+
+    right = [family(0.0)["holds"] for _ in range(2000)]
+    miss = 1 - np.mean(right)
+    assert miss <= 0.1 + 2.5 * math.sqrt(0.09 / 2000), miss   # Bonferroni: at most the family's level
+    assert miss > 0.05                                          # and not uselessly strict with 3 mixes
+    wrong = [family(0.15) for _ in range(500)]
+    assert np.mean([not f["holds"] for f in wrong]) > 0.7
+    assert family(0.0)["mixes"] == ["a", "b", "c"]

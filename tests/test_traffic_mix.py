@@ -94,6 +94,7 @@ def test_a_verified_profile_becomes_an_ordinary_suite_on_the_grid():
     spec = out["suites"]["traffic_gen"]
     assert spec["kind"] == "traffic" and spec["basis"] == "train_holdout" and spec["size"] == 16
     assert spec["training"]["holdout"] == "only" and spec["files"] == {"generic": {"path": "resources/prompts/generic.jsonl"}}
+    assert spec["exclude"] == ["generic", "train_holdout"]   # the estimation suites, never redrawn
     assert all("traffic_gen" in s["suites"] for n, s in out["servers"].items() if n.startswith("eagle3@"))
     assert with_traffic_suites(validate(shipped_config())) == validate(shipped_config())   # nothing verified
 
@@ -119,6 +120,32 @@ def test_a_verifying_suite_is_drawn_with_the_mix(tmp_path, tok, tok_dir):
     assert prompts_main(["--suite", "traffic_p", "--spec", json.dumps(spec), "--out", str(again),
                          "--match", str(tmp_path / "again.match.json"), *common]) == 0
     assert again.read_text() == (out / "p.jsonl").read_text()   # seeded
+    # the estimation suites' prompts are never drawn again: a basis suite and the file suite
+    basis_spec = {"kind": "training", "size": 6, "weighting": "mix", "turn": "last", "holdout": "only", "seed": 0}
+    assert prompts_main(["--suite", "t", "--spec", json.dumps(basis_spec), "--out", str(out / "t.jsonl"),
+                         "--match", str(out / "t.match.json"), *common]) == 0
+    gen_spec = {"kind": "file", "path": str(ctl), "size": 20, "seed": 0}
+    assert prompts_main(["--suite", "generic", "--spec", json.dumps(gen_spec), "--out", str(out / "generic.jsonl"),
+                         "--match", str(out / "generic.match.json"), "--manifest", str(out / "m.json"),
+                         "--tokenizer", str(tok_dir)]) == 0
+    est = [json.loads(x) for f in ("t", "generic") for x in (out / f"{f}.jsonl").read_text().splitlines()]
+    assert prompts_main(["--suite", "traffic_p", "--spec", json.dumps({**spec, "exclude": ["generic", "t"]}),
+                         "--out", str(out / "d.jsonl"), "--match", str(out / "d.match.json"), *common,
+                         "--exclude", str(out / "t.jsonl"), str(out / "generic.jsonl")]) == 0
+    drawn = [json.loads(x) for x in (out / "d.jsonl").read_text().splitlines()]
+    key = lambda r: (r["file"], r["row"]) if r["row"] is not None else (r["file"], r["line"])  # noqa: E731
+    assert len(drawn) == 10 and not {key(r) for r in drawn} & {key(r) for r in est}
+    assert {key(r) for r in rows} & {key(r) for r in est}   # without the exclusion they overlapped
+    dm = SuiteMatch.from_json(json.loads((out / "d.match.json").read_text()))
+    # candidates left out: the basis rows of the mix's sources, and every line the file suite drew
+    assert dm.disjoint_from == {"generic": 20, "t": sum(r["suite"] == "t" and r["source"] == "a" for r in est)}
+    assert "disjoint from the prompts of generic, t" in dm.verdict and dm.skipped["generic: drawn by the estimation suite generic"] == 20
+    # a pool the exclusion empties falls short, and says so
+    assert prompts_main(["--suite", "traffic_p", "--spec", json.dumps({**spec, "size": 24, "exclude": ["generic", "t"]}),
+                         "--out", str(out / "e.jsonl"), "--match", str(out / "e.match.json"), *common,
+                         "--exclude", str(out / "t.jsonl"), str(out / "generic.jsonl")]) == 0
+    em = SuiteMatch.from_json(json.loads((out / "e.match.json").read_text()))
+    assert em.shortfall["generic"] == {"wanted": 12, "available": 10} and "fell short: generic" in em.verdict
     bad = {**spec, "mix": {"c": 1}}
     assert prompts_main(["--suite", "traffic_p", "--spec", json.dumps(bad), "--out", str(again),
                          "--match", str(tmp_path / "again.match.json"), *common]) == 1
@@ -154,9 +181,10 @@ def test_the_default_workflow_measures_a_verified_profile_on_the_whole_grid(tmp_
     for x in ("baseline", "eagle3@k=3", "eagle3@k=5"):
         assert f"results/cells/{x}/traffic_generic_heavy/r2/c16.json" in out
     assert "--traffic results/prompts/traffic.json" in out and "results/summary/traffic.json" in out
-    # the embedded default: baseline and eagle3 on train_holdout, generic and its verified profile's suite
-    # traffic_generic_heavy, plus the step-cost map's cells (both servers on train_holdout at c=4 and 8)
+    # the embedded default: baseline and eagle3 on train_holdout, generic and its verified profiles' suites
+    # traffic_generic_heavy and traffic_long_context, plus the step-cost map's cells (both servers on
+    # train_holdout at c=4 and 8)
     plain = run(snakemake_cmd() + ["-n", "--cores", "2"], wd).stdout
-    assert job_counts(plain)["cell"] == 2 * 3 * 2 * 2 + 2 * 2 * 2 and job_counts(plain)["traffic_profiles"] == 1
+    assert job_counts(plain)["cell"] == 2 * 4 * 2 * 2 + 2 * 2 * 2 and job_counts(plain)["traffic_profiles"] == 1
     assert "results/cells/eagle3/train_holdout/r2/c4.json" in plain and job_counts(plain)["stepcost"] == 1
     assert "results/cells/eagle3/traffic_generic_heavy/r2/c16.json" in plain

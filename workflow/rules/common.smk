@@ -331,6 +331,8 @@ def suite_inputs(wildcards):
             ins["like"] = f"results/prompts/{like}.jsonl"
     else:
         ins["cuts"] = "results/inspect/cuts.parquet"
+    if suite.get("exclude"):  # a verifying traffic suite never redraws the estimation prompts
+        ins["exclude"] = [f"results/prompts/{u}.jsonl" for u in suite["exclude"]]
     return ins
 
 
@@ -339,9 +341,14 @@ def suite_json(wildcards):
 
 
 def suite_cuts_arg(wildcards, input):
+    out = []
     if "cuts" in input.keys():
-        return f"--cuts {input.cuts}"
-    return f"--like {input.like}" if "like" in input.keys() else ""
+        out.append(f"--cuts {input.cuts}")
+    elif "like" in input.keys():
+        out.append(f"--like {input.like}")
+    if "exclude" in input.keys():
+        out.append("--exclude " + " ".join(input.exclude))
+    return " ".join(out)
 
 
 def requests_json(wildcards):

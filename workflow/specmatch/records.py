@@ -373,6 +373,9 @@ class SuiteMatch(Record):
     length_strata: Optional[dict] = None
     # a session suite: {sessions, turns, turns_per_session, context_tokens, answers, sources, dropped_turns}
     sessions: Optional[dict] = None
+    # a verifying traffic suite: the estimation suites whose prompts it never draws, and how many of the
+    # pools' candidates that left out (suite -> candidates excluded)
+    disjoint_from: Optional[dict] = None
 
     @property
     def training(self) -> bool:
@@ -1222,11 +1225,21 @@ class BreakEven(Record):
 class TrafficCheck(Record):
     """A verified profile: its measured speedup against the prediction. `error` = measured / predicted
     - 1 with its interval (`lo`, `hi`; the server sessions both share cancel); `agree`: that interval
-    contains 0 (the measurement is within what the prediction's uncertainty allows)."""
+    contains 0 (the measurement is within what the prediction's uncertainty allows). Read as an
+    equivalence test: `bound`, the largest |error| the interval allows (the data rule out a prediction
+    off by more, at the interval's level), and `detectable`, the error the check would catch in 80% of
+    runs (its minimum detectable error): a check whose `detectable` is 30% agrees with a prediction off
+    by 20% most of the time. `disjoint`: the verifying suite drew none of the estimation prompts
+    (None: not recorded, an older suite that may share them, which makes the check agree too often)."""
     error: float
     lo: float
     hi: float
     agree: bool
+    bound: Optional[float] = None
+    detectable: Optional[float] = None
+    disjoint: Optional[bool] = None
+    se: Optional[float] = None          # of log(measured / predicted)
+    dof: Optional[float] = None
 
 
 @dataclass

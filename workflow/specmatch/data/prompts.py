@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import random
 import sys
 from collections import Counter
@@ -247,9 +248,11 @@ def source_strata(counts: dict, manifest: Manifest) -> dict:
 
 
 def file_suite(name: str, spec: dict, template: ChatTemplate, manifest: Manifest | None,
-               like: list[Prompt] | None = None) -> tuple[list[Prompt], SuiteMatch]:
+               like: list[Prompt] | None = None, exclude_lines: set | None = None,
+               excluded_by: str = "an estimation suite") -> tuple[list[Prompt], SuiteMatch]:
     """A suite from a user's JSONL file (a control set such as generic prompts); every unusable line
-    is counted by reason and named by file:line, none is dropped silently."""
+    is counted by reason and named by file:line, none is dropped silently. `exclude_lines`: line
+    numbers another suite already drew (`excluded_by`), left out and counted."""
     path = Path(spec["path"])
     if not path.is_file():
         raise SpecmatchError(f"suites.{name}.path: {path}: file not found")
@@ -280,6 +283,9 @@ def file_suite(name: str, spec: dict, template: ChatTemplate, manifest: Manifest
                 raise SpecmatchError(f"{loc}: expected a prompt, messages, turns or conversations field")
             if not messages or messages[-1]["role"] == "assistant":
                 skipped["ends with an assistant turn"] += 1
+                continue
+            if exclude_lines and lineno in exclude_lines:
+                skipped[f"drawn by {excluded_by}"] += 1
                 continue
             raw.append((lineno, str(obj.get("question_id", obj.get("id", lineno))), source, messages))
     if not raw:
@@ -312,9 +318,19 @@ def file_stratum(name: str, prompts: list[Prompt]) -> dict:
 
 
 def traffic_suite(name: str, spec: dict, manifest: Manifest, cuts: pl.DataFrame, template: ChatTemplate,
-                  need_messages: bool = False) -> tuple[list[Prompt], SuiteMatch]:
+                  need_messages: bool = False, exclude: dict | None = None) -> tuple[list[Prompt], SuiteMatch]:
     """A suite drawn with a traffic mix (specmatch.data.traffic): stratified over the strata, each stratum
-    drawn as its own suite draws it, shuffled; its match record names each stratum's share."""
+    drawn as its own suite draws it, shuffled; its match record names each stratum's share. `exclude`
+    (suite -> its prompts): the estimation suites, whose training rows (every turn of a row drawn) and
+    file lines are never drawn again; what that leaves out is counted per suite (`disjoint_from`)."""
+    exclude = exclude or {}
+    rows_out = {(os.path.normpath(p.file), p.row) for ps in exclude.values() for p in ps if p.row is not None}
+    lines_out: dict = {}
+    for u, ps in exclude.items():
+        for p in ps:
+            if p.row is None and p.line is not None:
+                lines_out.setdefault(os.path.normpath(p.file), {})[p.line] = u
+    disjoint = {u: 0 for u in exclude}
     files = list(spec.get("files") or {})
     sources = training_shares(manifest)
     shares = resolve_mix(f"traffic.{spec['profile']}.mix", spec["mix"], sources, files)
@@ -327,6 +343,16 @@ def traffic_suite(name: str, spec: dict, manifest: Manifest, cuts: pl.DataFrame,
     if wanted:
         pool = eligible(cuts, {**spec.get("training", {}), "seed": seed}, skipped)
         pool = pool.filter(pl.col("source").is_in(list(wanted)))
+        if rows_out:
+            drawn = pl.Series([f"{os.path.normpath(f)}\x00{r}" for f, r in
+                               zip(pool["file"].to_list(), pool["row"].to_list())]).is_in(
+                [f"{f}\x00{r}" for f, r in rows_out])
+            by = {(os.path.normpath(p.file), p.row): u for u, ps in exclude.items() for p in ps if p.row is not None}
+            for f, r in zip(pool.filter(drawn)["file"].to_list(), pool.filter(drawn)["row"].to_list()):
+                u = by[(os.path.normpath(f), r)]
+                disjoint[u] += 1
+                skipped[f"drawn by the estimation suite {u}"] += 1
+            pool = pool.filter(~drawn)
         chosen, _, short = sample(pool, sum(wanted.values()), {s: float(k) for s, k in wanted.items()}, seed)
         shortfall.update(short)
         prompts += load_prompts(name, chosen, template, need_messages)
@@ -334,7 +360,12 @@ def traffic_suite(name: str, spec: dict, manifest: Manifest, cuts: pl.DataFrame,
         k = alloc.get(f, 0)
         if not k:
             continue
-        got, m = file_suite(f, {"path": spec["files"][f]["path"], "size": k, "seed": seed}, template, manifest)
+        path = spec["files"][f]["path"]
+        out = lines_out.get(os.path.normpath(path), {})
+        got, m = file_suite(f, {"path": path, "size": k, "seed": seed}, template, manifest, exclude_lines=set(out),
+                            excluded_by="the estimation suite " + ", ".join(sorted(set(out.values()))))
+        for u in out.values():
+            disjoint[u] += 1
         for reason, n in m.skipped.items():
             skipped[f"{f}: {reason}"] += n
         if len(got) < k:
@@ -353,6 +384,10 @@ def traffic_suite(name: str, spec: dict, manifest: Manifest, cuts: pl.DataFrame,
     match.representative = None
     match.verdict = (f"drawn with traffic profile `{spec['profile']}`: "
                      + ", ".join(f"{s} {share:.0%}" for s, share in shares.items()))
+    if exclude:
+        match.disjoint_from = disjoint
+        match.verdict += ("; disjoint from the prompts of " + ", ".join(sorted(exclude))
+                          + (" (the rest of a pool fell short: " + ", ".join(sorted(shortfall)) + ")" if shortfall else ""))
     return prompts, match
 
 
@@ -703,6 +738,8 @@ def arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--manifest", type=Path, help="results/inspect/manifest.json")
     p.add_argument("--cuts", type=Path, help="results/inspect/cuts.parquet (training suites)")
     p.add_argument("--like", type=Path, help="the prompts of the training suite a length_like suite copies")
+    p.add_argument("--exclude", type=Path, nargs="*", default=[],
+                   help="a traffic suite: the estimation suites' prompts (results/prompts/<suite>.jsonl), never drawn")
     p.add_argument("--tokenizer", required=True)
     p.add_argument("--endpoint", default="completions", choices=["completions", "chat"],
                    help="chat: every prompt must carry messages (a template that cannot be split is an error)")
@@ -713,7 +750,7 @@ def arguments(p: argparse.ArgumentParser) -> None:
 
 def execute(a: argparse.Namespace) -> int:
     spec = json.loads(a.spec)
-    rec = Recorder("prompts", [a.manifest, a.cuts, spec.get("path"), a.like],
+    rec = Recorder("prompts", [a.manifest, a.cuts, spec.get("path"), a.like, *a.exclude],
                    {"suite": a.suite, "spec": spec, "tokenizer": a.tokenizer, "endpoint": a.endpoint})
     template = ChatTemplate.of(load_tokenizer(a.tokenizer))
     manifest = Manifest.from_json(read_json(a.manifest)) if a.manifest else None
@@ -726,8 +763,9 @@ def execute(a: argparse.Namespace) -> int:
     elif spec["kind"] == "traffic":   # a traffic profile's verifying suite (specmatch.data.traffic)
         if manifest is None or a.cuts is None:
             raise SpecmatchError(f"suite {a.suite}: a traffic suite needs --manifest and --cuts")
+        exclude = {pth.name.removesuffix(".jsonl"): [Prompt.from_json(x) for x in read_jsonl(pth)] for pth in a.exclude}
         prompts, match = traffic_suite(a.suite, spec, manifest, read_cuts(a.cuts), template,
-                                       need_messages=a.endpoint == "chat")
+                                       need_messages=a.endpoint == "chat", exclude=exclude)
     else:
         if spec.get("length_like") and a.like is None:
             raise SpecmatchError(f"suite {a.suite}: length_like needs --like (the training suite's prompts)")

@@ -16,7 +16,10 @@ Snakemake: one prompts job, cells on the same grid as every suite. It is drawn w
 mix by the same seeded procedure as the suites it mixes: a stratified allocation of its size over
 the strata (prompts.allocate), the sources' prompts from the basis suite's eligible cuts
 (prompts.eligible / sample: the same holdout, turn and length rules), each file suite's from its
-file (prompts.file_suite), shuffled together (prompts.traffic_suite). Each prompt's `source` is its stratum (a file's rows
+file (prompts.file_suite), shuffled together (prompts.traffic_suite). It never draws a prompt the
+prediction rests on: the basis suite's rows and the file suites' lines are excluded (`exclude`), so
+the check's two errors are independent; where the rest of a pool cannot supply a stratum's share,
+its match record says so (shortfall). Each prompt's `source` is its stratum (a file's rows
 keep their suite's name, not their category), so the analysis reads a verifying suite's
 composition from its requests.
 
@@ -101,7 +104,10 @@ def traffic_suite_spec(cfg: dict, name: str, prof: dict) -> dict:
              if w > 0 and k in suites and suites[k]["kind"] == "file"}
     size = prof.get("size") or b.get("size") or max(suites[k]["size"] for k in files)
     spec = {"kind": "traffic", "profile": name, "mix": dict(prof["mix"]), "size": size, "seed": prof.get("seed", 1),
-            "basis": basis, "training": {k: b[k] for k in TRAINING_KEYS if k in b}, "files": files}
+            "basis": basis, "training": {k: b[k] for k in TRAINING_KEYS if k in b}, "files": files,
+            # the suites whose prompts estimate the mix: never drawn again, so the check tests the prediction
+            # on prompts it did not see (their errors independent, as the check's variance assumes)
+            "exclude": sorted(([basis] if basis else []) + list(files))}
     if b.get("passes"):
         spec["passes"] = b["passes"]
     return spec

@@ -8,6 +8,7 @@ import math
 from pathlib import Path
 
 from ..config import TRAINING_MIX
+from ..deciding.explaining.traffic.report import pooled_checks
 from ..metrics import LABEL
 from .formats import save_figure
 from ..records import Decision, Direction, TrafficRow
@@ -75,8 +76,16 @@ def check_text(r: TrafficRow) -> str:
         return "—"
     if r.check is None:
         return f"{_iv(r.measured)}"
-    how = "within the prediction" if r.check.agree else "**outside** the prediction"
-    return f"{_iv(r.measured)}: {r.check.error:+.0%} [{r.check.lo:+.0%}, {r.check.hi:+.0%}], {how}"
+    ck = r.check
+    if ck.agree:
+        how = f"agrees within ±{ck.bound:.0%}" if ck.bound is not None else "agrees"
+        if ck.detectable is not None:
+            how += f" (it would catch an error of {ck.detectable:.0%} in 80% of runs)"
+    else:
+        how = "**misses**: the prediction is off by more than its uncertainty allows"
+    if ck.disjoint is False or ck.disjoint is None:
+        how += "; the suite may share prompts with the estimation suites (it then agrees too often)"
+    return f"{_iv(r.measured)}: measured / predicted {ck.error:+.0%} [{ck.lo:+.0%}, {ck.hi:+.0%}], {how}"
 
 
 def lines(rows: list[TrafficRow], metric: str) -> list[str]:
@@ -98,6 +107,11 @@ def lines(rows: list[TrafficRow], metric: str) -> list[str]:
         for r in sorted((r for r in rows if (r.server, r.metric) == (x, metric) and r.check is not None),
                         key=lambda r: (r.profile, r.concurrency)):
             out.append(f"- Measured on `{r.suite}` (`{x}`, c={r.concurrency}): {check_text(r)}.")
+    for f in pooled_checks([r for r in rows if r.metric == metric], conf):
+        how = ("every check agrees" if f["holds"] else "**the prediction misses** on " + ", ".join(
+            f"`{p}`" for p in f["misses"]))
+        out.append(f"- All {len(f['mixes'])} verified mixes together (`{f['server']}`, c={f['concurrency']}; "
+                   f"each at the family's level, Bonferroni): {how}.")
     for x in servers:
         be = [break_even_text(r.break_even, r.concurrency)
               for r in sorted((r for r in rows if (r.profile, r.server, r.metric) == (TRAINING_MIX, x, metric)),

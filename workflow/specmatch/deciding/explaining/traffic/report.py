@@ -283,6 +283,8 @@ def _rows(rep: Report, pair: Pair, pred: Predictor, metric: str, lines: bool = T
             at = interval(comp, ("check", prof.name)) if comp and pair.usable(comp) is None else None
             if at is not None:
                 row.check = _check(an, prof.suite, x, c, metric, at, row.measured)
+                m = rep.matches.get(prof.suite)
+                row.check.disjoint = (m.disjoint_from is not None) if m is not None else None
                 if any(abs(comp.get(k, 0) - mix.get(k, 0)) > 1e-9 for k in set(comp) | set(mix)):
                     notes.append("checked at the verifying suite's drawn composition: "
                                  + ", ".join(f"{k} {v:.0%}" for k, v in sorted(comp.items())))
@@ -304,4 +306,31 @@ def _check(an, suite: str, server: str, c: int, metric: str, predicted: tuple, m
     dof = min(parts.dof, cmp.dof if cmp is not None else float("inf"))
     t = t_ppf(0.5 + s.confidence / 2, dof)
     lo, hi = d - t * math.sqrt(var), d + t * math.sqrt(var)
-    return TrafficCheck(math.exp(d) - 1, math.exp(lo) - 1, math.exp(hi) - 1, lo <= 0 <= hi)
+    # the smallest error the check catches in 80% of runs: its two-sided level's t plus the 80th percentile
+    detect = (t + t_ppf(0.8, dof)) * math.sqrt(var)
+    return TrafficCheck(math.exp(d) - 1, math.exp(lo) - 1, math.exp(hi) - 1, lo <= 0 <= hi,
+                        bound=math.exp(max(abs(lo), abs(hi))) - 1, detectable=math.exp(detect) - 1,
+                        se=math.sqrt(var), dof=dof)
+
+
+def pooled_checks(rows: list[TrafficRow], confidence: float) -> list[dict]:
+    """Every verified mix of one (server, concurrency, metric) as one family: the prediction holds when
+    no mix's check misses at the family's level (Bonferroni, 1 - (1 - confidence) / m: valid whatever the
+    checks share, the strata two mixes both weigh and the run to run of one server pair). Mixes that move
+    the model's features differently (a generic-heavy mix, a long-context one) test it where one mix
+    alone cannot. One dict per family of two or more: server, concurrency, metric, mixes, holds and the
+    mix whose |log error| / se is largest."""
+    fams: dict = {}
+    for r in rows:
+        if r.check is not None and r.check.se:
+            fams.setdefault((r.server, r.concurrency, r.metric), []).append(r)
+    out = []
+    for (x, c, metric), rs in sorted(fams.items(), key=lambda kv: (kv[0][0], kv[0][1], kv[0][2])):
+        if len(rs) < 2:
+            continue
+        level = 1 - (1 - confidence) / len(rs)
+        z = {r.profile: math.log(1 + r.check.error) / r.check.se for r in rs}
+        misses = [r.profile for r in rs if abs(z[r.profile]) > t_ppf(0.5 + level / 2, r.check.dof or float("inf"))]
+        out.append({"server": x, "concurrency": c, "metric": metric, "mixes": sorted(z), "holds": not misses,
+                    "misses": sorted(misses), "worst": max(z, key=lambda p: abs(z[p]))})
+    return out
