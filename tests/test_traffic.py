@@ -267,3 +267,24 @@ def test_pooled_checks_hold_at_the_familys_level_and_catch_a_shared_error():
     wrong = [family(0.15) for _ in range(500)]
     assert np.mean([not f["holds"] for f in wrong]) > 0.7
     assert family(0.0)["mixes"] == ["a", "b", "c"]
+
+
+def test_a_mix_beyond_the_measured_contexts_is_flagged_and_its_model_part_grows_with_the_distance():
+    """A world with a super-linear context cost and a sessions-heavy mix (about three times the basis
+    suite's context): at c=16 the prediction is marked extrapolated, its context and the measured range
+    are stated, and the model part carries the misfit's slope over the distance (non-zero however small
+    the residuals' spread); a mix inside the range is not flagged."""
+    from specmatch.calibration.traffic import WORLDS
+
+    w = WORLDS["superlinear"]
+    an, rows = traffic_experiment(1000, (1, 16), 16, profiles=w["profiles"], basis=w["basis"], engine=w["engine"],
+                                  strata=w["strata"], bootstrap=100)
+    got = {(r.profile, r.concurrency): r for r in rows if r.metric == "output_throughput"}
+    far = got[("sessions_heavy", 16)]
+    assert far.extrapolated and far.context > far.context_range[1] * 1.5
+    assert far.parts["model"] > 0 and abs(far.parts["context_shift"]) > 0.5
+    assert "lies outside the measured suites'" in far.note
+    near = got[("generic_heavy", 16)]
+    assert not near.extrapolated and near.context_range[0] <= near.context <= near.context_range[1]
+    assert abs(near.parts["context_shift"]) < abs(far.parts["context_shift"])
+    assert got[("sessions_heavy", 1)].extrapolated is False and got[("sessions_heavy", 1)].context is None

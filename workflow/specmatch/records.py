@@ -1240,6 +1240,10 @@ class TrafficCheck(Record):
     disjoint: Optional[bool] = None
     se: Optional[float] = None          # of log(measured / predicted)
     dof: Optional[float] = None
+    # every verified mix of this server, concurrency and metric as one family (Bonferroni): the profiles,
+    # and whether none misses at the family's level (traffic.report.pooled_checks)
+    family: Optional[list] = None
+    family_holds: Optional[bool] = None
 
 
 @dataclass
@@ -1267,6 +1271,11 @@ class TrafficRow(Record):
     parts: dict = field(default_factory=dict)
     confidence: float = 0.9
     note: Optional[str] = None
+    # c > 1: the mix's context per sequence (prompt plus half the output, tokens) against the measured
+    # suites' range there; outside it the step model extrapolates and its error grows with the distance
+    context: Optional[float] = None
+    context_range: Optional[list] = None
+    extrapolated: bool = False
 
 
 class Continuation(str, enum.Enum):

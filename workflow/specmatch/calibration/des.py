@@ -7,7 +7,8 @@ fixed size: a request's time is the engine steps it shares with whatever else is
 - **Continuous batching.** The engine runs steps back to back; each step serves every running
   request. A step costs `step_s` + `seq_s` per decoding sequence + `ctx_s` per token of context in
   the batch, plus `prefill_s` per prompt token of the requests admitted at that step (prefill on
-  admission: the step yields their first token). A step's time has a lognormal jitter shared by
+  admission: the step yields their first token); `ctx2_s` per sequence per (thousand tokens of its
+  context)^2 makes the context cost super-linear. A step's time has a lognormal jitter shared by
   the batch, and now and then a stall (`hiccup_p`, exponential of mean `hiccup_s`): heavy-tailed,
   correlated request noise.
 - **Closed loop.** C workers; each sends the next request of the suite's order as soon as its
@@ -17,7 +18,8 @@ fixed size: a request's time is the engine steps it shares with whatever else is
   (never past its output length). Under greedy decoding which drafts are right is a property of
   the prompt, not of the run: `match` fixes it per prompt and output position, so every cell and
   repeat of a prompt accepts the same drafts (only the batch's timing differs). The step costs
-  `rho(b)` plain decode steps at batch size b. A per-batch-size schedule (`on(b)`) switches
+  `rho(b)` plain decode steps at batch size b (with `spec_ctx`, its context terms cost `spec_ctx` times
+  a plain step's instead: rho then grows with the context, as verifying k + 1 tokens does). A per-batch-size schedule (`on(b)`) switches
   drafting off at some batch sizes (vLLM's num_speculative_tokens_per_batch_size: decided per
   step, by the running batch); a switched-off step costs `off_cost` plain steps (the price of the
   switch itself).
@@ -51,6 +53,9 @@ class Engine:
     rho: float | Callable[[int], float] = 1.0  # a speculative step, in plain decode steps, at batch size b
     on: Callable[[int], bool] | None = None    # batch size -> drafts (None: always, when k > 0)
     off_cost: float = 1.0                   # a plain step's cost where a schedule switched drafting off
+    ctx2_s: float = 0.0                     # per decoding sequence per (thousand tokens of its context)^2
+    spec_ctx: float = 0.0                   # >0: a drafting step's context terms cost this many times a plain
+                                            # step's (verifying k + 1 tokens attends k + 1 times), not rho
 
     def faster(self, factor: float) -> "Engine":
         return replace(self, speed=self.speed * factor)
@@ -121,7 +126,7 @@ def serve(engines: Engine | list[Engine], c: int, prompt_tokens: np.ndarray, out
     al = np.zeros((M, n)) if alpha is None else np.broadcast_to(np.asarray(alpha, float), (M, n))
     par = {f: np.array([getattr(e, f) for e in engines], float)
            for f in ("step_s", "seq_s", "ctx_s", "prefill_s", "jitter", "hiccup_p", "hiccup_s", "speed", "k",
-                     "off_cost")}
+                     "off_cost", "ctx2_s", "spec_ctx")}
     on_t, rho_t = _table(engines, c, "on"), _table(engines, c, "rho")
     configured = par["k"] > 0
     kmax = int(max(par["k"].max(), 1))
@@ -153,9 +158,11 @@ def serve(engines: Engine | list[Engine], c: int, prompt_tokens: np.ndarray, out
         pre = active & fresh
         b = active.sum(1)
         drafting = on_t[rows[:, 0], b] > 0
-        decode = par["step_s"] + par["seq_s"] * dec.sum(1) + par["ctx_s"] * (ctx * dec).sum(1)
+        context = par["ctx_s"] * (ctx * dec).sum(1) + par["ctx2_s"] * ((ctx / 1000) ** 2 * dec).sum(1)
+        decode = par["step_s"] + par["seq_s"] * dec.sum(1)
         mult = np.where(drafting, rho_t[rows[:, 0], b], np.where(configured, par["off_cost"], 1.0))
-        cost = (par["prefill_s"] * (pt[rows, idx] * pre).sum(1) + decode * mult) / par["speed"]
+        cmult = np.where(drafting & (par["spec_ctx"] > 0), par["spec_ctx"], mult)
+        cost = (par["prefill_s"] * (pt[rows, idx] * pre).sum(1) + decode * mult + context * cmult) / par["speed"]
         cost *= np.exp(par["jitter"] * rng.standard_normal(M))
         stall = rng.random(M) < par["hiccup_p"]
         cost += np.where(stall, rng.exponential(1.0, M) * par["hiccup_s"] / par["speed"], 0.0)

@@ -26,7 +26,7 @@ import numpy as np
 import polars as pl
 
 from .. import metrics
-from .des import serve
+from .des import Engine, serve
 from .grid import BASE
 from .pool import run_tasks
 from .simulate import cell
@@ -46,6 +46,18 @@ SOURCES = {"agent": 0.3, "code": 0.5, "chat": 0.2}      # the training mix's sha
 PROFILES = {"training_mix": dict(SOURCES),
             "generic_heavy": {"agent": 0.18, "code": 0.3, "chat": 0.12, "generic": 0.4},
             "agentic": {"agent": 0.7, "code": 0.2, "generic": 0.1}}
+
+
+# A world whose context cost is super-linear (ctx2_s) and whose verify step attends k + 1 times over
+# the context (spec_ctx: rho grows with the context), with a stratum of long agent-session histories:
+# the basis suite holds three of them, and a sessions-heavy mix puts about three times the basis suite's
+# context in every batch, where the step model, fitted on shorter suites, extrapolates.
+SUPERLINEAR = {"engine": replace(BASE, ctx2_s=4e-3, spec_ctx=4.0),
+               "strata": {**TRAFFIC_STRATA, "session": ((9.0, 3.0), (1100, 0.25))},
+               "basis": {"agent": 3, "code": 7, "chat": 3, "session": 3},
+               "profiles": {"training_mix": dict(SOURCES), "sessions_heavy": {"session": 0.9, "generic": 0.1},
+                            "generic_heavy": PROFILES["generic_heavy"]}}
+WORLDS = {"linear": {}, "superlinear": SUPERLINEAR}
 
 
 def _traffic_rho(b: int) -> float:
@@ -71,7 +83,8 @@ def traffic_prompts(rng, strata: dict, counts: dict, out_tokens: int = 24):
 
 def traffic_cells(seed: int, suites: dict, concurrencies=(1, 4), repeats: int = 2, out_tokens: int = 24,
                   session_sd: float = 0.02, cell_sd: float = 0.02, strata: dict | None = None, rho=None,
-                  min_requests_per_worker: int | None = None, request_sd: float = 0.0, request_df: float = 3.0):
+                  min_requests_per_worker: int | None = None, request_sd: float = 0.0, request_df: float = 3.0,
+                  engine: Engine | None = None):
     """Cells of a baseline `base` and a speculative server `spec` (k=3, step cost `rho(b)`) on `suites`
     (name -> {stratum: prompts}) at every concurrency and repeat, simulated by specmatch.calibration.des:
     continuous batching of whatever each suite mixes, per-prompt acceptance, every cell moved by its
@@ -83,7 +96,8 @@ def traffic_cells(seed: int, suites: dict, concurrencies=(1, 4), repeats: int = 
     repeats, so two repeats' per-prompt values disagree beyond their prompts' spread."""
     strata = strata or TRAFFIC_STRATA
     rng = np.random.default_rng(seed)
-    engines = {"base": BASE, "spec": replace(BASE, k=3, rho=rho or _traffic_rho)}
+    base = engine or BASE
+    engines = {"base": base, "spec": replace(base, k=3, rho=rho or _traffic_rho)}
     prompts = {u: traffic_prompts(rng, strata, counts, out_tokens) for u, counts in suites.items()}
     sessions = {(x, r): rng.normal(0, session_sd) for x in engines for r in range(1, repeats + 1)}
     out = []
@@ -119,7 +133,7 @@ def traffic_cells(seed: int, suites: dict, concurrencies=(1, 4), repeats: int = 
 
 
 def traffic_truth(seed: int, mix: dict, size: int, c: int, suites: int = 300, out_tokens: int = 24,
-                  strata: dict | None = None, rho=None) -> dict:
+                  strata: dict | None = None, rho=None, engine: Engine | None = None) -> dict:
     """The true log speedup (throughput and TPOT, as a cell measures them) of a suite of `size` prompts
     whose every prompt's stratum is drawn with the mix's probabilities from the strata's populations:
     the mean over `suites` fresh suites served by the discrete-event server (no run-to-run noise), and
@@ -134,8 +148,9 @@ def traffic_truth(seed: int, mix: dict, size: int, c: int, suites: int = 300, ou
         counts = dict(zip(names, rng.multinomial(size, p)))
         _, tok[j], _, match[j] = traffic_prompts(rng, strata, counts, out_tokens)
     ot = np.full((suites, size), out_tokens)
-    spec = replace(BASE, k=3, rho=rho or _traffic_rho)
-    b, x = serve(BASE, c, tok, ot, rng, match=match), serve(spec, c, tok, ot, rng, match=match)
+    base = engine or BASE
+    spec = replace(base, k=3, rho=rho or _traffic_rho)
+    b, x = serve(base, c, tok, ot, rng, match=match), serve(spec, c, tok, ot, rng, match=match)
     # read as the verdicts read a closed-loop cell, no SLO (traffic.step_model.figures)
     thr, tpot = (metrics.log_speedup(m_, figures(m_, c, ot, x.e2e, x.ttft, {}), figures(m_, c, ot, b.e2e, b.ttft, {}))
                  for m_ in ("output_throughput", "tpot"))
@@ -185,33 +200,38 @@ def break_even_truth(seed: int, c: int, size: int, points: int = 11, suites: int
 
 
 def _experiment_rows(a: tuple) -> list:
-    seed, concurrencies, size, break_even, small, noise = a
-    return traffic_experiment(seed, concurrencies, size, lines=break_even, basis=basis_counts(size, small),
-                              request_sd=noise,
-                              profiles=None if not break_even else {"training_mix": PROFILES["training_mix"]})[1]
+    seed, concurrencies, size, break_even, small, noise, world = a
+    w = WORLDS[world]
+    profiles = w.get("profiles") if not break_even else {"training_mix": PROFILES["training_mix"]}
+    return traffic_experiment(seed, concurrencies, size, lines=break_even, basis=w.get("basis") or basis_counts(size, small),
+                              request_sd=noise, profiles=profiles, engine=w.get("engine"), strata=w.get("strata"))[1]
 
 
 def coverage(experiments: int, concurrencies=(1, 4), size: int = 16, seed: int = 1000, truth_suites: int = 400,
-             break_even: bool = False, small: int | None = None, request_sd: float = 0.0) -> dict:
+             break_even: bool = False, small: int | None = None, request_sd: float = 0.0,
+             world: str = "linear") -> dict:
     """Per (profile, concurrency, metric): how often the truth lies inside the predicted interval, with
     the Monte-Carlo standard error, the mean log width, and the prediction's bias and sd; with
     `break_even`, how often the true break-even share toward generic lies in [lo, hi]. `small`: prompts
     of the basis suite's agent and chat strata (basis_counts; 3 is the default workflow's smallest);
-    `request_sd`: heavy-tailed request noise (traffic_cells)."""
-    truth = {(p, c): traffic_truth(seed - 1, m, size, c, truth_suites) for p, m in PROFILES.items()
-             for c in concurrencies}
+    `request_sd`: heavy-tailed request noise (traffic_cells); `world`: WORLDS (its engine, strata, basis
+    suite and profiles). Each row also counts how often its prediction was marked extrapolated."""
+    w = WORLDS[world]
+    truth = {(p, c): traffic_truth(seed - 1, m, size, c, truth_suites, strata=w.get("strata"), engine=w.get("engine"))
+             for p, m in (w.get("profiles") or PROFILES).items() for c in concurrencies}
     be_truth = {c: break_even_truth(seed - 2, c, size) for c in concurrencies} if break_even else {}
     hits: dict = {}
-    jobs = [(_experiment_rows, (seed + e, tuple(concurrencies), size, break_even, small, request_sd)) for e in range(experiments)]
+    jobs = [(_experiment_rows, (seed + e, tuple(concurrencies), size, break_even, small, request_sd, world)) for e in range(experiments)]
     for rows in run_tasks(jobs):   # each experiment is its seed's: the same rows in any number of processes
         for r in rows:
             if r.predicted is None:
                 continue
             t = truth[(r.profile, r.concurrency)][r.metric]
             k = (r.profile, r.concurrency, r.metric)
-            got = hits.setdefault(k, {"in": 0, "n": 0, "width": [], "err": []})
+            got = hits.setdefault(k, {"in": 0, "n": 0, "width": [], "err": [], "extrapolated": 0})
             got["in"] += math.log(r.predicted.lo) <= t <= math.log(r.predicted.hi)
             got["n"] += 1
+            got["extrapolated"] += bool(r.extrapolated)
             got["width"].append(math.log(r.predicted.hi / r.predicted.lo))
             got["err"].append(math.log(r.predicted.value) - t)
             be = r.break_even
@@ -230,6 +250,7 @@ def coverage(experiments: int, concurrencies=(1, 4), size: int = 16, seed: int =
         p = g["in"] / g["n"]
         err = np.array(g["err"], float)
         out[k] = {"coverage": p, "mc_se": math.sqrt(max(p * (1 - p), 1e-12) / g["n"]), "n": g["n"],
+                  "extrapolated": g.get("extrapolated", 0) / g["n"],
                   "width": float(np.mean(g["width"])), "bias": float(np.nanmean(err)), "sd": float(np.nanstd(err))}
     return {"rows": out, "truth": truth, "break_even_truth": be_truth}
 
@@ -242,9 +263,11 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--break-even", action="store_true", help="the break-even share's coverage too (slower)")
     p.add_argument("--small", type=int, default=None, help="prompts of the basis suite's agent and chat strata")
     p.add_argument("--request-sd", type=float, default=0.0, help="heavy-tailed request noise (sd in log)")
+    p.add_argument("--world", choices=sorted(WORLDS), default="linear",
+                   help="superlinear: context cost super-linear, rho growing with context, a sessions-heavy mix")
     a = p.parse_args(argv)
     got = coverage(a.experiments, (1, a.concurrency), a.size, break_even=a.break_even, small=a.small,
-                   request_sd=a.request_sd)
+                   request_sd=a.request_sd, world=a.world)
     print(f"{a.experiments} experiments, suites of {a.size}, c = 1 and {a.concurrency}, 90% intervals, 2 repeats")
     for k, v in sorted(got["rows"].items(), key=lambda kv: (kv[0][0], kv[0][1], kv[0][2])):
         t = (got["truth"].get(k[:2], {}).get(k[2]) if k[0] != "break-even"

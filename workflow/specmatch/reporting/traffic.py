@@ -8,7 +8,6 @@ import math
 from pathlib import Path
 
 from ..config import TRAINING_MIX
-from ..deciding.explaining.traffic.report import pooled_checks
 from ..metrics import LABEL
 from .formats import save_figure
 from ..records import Decision, Direction, TrafficRow
@@ -44,7 +43,9 @@ def answer(rows: list[TrafficRow], profile: str, server: str, metric: str) -> st
         if r.predicted is None:
             parts.append(f"not predicted at c={r.concurrency} ({r.note})")
         else:
-            parts.append(f"**{WORD[r.verdict]}** at c={r.concurrency} ({_iv(r.predicted)})")
+            flag = (f"; its context, {r.context:.0f} tokens a sequence, lies outside the measured "
+                    f"{r.context_range[0]:.0f}-{r.context_range[1]:.0f}: extrapolated" if r.extrapolated else "")
+            parts.append(f"**{WORD[r.verdict]}** at c={r.concurrency} ({_iv(r.predicted)}{flag})")
     return ", ".join(parts)
 
 
@@ -107,11 +108,12 @@ def lines(rows: list[TrafficRow], metric: str) -> list[str]:
         for r in sorted((r for r in rows if (r.server, r.metric) == (x, metric) and r.check is not None),
                         key=lambda r: (r.profile, r.concurrency)):
             out.append(f"- Measured on `{r.suite}` (`{x}`, c={r.concurrency}): {check_text(r)}.")
-    for f in pooled_checks([r for r in rows if r.metric == metric], conf):
-        how = ("every check agrees" if f["holds"] else "**the prediction misses** on " + ", ".join(
-            f"`{p}`" for p in f["misses"]))
-        out.append(f"- All {len(f['mixes'])} verified mixes together (`{f['server']}`, c={f['concurrency']}; "
-                   f"each at the family's level, Bonferroni): {how}.")
+    fams = {(r.server, r.concurrency): r.check for r in rows
+            if r.metric == metric and r.check is not None and r.check.family}
+    for (x, c), ck in sorted(fams.items()):
+        how = "every check agrees" if ck.family_holds else "**the prediction misses** on at least one"
+        out.append(f"- All {len(ck.family)} verified mixes together (`{x}`, c={c}; each at the family's level, "
+                   f"Bonferroni): {how}.")
     for x in servers:
         be = [break_even_text(r.break_even, r.concurrency)
               for r in sorted((r for r in rows if (r.profile, r.server, r.metric) == (TRAINING_MIX, x, metric)),

@@ -4,6 +4,7 @@ a verifying suite. The method: specmatch.deciding.explaining.traffic."""
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 
 import numpy as np
 
@@ -16,7 +17,8 @@ from ....serving.controls import is_control
 from ....stats import t_ppf
 
 from .predictor import Estimate, Pair, Predictor, Stratum, per_prompt
-from .step_model import calibrate, cell_requests, fit_step_model, model_error, model_residuals, stratum_function
+from .step_model import (calibrate, cell_requests, fit_step_model, model_error, model_residuals, stratum_function,
+                         timed, timeline)
 
 GRID = 11                 # points along a break-even line
 ON_LINE = 0.1             # a measured suite whose composition lies within this TVD of a line is drawn on it
@@ -136,6 +138,10 @@ def traffic_report(an, profiles: TrafficProfiles | None, matches: list[SuiteMatc
             pred = Predictor(pair, s.slo, s.rng)
             for metric in metrics:
                 rows += _rows(rep, pair, pred, metric, lines)
+    for f in pooled_checks(rows, s.confidence):
+        for r in rows:
+            if r.check is not None and (r.server, r.concurrency, r.metric) == (f["server"], f["concurrency"], f["metric"]):
+                r.check.family, r.check.family_holds = f["mixes"], f["holds"]
     return rows
 
 
@@ -161,7 +167,7 @@ def _rows(rep: Report, pair: Pair, pred: Predictor, metric: str, lines: bool = T
     rr = an.run_to_run
     ts, tb = rr.at(metric, x, c), rr.at(metric, an.baseline, c)
     run = ts is not None and tb is not None
-    merr = None
+    merr = misfit = None
     note_model = None
     if c > 1:
         res = model_residuals(rep.reqs, rep.m, rep.theta, x, an.baseline, c, metric, rep.model_suites)
@@ -169,6 +175,7 @@ def _rows(rep: Report, pair: Pair, pred: Predictor, metric: str, lines: bool = T
         # run to run is shared by every suite of a session, and cancels in the spread)
         cell_part = (1 - rr.session_share.get(metric, 0.0)) * (ts.total + tb.total) / R if run else 0.0
         merr = model_error(res, cell_part)
+        misfit = _misfit(rep, pair)
         if merr is None:
             note_model = "the model's error at c > 1 is unchecked (fewer than two measured suites)"
         if not any(k[2] == 1 and k[0] in (x, an.baseline) for k in rep.reqs):
@@ -176,19 +183,23 @@ def _rows(rep: Report, pair: Pair, pred: Predictor, metric: str, lines: bool = T
                 "no c=1 cells: the step model's batch dependence rests on the batched cells alone (a mix unlike "
                 "the measured suites may be mispredicted beyond its interval)")) if n)
 
-    def parts_for(est: Estimate, key) -> VarianceSum:
+    def parts_for(est: Estimate, key, mix: dict) -> VarianceSum:
         out = VarianceSum().add(("traffic-w", x, c, metric) + key, est.var_w, est.dof_w)
         if run:
             out.plus(ts, 1 / R).plus(tb, 1 / R)
         if merr is not None:
             out.add(("model", x, c, metric), merr[0], merr[1])
+        if c > 1 and misfit is not None:
+            v = misfit.variance(pair, mix)
+            if v > 0:
+                out.add(("model-reach", x, c, metric) + key, v, misfit.dof)
         return out
 
     def interval(mix: dict, key) -> tuple[Interval, VarianceSum, Estimate] | None:
         if pair.usable(mix) is not None:
             return None
         est = pred.estimate(mix, metric)
-        parts = parts_for(est, key)
+        parts = parts_for(est, key, mix)
         return _interval(est.value, parts, s.confidence), parts, est
 
     def line(start: dict, toward: str) -> BreakEven | None:
@@ -268,16 +279,26 @@ def _rows(rep: Report, pair: Pair, pred: Predictor, metric: str, lines: bool = T
         row.predicted = iv
         lo_l, hi_l = math.log(iv.lo), math.log(iv.hi)
         row.verdict = decision(lo_l, hi_l, math.log(1 + s.min_effect), run)
+        model = [v for k, (v, _) in parts.parts.items() if k[0] in ("model", "model-reach")]
         row.parts = {"prompts": next(v for k, (v, _) in parts.parts.items() if k[0] == "traffic-w"),
-                     "run_to_run": sum(v for k, (v, _) in parts.parts.items() if k[0] not in ("traffic-w", "model")),
-                     "model": merr[0] if merr is not None else (0.0 if c == 1 else None),
+                     "run_to_run": sum(v for k, (v, _) in parts.parts.items()
+                                       if k[0] not in ("traffic-w", "model", "model-reach")),
+                     "model": sum(model) if model else (0.0 if c == 1 else None),
                      "dof": parts.dof, "repeats": R, "run_to_run_measured": run}
+        if c > 1 and misfit is not None:
+            row.context, row.context_range = mix_context(pair, mix), [math.exp(misfit.lo), math.exp(misfit.hi)]
+            row.extrapolated = misfit.outside(row.context) > 0
+            row.parts["context_shift"] = misfit.delta(pair, mix)
         if prof.name == TRAINING_MIX:
             row.break_evens = lines_tm
             row.break_even = next((b for b in lines_tm if b.toward == toward_file), None)
         elif lines and toward_file is not None:
             row.break_even = line(mix, toward_file)
         notes = [n for n in (note_model,) if n]
+        if row.extrapolated:
+            notes.append(f"the mix's context per sequence ({row.context:.0f} tokens) lies outside the measured "
+                         f"suites' ({row.context_range[0]:.0f}-{row.context_range[1]:.0f}) at c={c}: the step model "
+                         "extrapolates, and its error there is the misfit's slope in context carried that far")
         if prof.suite and row.measured is not None:
             comp = _composition(rep, x, prof.suite, c)
             at = interval(comp, ("check", prof.name)) if comp and pair.usable(comp) is None else None
@@ -291,6 +312,106 @@ def _rows(rep: Report, pair: Pair, pred: Predictor, metric: str, lines: bool = T
         row.note = "; ".join(notes) or None
         out.append(row)
     return out
+
+
+def mix_context(pair: Pair, mix: dict) -> float:
+    """A mix's context per sequence: the share-weighted mean over its strata of their prompts' prompt
+    tokens plus half their output (the speculative server's first repeat: the same prompts on both)."""
+    tot = wsum = 0.0
+    for s, w in mix.items():
+        if w <= 0 or s not in pair.strata:
+            continue
+        v = pair.strata[s].data[(pair.server, pair.repeats[0])]
+        tot += w * float(np.mean(v["ptok"] + v["out"] / 2))
+        wsum += w
+    return tot / wsum if wsum > 0 else float("nan")
+
+
+@dataclass
+class Misfit:
+    """How the step model's misfit moves with the context per sequence at one concurrency, and where it
+    was measured. Each request's multiplier (its measured decode time over the model's replay of its
+    own cell, which the prediction carries into the mix) is regressed on the log context per sequence
+    of the batches it decoded in, per server (`gamma`: the speculative server's slope less the
+    baseline's, a misfit in the speedup per unit of log context; `var_gamma` its variance, clustered by
+    cell, with `dof`). A mix whose context per sequence differs from where its strata were measured
+    (delta: log of the mix's, less the share-weighted log of its strata's suites') carries a misfit of
+    about gamma x delta, which its interval takes as the variance (gamma^2 + var_gamma) delta^2: zero
+    where the mix's batches are like the measured ones, growing with the distance, inside the measured
+    range and beyond it (`lo`, `hi`: the measured suites' log contexts; beyond them the mix is flagged
+    as extrapolated)."""
+    lo: float
+    hi: float
+    gamma: float
+    var_gamma: float
+    dof: float
+    suites: dict            # suite -> log context per sequence at c
+
+    def outside(self, context: float) -> float:
+        x = math.log(max(context, 1e-9))
+        return max(self.lo - x, x - self.hi, 0.0)
+
+    def delta(self, pair: Pair, mix: dict) -> float:
+        w = {s: v for s, v in mix.items() if v > 0 and s in pair.strata and pair.strata[s].suite in self.suites}
+        tot = sum(w.values())
+        if tot <= 0:
+            return 0.0
+        return math.log(max(mix_context(pair, mix), 1e-9)) - sum(v * self.suites[pair.strata[s].suite]
+                                                                   for s, v in w.items()) / tot
+
+    def variance(self, pair: Pair, mix: dict) -> float:
+        d = self.delta(pair, mix)
+        return (self.gamma ** 2 + self.var_gamma) * d * d
+
+
+def _slope(rep: Report, x: str, c: int) -> tuple[float, float, int] | None:
+    """One server's slope of log multiplier on log batch context per sequence at c over the model
+    suites' requests, its cell-clustered variance and the number of cells."""
+    ys, zs, cells = [], [], []
+    theta = rep.theta.get(x)
+    if theta is None:
+        return None
+    for k, cr in rep.reqs.items():
+        if k[0] != x or k[2] != c or k[1] not in rep.model_suites or cr.m_dec is None or cr.steps is None:
+            continue
+        dec_f, _, _, _ = timeline(cr, theta)
+        with np.errstate(invalid="ignore", divide="ignore"):
+            z = np.log(dec_f[:, 2] * 1000 / dec_f[:, 1])
+            y = np.log(cr.m_dec)
+        ok = timed(cr) & (cr.steps > 0) & np.isfinite(z) & np.isfinite(y)
+        ys.append(y[ok])
+        zs.append(z[ok])
+        cells += [k] * int(ok.sum())
+    if not ys:
+        return None
+    y, z = np.concatenate(ys), np.concatenate(zs)
+    zc = z - z.mean()
+    sxx = float((zc ** 2).sum())
+    names = {g: i for i, g in enumerate(dict.fromkeys(cells))}
+    G = len(names)
+    if sxx <= 0 or G < 3:
+        return None
+    slope = float((zc * (y - y.mean())).sum() / sxx)
+    score = np.bincount([names[g] for g in cells], zc * (y - y.mean() - slope * zc), minlength=G)
+    return slope, float((score ** 2).sum()) * G / (G - 1) / sxx ** 2, G
+
+
+def _misfit(rep: Report, pair: Pair) -> Misfit | None:
+    """The Misfit at the pair's concurrency (None without two measured contexts, or fewer than three
+    cells a server)."""
+    x, b, c = pair.server, pair.baseline, pair.concurrency
+    got = [_slope(rep, srv, c) for srv in (x, b)]
+    if any(g is None for g in got):
+        return None
+    suites = {}
+    for u in rep.model_suites:
+        crs = [cr for k, cr in rep.reqs.items() if k[:3] == (x, u, c)]
+        if crs:
+            suites[u] = math.log(max(float(np.mean(np.concatenate([cr.ptok + cr.out / 2 for cr in crs]))), 1e-9))
+    if len(set(suites.values())) < 2:
+        return None
+    (gs, vs, ns), (gb, vb, nb) = got
+    return Misfit(min(suites.values()), max(suites.values()), gs - gb, vs + vb, float(min(ns, nb) - 1), suites)
 
 
 def _check(an, suite: str, server: str, c: int, metric: str, predicted: tuple, measured: Interval) -> TrafficCheck:
