@@ -53,3 +53,38 @@ def test_prior_dof_reads_scatter_beyond_sampling():
     assert prior_dof(flat) > 30
     wide = [(float(np.exp(rng.normal(0, 1.0)) * rng.chisquare(d) / d), d, "all") for _ in range(400)]
     assert 1.0 < prior_dof(wide) < 5.0
+
+
+def test_flagged_cells_stay_out_of_tau2_and_a_dominating_suite_is_named():
+    """A cell measured beside another job (interference.flagged) says how busy the machine was: it is left
+    out of run to run (its verdict stays flagged elsewhere), and a suite whose cells alone hold most of
+    the spread between sessions is named."""
+    from specmatch.calibration.traffic import traffic_cells
+    from specmatch.deciding.reading.measurements import Measurements, Settings
+    from specmatch.deciding.verdicts.noise import run_to_run
+    from specmatch.records import Interference
+
+    def cells(slow: float):
+        got = traffic_cells(4, {"a": {"code": 8}, "b": {"code": 8}, "c": {"code": 8}}, (1, 4), repeats=3)
+        out = []
+        for res, req in got:
+            if (res.server, res.suite, res.concurrency, res.repeat) == ("spec", "b", 4, 2):
+                res.output_throughput /= slow            # measured beside another job
+                req = req.with_columns(req["e2e_s"] * slow)
+                res.interference = Interference(True, flagged=slow > 1)
+            out.append((res, req))
+        return Measurements.of(out, Settings(bootstrap=50))
+
+    clean, busy = run_to_run(cells(1.0)), run_to_run(cells(3.0))
+    assert busy.left_out == [("spec", "b", 4, 2)] and clean.left_out == []
+    at = {n: r.at("output_throughput", "spec", 4).total for n, r in (("clean", clean), ("busy", busy))}
+    assert at["busy"] < 2 * at["clean"]   # left out: the busy cell does not set spec's tau^2 at c=4
+    assert busy.dominant["output_throughput"] is None
+
+    # the same slow cell not flagged (the sampler saw nothing): it stays in, and its suite is named
+    m = cells(3.0)
+    m.cells[("spec", "b", 4, 2)].interference = None
+    rr = run_to_run(m)
+    assert rr.left_out == [] and rr.at("output_throughput", "spec", 4).total > 10 * at["clean"]
+    suite, share_q, share_d = rr.dominant["output_throughput"]
+    assert suite == "b" and share_q > 0.5 > share_d

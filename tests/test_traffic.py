@@ -288,3 +288,28 @@ def test_a_mix_beyond_the_measured_contexts_is_flagged_and_its_model_part_grows_
     assert not near.extrapolated and near.context_range[0] <= near.context <= near.context_range[1]
     assert abs(near.parts["context_shift"]) < abs(far.parts["context_shift"])
     assert got[("sessions_heavy", 1)].extrapolated is False and got[("sessions_heavy", 1)].context is None
+
+
+def test_a_check_on_cells_of_a_later_invocation_does_not_cancel_the_session():
+    """The check subtracts the server session's part of run to run that the measured mix and the
+    estimates share; cells added by a later invocation ran in new server processes under the same repeat
+    label (their `server_session` differs), so nothing cancels and the check widens."""
+    cells = traffic_cells(21, {"basis": {"agent": 5, "code": 6, "chat": 5}, "generic": {"generic": 16},
+                               "traffic_generic_heavy": {"agent": 3, "code": 5, "chat": 2, "generic": 6}},
+                          concurrencies=(1,), repeats=3, session_sd=0.08, cell_sd=0.01)
+    an = analyse(cells, "base", Settings(bootstrap=200))
+    profiles = traffic_profiles({"training_mix": PROFILES["training_mix"], "generic_heavy": PROFILES["generic_heavy"]})
+    profiles.profiles[1].verify, profiles.profiles[1].suite = True, "traffic_generic_heavy"
+
+    def check():
+        return next(r for r in traffic_report(an, profiles, [], lines=False) if r.profile == "generic_heavy"
+                    and r.metric == "output_throughput").check
+
+    same = check()
+    cmp = next(k for k in an.comparisons[("spec", "traffic_generic_heavy", "output_throughput")] if k.concurrency == 1)
+    assert sum(cmp.session.values()) > 0   # the sessions' part is there to cancel
+    for k, cell in an.measurements.cells.items():
+        if k[1] == "traffic_generic_heavy":
+            cell.server_session = f"later-{cell.server_session}"
+    later = check()
+    assert later.se > same.se and later.error == pytest.approx(same.error)

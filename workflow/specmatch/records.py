@@ -1127,6 +1127,9 @@ class RunToRunSummary(Record):
     repeats: int
     pooled: list[RunToRunFigure] = field(default_factory=list)
     levels: list[RunToRunFigure] = field(default_factory=list)
+    # metric -> [suite, its share of the sum of squares, its share of the dof] where one suite dominates
+    dominant: dict = field(default_factory=dict)
+    left_out: int = 0                   # cells flagged for interference, left out of tau^2
 
 
 @dataclass

@@ -115,7 +115,8 @@ def run_to_run_summary(an: Analysis) -> RunToRunSummary:
     return RunToRunSummary(rr.configurations, rr.repeats,
                            [RunToRunFigure(m, t, rr.dof.get(m)) for m, t in rr.tau2.items()],
                            [RunToRunFigure(m, v.total, v.dof, c) for m, lv in rr.levels.items()
-                            for c, v in sorted(lv.items())])
+                            for c, v in sorted(lv.items())],
+                           {m: list(d) for m, d in rr.dominant.items() if d is not None}, len(rr.left_out))
 
 
 def server_facts(infos: dict[str, ServerInfo], baseline: str) -> list[ServerFacts]:

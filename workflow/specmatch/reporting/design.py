@@ -30,7 +30,13 @@ def noise_lines(d: Decided) -> list[str]:
             f"configurations measured in {rr.repeats} repeats, so one outlying cell cannot set it; by concurrency in "
             "brackets). Each interval below uses its own server's and concurrency's, shrunk toward the pooled level "
             "where their data are thin (empirical Bayes), beside the prompt sample's variation from a paired "
-            "bootstrap by prompt; request-to-request noise is counted once, in the run-to-run part."]
+            "bootstrap by prompt; request-to-request noise is counted once, in the run-to-run part."
+            + (f" {rr.left_out} cell(s) measured beside another job are left out of it (their verdicts say so)."
+               if rr.left_out else "")
+            + "".join(f" **On {LABEL.get(m, m)}, suite `{d[0]}` holds {d[1]:.0%} of the spread with {d[2]:.0%} of the "
+                      "data**: its cells moved far more between sessions than the others', and it widens every "
+                      "interval through the pooled level; measure it again on a quiet machine."
+                      for m, d in sorted(rr.dominant.items()))]
 
 
 def sequential_lines(d: Decided, plans: list[RoundPlan]) -> list[str]:

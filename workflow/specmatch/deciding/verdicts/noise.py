@@ -101,6 +101,8 @@ class RunToRun:
     levels: dict = field(default_factory=dict)
     session_share: dict = field(default_factory=dict)   # metric -> pi, the share of tau^2 a session holds
     prior_dof: dict = field(default_factory=dict)       # metric -> {"groups": d0, "concurrencies": d0c}
+    dominant: dict = field(default_factory=dict)        # metric -> dominant_suite (None: no suite dominates)
+    left_out: list = field(default_factory=list)        # flagged cells, not in tau^2
 
     def sd(self, metric: str) -> float | None:
         t = self.tau2.get(metric)
@@ -279,11 +281,15 @@ def _run_to_run(m: Measurements, servers: list[str] | None) -> RunToRun:
         if servers is None or key[0] in servers:
             configs.setdefault(key[:3], []).append(key)
     tau2, dofs, nconf, rmax = {}, {}, 0, 1
-    groups, levels, shares, priors = {}, {}, {}, {}
+    groups, levels, shares, priors, dominant = {}, {}, {}, {}, {}
+    left_out = sorted(k for keys in configs.values() for k in keys if getattr(m.cells[k], "flagged", False))
     for metric in m.settings.metrics:
         stats, resid, cfgs = [], [], []
         for cfg, keys in configs.items():
-            got = [(k[3], y) for k, y in ((k, cell_log_stat(m, k, metric)) for k in keys) if y is not None]
+            # a cell measured beside another job (interference.flagged) says how busy the machine was, not how
+            # much a configuration moves between sessions: it stays in its verdict (flagged there), not in tau^2
+            got = [(k[3], y) for k, y in ((k, cell_log_stat(m, k, metric)) for k in keys
+                                          if not getattr(m.cells[k], "flagged", False)) if y is not None]
             if len(got) >= 2:
                 ys = np.array([y for _, y in got])
                 q = float(((ys - ys.mean()) ** 2).sum())
@@ -299,4 +305,24 @@ def _run_to_run(m: Measurements, servers: list[str] | None) -> RunToRun:
         s_all = sum(q for q, _ in stats) / sum(d for _, d in stats)
         shares[metric] = session_share(s_all, resid)
         groups[metric], levels[metric], priors[metric] = _shrunk(metric, cfgs, shares[metric], resid)
-    return RunToRun(tau2, dofs, nconf, rmax, groups, levels, shares, priors)
+        dominant[metric] = dominant_suite(cfgs)
+    return RunToRun(tau2, dofs, nconf, rmax, groups, levels, shares, priors, dominant, left_out)
+
+
+def dominant_suite(cfgs: list) -> tuple[str, float, float] | None:
+    """The suite whose configurations hold most of the spread between sessions: (suite, its share of the
+    sum of squares, its share of the dof), when that share is at least half and at least twice its share
+    of the dof (one noisy suite, say measured beside another job, raises every verdict's tau^2 through
+    the pooled level and the shrinkage); None otherwise."""
+    q_tot = sum(q for _, q, _ in cfgs)
+    d_tot = sum(d for _, _, d in cfgs)
+    if q_tot <= 0 or d_tot <= 0:
+        return None
+    by: dict = {}
+    for (_server, suite, _c), q, d in cfgs:
+        a = by.setdefault(suite, [0.0, 0])
+        a[0] += q
+        a[1] += d
+    suite, (q, d) = max(by.items(), key=lambda kv: kv[1][0])
+    share_q, share_d = q / q_tot, d / d_tot
+    return (suite, share_q, share_d) if len(by) > 1 and share_q >= 0.5 and share_q >= 2 * share_d else None

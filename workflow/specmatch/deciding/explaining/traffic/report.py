@@ -303,7 +303,8 @@ def _rows(rep: Report, pair: Pair, pred: Predictor, metric: str, lines: bool = T
             comp = _composition(rep, x, prof.suite, c)
             at = interval(comp, ("check", prof.name)) if comp and pair.usable(comp) is None else None
             if at is not None:
-                row.check = _check(an, prof.suite, x, c, metric, at, row.measured)
+                row.check = _check(an, prof.suite, x, c, metric, at, row.measured,
+                                   same_sessions(rep, prof.suite, (x, an.baseline), c))
                 m = rep.matches.get(prof.suite)
                 row.check.disjoint = (m.disjoint_from is not None) if m is not None else None
                 if any(abs(comp.get(k, 0) - mix.get(k, 0)) > 1e-9 for k in set(comp) | set(mix)):
@@ -414,15 +415,31 @@ def _misfit(rep: Report, pair: Pair) -> Misfit | None:
     return Misfit(min(suites.values()), max(suites.values()), gs - gb, vs + vb, float(min(ns, nb) - 1), suites)
 
 
-def _check(an, suite: str, server: str, c: int, metric: str, predicted: tuple, measured: Interval) -> TrafficCheck:
+def same_sessions(rep: Report, suite: str, servers: tuple, c: int) -> bool:
+    """Whether the verifying suite's cells at c ran in the same server processes as the estimation
+    suites' cells of their repeat (each cell's `server_session`): a cell added by a later invocation
+    runs in a new process under the same repeat label, and shares no session with the estimates."""
+    for k, cell in rep.m.cells.items():
+        if k[0] in servers and k[1] == suite and k[2] == c:
+            own = getattr(cell, "server_session", None)
+            for u in rep.measuring:
+                other = rep.m.cells.get((k[0], u, c, k[3]))
+                if other is not None and getattr(other, "server_session", None) != own:
+                    return False
+    return True
+
+
+def _check(an, suite: str, server: str, c: int, metric: str, predicted: tuple, measured: Interval,
+           shared_sessions: bool = True) -> TrafficCheck:
     """Measured against predicted at the verifying suite's composition: log(measured / predicted) with
-    the variance of both estimates less the server-session part they share (it cancels)."""
+    the variance of both estimates less the server-session part they share (it cancels where both
+    were measured in the same server processes, `shared_sessions`)."""
     iv, parts, est = predicted
     s = an.settings
     cmp = next((k for k in an.comparisons.get((server, suite, metric), []) if k.concurrency == c), None)
     d = math.log(measured.value) - est.value
     v_meas = cmp.se ** 2 if cmp is not None and cmp.se is not None else 0.0
-    shared = sum(cmp.session.values()) if cmp is not None else 0.0
+    shared = sum(cmp.session.values()) if cmp is not None and shared_sessions else 0.0
     var = max(parts.total + v_meas - 2 * shared, parts.total - shared, 1e-12)
     dof = min(parts.dof, cmp.dof if cmp is not None else float("inf"))
     t = t_ppf(0.5 + s.confidence / 2, dof)
