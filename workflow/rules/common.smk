@@ -331,7 +331,9 @@ def suite_inputs(wildcards):
             ins["like"] = f"results/prompts/{like}.jsonl"
     else:
         ins["cuts"] = "results/inspect/cuts.parquet"
-    if suite.get("exclude"):  # a verifying traffic suite never redraws the estimation prompts
+    if suite.get(
+        "exclude"
+    ):  # a verifying traffic suite never redraws the estimation prompts
         ins["exclude"] = [f"results/prompts/{u}.jsonl" for u in suite["exclude"]]
     return ins
 
