@@ -140,6 +140,24 @@ def test_a_verifying_suite_is_drawn_with_the_mix(tmp_path, tok, tok_dir):
     # candidates left out: the basis rows of the mix's sources, and every line the file suite drew
     assert dm.disjoint_from == {"generic": 20, "t": sum(r["suite"] == "t" and r["source"] == "a" for r in est)}
     assert "disjoint from the prompts of generic, t" in dm.verdict and dm.skipped["generic: drawn by the estimation suite generic"] == 20
+    # the same file named two ways (relative in one suite, absolute in the other) is one file
+    import os
+    rel = json.loads((out / "generic.jsonl").read_text().splitlines()[0])["file"]
+    assert rel == str(ctl)
+    here = os.getcwd()
+    try:
+        os.chdir(ctl.parent)
+        assert prompts_main(["--suite", "generic", "--spec", json.dumps({**gen_spec, "path": ctl.name}),
+                             "--out", str(out / "generic_rel.jsonl"), "--match", str(out / "g.match.json"),
+                             "--manifest", str(out / "m.json"), "--tokenizer", str(tok_dir)]) == 0
+        assert prompts_main(["--suite", "traffic_p", "--spec", json.dumps({**spec, "exclude": ["generic"]}),
+                             "--out", str(out / "r.jsonl"), "--match", str(out / "r.match.json"), *common,
+                             "--exclude", str(out / "generic_rel.jsonl")]) == 0
+    finally:
+        os.chdir(here)
+    got = {r["line"] for r in map(json.loads, (out / "r.jsonl").read_text().splitlines()) if r["row"] is None}
+    used = {r["line"] for r in map(json.loads, (out / "generic_rel.jsonl").read_text().splitlines())}
+    assert got and not got & used
     # a pool the exclusion empties falls short, and says so
     assert prompts_main(["--suite", "traffic_p", "--spec", json.dumps({**spec, "size": 24, "exclude": ["generic", "t"]}),
                          "--out", str(out / "e.jsonl"), "--match", str(out / "e.match.json"), *common,

@@ -84,7 +84,7 @@ def traffic_prompts(rng, strata: dict, counts: dict, out_tokens: int = 24):
 def traffic_cells(seed: int, suites: dict, concurrencies=(1, 4), repeats: int = 2, out_tokens: int = 24,
                   session_sd: float = 0.02, cell_sd: float = 0.02, strata: dict | None = None, rho=None,
                   min_requests_per_worker: int | None = None, request_sd: float = 0.0, request_df: float = 3.0,
-                  engine: Engine | None = None):
+                  engine: Engine | None = None, shift: dict | None = None):
     """Cells of a baseline `base` and a speculative server `spec` (k=3, step cost `rho(b)`) on `suites`
     (name -> {stratum: prompts}) at every concurrency and repeat, simulated by specmatch.calibration.des:
     continuous batching of whatever each suite mixes, per-prompt acceptance, every cell moved by its
@@ -93,7 +93,9 @@ def traffic_cells(seed: int, suites: dict, concurrencies=(1, 4), repeats: int = 
     or, with `min_requests_per_worker`, the whole passes a workflow cell sends (config.passes_for).
     `request_sd`: each request's times also moved by its own heavy-tailed noise (Student t with
     `request_df` dof, scaled to that sd in log: a stall, a scheduling hiccup), independent across
-    repeats, so two repeats' per-prompt values disagree beyond their prompts' spread."""
+    repeats, so two repeats' per-prompt values disagree beyond their prompts' spread. `shift` (suite ->
+    log): the speculative server's times on that suite moved by it (negative: faster), a world that
+    differs from what the other suites show, which a check against them should catch."""
     strata = strata or TRAFFIC_STRATA
     rng = np.random.default_rng(seed)
     base = engine or BASE
@@ -111,7 +113,9 @@ def traffic_cells(seed: int, suites: dict, concurrencies=(1, 4), repeats: int = 
             served = serve([engines[x] for x, _ in keys], c, np.tile(tokens[order], (m, 1)),
                            np.full((m, len(order)), out_tokens), rng,
                            match=np.broadcast_to(match[order], (m, len(order)) + match.shape[1:]))
-            served = served.scaled(np.exp([sessions[k] + rng.normal(0, cell_sd) for k in keys]))
+            moved = (shift or {}).get(u, 0.0)
+            served = served.scaled(np.exp([sessions[k] + rng.normal(0, cell_sd) + (moved if k[0] == "spec" else 0.0)
+                                           for k in keys]))
             ot = np.full(len(order), float(out_tokens))
             for i, (x, r) in enumerate(keys):
                 one = served.row(i)
@@ -253,6 +257,56 @@ def coverage(experiments: int, concurrencies=(1, 4), size: int = 16, seed: int =
                   "extrapolated": g.get("extrapolated", 0) / g["n"],
                   "width": float(np.mean(g["width"])), "bias": float(np.nanmean(err)), "sd": float(np.nanstd(err))}
     return {"rows": out, "truth": truth, "break_even_truth": be_truth}
+
+
+def _check_rows(a: tuple) -> list:
+    seed, c, size, shift, small = a
+    from ..data.prompts import allocate
+
+    verified = {p: m for p, m in PROFILES.items() if p != "training_mix"}
+    suites = {"basis": basis_counts(size, small), "generic": {"generic": size}}
+    for p, m in verified.items():
+        suites[f"traffic_{p}"] = {k: v for k, v in allocate(size, m).items() if v > 0}
+    cells = traffic_cells(seed, suites, concurrencies=(c,) if c == 1 else (1, c),
+                          shift={f"traffic_{p}": shift for p in verified})
+    an = analyse(cells, "base", Settings(bootstrap=200))
+    profiles = traffic_profiles()
+    for p in profiles.profiles:
+        if p.name in verified:
+            p.verify, p.suite = True, f"traffic_{p.name}"
+    return [(r.profile, r.concurrency, r.metric, r.check.agree, r.check.family_holds, r.check.detectable)
+            for r in traffic_report(an, profiles, [], lines=False) if r.check is not None and r.concurrency == c]
+
+
+def check_calibration(experiments: int, c: int = 4, shift: float = 0.0, size: int = 16, seed: int = 3000,
+                      small: int | None = None) -> dict:
+    """How often the check of a verified mix agrees (each verifying suite drawn afresh with its mix, as
+    the workflow draws it, disjoint from the estimation prompts): with `shift` 0 the prediction is right
+    and it should agree at the interval's level; with the speculative server `shift` (log) slower or
+    faster on the verifying suites than the estimates say, it should miss. Per (profile, metric) the
+    agreement rate with its Monte-Carlo error and the mean minimum detectable error; ("family", metric)
+    for the verified mixes together (Bonferroni)."""
+    jobs = [(_check_rows, (seed + e, c, size, shift, small)) for e in range(experiments)]
+    got: dict = {}
+    for rows in run_tasks(jobs):
+        fam: dict = {}
+        for prof, _c, metric, agree, holds, mde in rows:
+            g = got.setdefault((prof, metric), {"agree": 0, "n": 0, "mde": []})
+            g["agree"] += bool(agree)
+            g["n"] += 1
+            g["mde"].append(mde)
+            fam[metric] = holds
+        for metric, holds in fam.items():
+            if holds is not None:
+                g = got.setdefault(("family", metric), {"agree": 0, "n": 0, "mde": []})
+                g["agree"] += bool(holds)
+                g["n"] += 1
+    out = {}
+    for k, g in got.items():
+        p = g["agree"] / g["n"]
+        out[k] = {"agree": p, "mc_se": math.sqrt(max(p * (1 - p), 1e-12) / g["n"]), "n": g["n"],
+                  "detectable": float(np.mean(g["mde"])) if g["mde"] else None}
+    return out
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -22,8 +22,8 @@ suite with `length_strata` is drawn in equal shares from prompt-length strata (s
 from __future__ import annotations
 
 import argparse
+import functools
 import json
-import os
 import random
 import sys
 from collections import Counter
@@ -317,6 +317,13 @@ def file_stratum(name: str, prompts: list[Prompt]) -> dict:
     return {name: {"kind": "file", "prompts": len(prompts), "training_share": 0.0}}
 
 
+@functools.lru_cache(maxsize=None)
+def _same_file(path: str) -> str:
+    """A file's one spelling (absolute, links resolved): a suite's config may name it relative to the
+    workflow and another absolute, and an exclusion must see them as one."""
+    return str(Path(path).resolve())
+
+
 def traffic_suite(name: str, spec: dict, manifest: Manifest, cuts: pl.DataFrame, template: ChatTemplate,
                   need_messages: bool = False, exclude: dict | None = None) -> tuple[list[Prompt], SuiteMatch]:
     """A suite drawn with a traffic mix (specmatch.data.traffic): stratified over the strata, each stratum
@@ -324,12 +331,12 @@ def traffic_suite(name: str, spec: dict, manifest: Manifest, cuts: pl.DataFrame,
     (suite -> its prompts): the estimation suites, whose training rows (every turn of a row drawn) and
     file lines are never drawn again; what that leaves out is counted per suite (`disjoint_from`)."""
     exclude = exclude or {}
-    rows_out = {(os.path.normpath(p.file), p.row) for ps in exclude.values() for p in ps if p.row is not None}
+    rows_out = {(_same_file(p.file), p.row) for ps in exclude.values() for p in ps if p.row is not None}
     lines_out: dict = {}
     for u, ps in exclude.items():
         for p in ps:
             if p.row is None and p.line is not None:
-                lines_out.setdefault(os.path.normpath(p.file), {})[p.line] = u
+                lines_out.setdefault(_same_file(p.file), {})[p.line] = u
     disjoint = {u: 0 for u in exclude}
     files = list(spec.get("files") or {})
     sources = training_shares(manifest)
@@ -344,12 +351,12 @@ def traffic_suite(name: str, spec: dict, manifest: Manifest, cuts: pl.DataFrame,
         pool = eligible(cuts, {**spec.get("training", {}), "seed": seed}, skipped)
         pool = pool.filter(pl.col("source").is_in(list(wanted)))
         if rows_out:
-            drawn = pl.Series([f"{os.path.normpath(f)}\x00{r}" for f, r in
+            drawn = pl.Series([f"{_same_file(f)}\x00{r}" for f, r in
                                zip(pool["file"].to_list(), pool["row"].to_list())]).is_in(
                 [f"{f}\x00{r}" for f, r in rows_out])
-            by = {(os.path.normpath(p.file), p.row): u for u, ps in exclude.items() for p in ps if p.row is not None}
+            by = {(_same_file(p.file), p.row): u for u, ps in exclude.items() for p in ps if p.row is not None}
             for f, r in zip(pool.filter(drawn)["file"].to_list(), pool.filter(drawn)["row"].to_list()):
-                u = by[(os.path.normpath(f), r)]
+                u = by[(_same_file(f), r)]
                 disjoint[u] += 1
                 skipped[f"drawn by the estimation suite {u}"] += 1
             pool = pool.filter(~drawn)
@@ -361,7 +368,7 @@ def traffic_suite(name: str, spec: dict, manifest: Manifest, cuts: pl.DataFrame,
         if not k:
             continue
         path = spec["files"][f]["path"]
-        out = lines_out.get(os.path.normpath(path), {})
+        out = lines_out.get(_same_file(path), {})
         got, m = file_suite(f, {"path": path, "size": k, "seed": seed}, template, manifest, exclude_lines=set(out),
                             excluded_by="the estimation suite " + ", ".join(sorted(set(out.values()))))
         for u in out.values():

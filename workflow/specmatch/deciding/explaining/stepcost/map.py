@@ -83,7 +83,7 @@ class StepMap:
         pi = self.rr.session_share.get("tpot", 0.0)
         for x in (self.server, self.baseline):
             out.plus(self.rr.at("tpot", x, near), pi / R)
-            base = self.models[x].step(b, L)
+            base = max(self.models[x].step(b, L), 1e-12)   # the fit's own T: non-negative, positive at b >= 1
             for c in self.fit:
                 md = self.moved.get((x, c))
                 if md is None:

@@ -116,6 +116,26 @@ class Report:
         return pair
 
 
+def suite_pair(rep: Report, server: str, suite: str, c: int) -> Pair | None:
+    """One measured suite's own prompts as strata (each request's stratum), in the repeats both servers
+    measured it: what its measured speedup's prompt sample is, for a suite drawn stratified (a verifying
+    suite's allocation is fixed, so only the prompts within each stratum vary)."""
+    b = rep.an.baseline
+    reps = sorted({k[3] for k in rep.reqs if k[:3] == (server, suite, c)} & {k[3] for k in rep.reqs
+                                                                             if k[:3] == (b, suite, c)})
+    if not reps:
+        return None
+    crs = [rep.reqs[(x, suite, c, r)] for r in reps for x in (server, b)]
+    common = set.intersection(*(set(cr.prompts) for cr in crs))
+    by: dict = {}
+    for p, st in zip(crs[0].prompts, crs[0].strata):
+        if p in common:
+            by.setdefault(st, set()).add(p)
+    strata = {st: Stratum(st, suite, sorted(ps), {(x, r): per_prompt(rep.reqs[(x, suite, c, r)], sorted(ps))
+                                                 for r in reps for x in (server, b)}) for st, ps in by.items()}
+    return Pair(server, b, c, reps, strata, len(crs[0].prompts))
+
+
 def traffic_report(an, profiles: TrafficProfiles | None, matches: list[SuiteMatch], lines: bool = True
                    ) -> list[TrafficRow]:
     """Every profile's predicted speedup (module docstring) for every speculative server and concurrency,
@@ -168,6 +188,7 @@ def _rows(rep: Report, pair: Pair, pred: Predictor, metric: str, lines: bool = T
     ts, tb = rr.at(metric, x, c), rr.at(metric, an.baseline, c)
     run = ts is not None and tb is not None
     merr = misfit = None
+    span: dict = {}
     note_model = None
     if c > 1:
         res = model_residuals(rep.reqs, rep.m, rep.theta, x, an.baseline, c, metric, rep.model_suites)
@@ -176,6 +197,7 @@ def _rows(rep: Report, pair: Pair, pred: Predictor, metric: str, lines: bool = T
         cell_part = (1 - rr.session_share.get(metric, 0.0)) * (ts.total + tb.total) / R if run else 0.0
         merr = model_error(res, cell_part)
         misfit = _misfit(rep, pair)
+        span = _span(rep, x, c)
         if merr is None:
             note_model = "the model's error at c > 1 is unchecked (fewer than two measured suites)"
         if not any(k[2] == 1 and k[0] in (x, an.baseline) for k in rep.reqs):
@@ -232,7 +254,7 @@ def _rows(rep: Report, pair: Pair, pred: Predictor, metric: str, lines: bool = T
             where = "at the mix itself" if side[0] == 0 else f"at {toward} alone"
             note = (f"the point estimate crosses 1 at {point:.0%}, but the interval contains 1 {where}: "
                     "the line may not cross at all")
-            point = None
+            point = direction = None
         be = BreakEven(toward, point, lo, hi, direction, s0, curve, [], note)
         for u in rep.measuring + [p.suite for p in rep.profiles.profiles if p.suite]:
             comp = _composition(rep, x, u, c)
@@ -285,10 +307,13 @@ def _rows(rep: Report, pair: Pair, pred: Predictor, metric: str, lines: bool = T
                                        if k[0] not in ("traffic-w", "model", "model-reach")),
                      "model": sum(model) if model else (0.0 if c == 1 else None),
                      "dof": parts.dof, "repeats": R, "run_to_run_measured": run}
-        if c > 1 and misfit is not None:
-            row.context, row.context_range = mix_context(pair, mix), [math.exp(misfit.lo), math.exp(misfit.hi)]
-            row.extrapolated = misfit.outside(row.context) > 0
-            row.parts["context_shift"] = misfit.delta(pair, mix)
+        if c > 1 and span:
+            lo, hi = min(span.values()), max(span.values())
+            row.context, row.context_range = mix_context(pair, mix), [math.exp(lo), math.exp(hi)]
+            x_mix = math.log(max(row.context, 1e-9))
+            row.extrapolated = bool(x_mix < lo or x_mix > hi)
+            if misfit is not None:
+                row.parts["context_shift"] = misfit.delta(pair, mix)
         if prof.name == TRAINING_MIX:
             row.break_evens = lines_tm
             row.break_even = next((b for b in lines_tm if b.toward == toward_file), None)
@@ -303,8 +328,14 @@ def _rows(rep: Report, pair: Pair, pred: Predictor, metric: str, lines: bool = T
             comp = _composition(rep, x, prof.suite, c)
             at = interval(comp, ("check", prof.name)) if comp and pair.usable(comp) is None else None
             if at is not None:
+                vp = suite_pair(rep, x, prof.suite, c)
+                drawn = Predictor(vp, s.slo, s.rng) if vp is not None and all(st.n >= 2 for st in vp.strata.values()) else None
+                if drawn is not None:
+                    drawn.metric = metric
+                own = drawn.prompt_variance(comp) if drawn is not None else None
                 row.check = _check(an, prof.suite, x, c, metric, at, row.measured,
-                                   same_sessions(rep, prof.suite, (x, an.baseline), c))
+                                   same_sessions(rep, prof.suite, (x, an.baseline), c), own,
+                                   parts_run=[v for v in (ts, tb) if v is not None], repeats=R)
                 m = rep.matches.get(prof.suite)
                 row.check.disjoint = (m.disjoint_from is not None) if m is not None else None
                 if any(abs(comp.get(k, 0) - mix.get(k, 0)) > 1e-9 for k in set(comp) | set(mix)):
@@ -397,19 +428,24 @@ def _slope(rep: Report, x: str, c: int) -> tuple[float, float, int] | None:
     return slope, float((score ** 2).sum()) * G / (G - 1) / sxx ** 2, G
 
 
-def _misfit(rep: Report, pair: Pair) -> Misfit | None:
-    """The Misfit at the pair's concurrency (None without two measured contexts, or fewer than three
-    cells a server)."""
-    x, b, c = pair.server, pair.baseline, pair.concurrency
-    got = [_slope(rep, srv, c) for srv in (x, b)]
-    if any(g is None for g in got):
-        return None
+def _span(rep: Report, x: str, c: int) -> dict:
+    """Each model suite's log context per sequence at c (the speculative server's requests): where the
+    step model was measured."""
     suites = {}
     for u in rep.model_suites:
         crs = [cr for k, cr in rep.reqs.items() if k[:3] == (x, u, c)]
         if crs:
             suites[u] = math.log(max(float(np.mean(np.concatenate([cr.ptok + cr.out / 2 for cr in crs]))), 1e-9))
-    if len(set(suites.values())) < 2:
+    return suites
+
+
+def _misfit(rep: Report, pair: Pair) -> Misfit | None:
+    """The Misfit at the pair's concurrency (None without two measured contexts, or fewer than three
+    cells a server: the range alone then flags a mix beyond it, traffic_report)."""
+    x, b, c = pair.server, pair.baseline, pair.concurrency
+    got = [_slope(rep, srv, c) for srv in (x, b)]
+    suites = _span(rep, x, c)
+    if any(g is None for g in got) or len(set(suites.values())) < 2:
         return None
     (gs, vs, ns), (gb, vb, nb) = got
     return Misfit(min(suites.values()), max(suites.values()), gs - gb, vs + vb, float(min(ns, nb) - 1), suites)
@@ -419,29 +455,44 @@ def same_sessions(rep: Report, suite: str, servers: tuple, c: int) -> bool:
     """Whether the verifying suite's cells at c ran in the same server processes as the estimation
     suites' cells of their repeat (each cell's `server_session`): a cell added by a later invocation
     runs in a new process under the same repeat label, and shares no session with the estimates."""
-    for k, cell in rep.m.cells.items():
-        if k[0] in servers and k[1] == suite and k[2] == c:
-            own = getattr(cell, "server_session", None)
-            for u in rep.measuring:
-                other = rep.m.cells.get((k[0], u, c, k[3]))
-                if other is not None and getattr(other, "server_session", None) != own:
-                    return False
+    mine = [(k, cell) for k, cell in rep.m.cells.items() if k[0] in servers and k[1] == suite and k[2] == c]
+    if not mine:
+        return False
+    for k, cell in mine:
+        own = getattr(cell, "server_session", None)
+        others = [rep.m.cells.get((k[0], u, c, k[3])) for u in rep.measuring]
+        others = [o for o in others if o is not None]
+        # a repeat the estimates never ran, or a session nobody recorded, shares nothing that is known
+        if own is None or not others or any(getattr(o, "server_session", None) != own for o in others):
+            return False
     return True
 
 
 def _check(an, suite: str, server: str, c: int, metric: str, predicted: tuple, measured: Interval,
-           shared_sessions: bool = True) -> TrafficCheck:
+           shared_sessions: bool = True, own: tuple | None = None, parts_run: list | None = None,
+           repeats: int = 1) -> TrafficCheck:
     """Measured against predicted at the verifying suite's composition: log(measured / predicted) with
     the variance of both estimates less the server-session part they share (it cancels where both
-    were measured in the same server processes, `shared_sessions`)."""
+    were measured in the same server processes, `shared_sessions`). The measured side's prompt sample is
+    the suite's own as drawn (`own`: its strata's linearised variance at its composition, Predictor.
+    prompt_variance; a verifying suite's allocation is fixed, so the verdict's plain bootstrap by prompt,
+    which also counts which stratum a prompt came from, overstates it, by 2x in variance for a
+    generic-heavy mix in simulation), plus both servers' run to run at c over the repeats
+    (`parts_run`); without `own`, the verdict's own variance."""
     iv, parts, est = predicted
     s = an.settings
     cmp = next((k for k in an.comparisons.get((server, suite, metric), []) if k.concurrency == c), None)
     d = math.log(measured.value) - est.value
-    v_meas = cmp.se ** 2 if cmp is not None and cmp.se is not None else 0.0
     shared = sum(cmp.session.values()) if cmp is not None and shared_sessions else 0.0
+    if own is not None:
+        meas = VarianceSum().add(("measured-w", server, suite, c, metric), own[0], own[1])
+        for v in parts_run or []:
+            meas.plus(v, 1 / max(repeats, 1))
+        v_meas, dof = meas.total, VarianceSum().plus(parts).plus(meas).dof
+    else:
+        v_meas = cmp.se ** 2 if cmp is not None and cmp.se is not None else 0.0
+        dof = min(parts.dof, cmp.dof if cmp is not None else float("inf"))
     var = max(parts.total + v_meas - 2 * shared, parts.total - shared, 1e-12)
-    dof = min(parts.dof, cmp.dof if cmp is not None else float("inf"))
     t = t_ppf(0.5 + s.confidence / 2, dof)
     lo, hi = d - t * math.sqrt(var), d + t * math.sqrt(var)
     # the smallest error the check catches in 80% of runs: its two-sided level's t plus the 80th percentile
@@ -468,7 +519,7 @@ def pooled_checks(rows: list[TrafficRow], confidence: float) -> list[dict]:
             continue
         level = 1 - (1 - confidence) / len(rs)
         z = {r.profile: math.log(1 + r.check.error) / r.check.se for r in rs}
-        misses = [r.profile for r in rs if abs(z[r.profile]) > t_ppf(0.5 + level / 2, r.check.dof or float("inf"))]
+        misses = [r.profile for r in rs if abs(z[r.profile]) > t_ppf(0.5 + level / 2, r.check.dof if r.check.dof is not None else float("inf"))]
         out.append({"server": x, "concurrency": c, "metric": metric, "mixes": sorted(z), "holds": not misses,
                     "misses": sorted(misses), "worst": max(z, key=lambda p: abs(z[p]))})
     return out
