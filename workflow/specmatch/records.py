@@ -1222,6 +1222,9 @@ class BreakEven(Record):
     curve: list = field(default_factory=list)
     measured: list = field(default_factory=list)
     note: Optional[str] = None
+    # a crossing is established where the intervals at both ends lie on opposite sides of 1; otherwise
+    # `share` (when the mix itself is decided) is a point estimate of a crossing that may not exist
+    established: bool = False
 
 
 @dataclass

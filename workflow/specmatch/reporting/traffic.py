@@ -63,6 +63,11 @@ def break_even_text(b, c: int) -> str | None:
         return (f"c={c}: {b.note}" + (f" (the interval contains 1 {span} of {toward})" if span else "")
                 if b.note else None)
     verb = "stops paying" if b.direction == Direction.STOPS_PAYING else "starts paying"
+    if not b.established:
+        span = (f"from {_share(min(v for v in (lo, hi) if v is not None))} on"
+                if lo is not None or hi is not None else "along the whole line")
+        return (f"c={c}: the point estimate crosses 1 at {_share(b.share)} of {toward}, but {b.note} "
+                f"(the interval contains 1 {span})")
     if lo is not None and hi is not None:
         where = f"somewhere between {_share(min(lo, hi))} and {_share(max(lo, hi))}"
     elif lo is not None or hi is not None:

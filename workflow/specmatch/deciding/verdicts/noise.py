@@ -282,14 +282,19 @@ def _run_to_run(m: Measurements, servers: list[str] | None) -> RunToRun:
             configs.setdefault(key[:3], []).append(key)
     tau2, dofs, nconf, rmax = {}, {}, 0, 1
     groups, levels, shares, priors, dominant = {}, {}, {}, {}, {}
-    left_out = sorted(k for keys in configs.values() for k in keys if getattr(m.cells[k], "flagged", False))
+    # a cell measured beside another job (interference.flagged) says how busy the machine was, not how much
+    # a configuration moves between sessions: it stays in its verdict (flagged there), and out of tau^2
+    # where its configuration keeps two quiet repeats (else all its cells count: a busy machine's run to
+    # run is still the best measure there is of it, and intervals without one would be too narrow)
+    use = {}
+    for cfg, keys in configs.items():
+        quiet = [k for k in keys if not getattr(m.cells[k], "flagged", False)]
+        use[cfg] = quiet if len(quiet) >= 2 else keys
+    left_out = sorted(k for cfg, keys in configs.items() for k in keys if k not in use[cfg])
     for metric in m.settings.metrics:
         stats, resid, cfgs = [], [], []
         for cfg, keys in configs.items():
-            # a cell measured beside another job (interference.flagged) says how busy the machine was, not how
-            # much a configuration moves between sessions: it stays in its verdict (flagged there), not in tau^2
-            got = [(k[3], y) for k, y in ((k, cell_log_stat(m, k, metric)) for k in keys
-                                          if not getattr(m.cells[k], "flagged", False)) if y is not None]
+            got = [(k[3], y) for k, y in ((k, cell_log_stat(m, k, metric)) for k in use[cfg]) if y is not None]
             if len(got) >= 2:
                 ys = np.array([y for _, y in got])
                 q = float(((ys - ys.mean()) ** 2).sum())

@@ -248,14 +248,19 @@ def _rows(rep: Report, pair: Pair, pred: Predictor, metric: str, lines: bool = T
         # a crossing is established only where the intervals at both ends lie on opposite sides of 1;
         # otherwise the true line may never cross, and a point share would be read as if it did
         side = [1 if logs[i, 1] > 0 else -1 if logs[i, 2] < 0 else 0 for i in (0, -1)]
+        established = False
         if point is None:
             note = (f"{'pays' if logs[0, 0] > 0 else 'loses'} (point estimate) all the way to {toward} alone")
-        elif side[0] == 0 or side[1] != -side[0]:
-            where = "at the mix itself" if side[0] == 0 else f"at {toward} alone"
-            note = (f"the point estimate crosses 1 at {point:.0%}, but the interval contains 1 {where}: "
-                    "the line may not cross at all")
+        elif side[0] == 0:   # the mix itself is undecided: there is no side to cross from
+            note = (f"the point estimate crosses 1 at {point:.0%}, but the interval contains 1 at the mix "
+                    "itself: it is not known to pay or lose there")
             point = direction = None
-        be = BreakEven(toward, point, lo, hi, direction, s0, curve, [], note)
+        elif side[1] != -side[0]:   # the other end undecided: the line may never cross (the point is kept,
+            # unselected, with that said: suppressing it would leave only the points of lines that crossed early)
+            note = f"the interval contains 1 at {toward} alone: the line may not cross at all"
+        else:
+            established = True
+        be = BreakEven(toward, point, lo, hi, direction, s0, curve, [], note, established)
         for u in rep.measuring + [p.suite for p in rep.profiles.profiles if p.suite]:
             comp = _composition(rep, x, u, c)
             v = an.verdict(x, u, c, metric)
@@ -311,7 +316,9 @@ def _rows(rep: Report, pair: Pair, pred: Predictor, metric: str, lines: bool = T
             lo, hi = min(span.values()), max(span.values())
             row.context, row.context_range = mix_context(pair, mix), [math.exp(lo), math.exp(hi)]
             x_mix = math.log(max(row.context, 1e-9))
-            row.extrapolated = bool(x_mix < lo or x_mix > hi)
+            # flagged beyond 10% past the range (the context shift's variance grows from 0 continuously; the
+            # flag says where the model's reach itself is in question, not a hair past a suite's mean)
+            row.extrapolated = bool(x_mix < lo - REACH or x_mix > hi + REACH)
             if misfit is not None:
                 row.parts["context_shift"] = misfit.delta(pair, mix)
         if prof.name == TRAINING_MIX:
@@ -359,6 +366,9 @@ def mix_context(pair: Pair, mix: dict) -> float:
     return tot / wsum if wsum > 0 else float("nan")
 
 
+REACH = 0.1   # log: how far past the measured suites' contexts a mix is still read as inside them
+
+
 @dataclass
 class Misfit:
     """How the step model's misfit moves with the context per sequence at one concurrency, and where it
@@ -378,10 +388,6 @@ class Misfit:
     var_gamma: float
     dof: float
     suites: dict            # suite -> log context per sequence at c
-
-    def outside(self, context: float) -> float:
-        x = math.log(max(context, 1e-9))
-        return max(self.lo - x, x - self.hi, 0.0)
 
     def delta(self, pair: Pair, mix: dict) -> float:
         w = {s: v for s, v in mix.items() if v > 0 and s in pair.strata and pair.strata[s].suite in self.suites}
