@@ -94,11 +94,7 @@ class Report:
             if not reps or (server, u, c, reps[0]) not in self.reqs:
                 continue
             crs = [self.reqs[(x, u, c, r)] for r in reps for x in (server, b)]
-            common = set.intersection(*(set(cr.prompts) for cr in crs))
-            by: dict = {}
-            for p, st in zip(crs[0].prompts, crs[0].strata):
-                if p in common:
-                    by.setdefault(st, set()).add(p)
+            by = common_strata(crs)
             if u == self.profiles.basis or not size:
                 size = len(crs[0].prompts)
             for st, ps in by.items():
@@ -116,6 +112,16 @@ class Report:
         return pair
 
 
+def common_strata(crs: list) -> dict:
+    """The prompts every one of these cells answered, by stratum."""
+    common = set.intersection(*(set(cr.prompts) for cr in crs))
+    by: dict = {}
+    for p, st in zip(crs[0].prompts, crs[0].strata):
+        if p in common:
+            by.setdefault(st, set()).add(p)
+    return by
+
+
 def suite_pair(rep: Report, server: str, suite: str, c: int) -> Pair | None:
     """One measured suite's own prompts as strata (each request's stratum), in the repeats both servers
     measured it: what its measured speedup's prompt sample is, for a suite drawn stratified (a verifying
@@ -126,11 +132,7 @@ def suite_pair(rep: Report, server: str, suite: str, c: int) -> Pair | None:
     if not reps:
         return None
     crs = [rep.reqs[(x, suite, c, r)] for r in reps for x in (server, b)]
-    common = set.intersection(*(set(cr.prompts) for cr in crs))
-    by: dict = {}
-    for p, st in zip(crs[0].prompts, crs[0].strata):
-        if p in common:
-            by.setdefault(st, set()).add(p)
+    by = common_strata(crs)
     strata = {st: Stratum(st, suite, sorted(ps), {(x, r): per_prompt(rep.reqs[(x, suite, c, r)], sorted(ps))
                                                  for r in reps for x in (server, b)}) for st, ps in by.items()}
     return Pair(server, b, c, reps, strata, len(crs[0].prompts))
