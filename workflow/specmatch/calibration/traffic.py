@@ -30,6 +30,7 @@ from .des import Engine, serve
 from .grid import BASE
 from .pool import run_tasks
 from .simulate import cell
+from .tally import share
 from ..deciding.analysis import analyse
 from ..deciding.reading.measurements import Settings
 from ..config import passes_for
@@ -287,25 +288,21 @@ def check_calibration(experiments: int, c: int = 4, shift: float = 0.0, size: in
     agreement rate with its Monte-Carlo error and the mean minimum detectable error; ("family", metric)
     for the verified mixes together (Bonferroni)."""
     jobs = [(_check_rows, (seed + e, c, size, shift, small)) for e in range(experiments)]
-    got: dict = {}
+    flags: dict = {}    # (profile or "family", metric) -> one outcome per experiment
+    mdes: dict = {}
     for rows in run_tasks(jobs):
         fam: dict = {}
         for prof, _c, metric, agree, holds, mde in rows:
-            g = got.setdefault((prof, metric), {"agree": 0, "n": 0, "mde": []})
-            g["agree"] += bool(agree)
-            g["n"] += 1
-            g["mde"].append(mde)
+            flags.setdefault((prof, metric), []).append(agree)
+            mdes.setdefault((prof, metric), []).append(mde)
             fam[metric] = holds
         for metric, holds in fam.items():
             if holds is not None:
-                g = got.setdefault(("family", metric), {"agree": 0, "n": 0, "mde": []})
-                g["agree"] += bool(holds)
-                g["n"] += 1
+                flags.setdefault(("family", metric), []).append(holds)
     out = {}
-    for k, g in got.items():
-        p = g["agree"] / g["n"]
-        out[k] = {"agree": p, "mc_se": math.sqrt(max(p * (1 - p), 1e-12) / g["n"]), "n": g["n"],
-                  "detectable": float(np.mean(g["mde"])) if g["mde"] else None}
+    for k, f in flags.items():
+        p, se, n = share(f)
+        out[k] = {"agree": p, "mc_se": se, "n": n, "detectable": float(np.mean(mdes[k])) if k in mdes else None}
     return out
 
 

@@ -331,11 +331,13 @@ def traffic_suite(name: str, spec: dict, manifest: Manifest, cuts: pl.DataFrame,
     (suite -> its prompts): the estimation suites, whose training rows (every turn of a row drawn) and
     file lines are never drawn again; what that leaves out is counted per suite (`disjoint_from`)."""
     exclude = exclude or {}
-    rows_out = {(_same_file(p.file), p.row) for ps in exclude.values() for p in ps if p.row is not None}
-    lines_out: dict = {}
+    rows_out: dict = {}    # (file, row) -> the estimation suite that drew it
+    lines_out: dict = {}   # file -> {line: the estimation suite that drew it}
     for u, ps in exclude.items():
         for p in ps:
-            if p.row is None and p.line is not None:
+            if p.row is not None:
+                rows_out[(_same_file(p.file), p.row)] = u
+            elif p.line is not None:
                 lines_out.setdefault(_same_file(p.file), {})[p.line] = u
     disjoint = {u: 0 for u in exclude}
     files = list(spec.get("files") or {})
@@ -351,15 +353,12 @@ def traffic_suite(name: str, spec: dict, manifest: Manifest, cuts: pl.DataFrame,
         pool = eligible(cuts, {**spec.get("training", {}), "seed": seed}, skipped)
         pool = pool.filter(pl.col("source").is_in(list(wanted)))
         if rows_out:
-            drawn = pl.Series([f"{_same_file(f)}\x00{r}" for f, r in
-                               zip(pool["file"].to_list(), pool["row"].to_list())]).is_in(
-                [f"{f}\x00{r}" for f, r in rows_out])
-            by = {(_same_file(p.file), p.row): u for u, ps in exclude.items() for p in ps if p.row is not None}
-            for f, r in zip(pool.filter(drawn)["file"].to_list(), pool.filter(drawn)["row"].to_list()):
-                u = by[(_same_file(f), r)]
-                disjoint[u] += 1
-                skipped[f"drawn by the estimation suite {u}"] += 1
-            pool = pool.filter(~drawn)
+            by = [rows_out.get((_same_file(f), r)) for f, r in zip(pool["file"].to_list(), pool["row"].to_list())]
+            for u in by:
+                if u is not None:
+                    disjoint[u] += 1
+                    skipped[f"drawn by the estimation suite {u}"] += 1
+            pool = pool.filter(pl.Series([u is None for u in by]))
         chosen, _, short = sample(pool, sum(wanted.values()), {s: float(k) for s, k in wanted.items()}, seed)
         shortfall.update(short)
         prompts += load_prompts(name, chosen, template, need_messages)

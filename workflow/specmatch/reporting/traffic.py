@@ -89,7 +89,7 @@ def check_text(r: TrafficRow) -> str:
             how += f" (it would catch an error of {ck.detectable:.0%} in 80% of runs)"
     else:
         how = "**misses**: the prediction is off by more than its uncertainty allows"
-    if ck.disjoint is False or ck.disjoint is None:
+    if not ck.disjoint:
         how += "; the suite may share prompts with the estimation suites (it then agrees too often)"
     return f"{_iv(r.measured)}: measured / predicted {ck.error:+.0%} [{ck.lo:+.0%}, {ck.hi:+.0%}], {how}"
 

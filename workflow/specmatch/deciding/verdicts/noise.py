@@ -288,7 +288,7 @@ def _run_to_run(m: Measurements, servers: list[str] | None) -> RunToRun:
     # run is still the best measure there is of it, and intervals without one would be too narrow)
     use = {}
     for cfg, keys in configs.items():
-        quiet = [k for k in keys if not getattr(m.cells[k], "flagged", False)]
+        quiet = [k for k in keys if not m.cells[k].flagged]
         use[cfg] = quiet if len(quiet) >= 2 else keys
     left_out = sorted(k for cfg, keys in configs.items() for k in keys if k not in use[cfg])
     for metric in m.settings.metrics:

@@ -192,7 +192,7 @@ class Predictor:
             point.append(float(np.nanmean(log_speedup(self.metric, figs[self.p.server], figs[self.p.baseline]))))
         return np.array(point)
 
-    def prompt_variance(self, mix: dict) -> tuple[float, float]:
+    def prompt_variance(self, mix: dict, metric: str | None = None) -> tuple[float, float]:
         """The prompt sample's variance of the predicted log speedup and its dof: the post-stratified
         ratio linearised in each prompt's values averaged over the repeats (its influence psi_i: its
         share of the mix's numerator less its share of the denominator, server minus baseline), per
@@ -202,7 +202,8 @@ class Predictor:
         stratum gets its t quantile. Each prompt's mean over R repeats still holds 1/R of its own request
         noise, which run to run counts as well: the part errs wide by that. At c > 1 the influences are
         the prompts' values as measured at that concurrency: a prompt's weight in the mix's batches, to
-        first order."""
+        first order. `metric`: the one to read (default: the last estimate's)."""
+        self.metric = metric or self.metric
         tot: dict = {}
         means: dict = {}
         for x in (self.p.server, self.p.baseline):

@@ -158,12 +158,13 @@ def traffic_report(an, profiles: TrafficProfiles | None, matches: list[SuiteMatc
             if not pair.repeats:
                 continue
             pred = Predictor(pair, s.slo, s.rng)
+            # where the step model was measured in context, and its misfit's slope there: the same for
+            # every metric (c > 1 only; at c = 1 there is no model)
+            span = _span(rep, x, c) if c > 1 else {}
+            misfit = _misfit(rep, pair, span) if c > 1 else None
             for metric in metrics:
-                rows += _rows(rep, pair, pred, metric, lines)
-    for f in pooled_checks(rows, s.confidence):
-        for r in rows:
-            if r.check is not None and (r.server, r.concurrency, r.metric) == (f["server"], f["concurrency"], f["metric"]):
-                r.check.family, r.check.family_holds = f["mixes"], f["holds"]
+                rows += _rows(rep, pair, pred, metric, lines, span, misfit)
+    pooled_checks(rows, s.confidence)
     return rows
 
 
@@ -182,15 +183,15 @@ def _composition(rep: Report, server: str, suite: str, c: int) -> dict | None:
     return {k: v / total for k, v in counts.items()}
 
 
-def _rows(rep: Report, pair: Pair, pred: Predictor, metric: str, lines: bool = True) -> list[TrafficRow]:
+def _rows(rep: Report, pair: Pair, pred: Predictor, metric: str, lines: bool = True, span: dict | None = None,
+          misfit: Misfit | None = None) -> list[TrafficRow]:
     an, s = rep.an, rep.an.settings
     x, c = pair.server, pair.concurrency
     R = len(pair.repeats)
     rr = an.run_to_run
     ts, tb = rr.at(metric, x, c), rr.at(metric, an.baseline, c)
     run = ts is not None and tb is not None
-    merr = misfit = None
-    span: dict = {}
+    merr = None
     note_model = None
     if c > 1:
         res = model_residuals(rep.reqs, rep.m, rep.theta, x, an.baseline, c, metric, rep.model_suites)
@@ -198,8 +199,6 @@ def _rows(rep: Report, pair: Pair, pred: Predictor, metric: str, lines: bool = T
         # run to run is shared by every suite of a session, and cancels in the spread)
         cell_part = (1 - rr.session_share.get(metric, 0.0)) * (ts.total + tb.total) / R if run else 0.0
         merr = model_error(res, cell_part)
-        misfit = _misfit(rep, pair)
-        span = _span(rep, x, c)
         if merr is None:
             note_model = "the model's error at c > 1 is unchecked (fewer than two measured suites)"
         if not any(k[2] == 1 and k[0] in (x, an.baseline) for k in rep.reqs):
@@ -213,7 +212,7 @@ def _rows(rep: Report, pair: Pair, pred: Predictor, metric: str, lines: bool = T
             out.plus(ts, 1 / R).plus(tb, 1 / R)
         if merr is not None:
             out.add(("model", x, c, metric), merr[0], merr[1])
-        if c > 1 and misfit is not None:
+        if misfit is not None:
             v = misfit.variance(pair, mix)
             if v > 0:
                 out.add(("model-reach", x, c, metric) + key, v, misfit.dof)
@@ -314,7 +313,7 @@ def _rows(rep: Report, pair: Pair, pred: Predictor, metric: str, lines: bool = T
                                        if k[0] not in ("traffic-w", "model", "model-reach")),
                      "model": sum(model) if model else (0.0 if c == 1 else None),
                      "dof": parts.dof, "repeats": R, "run_to_run_measured": run}
-        if c > 1 and span:
+        if span:
             lo, hi = min(span.values()), max(span.values())
             row.context, row.context_range = mix_context(pair, mix), [math.exp(lo), math.exp(hi)]
             x_mix = math.log(max(row.context, 1e-9))
@@ -338,10 +337,8 @@ def _rows(rep: Report, pair: Pair, pred: Predictor, metric: str, lines: bool = T
             at = interval(comp, ("check", prof.name)) if comp and pair.usable(comp) is None else None
             if at is not None:
                 vp = suite_pair(rep, x, prof.suite, c)
-                drawn = Predictor(vp, s.slo, s.rng) if vp is not None and all(st.n >= 2 for st in vp.strata.values()) else None
-                if drawn is not None:
-                    drawn.metric = metric
-                own = drawn.prompt_variance(comp) if drawn is not None else None
+                own = (Predictor(vp, s.slo, s.rng).prompt_variance(comp, metric)
+                       if vp is not None and all(st.n >= 2 for st in vp.strata.values()) else None)
                 row.check = _check(an, prof.suite, x, c, metric, at, row.measured,
                                    same_sessions(rep, prof.suite, (x, an.baseline), c), own,
                                    parts_run=[v for v in (ts, tb) if v is not None], repeats=R)
@@ -382,10 +379,8 @@ class Misfit:
     (delta: log of the mix's, less the share-weighted log of its strata's suites') carries a misfit of
     about gamma x delta, which its interval takes as the variance (gamma^2 + var_gamma) delta^2: zero
     where the mix's batches are like the measured ones, growing with the distance, inside the measured
-    range and beyond it (`lo`, `hi`: the measured suites' log contexts; beyond them the mix is flagged
-    as extrapolated)."""
-    lo: float
-    hi: float
+    range and beyond it (`suites`: the measured suites' log contexts, _span; beyond them by more than
+    REACH the mix is flagged as extrapolated)."""
     gamma: float
     var_gamma: float
     dof: float
@@ -447,16 +442,17 @@ def _span(rep: Report, x: str, c: int) -> dict:
     return suites
 
 
-def _misfit(rep: Report, pair: Pair) -> Misfit | None:
-    """The Misfit at the pair's concurrency (None without two measured contexts, or fewer than three
-    cells a server: the range alone then flags a mix beyond it, traffic_report)."""
-    x, b, c = pair.server, pair.baseline, pair.concurrency
-    got = [_slope(rep, srv, c) for srv in (x, b)]
-    suites = _span(rep, x, c)
-    if any(g is None for g in got) or len(set(suites.values())) < 2:
+def _misfit(rep: Report, pair: Pair, span: dict) -> Misfit | None:
+    """The Misfit at the pair's concurrency from the suites' contexts there (`span`, _span); None without
+    two measured contexts, or fewer than three cells a server (the range alone then flags a mix beyond
+    it, _rows)."""
+    if len(set(span.values())) < 2:
+        return None
+    got = [_slope(rep, srv, pair.concurrency) for srv in (pair.server, pair.baseline)]
+    if any(g is None for g in got):
         return None
     (gs, vs, ns), (gb, vb, nb) = got
-    return Misfit(min(suites.values()), max(suites.values()), gs - gb, vs + vb, float(min(ns, nb) - 1), suites)
+    return Misfit(gs - gb, vs + vb, float(min(ns, nb) - 1), span)
 
 
 def same_sessions(rep: Report, suite: str, servers: tuple, c: int) -> bool:
@@ -467,11 +463,9 @@ def same_sessions(rep: Report, suite: str, servers: tuple, c: int) -> bool:
     if not mine:
         return False
     for k, cell in mine:
-        own = getattr(cell, "server_session", None)
-        others = [rep.m.cells.get((k[0], u, c, k[3])) for u in rep.measuring]
-        others = [o for o in others if o is not None]
+        others = [o for o in (rep.m.cells.get((k[0], u, c, k[3])) for u in rep.measuring) if o is not None]
         # a repeat the estimates never ran, or a session nobody recorded, shares nothing that is known
-        if own is None or not others or any(getattr(o, "server_session", None) != own for o in others):
+        if cell.server_session is None or not others or any(o.server_session != cell.server_session for o in others):
             return False
     return True
 
@@ -515,8 +509,8 @@ def pooled_checks(rows: list[TrafficRow], confidence: float) -> list[dict]:
     no mix's check misses at the family's level (Bonferroni, 1 - (1 - confidence) / m: valid whatever the
     checks share, the strata two mixes both weigh and the run to run of one server pair). Mixes that move
     the model's features differently (a generic-heavy mix, a long-context one) test it where one mix
-    alone cannot. One dict per family of two or more: server, concurrency, metric, mixes, holds and the
-    mix whose |log error| / se is largest."""
+    alone cannot. Each check of a family of two or more gets its `family` and `family_holds`; returns
+    one dict per family: server, concurrency, metric, mixes, holds."""
     fams: dict = {}
     for r in rows:
         if r.check is not None and r.check.se:
@@ -527,7 +521,9 @@ def pooled_checks(rows: list[TrafficRow], confidence: float) -> list[dict]:
             continue
         level = 1 - (1 - confidence) / len(rs)
         z = {r.profile: math.log(1 + r.check.error) / r.check.se for r in rs}
-        misses = [r.profile for r in rs if abs(z[r.profile]) > t_ppf(0.5 + level / 2, r.check.dof if r.check.dof is not None else float("inf"))]
-        out.append({"server": x, "concurrency": c, "metric": metric, "mixes": sorted(z), "holds": not misses,
-                    "misses": sorted(misses), "worst": max(z, key=lambda p: abs(z[p]))})
+        holds = all(abs(z[r.profile]) <= t_ppf(0.5 + level / 2, r.check.dof if r.check.dof is not None else float("inf"))
+                    for r in rs)
+        for r in rs:
+            r.check.family, r.check.family_holds = sorted(z), holds
+        out.append({"server": x, "concurrency": c, "metric": metric, "mixes": sorted(z), "holds": holds})
     return out
