@@ -291,3 +291,53 @@ def test_a_terminated_cell_says_why_in_its_log_and_dies_of_the_signal(tmp_path):
     out, err = p.communicate(timeout=30)
     assert p.returncode == -15 and "result written" not in out
     assert "specmatch: the cell was stopped by SIGTERM; it is aborted and writes no result" in err
+
+
+def test_any_step_ended_by_slurm_says_why_even_while_it_loads(tmp_path):
+    """`python -m specmatch` installs the notice before a step's imports: a step SLURM ends while it
+    loads, or while its server starts, names the allocation and the cause (here from a stand-in
+    squeue answering as SLURM 22.05 does after scancel) and dies of the signal."""
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    squeue = bin_dir / "squeue"
+    squeue.write_text("#!/bin/sh\necho 'COMPLETING|None'\n")
+    squeue.chmod(0o755)
+    code = ("import sys, time\n"
+            f"sys.path.insert(0, {str(REPO / 'workflow')!r})\n"
+            "from specmatch.ending import announce_termination\n"
+            "assert announce_termination('cell')\n"
+            "print('loading', flush=True)\n"
+            "time.sleep(60)\n"
+            "print('result written')\n")
+    env = {**os.environ, "SLURM_JOB_ID": "77", "PATH": f"{bin_dir}:{os.environ['PATH']}"}
+    p = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                         env=env)
+    assert p.stdout.readline().strip() == "loading"
+    p.terminate()
+    out, err = p.communicate(timeout=30)
+    assert p.returncode == -15 and "result written" not in out
+    assert ("specmatch cell: stopped by SIGTERM: SLURM is ending allocation 77: cancelled (scancel) "
+            "(squeue: COMPLETING None); it is aborted and writes no result") in err
+
+
+def test_the_entry_point_installs_the_notice_first_and_leaves_the_watchdog_its_own():
+    probe = ("import runpy, signal, sys\n"
+             f"sys.path.insert(0, {str(REPO / 'workflow')!r})\n"
+             "sys.argv = ['specmatch', sys.argv[1], '--help']\n"
+             "try:\n"
+             "    runpy.run_module('specmatch', run_name='__main__')\n"
+             "except SystemExit:\n"
+             "    pass\n"
+             "print('DEFAULT' if signal.getsignal(signal.SIGTERM) is signal.SIG_DFL else 'NOTICE', file=sys.stderr)\n")
+    got = {step: subprocess.run([sys.executable, "-c", probe, step], capture_output=True, text=True,
+                                timeout=60).stderr.strip().splitlines()[-1]
+           for step in ("cell", "watchdog")}
+    assert got == {"cell": "NOTICE", "watchdog": "DEFAULT"}
+    # a handler someone else installed stays theirs
+    code = ("import signal, sys\n"
+            f"sys.path.insert(0, {str(REPO / 'workflow')!r})\n"
+            "from specmatch.ending import announce_termination\n"
+            "signal.signal(signal.SIGTERM, signal.SIG_IGN)\n"
+            "print(announce_termination('cell'), signal.getsignal(signal.SIGTERM) is signal.SIG_IGN)\n")
+    assert subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          timeout=60).stdout.split() == ["False", "True"]

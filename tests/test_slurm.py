@@ -274,6 +274,32 @@ def test_workflow_to_summary_one_allocation_per_session(wd, slurm):
     print(f"\nslurm: up in {slurm['up_s']:.1f} s; the workflow to the summary in {elapsed:.0f} s")
 
 
+def measuring_cell(wd: Path, server: str, deadline: float, settled_s: float = 0.5) -> int:
+    """The pid of a `specmatch cell` process of `server` under `wd` that has been running for
+    `settled_s` (its interpreter is up, so a SIGTERM finds its handler); waits for one."""
+    seen: dict[int, float] = {}
+    while time.time() < deadline:
+        now = time.time()
+        for d in Path("/proc").iterdir():
+            if not d.name.isdigit():
+                continue
+            try:
+                args = [a.decode(errors="replace") for a in (d / "cmdline").read_bytes().split(b"\0")]
+                cwd = Path(os.readlink(d / "cwd"))
+            except OSError:
+                continue
+            if (args[1:4] == ["-m", "specmatch", "cell"] and "--name" in args[:-1]
+                    and args[args.index("--name") + 1] == server and cwd == Path(wd).resolve()):
+                seen.setdefault(int(d.name), now)
+        for pid, first in list(seen.items()):
+            if not Path(f"/proc/{pid}").exists():
+                del seen[pid]
+            elif now - first >= settled_s:
+                return pid
+        time.sleep(0.1)
+    raise AssertionError(f"no {server} cell was measuring before the deadline")
+
+
 def test_rerun_cells_share_an_allocation_and_a_cancel_recovers(wd, slurm):
     if not (wd / "results" / "summary" / "summary.md").exists():
         sm(wd, slurm, timeout=900)
@@ -297,7 +323,7 @@ def test_rerun_cells_share_an_allocation_and_a_cancel_recovers(wd, slurm):
             assert proc.poll() is None, "snakemake ended before a baseline cell ran"
             time.sleep(0.5)
         assert victim, "no baseline allocation started a server"
-        time.sleep(3)
+        measuring_cell(wd, "baseline", deadline)   # not between two cells: one of them must say why it ended
         subprocess.run(["scancel", victim], check=True, env=slurm["env"], timeout=30)
         log, _ = proc.communicate(timeout=600)
     finally:

@@ -193,7 +193,7 @@ class UnitReader:
                 if len(bits) != n or bits.translate(None, b"\x00\x01"):
                     return False  # not a flat list of 0/1: the exact path handles (or rejects) it
                 spans, kind = spans_from_mask(bits), "loss_mask"
-            elif (lab := bytes(r.labels)) != b"null":
+            elif bytes(r.labels) != b"null":
                 lab_ids = _ints(r.labels)
                 if lab_ids is None or lab_ids.size != n:
                     return False
@@ -202,7 +202,7 @@ class UnitReader:
                 spans, kind = self.template.spans_in_array(ids), "none"
             parsed.append((r, ids, spans, kind))
         st, tpl, tpl_set = self.res.stats["tokenized"], self.tpl_ids, self.tpl_set
-        src, path, rel = self.u.source, str(self.u.df.path), self.u.relfile
+        src, path = self.u.source, str(self.u.df.path)
         for i, (r, ids, spans, kind) in enumerate(parsed):
             st.add_spans(ids.size, spans, sum(e - s for s, e in spans))
             st.mask_kinds[kind] += 1

@@ -25,7 +25,7 @@ def noise_lines(d: Decided) -> list[str]:
         by_c = ", ".join(f"c={x.concurrency} ±{math.exp(math.sqrt(x.tau2)) - 1:.1%}" for x in levels)
         parts.append(f"{LABEL[f.metric]} ±{math.exp(math.sqrt(f.tau2)) - 1:.1%}" + (f" ({by_c})" if len(levels) > 1
                                                                                     else ""))
-    return [f"**Run-to-run variation, measured:** between fresh server sessions a configuration's figures move by "
+    return ["**Run-to-run variation, measured:** between fresh server sessions a configuration's figures move by "
             + "; ".join(parts) + f" (one standard deviation; pooled by a median fit over {rr.configurations} "
             f"configurations measured in {rr.repeats} repeats, so one outlying cell cannot set it; by concurrency in "
             "brackets). Each interval below uses its own server's and concurrency's, shrunk toward the pooled level "

@@ -21,7 +21,8 @@ On SLURM (profiles/slurm) each allocation has its own folder, results/.servers/<
 and its server ends with it: SLURM ends every process of a job, and the watchdog stops the server as
 soon as the allocation's Snakemake (its owner) is gone. What the workflow does when it ends
 (`end_of_run`) is therefore to stop this host's server and to remove the folders of allocations
-that have ended; a cell stopped by SLURM (scancel, time limit) says so in its log (`LeaseKeeper`).
+that have ended; a step stopped by SLURM (scancel, time limit) says so in its log (specmatch.ending; `LeaseKeeper` for a
+cell mid-measurement).
 """
 from __future__ import annotations
 
@@ -44,6 +45,7 @@ from pathlib import Path
 import requests
 
 from .engines import LaunchPlan, get_engine, redact_argv, redact_env
+from ..ending import die_saying, termination_cause
 from ..files import WORKFLOW_DIR, SpecmatchError, stable_hash, write_json
 
 
@@ -450,43 +452,6 @@ def tail(path: Path | str | None, lines: int = 40) -> str:
         return "(no log)"
 
 
-def slurm_ending_why(job: str, timeout: float = 5.0) -> str:
-    """Why SLURM is ending job `job`, as squeue says while its processes are being signalled: the
-    state is COMPLETING then, whatever the cause, and the reason tells (SLURM 22.05: `TimeLimit`
-    past the time limit, `None` after scancel)."""
-    try:
-        r = subprocess.run(["squeue", "--noheader", "--states=all", "--jobs", job, "--format=%T|%r"],
-                           capture_output=True, text=True, timeout=timeout)
-        state, reason = r.stdout.strip().split("|", 1) if r.returncode == 0 and "|" in r.stdout else ("", "")
-    except (OSError, subprocess.SubprocessError):
-        state, reason = "", ""
-    seen = f"squeue: {state} {reason}".strip() if state else "squeue gave no state"
-    if state == "TIMEOUT" or reason == "TimeLimit":
-        why = "past its time limit"
-    elif state == "PREEMPTED" or "preempt" in reason.lower():
-        why = "preempted"
-    elif state == "NODE_FAIL" or reason == "NodeDown":
-        why = "its node failed"
-    elif state == "CANCELLED" or (state == "COMPLETING" and reason == "None"):
-        why = "cancelled (scancel)"
-    else:
-        why = "cancelled, past its time limit or preempted"
-    return f"{why} ({seen})"
-
-
-def termination_cause(signum: int) -> str:
-    """Why this process got `signum`, as far as it can tell: inside a SLURM allocation, SLURM is
-    ending the job (scancel, time limit, preemption), and squeue says which."""
-    try:
-        name = signal.Signals(signum).name
-    except ValueError:
-        name = f"signal {signum}"
-    job = os.environ.get("SLURM_JOB_ID")
-    if not job:
-        return f"stopped by {name}"
-    return f"stopped by {name}: SLURM is ending allocation {job}: {slurm_ending_why(job)}"
-
-
 class LeaseKeeper:
     """Touches the lease while a cell runs, exits the process if the owning Snakemake dies, and, when
     the cell is terminated (SIGTERM: SLURM ending its allocation, or anyone), says why in the cell's
@@ -509,10 +474,7 @@ class LeaseKeeper:
 
     @staticmethod
     def _terminated(signum, frame):
-        print(f"specmatch: the cell was {termination_cause(signum)}; it is aborted and writes no result",
-              file=sys.stderr, flush=True)
-        signal.signal(signum, signal.SIG_DFL)
-        os.kill(os.getpid(), signum)   # die of it, as without this handler
+        die_saying(signum, f"specmatch: the cell was {termination_cause(signum)}; it is aborted and writes no result")
 
     def __enter__(self):
         if threading.current_thread() is threading.main_thread():

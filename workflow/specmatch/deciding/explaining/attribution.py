@@ -36,7 +36,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from ..verdicts.comparison import compare, decide, repeat_mean_variance, shared_variance
-from ..reading.measurements import Arrays, Measurements, plain_steps
+from ..reading.measurements import Arrays, Measurements, plain_steps, take, unit_draw, units
 from ..verdicts.noise import RunToRun, VarianceSum, _tau2_dof, fit_tau2
 from ...serving.engines import adapters, definitions
 from ...records import Interval
@@ -220,21 +220,22 @@ def decompose(m: Measurements, rr: RunToRun, acc_rr: tuple, server: str, baselin
     flavor = m.arrays[(server, suite, c, reps[0])].flavor
     # the same prompts and the same draw as the TPOT comparison (comparison.compare)
     prompts = common_prompts(m, server, baseline, suite, c, reps)
-    draw = s.rng("pair", server, baseline, suite, c, "tpot").integers(0, len(prompts), size=(s.bootstrap, len(prompts)))
+    sessions = m.session_ids()
+    draw = unit_draw(s.rng("pair", server, baseline, suite, c, "tpot"), prompts, sessions, s.bootstrap)
     log_tau, log_tpot, boot_tau, boot_tpot, sources = [], [], [], [], set()
     for r in reps:
         ps = PerPrompt.of(m.arrays[(server, suite, c, r)], prompts)
         pb = PerPrompt.of(m.arrays[(baseline, suite, c, r)], prompts)
         with np.errstate(invalid="ignore", divide="ignore"):
             log_tpot.append(math.log(pb.tpot_sum.sum() / pb.tpot_n.sum()) - math.log(ps.tpot_sum.sum() / ps.tpot_n.sum()))
-            boot_tpot.append(np.log(pb.tpot_sum[draw].sum(1) / pb.tpot_n[draw].sum(1))
-                             - np.log(ps.tpot_sum[draw].sum(1) / ps.tpot_n[draw].sum(1)))
+            boot_tpot.append(np.log(take(pb.tpot_sum, draw).sum(1) / take(pb.tpot_n, draw).sum(1))
+                             - np.log(take(ps.tpot_sum, draw).sum(1) / take(ps.tpot_n, draw).sum(1)))
         if per_decode_step:
             cell, a = m.cells[(server, suite, c, r)], m.arrays[(server, suite, c, r)]
             if ps.per_request and every_request_counted(a, cell):
                 sources.add("per-request metrics, tokens per decode step")
                 t = _per_decode_step(ps.decoded.sum(), ps.decode_steps.sum())[0]
-                bt = _per_decode_step(ps.decoded[draw].sum(1), ps.decode_steps[draw].sum(1))
+                bt = _per_decode_step(take(ps.decoded, draw).sum(1), take(ps.decode_steps, draw).sum(1))
             elif cell.spec_decode_num_drafts is not None and cell.spec_decode_num_accepted_tokens is not None:
                 sources.add("cell counters, tokens per decode step")
                 dec = float(np.maximum(a.out - 1, 0).sum())
@@ -246,8 +247,7 @@ def decompose(m: Measurements, rr: RunToRun, acc_rr: tuple, server: str, baselin
         elif ps.per_request:
             sources.add("per-request metrics")
             t = _tau(flavor, ps.steps.sum(), ps.drafted.sum(), ps.accepted.sum(), ps.out.sum())[0]
-            bt = _tau(flavor, ps.steps[draw].sum(1), ps.drafted[draw].sum(1), ps.accepted[draw].sum(1),
-                      ps.out[draw].sum(1))
+            bt = _tau(flavor, *(take(x, draw).sum(1) for x in (ps.steps, ps.drafted, ps.accepted, ps.out)))
         else:
             cell = m.cells[(server, suite, c, r)]
             t = cell.spec_decode_acceptance_length if cell.spec_decode_num_drafts else None
@@ -269,7 +269,7 @@ def decompose(m: Measurements, rr: RunToRun, acc_rr: tuple, server: str, baselin
     est_rho = est_tau - cmp.estimate  # cmp.estimate: mean over repeats of log TPOT speedup
     t2_acc, dof_acc = acc_rr
     run = R >= 2 and cmp.run_to_run
-    P = max(len(prompts) - 1, 1)
+    P = max(units(prompts, sessions) - 1, 1)
     tau_parts, rho_parts = VarianceSum(), VarianceSum()
     if run:
         # as comparison.compare: the prompt sample's part is what the repeats share (the covariance of

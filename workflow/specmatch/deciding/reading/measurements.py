@@ -48,7 +48,7 @@ from ...metrics import LABEL, LATENCY
 from ...records import CellResult
 from .sequential import Design
 
-__all__ = ["LABEL", "LATENCY", "Arrays", "Measurements", "Settings", "plain_steps", "rows_of"]
+__all__ = ["LABEL", "LATENCY", "Arrays", "Measurements", "Settings", "plain_steps", "rows_of", "take", "unit_draw", "units"]
 
 
 @dataclass
@@ -146,12 +146,21 @@ class Arrays:
         latencies and TPOT carry their influence on the others' in the drain (e2e_load, tpot_load)."""
         lat = self.e2e if self.e2e_load is None else self.e2e_load
         tpot = self.tpot if self.tpot_load is None else self.tpot_load
-        v = metrics.values(metric, self.out, self.good, lat, tpot)[idx]
+        v = metrics.values(metric, self.out, self.good, lat, tpot)
+        pad = idx < 0   # rows of a cluster resample are padded with -1 (unit_draw): they count for nothing
+        if not pad.any():
+            v = v[idx]
+            if not metrics.TABLE[metric].rate:
+                return metrics.estimate(metric, self.workers, v)
+            if not self.closed:
+                return metrics.open_loop_rate(v, self.duration) * (len(self.out) / idx.shape[-1])
+            return metrics.estimate(metric, self.workers, v, lat[idx])
         if not metrics.TABLE[metric].rate:
-            return metrics.estimate(metric, self.workers, v)
+            return metrics.estimate(metric, self.workers, np.where(pad, np.nan, v[idx]))   # a NaN-aware mean
+        v = np.where(pad, 0.0, v[idx])
         if not self.closed:
-            return metrics.open_loop_rate(v, self.duration) * (len(self.out) / idx.shape[-1])
-        return metrics.estimate(metric, self.workers, v, lat[idx])
+            return metrics.open_loop_rate(v, self.duration) * (len(self.out) / (~pad).sum(-1))
+        return metrics.estimate(metric, self.workers, v, np.where(pad, 0.0, lat[idx]))
 
     def point(self, metric: str, cell: CellResult) -> float | None:
         """The cell's own figure: a closed loop's throughput and goodput at its load (C x tokens or good
@@ -226,6 +235,7 @@ class Measurements:
     frames: dict = field(default_factory=dict, repr=False)   # key -> the cell's request records as read
     _rows: dict = field(default_factory=dict, repr=False)
     _estimates: dict = field(default_factory=dict, repr=False)
+    _sessions: dict | None = field(default=None, repr=False)
 
     @classmethod
     def of(cls, cells: list[tuple[CellResult, pl.DataFrame]], settings: Settings) -> "Measurements":
@@ -283,15 +293,59 @@ class Measurements:
         return self._rows[key]
 
     def session_ids(self) -> dict[str, str]:
-        """prompt id -> session id of every session suite's turn (the context axis resamples sessions)."""
-        out = {}
-        for df in self.frames.values():
-            if "session_id" in df.columns:
-                out.update(dict(df.select("prompt_id", "session_id").drop_nulls().iter_rows()))
-        return out
+        """prompt id -> session id of every session suite's turn: a session's turns are one resampling
+        unit wherever prompts are resampled (unit_draw), as its turns share the session's effect."""
+        if self._sessions is None:
+            out = {}
+            for df in self.frames.values():
+                if "session_id" in df.columns:
+                    out.update(dict(df.select("prompt_id", "session_id").drop_nulls().iter_rows()))
+            self._sessions = out
+        return self._sessions
 
     def repeats(self, server: str, suite: str, c: int) -> list[int]:
         return sorted(k[3] for k in self.cells if k[:3] == (server, suite, c))
+
+
+# -- resampling units -----------------------------------------------------------------------------
+def unit_draw(rng: np.random.Generator, prompts: list[str], unit_of: dict, resamples: int) -> np.ndarray:
+    """`resamples` bootstrap resamples of `prompts` by their resampling units (`unit_of`: prompt ->
+    unit; a session suite's turns share their session, every other prompt is its own): each row draws
+    as many units as there are, with replacement, and takes every prompt of each. Rows are positions
+    into `prompts`, padded with -1 where a row's units hold fewer prompts than the longest (`take`,
+    Arrays.stat read -1 as nothing). Why: a session's turns share its effect (its topic, its tools,
+    its cache); resampling turns treats them as independent and understates the prompt sample's
+    variance (tests/test_session_bootstrap.py measures by how much).
+
+    Where every unit is a single prompt the draw is rng.integers(0, n, (resamples, n)): the same draw,
+    from the same random source, as a bootstrap by prompt."""
+    n = len(prompts)
+    units = [unit_of.get(p, p) for p in prompts]
+    order = list(dict.fromkeys(sorted(units)))
+    if len(order) == n:
+        return rng.integers(0, n, size=(resamples, n))
+    where = {u: i for i, u in enumerate(order)}
+    members = [[] for _ in order]
+    for pos, u in enumerate(units):
+        members[where[u]].append(pos)
+    members = [np.array(x, dtype=np.int64) for x in members]
+    sizes = np.array([len(x) for x in members])
+    d = rng.integers(0, len(order), size=(resamples, len(order)))
+    out = np.full((resamples, int(sizes[d].sum(1).max())), -1, dtype=np.int64)
+    for i, row in enumerate(d):
+        got = np.concatenate([members[g] for g in row])
+        out[i, :got.size] = got
+    return out
+
+
+def units(prompts: list[str], unit_of: dict) -> int:
+    """How many resampling units `prompts` hold (unit_draw)."""
+    return len({unit_of.get(p, p) for p in prompts})
+
+
+def take(values, draw: np.ndarray) -> np.ndarray:
+    """values[draw] with a -1 of a padded draw (unit_draw) read as 0: what per-prompt sums need."""
+    return np.append(np.asarray(values, float), 0.0)[draw]
 
 
 def _configurations(m: Measurements) -> dict:

@@ -6,12 +6,12 @@ import numpy as np
 
 from ...records import Acceptance, AcceptanceSummary, GroupAcceptance
 from ...serving.engines import definitions
-from ..reading.measurements import Measurements
+from ..reading.measurements import Measurements, unit_draw
 
 
 def acceptance_summary(m: Measurements, server: str, suite: str) -> AcceptanceSummary:
     """The engine's own acceptance definition (engines/*: one per engine) over the pooled requests,
-    and its percentiles over resamples of prompts."""
+    and its percentiles over resamples of prompts (of sessions, for a session suite)."""
     cols = {"num_spec_steps": [], "num_draft_tokens": [], "num_accepted_tokens": [], "out": []}
     prompts, hold, flavor = [], [], None
     for key, a in m.arrays.items():
@@ -40,8 +40,9 @@ def acceptance_summary(m: Measurements, server: str, suite: str) -> AcceptanceSu
 
     n = len(ids)
     point = length(np.arange(n))
-    draw = m.settings.rng("acceptance", server, suite).integers(0, n, size=(m.settings.bootstrap, n))
-    boot = [x for x in (length(d) for d in draw) if x is not None]
+    # by prompt, or by session for a session suite's turns (unit_draw); a row's -1 padding draws nothing
+    draw = unit_draw(m.settings.rng("acceptance", server, suite), list(ids), m.session_ids(), m.settings.bootstrap)
+    boot = [x for x in (length(d[d >= 0]) for d in draw) if x is not None]
     q = (1 - m.settings.confidence) / 2
     hs = [h for h in hold if h is not None]
     return AcceptanceSummary(server, suite, point, float(np.quantile(boot, q)) if boot else None,

@@ -35,7 +35,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from ..reading.measurements import LATENCY, Measurements, Settings
+from ..reading.measurements import LATENCY, Measurements, Settings, unit_draw, units
 from .noise import RunToRun, VarianceSum
 from ...records import Crossover, Decision, Direction, Verdict
 from ..reading import sequential
@@ -59,6 +59,7 @@ class Comparison:
     note: str | None = None
     parts: VarianceSum | None = None   # se^2 by independent part: ("w", ...) the prompt sample, the rest run to run
     prompts: int = 0                   # prompts both servers answered in every repeat
+    units: int = 0                     # their resampling units: the prompts, or a session suite's sessions
     session: dict = field(default_factory=dict)  # server -> the variance its server sessions add (shared across c)
     effect_prior: tuple | None = None  # (mean, variance) of the effect before this comparison's data (effect_prior)
     frozen: Verdict | None = None      # the verdict the sequential design kept at the look it stopped (freeze)
@@ -86,7 +87,7 @@ def _bootstrap(m: Measurements, pairs: list, prompts: list, common: set, metric:
             rows = [by[p] for p in prompts]
             width = max(len(x) for x in rows)
             table = np.array([x + [x[0]] * (width - len(x)) for x in rows])  # passes are equal in practice
-            idx = table[draw].reshape(draw.shape[0], -1)
+            idx = np.where((draw < 0)[..., None], -1, table[draw]).reshape(draw.shape[0], -1)  # -1: padding
             with np.errstate(divide="ignore", invalid="ignore"):
                 one.append(np.log(a.stat(metric, idx)))
         rows_out.append(sign * (one[0] - one[1]))
@@ -135,17 +136,23 @@ def compare(m: Measurements, rr: RunToRun, server: str, against: str, suite: str
         cmp.note = "fewer than two prompts answered by both servers in every repeat"
         cmp.logs = []
         return cmp
-    draw = m.settings.rng("pair", server, against, suite, c, metric).integers(
-        0, len(prompts), size=(m.settings.bootstrap, len(prompts)))
+    sessions = m.session_ids()
+    n = units(prompts, sessions)   # prompts, or a session suite's sessions: the resampling units
+    if n < 2:
+        cmp.note = "fewer than two sessions answered by both servers in every repeat"
+        cmp.logs = []
+        return cmp
+    draw = unit_draw(m.settings.rng("pair", server, against, suite, c, metric), prompts, sessions,
+                     m.settings.bootstrap)
     boot = _bootstrap(m, pairs, prompts, common, metric, sign, draw)
     boot = boot[:, np.isfinite(boot).all(0)]
     R = len(cmp.logs)
-    # a bootstrap's variance of a mean over n prompts is the plug-in s^2 (n - 1) / n / n: short by n / (n - 1)
+    # a bootstrap's variance of a mean over n units is the plug-in s^2 (n - 1) / n / n: short by n / (n - 1)
     # (6% at the default's 16-18 prompts), which the unbiased s^2 / n, the jackknife's, puts back
-    unbias = len(prompts) / (len(prompts) - 1)
+    unbias = n / (n - 1)
     w_full = unbias * repeat_mean_variance(boot)
     cmp.estimate = float(np.mean(cmp.logs))
-    cmp.prompts = len(prompts)
+    cmp.prompts, cmp.units = len(prompts), n
     key = ("w", server, against, suite, c, metric)
     ts, ta = rr.at(metric, server, c), rr.at(metric, against, c)
     if ts is not None and ta is not None:
@@ -154,13 +161,13 @@ def compare(m: Measurements, rr: RunToRun, server: str, against: str, suite: str
         # where no request met the SLO, all or nothing in one burst) must not fall back to the prompt
         # sample alone, which called identical servers different in ~40% of such verdicts
         w = unbias * shared_variance(boot) if R >= 2 else w_full
-        cmp.parts = VarianceSum().add(key, w, len(prompts) - 1).plus(ts, 1 / R).plus(ta, 1 / R)
+        cmp.parts = VarianceSum().add(key, w, n - 1).plus(ts, 1 / R).plus(ta, 1 / R)
         cmp.run_to_run = True
         share = rr.session_share.get(metric, 0.0)
         cmp.session = {server: share * ts.total / R, against: share * ta.total / R}
     else:
         w = w_full
-        cmp.parts = VarianceSum().add(key, w, len(prompts) - 1)
+        cmp.parts = VarianceSum().add(key, w, n - 1)
     cmp.within = [w] * R
     cmp.se = math.sqrt(cmp.parts.total)
     cmp.dof = cmp.parts.dof

@@ -1,0 +1,243 @@
+"""The session ledger: where a session's time goes on a server against another, turn by turn.
+
+On agentic sessions speculation can gain in decoding what it loses in prefill: an engine that keeps
+less of a session's history in the prefix cache (vLLM drops the last cached block of every request
+when an EAGLE drafter is configured, `SpeculativeConfig.use_eagle_block_drop`) prefills more of every
+turn. A session throughput ratio mixes the two; the ledger splits it.
+
+Per turn of a session (paired with the other server's same session, turn and pass, in the same
+repeat), from the request's own records:
+
+- **prefill**: TTFT, the seconds before the first token: the uncached prompt's prefill (and, under
+  load, the wait for a slot);
+- **decode**: the seconds after it, taken at the other server's output length (its time per output
+  token after the first, times the other's tokens after the first) so a different answer length is
+  not counted as speed: (tokens per step) x (step cost), the decoding part;
+- the prompt tokens and those the prefix cache served (`cached_tokens`).
+
+A session's part is the sum over its turns. Per (server, against, suite, concurrency) the ledger
+gives each part's mean difference per session (server - against, seconds: positive is time lost),
+averaged over the repeats, with a Student t interval whose variance is the sessions' spread (s^2/n,
+sessions - 1 dof: the sessions resampled whole, never their turns) plus the repeats' (the spread of
+the repeat means over R, R - 1 dof: what server sessions move together), Satterthwaite's dof. The
+cache's share of the prefill part is the extra uncached tokens per session times the server's own
+prefill cost per uncached token (the least-squares slope of its TTFT on its turns' uncached tokens),
+with a delta-method interval. By turn index the same differences, with the median context, show how
+the split moves as the history grows.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Optional
+
+import numpy as np
+
+from ...records import Interval, Record
+from ...stats import t_ppf
+
+
+@dataclass
+class TurnLedger(Record):
+    """One turn index: mean differences per paired turn (server - against, seconds), median context."""
+    turn: int
+    pairs: int
+    context: Optional[float]
+    hit_share: Optional[float]
+    against_hit_share: Optional[float]
+    prefill_s: float
+    decode_s: float
+
+
+@dataclass
+class SessionLedger(Record):
+    """A server's session time against another's (the baseline, or the arm's own parent), split into
+    prefill and decoding (module docstring). Seconds per session, server - against: > 0 is time lost."""
+    server: str
+    against: str
+    suite: str
+    concurrency: int
+    repeats: int
+    sessions: int                                  # sessions paired whole in every repeat
+    turns: int                                     # their turns (per repeat)
+    hit_share: Optional[float] = None              # prompt tokens the prefix cache served, server
+    against_hit_share: Optional[float] = None
+    uncached_tokens: Optional[float] = None        # per session, server
+    against_uncached_tokens: Optional[float] = None
+    against_session_s: Optional[float] = None      # the other server's mean session time (prefill + decode)
+    prefill: Optional[Interval] = None             # seconds per session, server - against
+    decode: Optional[Interval] = None
+    total: Optional[Interval] = None
+    cache_part: Optional[Interval] = None          # of `prefill`: the extra uncached tokens at the server's rate
+    prefill_ms_per_token: Optional[float] = None   # the server's TTFT slope on uncached tokens
+    by_turn: list = field(default_factory=list)    # [TurnLedger]
+    confidence: float = 0.9
+    outputs_differ: int = 0                        # paired turns whose answers differ in length
+    note: Optional[str] = None
+
+
+def _turns(rows: list[dict]) -> dict:
+    """(session, pass, turn) -> the turn's figures, for the turns that succeeded."""
+    out = {}
+    for r in rows:
+        if not r["ok"] or r["session_id"] is None or r["ttft_s"] is None or r["e2e_s"] is None:
+            continue
+        n = int(r["output_tokens"] or 0)
+        out[(r["session_id"], r["pass_index"] or 0, r["turn"] or 0)] = {
+            "ttft": float(r["ttft_s"]), "decode": max(float(r["e2e_s"]) - float(r["ttft_s"]), 0.0), "out": n,
+            "prompt": r["prompt_tokens"], "cached": r["cached_tokens"]}
+    return out
+
+
+def _whole(turns: dict) -> dict:
+    """(session, pass) -> its turn numbers: the sessions whose turns succeeded from the first on."""
+    per: dict = {}
+    for s, p, t in turns:
+        per.setdefault((s, p), set()).add(t)
+    return {k: ts for k, ts in per.items() if ts == set(range(min(ts), min(ts) + len(ts)))}
+
+
+def _estimate(per_session: np.ndarray) -> tuple[float, float, float] | None:
+    """(estimate, se, dof) of the mean over repeats (rows) of the mean over sessions (columns): the
+    sessions' spread plus the repeat means' (module docstring)."""
+    R, n = per_session.shape
+    if n < 2:
+        return None
+    means = per_session.mean(1)
+    parts = [(float(per_session.mean(0).var(ddof=1)) / n, n - 1)]
+    if R >= 2:
+        parts.append((float(np.var(means, ddof=1)) / R, R - 1))
+    total = sum(v for v, _ in parts)
+    den = sum(v * v / d for v, d in parts if v > 0)
+    return float(means.mean()), math.sqrt(total), (total * total / den if den > 0 else float(n - 1))
+
+
+def _interval(got: tuple[float, float, float] | None, confidence: float) -> Interval | None:
+    if got is None:
+        return None
+    est, se, dof = got
+    t = t_ppf(0.5 + confidence / 2, dof)
+    return Interval(est, est - t * se, est + t * se)
+
+
+def _slope(xs: list[float], ys: list[float]) -> tuple[float, float] | None:
+    """Least-squares slope of ys on xs and its variance; None without a spread of xs."""
+    x, y = np.asarray(xs, float), np.asarray(ys, float)
+    if x.size < 3 or np.ptp(x) <= 0:
+        return None
+    xc = x - x.mean()
+    b = float((xc * (y - y.mean())).sum() / (xc * xc).sum())
+    resid = y - y.mean() - b * xc
+    return b, float((resid ** 2).sum() / (x.size - 2) / (xc * xc).sum())
+
+
+def session_ledger(by: dict, server: str, against: str, suite: str, c: int, confidence: float = 0.9
+                   ) -> SessionLedger | None:
+    """The ledger of `server` against `against` on session suite `suite` at concurrency `c` (module
+    docstring); `by`: cell key -> (cell, request rows). None where neither measured it."""
+    reps = sorted(k[3] for k in by if k[:3] == (server, suite, c) and (against, suite, c, k[3]) in by)
+    if not reps:
+        return None
+    led = SessionLedger(server, against, suite, c, len(reps), 0, 0, confidence=confidence)
+    mine = {r: _turns(by[(server, suite, c, r)][1]) for r in reps}
+    theirs = {r: _turns(by[(against, suite, c, r)][1]) for r in reps}
+    # sessions whole on both servers in every repeat, with the same turns
+    common = None
+    for r in reps:
+        a, b = _whole(mine[r]), _whole(theirs[r])
+        here = {(k, frozenset(a[k])) for k in a.keys() & b.keys() if a[k] == b[k]}
+        common = here if common is None else common & here
+    turns_of = dict(common or [])
+    sessions = sorted(turns_of)
+    led.sessions = len(sessions)
+    if len(sessions) < 2:
+        led.note = f"{len(sessions)} session(s) whole on both servers in every repeat: no ledger"
+        return led
+    turn_keys = [(s, p, t) for s, p in sessions for t in sorted(turns_of[(s, p)])]
+    led.turns = len(turn_keys)
+    prefill = np.zeros((len(reps), len(sessions)))
+    decode = np.zeros_like(prefill)
+    against_time = np.zeros_like(prefill)
+    extra = np.zeros_like(prefill)
+    at = {k: i for i, k in enumerate(sessions)}
+    by_turn: dict = {}
+    cached = {"mine": [0.0, 0.0], "theirs": [0.0, 0.0]}
+    uncached = {"mine": 0.0, "theirs": 0.0}
+    xs, ys = [], []
+    for i, r in enumerate(reps):
+        for key in turn_keys:
+            m, o = mine[r][key], theirs[r][key]
+            j = at[key[:2]]
+            tpot_m = m["decode"] / (m["out"] - 1) if m["out"] > 1 else 0.0
+            dec_m = tpot_m * max(o["out"] - 1, 0)     # at the other server's output length
+            p_diff, d_diff = m["ttft"] - o["ttft"], dec_m - o["decode"]
+            prefill[i, j] += p_diff
+            decode[i, j] += d_diff
+            against_time[i, j] += o["ttft"] + o["decode"]
+            led.outputs_differ += m["out"] != o["out"]
+            row = by_turn.setdefault(key[2], {"pairs": 0, "p": 0.0, "d": 0.0, "ctx": [], "mc": [0.0, 0.0],
+                                               "tc": [0.0, 0.0]})
+            row["pairs"] += 1
+            row["p"] += p_diff
+            row["d"] += d_diff
+            if m["prompt"] is not None:
+                row["ctx"].append(m["prompt"])
+            for who, f, acc in (("mine", m, row["mc"]), ("theirs", o, row["tc"])):
+                if f["prompt"] and f["cached"] is not None:
+                    cached[who][0] += f["cached"]
+                    cached[who][1] += f["prompt"]
+                    acc[0] += f["cached"]
+                    acc[1] += f["prompt"]
+                    uncached[who] += f["prompt"] - f["cached"]
+            if m["prompt"] and m["cached"] is not None and o["prompt"] and o["cached"] is not None:
+                extra[i, j] += (m["prompt"] - m["cached"]) - (o["prompt"] - o["cached"])
+                xs.append(m["prompt"] - m["cached"])
+                ys.append(m["ttft"])
+    n_sessions = len(reps) * len(sessions)
+    if cached["mine"][1]:
+        led.hit_share = cached["mine"][0] / cached["mine"][1]
+        led.uncached_tokens = uncached["mine"] / n_sessions
+    if cached["theirs"][1]:
+        led.against_hit_share = cached["theirs"][0] / cached["theirs"][1]
+        led.against_uncached_tokens = uncached["theirs"] / n_sessions
+    led.against_session_s = float(against_time.mean())
+    led.prefill = _interval(_estimate(prefill), confidence)
+    led.decode = _interval(_estimate(decode), confidence)
+    led.total = _interval(_estimate(prefill + decode), confidence)
+    fit = _slope(xs, ys)
+    tokens = _estimate(extra)
+    if fit is not None and tokens is not None and led.hit_share is not None and led.against_hit_share is not None:
+        (b, var_b), (tok, se_tok, dof) = fit, tokens
+        led.prefill_ms_per_token = 1000 * b
+        # delta method: the slope's variance and the extra tokens' are independent parts
+        led.cache_part = _interval((b * tok, math.sqrt((b * se_tok) ** 2 + tok ** 2 * var_b), dof), confidence)
+    for turn in sorted(by_turn):
+        row = by_turn[turn]
+        led.by_turn.append(TurnLedger(
+            turn, row["pairs"], float(np.median(row["ctx"])) if row["ctx"] else None,
+            row["mc"][0] / row["mc"][1] if row["mc"][1] else None, row["tc"][0] / row["tc"][1] if row["tc"][1] else None,
+            row["p"] / row["pairs"], row["d"] / row["pairs"]))
+    return led
+
+
+def ledger_text(led: SessionLedger) -> str:
+    """One sentence: 'eagle3 gains X s per session in decoding and loses Y s in prefill because the cache
+    serves Z% less' (signs as measured, each with its interval)."""
+    if led.decode is None or led.prefill is None:
+        return f"`{led.server}` against `{led.against}` at c={led.concurrency}: {led.note or 'no ledger'}"
+
+    def part(iv: Interval, what: str) -> str:
+        verb = "loses" if iv.value > 0 else "gains"
+        return f"{verb} {abs(iv.value):.2f} s [{-iv.hi if verb == 'gains' else iv.lo:.2f}, " \
+               f"{-iv.lo if verb == 'gains' else iv.hi:.2f}] per session {what}"
+
+    text = f"`{led.server}` against `{led.against}` at c={led.concurrency}: {part(led.decode, 'in decoding')} and " \
+           f"{part(led.prefill, 'in prefill')}"
+    if led.hit_share is not None and led.against_hit_share is not None:
+        diff = led.against_hit_share - led.hit_share
+        text += (f"; the prefix cache serves {abs(diff) * 100:.0f} points {'less' if diff > 0 else 'more'} of the prompt "
+                 f"({led.hit_share * 100:.0f}% against {led.against_hit_share * 100:.0f}%)")
+        if led.cache_part is not None:
+            text += (f", about {led.cache_part.value:.2f} s [{led.cache_part.lo:.2f}, {led.cache_part.hi:.2f}] of the "
+                     f"prefill part at its {led.prefill_ms_per_token:.2f} ms per uncached token")
+    return text + f" ({led.sessions} sessions x {led.repeats} repeat(s), {int(led.confidence * 100)}% intervals)."
