@@ -8,7 +8,7 @@ import yaml
 
 from builders import KSWEEP_CONFIG, copy_workflow, job_counts, run, shipped_config, snakemake_cmd
 from specmatch.config import validate
-from specmatch.serving.controls import OFF, control_plan, recommendation_suites, with_controls
+from specmatch.serving.controls import CACHE, OFF, cache_arm_plan, control_plan, recommendation_suites, with_controls
 from specmatch.files import SpecmatchError
 from specmatch.data.prompts import LIST_HEAD, file_suite
 from specmatch.records import Prompt
@@ -140,3 +140,48 @@ def test_length_like_composes_control_prompts_as_long_as_the_training_suites(tmp
     assert [p.text for p in again] == [p.text for p in prompts]  # seeded
     with pytest.raises(SpecmatchError, match="no prompts"):
         file_suite("long", {"path": str(qs), "size": 6, "length_like": "train"}, tpl, None, [])
+
+
+def with_sessions(prefix_cache: bool = True, **controls):
+    raw = shipped_config(ngram=4)
+    raw["suites"]["sess"] = {"kind": "session", "size": 16, "max_turns": 2, "seed": 0}
+    raw["summary"]["controls"] = {"configured_off": False, "prefix_cache": prefix_cache, **controls}
+    return validate(raw)
+
+
+def test_the_cache_arm_is_the_server_with_its_engines_opt_out_on_the_session_suites_only():
+    cfg = with_controls(with_sessions())
+    arms = {n: s for n, s in cfg["servers"].items() if n.endswith(CACHE)}
+    # every eagle3 member drops a block; n-gram drafting drops none (vLLM: EAGLE-like methods only)
+    assert set(arms) == {n + CACHE for n, s in cfg["servers"].items()
+                         if (s.get("speculative") or {}).get("method") == "eagle3" and not n.endswith(CACHE)}
+    for name, srv in arms.items():
+        parent = cfg["servers"][name[: -len(CACHE)]]
+        assert srv["speculative"] == {**parent["speculative"], "disable_eagle_block_drop": True}
+        assert srv["suites"] == ["sess"]
+        assert {k: v for k, v in srv.items() if k not in ("speculative", "suites")} == \
+            {k: v for k, v in parent.items() if k not in ("speculative", "suites")}
+    _, why = cache_arm_plan(with_sessions())
+    assert "drops no prefix-cache block for method 'ngram'" in why["ngram"]
+    assert not cache_arm_plan(with_sessions(prefix_cache=False))[0]
+    # no session suite: nothing to measure it on, said so
+    raw = with_sessions()
+    del raw["suites"]["sess"]
+    extra, why = cache_arm_plan(raw)
+    assert not extra and "no session suite" in why["eagle3@k=5"]
+
+
+def test_sglang_and_external_servers_have_no_cache_opt_out():
+    cfg = with_sessions(servers=["sg", "ext"])
+    cfg["servers"]["sg"] = {"engine": "sglang", "model": "m", "speculative": {"method": "EAGLE3", "model": "d"}}
+    cfg["servers"]["ext"] = {"engine": "external", "base_url": "http://127.0.0.1:9", "model": "m",
+                             "speculative": {"method": "eagle3", "model": "d"}, "reads_as": "vllm"}
+    extra, why = cache_arm_plan(cfg)
+    assert not extra and "SGLang" in why["sg"] and "external endpoint" in why["ext"]
+
+
+def test_an_arm_name_in_the_config_is_refused():
+    cfg = with_sessions()
+    cfg["servers"]["x" + CACHE] = dict(cfg["servers"]["baseline"])
+    with pytest.raises(SpecmatchError, match="__keepcache are the workflow's own"):
+        with_controls(cfg)

@@ -303,3 +303,59 @@ def test_forced_acceptance_environment_is_sglangs_own(release):
     for name in env:
         assert f"    {name} = Env" in environ, name
     assert '"real-draft-token"' in utils and env["SGLANG_SIMULATE_ACC_TOKEN_MODE"] == "real-draft-token"
+
+
+@needs_vllm
+@pytest.mark.slow  # vLLM's engine-config validation: seconds per argv
+def test_the_cache_arm_turns_vllms_block_drop_off_and_nothing_else(tiny_target, tmp_path, tok):
+    """vLLM's own SpeculativeConfig from the arm's argv: the block drop off (use_eagle_block_drop False)
+    with the drafter still on (use_eagle True, the same method and k); the original keeps it on. For
+    every method vLLM names (its SpeculativeMethod literal), the adapter offers the arm exactly where
+    vLLM would drop a block (use_eagle_block_drop of that method; a model's MTP type is read as mtp)."""
+    import typing
+
+    from specmatch.training.drafter import Budget, checkpoint_config
+    from vllm.config import speculative as vspec
+
+    head = tmp_path / "eagle3"
+    head.mkdir()
+    cfg = json.loads((tiny_target / "config.json").read_text())
+    (head / "config.json").write_text(json.dumps(checkpoint_config(cfg, Budget(draft_vocab=64), [1, 2, 3])))
+    server = {"engine": "vllm", "model": str(tiny_target),
+              "speculative": {"method": "eagle3", "model": str(head), "num_speculative_tokens": 3}}
+    arm, why = get_engine(server).prefix_cache_kept()
+    assert why is None
+    _, original, _ = vllm_check(vllm_plan({"model": server["model"], "speculative": server["speculative"]}).argv[3:])
+    _, kept, _ = vllm_check(vllm_plan({"model": server["model"], "speculative": arm}).argv[3:])
+    assert original.use_eagle_block_drop() and not kept.use_eagle_block_drop()
+    assert kept.use_eagle() and (kept.method, kept.num_speculative_tokens) == (original.method, 3)
+
+    def names(t) -> set:
+        args = typing.get_args(t)
+        return {t} if not args else set().union(*(names(a) for a in args))
+
+    for method in sorted(names(vspec.SpeculativeMethod)):
+        probe = object.__new__(vspec.SpeculativeConfig)
+        probe.method, probe.disable_eagle_block_drop = ("mtp" if method.endswith("_mtp") else method), False
+        offered = get_engine({**server, "speculative": {"method": method}}).prefix_cache_kept()[0] is not None
+        assert offered == probe.use_eagle_block_drop(), method
+
+
+def test_sglang_has_no_server_argument_that_keeps_eagles_cache_loss_off():
+    """The SGLang adapter says there is no opt-out: none of the pinned release's own server arguments
+    names both speculation (or EAGLE) and the cache, besides the draft model's own KV settings."""
+    if not (SG_NEW / ".done").exists():
+        pytest.skip("the pinned SGLang release is not installed (scripts/test.sh runs scripts/setup-parsers.sh)")
+    code = ("import argparse, json\nfrom sglang.srt.server_args import ServerArgs\n"
+            "p = argparse.ArgumentParser(); ServerArgs.add_cli_args(p)\n"
+            "print(json.dumps([s for a in p._actions for s in a.option_strings]))")
+    env = {"PYTHONPATH": str(SG_NEW), "PATH": "/usr/bin:/bin", "HF_HUB_OFFLINE": "1"}
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=300)
+    assert r.returncode == 0, r.stderr[-2000:]
+    flags = json.loads(r.stdout.strip().splitlines()[-1])
+    assert "--disable-radix-cache" in flags and "--speculative-algorithm" in flags   # the parser was read
+    both = [f for f in flags if ("spec" in f or "eagle" in f) and ("cache" in f or "radix" in f or "drop" in f)
+            and f not in ("--speculative-draft-kv-cache-dtype",)]
+    assert both == []
+    assert get_engine({"engine": "sglang", "model": "m", "sglang_version": "0.5.23",
+                       "speculative": {"method": "EAGLE3", "model": "d"}}).prefix_cache_kept()[0] is None

@@ -5,11 +5,14 @@ Nothing here decides anything.
 """
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass
 from pathlib import Path
 
 from ..deciding.explaining.context import ContextAxis
+from ..deciding.explaining.ledger import ledger_text
 from ..deciding.explaining.stopping import StoppingReport
+from ..serving.controls import is_cache_arm, parent
 from .formats import save_figure
 from ..records import Decision
 from .decided import Decided
@@ -169,8 +172,15 @@ def session_lines(rep: Report, an) -> list[str]:
     ss = rep.stopping.sessions
     if not ss:
         return []
-    out = ["## Sessions", "",
-           "Session suites replay whole conversations turn by turn (each turn the history so far; concurrency = "
+    out = ["## Sessions", ""]
+    leds = [x for x in rep.stopping.ledgers if x.decode is not None]
+    if leds:
+        out += ["**Where a session's time goes** (seconds per session against the other server's same sessions, "
+                "prefill = time to first token, decoding at the other's answer lengths; sessions resampled whole):", ""]
+        out += [f"- {ledger_text(x)}" + (f" Session time {_iv(x.speedup)}: {x.verdict.value}." if x.speedup else "")
+                for x in leds]
+        out += ["", *ledger_flag_lines(rep, an), ""]
+    out += ["Session suites replay whole conversations turn by turn (each turn the history so far; concurrency = "
            "sessions in flight; the prefix cache reset once before each cell). Session throughput: each session's "
            "output tokens over its wall time, against the baseline's same session.", "",
            "| server | suite | c | sessions (whole / cut short) | turns sent (failed, not sent) | prefix-cache hit | "
@@ -185,6 +195,31 @@ def session_lines(rep: Report, an) -> list[str]:
                    f"{x.turns_sent} ({x.turns_failed}, {x.turns_not_sent}) | {hit} | {ttft or '—'} | {thr} | "
                    f"{x.verdict.value if x.verdict else '—'} |")
     return out + [""]
+
+
+def ledger_flag_lines(rep: Report, an) -> list[str]:
+    """Whether each cache arm's flag pays on the sessions (its ledger against the server it is the arm of)
+    and whether it changes answers (its outputs against the baseline's, beside the original's)."""
+    out = []
+    agree = {(a.server, a.suite, a.concurrency): a for a in rep.stopping.agreement}
+    for x in rep.stopping.ledgers:
+        if not is_cache_arm(x.server) or x.against != parent(x.server) or x.speedup is None:
+            continue
+        mine, theirs = an.facts(x.server), an.facts(x.against)
+        flag, own = (mine.speculative if mine else None) or {}, (theirs.speculative if theirs else None) or {}
+        keys = ", ".join(f"`{k}: {json.dumps(v)}`" for k, v in flag.items() if own.get(k) != v)
+        pays = {"pays": "pays", "loses": "costs", "equivalent": "changes nothing that matters"}.get(
+            x.verdict.value if x.verdict else "", "is not decided")
+        text = (f"- **The flag** ({keys or 'the engine opt-out'}) on `{x.against}` at c={x.concurrency}: it {pays} on "
+                f"these sessions ({_iv(x.speedup)} session time)")
+        a, o = agree.get((x.server, x.suite, x.concurrency)), agree.get((x.against, x.suite, x.concurrency))
+        if a is not None and a.compared:
+            text += (f"; its answers match the baseline's in {a.identical}/{a.compared} turns"
+                     + (f" (without the flag {o.identical}/{o.compared})" if o is not None and o.compared else ""))
+            if o is not None and o.compared and a.identical / a.compared < o.identical / o.compared - 0.1:
+                text += ": **the flag changes answers**"
+        out.append(text + ".")
+    return out
 
 
 # -- the plot -----------------------------------------------------------------------------------------

@@ -11,7 +11,7 @@ import numpy as np
 
 from ..deciding.recommending.deployment import RECOMMENDED
 from .formats import save_figure
-from ..serving.controls import OFF, is_control
+from ..serving.controls import is_control, is_off, parent
 from . import context, kreport, stepcost, traffic
 from .decided import Decided
 
@@ -23,13 +23,13 @@ def server_styles(servers: list[str]) -> dict[str, dict]:
     """One colour per server in every plot, from the order servers appear (the config's order, the
     baseline first): a control (`x__off`) and a recommended server (`x__recommended`) take their
     parent's colour with a dashed or dotted line, so a reader links them at a glance."""
-    parents = list(dict.fromkeys(x[:-len(OFF)] if is_control(x) else x[:-len(RECOMMENDED)] if x.endswith(RECOMMENDED) else x
+    parents = list(dict.fromkeys(parent(x) if is_control(x) else x[:-len(RECOMMENDED)] if x.endswith(RECOMMENDED) else x
                                  for x in servers))
     colour = {p: PALETTE[i % len(PALETTE)] for i, p in enumerate(parents)}
     out = {}
     for x in servers:
         if is_control(x):
-            out[x] = {"color": colour[x[:-len(OFF)]], "linestyle": "--"}
+            out[x] = {"color": colour[parent(x)], "linestyle": "--" if is_off(x) else "-."}
         elif x.endswith(RECOMMENDED):
             out[x] = {"color": colour[x[:-len(RECOMMENDED)]], "linestyle": ":"}
         else:

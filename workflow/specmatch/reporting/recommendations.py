@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from ..metrics import LABEL
 from ..records import Decision, Deployment, Outcome, Recommendation, Verification
-from ..serving.controls import OFF
+from ..serving.controls import CACHE, OFF
 from .decided import Decided
 from .formats import concurrencies, number
 from .verdicts import not_drafting
@@ -68,5 +68,39 @@ def recommendation_lines(d: Decided, recs: list[Recommendation]) -> list[str]:
         if cause["configured"]:
             text += (f" At c={concurrencies(cause['configured'])} its configured-off control `{r.server}{OFF}` pays as "
                      "much: the gain comes with the configuration, not from drafting (see \"Why it pays\").")
-        lines.append(text)
+        lines.append(text + cache_flag_text(d, r.server))
     return lines
+
+
+def cache_flag_text(d: Decided, server: str) -> str:
+    """The engine's prefix-cache opt-out, named where its cache arm paid on the session suites against
+    the server as configured and kept the answers the server gives without it (see "Sessions")."""
+    arm = server + CACHE
+    led = [x for x in d.decisions.stopping.ledgers if x.server == arm and x.against == server and x.verdict]
+    if not led:
+        return ""
+    pays = [x for x in led if x.verdict == Decision.PAYS]
+    costs = [x for x in led if x.verdict == Decision.LOSES]
+    agree = {(a.server, a.suite, a.concurrency): a for a in d.decisions.stopping.agreement}
+
+    def kept_answers(x) -> bool:   # the arm's answers match the baseline's no less than the server's (10 points)
+        a, o = agree.get((arm, x.suite, x.concurrency)), agree.get((server, x.suite, x.concurrency))
+        return (a is None or o is None or not a.compared or not o.compared
+                or a.identical / a.compared >= o.identical / o.compared - 0.1)
+
+    same = all(kept_answers(x) for x in pays)
+    facts, own = d.facts(arm), d.facts(server)
+    flag = ", ".join(f"`{k}: {str(v).lower() if isinstance(v, bool) else v}`"
+                     for k, v in ((facts.speculative if facts else None) or {}).items()
+                     if ((own.speculative if own else None) or {}).get(k) != v) or "the engine's prefix-cache opt-out"
+    if pays and same and not costs:
+        return (f" **On agentic sessions add {flag}:** with it `{server}` ran its sessions at "
+                + ", ".join(f"c={x.concurrency} {number(x.speedup.value)}x [{number(x.speedup.lo)}, "
+                            f"{number(x.speedup.hi)}]" for x in pays)
+                + " of its session time as configured, the same answers (see \"Sessions\"); measured beside it in the "
+                  "same repeats, not yet in a deployment of its own.")
+    if pays and not same:
+        return f" {flag} ran its sessions faster but changed answers: not recommended (see \"Sessions\")."
+    if costs:
+        return f" {flag} costs session time at c={concurrencies([x.concurrency for x in costs])}: leave it off."
+    return ""

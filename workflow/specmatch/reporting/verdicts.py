@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from ..deciding.recommending.deployment import RECOMMENDED
 from ..records import Attribution, Decision, Direction
-from ..serving.controls import OFF, is_control
+from ..serving.controls import OFF, is_cache_arm, is_control, is_off, parent
 from .decided import Decided
 from . import interference
 from .formats import concurrencies, number
@@ -107,8 +107,10 @@ def verdict_lines(d: Decided) -> list[str]:
             if not any((v.server, v.suite) == (server, suite) for v in d.verdicts):
                 continue
             text = f"- **{server}** on `{suite}`: {shape(d, server, suite)}"
-            if is_control(server):
-                text += f" (the configured-off control of `{server[:-len(OFF)]}`: configured, drafting nothing)"
+            if is_off(server):
+                text += f" (the configured-off control of `{parent(server)}`: configured, drafting nothing)"
+            elif is_cache_arm(server):
+                text += f" (the cache arm of `{parent(server)}`: its engine's opt-out of the drafter's prefix-cache loss)"
             for x in d.crossovers(server, suite, "output_throughput"):
                 text += "; " + crossover_text(x)
             best = max((v for v in d.verdicts if (v.server, v.suite, v.metric) == (server, suite, "output_throughput")

@@ -14,6 +14,14 @@ drafting nothing", and how, is its adapter's (Engine.configured_off: vLLM's one 
 k = 0); where it cannot (SGLang, an external endpoint nothing here restarts) the control is reported
 as not expressible, with the adapter's reason.
 
+**The cache arm** `<server>__keepcache` (`summary.controls.prefix_cache`) answers another question
+on agentic sessions: an engine may keep less of a session's history in the prefix cache when a
+drafter is configured (vLLM drops the last cached block of every request for EAGLE-like methods). The
+arm is the server's own configuration with the engine's opt-out of that loss (Engine.prefix_cache_kept:
+vLLM's `disable_eagle_block_drop`), still drafting, measured on the session suites only: its session
+ledger beside the original's says what the loss costs and whether the flag pays
+(deciding/explaining/ledger.py), its outputs against the baseline's whether the flag changes answers.
+
 The controls are ordinary configured servers (launches, cells, provenance, caching), added to the
 validated config by `with_controls`, so the workflow needs no special case beyond their name.
 """
@@ -26,15 +34,29 @@ from ..files import SpecmatchError
 from ..sweep import members as swept, sweep_of
 
 OFF = "__off"
+CACHE = "__keepcache"
+ARMS = (OFF, CACHE)   # the servers the workflow derives to explain another: never recommended nor predicted
 
 
 def is_control(name: str) -> bool:
+    """Any arm the workflow derives from a server (the configured-off control, the cache arm)."""
+    return name.endswith(ARMS)
+
+
+def is_off(name: str) -> bool:
     return name.endswith(OFF)
 
 
+def is_cache_arm(name: str) -> bool:
+    return name.endswith(CACHE)
+
+
 def parent(name: str) -> str:
-    """The speculative server a control belongs to."""
-    return name[: -len(OFF)] if is_control(name) else name
+    """The speculative server an arm belongs to."""
+    for suffix in ARMS:
+        if name.endswith(suffix):
+            return name[: -len(suffix)]
+    return name
 
 
 def recommendation_suites(cfg: dict) -> list[str]:
@@ -117,13 +139,48 @@ def control_plan(cfg: dict) -> tuple[dict, dict]:
     return out, why
 
 
+def cache_arm_plan(cfg: dict) -> tuple[dict, dict]:
+    """({arm name: config}, {server: why no arm}) for `summary.controls.prefix_cache`: every speculative
+    server (or those listed in `summary.controls.servers`) measured on the session suites with its
+    engine's opt-out of the drafter's prefix-cache loss (module docstring)."""
+    ctl = cfg["summary"].get("controls") or {}
+    if not ctl.get("prefix_cache"):
+        return {}, {}
+    sessions = [u for u, spec in cfg["suites"].items() if spec["kind"] == "session"]
+    servers = cfg["servers"]
+    names = ctl.get("servers") or [n for n, s in servers.items() if s.get("speculative")]
+    out, why = {}, {}
+    for name in names:
+        srv = servers.get(name)
+        if srv is None or not srv.get("speculative"):
+            continue   # control_plan names a server that is not one; a baseline has no drafter to cost the cache
+        if not sessions:
+            why[name] = "the config has no session suite (kind: session), where the prefix cache works"
+            continue
+        spec, reason = get_engine(srv).prefix_cache_kept()
+        if spec is None:
+            why[name] = reason
+            continue
+        own = srv.get("suites")
+        conf = copy.deepcopy({k: v for k, v in srv.items() if k != "suites"})
+        conf["speculative"] = spec
+        conf["suites"] = [u for u in sessions if not own or u in own]
+        if conf["suites"]:
+            out[name + CACHE] = conf
+        else:
+            why[name] = f"it is not measured on {', '.join(sessions)}"
+    return out, why
+
+
 def with_controls(cfg: dict) -> dict:
-    """The validated config with its `<server>__off` controls added as configured servers."""
+    """The validated config with its arms (`<server>__off`, `<server>__keepcache`) added as configured
+    servers."""
     for name in cfg["servers"]:
         if is_control(name):
-            raise SpecmatchError(f"config: servers.{name}: names ending in {OFF} are the workflow's own "
-                                 "(configured-off controls, summary.controls)")
+            raise SpecmatchError(f"config: servers.{name}: names ending in {' or '.join(ARMS)} are the workflow's "
+                                 "own (the arms of summary.controls)")
     extra, _ = control_plan(cfg)
+    arms, _ = cache_arm_plan(cfg)
     out = copy.deepcopy(cfg)
-    out["servers"] = {**cfg["servers"], **extra}
+    out["servers"] = {**cfg["servers"], **extra, **arms}
     return out

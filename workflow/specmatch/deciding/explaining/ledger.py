@@ -20,6 +20,8 @@ gives each part's mean difference per session (server - against, seconds: positi
 averaged over the repeats, with a Student t interval whose variance is the sessions' spread (s^2/n,
 sessions - 1 dof: the sessions resampled whole, never their turns) plus the repeats' (the spread of
 the repeat means over R, R - 1 dof: what server sessions move together), Satterthwaite's dof. The
+other server's mean session time over this one's, the total's interval carried over (that time taken as
+known), is the session speedup at the other's answer lengths, with a verdict in the usual wording. The
 cache's share of the prefill part is the extra uncached tokens per session times the server's own
 prefill cost per uncached token (the least-squares slope of its TTFT on its turns' uncached tokens),
 with a delta-method interval. By turn index the same differences, with the median context, show how
@@ -33,7 +35,8 @@ from typing import Optional
 
 import numpy as np
 
-from ...records import Interval, Record
+from ..verdicts.comparison import decision
+from ...records import Decision, Interval, Record
 from ...stats import t_ppf
 
 
@@ -70,7 +73,9 @@ class SessionLedger(Record):
     total: Optional[Interval] = None
     cache_part: Optional[Interval] = None          # of `prefill`: the extra uncached tokens at the server's rate
     prefill_ms_per_token: Optional[float] = None   # the server's TTFT slope on uncached tokens
-    by_turn: list = field(default_factory=list)    # [TurnLedger]
+    by_turn: list[TurnLedger] = field(default_factory=list)
+    speedup: Optional[Interval] = None             # the other's session time / this one's (total's interval)
+    verdict: Optional[Decision] = None             # on `speedup`, in the verdicts' wording
     confidence: float = 0.9
     outputs_differ: int = 0                        # paired turns whose answers differ in length
     note: Optional[str] = None
@@ -131,8 +136,8 @@ def _slope(xs: list[float], ys: list[float]) -> tuple[float, float] | None:
     return b, float((resid ** 2).sum() / (x.size - 2) / (xc * xc).sum())
 
 
-def session_ledger(by: dict, server: str, against: str, suite: str, c: int, confidence: float = 0.9
-                   ) -> SessionLedger | None:
+def session_ledger(by: dict, server: str, against: str, suite: str, c: int, confidence: float = 0.9,
+                   min_effect: float = 0.05) -> SessionLedger | None:
     """The ledger of `server` against `against` on session suite `suite` at concurrency `c` (module
     docstring); `by`: cell key -> (cell, request rows). None where neither measured it."""
     reps = sorted(k[3] for k in by if k[:3] == (server, suite, c) and (against, suite, c, k[3]) in by)
@@ -204,6 +209,12 @@ def session_ledger(by: dict, server: str, against: str, suite: str, c: int, conf
     led.prefill = _interval(_estimate(prefill), confidence)
     led.decode = _interval(_estimate(decode), confidence)
     led.total = _interval(_estimate(prefill + decode), confidence)
+    S = led.against_session_s
+    if led.total is not None and S > 0 and S + led.total.hi > 0:
+        led.speedup = Interval(S / (S + led.total.value), S / (S + led.total.hi), S / (S + led.total.lo)
+                               if S + led.total.lo > 0 else float("inf"))
+        led.verdict = decision(math.log(led.speedup.lo), math.log(led.speedup.hi) if math.isfinite(led.speedup.hi)
+                               else float("inf"), math.log(1 + min_effect), len(reps) >= 2)
     fit = _slope(xs, ys)
     tokens = _estimate(extra)
     if fit is not None and tokens is not None and led.hit_share is not None and led.against_hit_share is not None:

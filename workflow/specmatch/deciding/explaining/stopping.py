@@ -31,10 +31,12 @@ from typing import Optional
 
 import numpy as np
 
+from .ledger import SessionLedger, session_ledger
 from ..verdicts.comparison import decision, repeat_mean_variance
 from ..reading.measurements import Measurements, Settings
 from ..verdicts.noise import RunToRun, VarianceSum
 from ...measuring.summary import PAST_STOP_WARNING
+from ...serving.controls import is_cache_arm, parent
 from ...records import Decision, Interval, Record
 from ...stats import describe, t_ppf
 
@@ -107,6 +109,7 @@ class StoppingReport(Record):
     agreement: list[OutputAgreement] = field(default_factory=list)
     past_stop: list[PastStop] = field(default_factory=list)
     sessions: list[SessionSummary] = field(default_factory=list)
+    ledgers: list[SessionLedger] = field(default_factory=list)   # where session time goes (explaining.ledger)
     warning_share: float = PAST_STOP_WARNING
 
 
@@ -183,6 +186,12 @@ def stopping_report(m: Measurements, baseline: str, rr: RunToRun | None = None) 
         keys = sorted(k for k in by if k[:3] == (server, suite, c))
         if any(by[k][0].sessions is not None for k in keys):
             rep.sessions.append(session_summary(by, keys, baseline, settings, rr))
+            # the ledger against the baseline, and a cache arm's against the server it is the arm of
+            for against in dict.fromkeys([baseline] + ([parent(server)] if is_cache_arm(server) else [])):
+                if against != server:
+                    led = session_ledger(by, server, against, suite, c, settings.confidence, settings.min_effect)
+                    if led is not None:
+                        rep.ledgers.append(led)
     return rep
 
 

@@ -130,6 +130,12 @@ class Engine:
         return None, (f"engine {self.name} has no setting specmatch knows that keeps the drafter configured while "
                       "drafting nothing")
 
+    def prefix_cache_kept(self) -> tuple[dict | None, str | None]:
+        """The `speculative` block of this server with the engine's own opt-out of what its drafter costs
+        the prefix cache (the session suites' cache arm, serving/controls), the drafter still drafting;
+        or None and why there is none."""
+        return None, f"engine {self.name} has no setting specmatch knows that keeps the drafter's prefix-cache loss off"
+
     def forced_acceptance(self, tau: float = 2.0) -> tuple[dict | None, str]:
         """What makes this server accept `tau` tokens per speculative step whatever it drafts, the drafter
         still drafting and the target still verifying (a step-cost map at fixed acceptance): the settings

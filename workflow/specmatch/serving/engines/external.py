@@ -34,6 +34,9 @@ class ExternalEngine(Engine):
     def configured_off(self, max_batch: int) -> tuple[dict | None, str | None]:
         return None, "an external endpoint: nothing here restarts it with another configuration"
 
+    def prefix_cache_kept(self) -> tuple[dict | None, str | None]:
+        return None, "an external endpoint: nothing here restarts it with another cache setting"
+
     def forced_acceptance(self, tau: float = 2.0) -> tuple[dict | None, str]:
         return None, "an external endpoint: nothing here restarts it with a forced acceptance length"
 

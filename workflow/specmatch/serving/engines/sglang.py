@@ -160,6 +160,14 @@ class SGLangEngine(Engine):
         return None, ("SGLang has no setting that keeps the drafter configured while drafting nothing at every batch "
                       "size (--speculative-adaptive lowers the steps, never to zero)")
 
+    def prefix_cache_kept(self) -> tuple[dict | None, str | None]:
+        """SGLang 0.5.23's server arguments have no opt-out of what EAGLE costs the radix cache (none of
+        its flags names both; tests/test_engine_parsers.py reads them from its own parser): the loss
+        reported in sglang#32459 comes from its KV reservation under overlap scheduling (a fix is
+        proposed in sglang#32574), not from a setting."""
+        return None, ("SGLang has no setting that keeps EAGLE's radix-cache loss off (no such server argument in "
+                      "0.5.23; sglang#32459)")
+
     def forced_acceptance(self, tau: float = 2.0) -> tuple[dict | None, str]:
         """SGLang's environment (sglang/srt/environ.py, read by sglang/srt/speculative/spec_utils.py): a
         simulated acceptance length (off when below 0), the drafter's own tokens kept."""

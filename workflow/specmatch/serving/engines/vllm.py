@@ -28,6 +28,8 @@ from .prometheus import parse_prometheus
 DEFAULT_MAX_NUM_SEQS = 256
 K = "num_speculative_tokens"                           # the k a server drafts (what a sweep lists)
 SCHEDULE = "num_speculative_tokens_per_batch_size"     # its k per batch size: [[start, end, k], ...]
+BLOCK_DROP_OFF = "disable_eagle_block_drop"           # keep the last cached block an EAGLE drafter drops
+EAGLE_LIKE = frozenset({"eagle", "eagle3", "mtp", "dflash", "dspark"})   # SpeculativeConfig.use_eagle()
 FORCED_METHOD = "rejection_sample_method"             # "synthetic": accept a set length whatever is drafted
 FORCED_LENGTH = "synthetic_acceptance_length"         # its mean acceptance length, 1 ... k + 1
 
@@ -186,6 +188,21 @@ class VLLMEngine(Engine):
         """vLLM says "configured but drafting nothing" exactly: one schedule range of k = 0."""
         spec = copy.deepcopy(self.cfg["speculative"])
         spec[SCHEDULE] = [[1, int(max_batch), 0]]
+        return spec, None
+
+    def prefix_cache_kept(self) -> tuple[dict | None, str | None]:
+        """vLLM drops the last cached block of every request for EAGLE-like methods, so the drafter's
+        hidden states are recomputed (SpeculativeConfig.use_eagle_block_drop: methods eagle, eagle3, mtp,
+        dflash, dspark; vllm/v1/core/sched/scheduler.py passes it to the KV cache manager); its opt-out
+        is `disable_eagle_block_drop` (vllm/config/speculative.py, 0.32: "experimental ... for
+        measuring the acceptance-rate impact of reusing that block"). Other methods drop nothing. A vLLM
+        without the key is refused before the server starts (validate)."""
+        spec = copy.deepcopy(self.cfg.get("speculative") or {})
+        method = str(spec.get("method") or "")
+        if method not in EAGLE_LIKE and not method.endswith("_mtp"):   # vLLM reads a model's MTP type as mtp
+            return None, (f"vLLM drops no prefix-cache block for method '{method or 'none'}' (only EAGLE-like "
+                          f"methods: {', '.join(sorted(EAGLE_LIKE))}; SpeculativeConfig.use_eagle_block_drop)")
+        spec[BLOCK_DROP_OFF] = True
         return spec, None
 
     def forced_acceptance(self, tau: float = 2.0) -> tuple[dict | None, str]:
