@@ -25,7 +25,7 @@ def scripted(seed: int, sessions: int = 10, turns: int = 4, out: int = 32, add: 
     for r in range(1, repeats + 1):
         for name in ("base", "spec"):
             shift = math.exp(rng.normal(0.0, run_sd))
-            rows = []
+            rows, clock = [], 0.0   # c = 1: turn after turn, session after session
             for s in range(sessions):
                 served = 0     # tokens of the history the cache holds: the previous prompt plus its answer
                 for t in range(turns):
@@ -39,7 +39,8 @@ def scripted(seed: int, sessions: int = 10, turns: int = 4, out: int = 32, add: 
                     decode = tpot * (n - 1) * rng.lognormal(-0.5 * 0.05 ** 2, 0.05)
                     rows.append({"prompt_id": f"s{s}.t{t}", "pass_index": 0, "ok": True, "session_id": f"s{s}",
                                  "turn": t, "ttft_s": ttft, "e2e_s": ttft + decode, "output_tokens": n,
-                                 "prompt_tokens": prompt, "cached_tokens": cached})
+                                 "prompt_tokens": prompt, "cached_tokens": cached, "start_s": clock})
+                    clock += ttft + decode + 0.001
                     served = prompt + n
             by[(name, "sess", 1, r)] = (None, rows)
     lognormal = math.exp(run_sd ** 2 / 2)
@@ -64,7 +65,7 @@ def test_the_ledger_recovers_the_prefill_loss_and_the_decode_gain():
     assert abs(led.by_turn[0].prefill_s) < 0.01 and led.by_turn[2].prefill_s == pytest.approx(B_PREFILL * BLOCK, abs=0.01)
     text = ledger_text(led)
     assert text.startswith("`spec` against `base` at c=1: gains ") and "in decoding and loses" in text
-    assert "the prefix cache serves" in text and "points less" in text
+    assert "the prefix cache serves" in text and "points less" in text and "the extra tokens it prefills cost" in text
 
 
 def test_without_the_drop_there_is_no_prefill_loss_and_other_answer_lengths_are_not_speed():
@@ -105,3 +106,34 @@ def test_the_ledgers_intervals_cover_at_their_level():
     print(f"\nledger coverage at 90%: {rates}")
     gate = 0.9 - 2.5 * math.sqrt(0.09 / n)
     assert all(v >= gate for v in rates.values()), rates
+
+
+def test_the_stopping_report_gives_each_arm_its_ledger_against_its_server_and_the_baseline():
+    """Through the decide step's own entry point: a speculative server, its cache arm (keeps every block)
+    and the baseline on one session suite; the arm's ledger against the server finds the prefill the
+    drop cost, and the summary's sentence names the flag."""
+    import polars as pl
+
+    from specmatch.calibration.simulate import cell
+    from specmatch.deciding.explaining.stopping import stopping_report
+    from specmatch.deciding.reading.measurements import Measurements, Settings
+    from specmatch.records import SessionsOutcome
+
+    spec, _ = scripted(7)
+    kept, _ = scripted(7, drop=False)
+    by = {**{k: v for k, v in spec.items()},
+          **{("spec__keepcache",) + k[1:]: v for k, v in kept.items() if k[0] == "spec"}}
+    cells = []
+    for (server, suite, c, r), (_, rows) in by.items():
+        df = pl.DataFrame(rows)
+        res, _ = cell(server, suite, c, r, df["e2e_s"].to_numpy(), df["ttft_s"].to_numpy(),
+                      df["output_tokens"].to_numpy().astype(float), df["prompt_id"].to_list())
+        res.sessions = SessionsOutcome(sessions=10, completed=10, turns_sent=40)
+        cells.append((res, df))
+    rep = stopping_report(Measurements.of(cells, Settings(bootstrap=200)), "base")
+    got = {(x.server, x.against): x for x in rep.ledgers}
+    assert set(got) == {("spec", "base"), ("spec__keepcache", "base"), ("spec__keepcache", "spec")}
+    arm = got[("spec__keepcache", "spec")]
+    assert arm.prefill.hi < 0 and arm.hit_share > arm.against_hit_share      # the flag gives the block back
+    assert arm.speedup is not None and arm.verdict is not None and arm.prefill_cost_concurrency == 1
+    assert got[("spec__keepcache", "base")].prefill.lo <= 0 <= got[("spec__keepcache", "base")].prefill.hi

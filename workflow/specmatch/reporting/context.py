@@ -177,8 +177,7 @@ def session_lines(rep: Report, an) -> list[str]:
     if leds:
         out += ["**Where a session's time goes** (seconds per session against the other server's same sessions, "
                 "prefill = time to first token, decoding at the other's answer lengths; sessions resampled whole):", ""]
-        out += [f"- {ledger_text(x)}" + (f" Session time {_iv(x.speedup)}: {x.verdict.value}." if x.speedup else "")
-                for x in leds]
+        out += [f"- {ledger_text(x)}" for x in leds]
         out += ["", *ledger_flag_lines(rep, an), ""]
     out += ["Session suites replay whole conversations turn by turn (each turn the history so far; concurrency = "
            "sessions in flight; the prefix cache reset once before each cell). Session throughput: each session's "
@@ -211,7 +210,11 @@ def ledger_flag_lines(rep: Report, an) -> list[str]:
         pays = {"pays": "pays", "loses": "costs", "equivalent": "changes nothing that matters"}.get(
             x.verdict.value if x.verdict else "", "is not decided")
         text = (f"- **The flag** ({keys or 'the engine opt-out'}) on `{x.against}` at c={x.concurrency}: it {pays} on "
-                f"these sessions ({_iv(x.speedup)} session time)")
+                f"these sessions (session throughput {_iv(x.speedup)} of `{x.against}`'s)")
+        acc = {a.server: a for a in an.decisions.analysis.acceptance if a.suite == x.suite}
+        if x.server in acc and x.against in acc and acc[x.server].length and acc[x.against].length:
+            text += (f"; {acc[x.server].length:.2f} tokens per speculative step with it, {acc[x.against].length:.2f} "
+                     "without (vLLM marks the flag as one that may move acceptance)")
         a, o = agree.get((x.server, x.suite, x.concurrency)), agree.get((x.against, x.suite, x.concurrency))
         if a is not None and a.compared:
             text += (f"; its answers match the baseline's in {a.identical}/{a.compared} turns"

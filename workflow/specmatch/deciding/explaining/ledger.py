@@ -20,11 +20,11 @@ gives each part's mean difference per session (server - against, seconds: positi
 averaged over the repeats, with a Student t interval whose variance is the sessions' spread (s^2/n,
 sessions - 1 dof: the sessions resampled whole, never their turns) plus the repeats' (the spread of
 the repeat means over R, R - 1 dof: what server sessions move together), Satterthwaite's dof. The
-other server's mean session time over this one's, the total's interval carried over (that time taken as
-known), is the session speedup at the other's answer lengths, with a verdict in the usual wording. The
 cache's share of the prefill part is the extra uncached tokens per session times the server's own
-prefill cost per uncached token (the least-squares slope of its TTFT on its turns' uncached tokens),
-with a delta-method interval. By turn index the same differences, with the median context, show how
+prefill cost per uncached token (the least-squares slope of its TTFT on its turns' uncached tokens at
+its lowest concurrency on the suite, where TTFT is prefill rather than the wait for a slot), with a
+delta-method interval. Beside it, each session's throughput against the other's same session with its
+verdict, as the sessions table defines it (stopping.session_speedup). By turn index the same differences, with the median context, show how
 the split moves as the history grows.
 """
 from __future__ import annotations
@@ -35,7 +35,6 @@ from typing import Optional
 
 import numpy as np
 
-from ..verdicts.comparison import decision
 from ...records import Decision, Interval, Record
 from ...stats import t_ppf
 
@@ -74,8 +73,11 @@ class SessionLedger(Record):
     cache_part: Optional[Interval] = None          # of `prefill`: the extra uncached tokens at the server's rate
     prefill_ms_per_token: Optional[float] = None   # the server's TTFT slope on uncached tokens
     by_turn: list[TurnLedger] = field(default_factory=list)
-    speedup: Optional[Interval] = None             # the other's session time / this one's (total's interval)
-    verdict: Optional[Decision] = None             # on `speedup`, in the verdicts' wording
+    # each session's throughput against the other's same session, the sessions table's definition
+    # (stopping.session_speedup: a bootstrap by session plus run to run), and its verdict
+    speedup: Optional[Interval] = None
+    verdict: Optional[Decision] = None
+    prefill_cost_concurrency: Optional[int] = None  # where the prefill cost per token was fitted
     confidence: float = 0.9
     outputs_differ: int = 0                        # paired turns whose answers differ in length
     note: Optional[str] = None
@@ -136,8 +138,8 @@ def _slope(xs: list[float], ys: list[float]) -> tuple[float, float] | None:
     return b, float((resid ** 2).sum() / (x.size - 2) / (xc * xc).sum())
 
 
-def session_ledger(by: dict, server: str, against: str, suite: str, c: int, confidence: float = 0.9,
-                   min_effect: float = 0.05) -> SessionLedger | None:
+def session_ledger(by: dict, server: str, against: str, suite: str, c: int, confidence: float = 0.9
+                   ) -> SessionLedger | None:
     """The ledger of `server` against `against` on session suite `suite` at concurrency `c` (module
     docstring); `by`: cell key -> (cell, request rows). None where neither measured it."""
     reps = sorted(k[3] for k in by if k[:3] == (server, suite, c) and (against, suite, c, k[3]) in by)
@@ -196,8 +198,6 @@ def session_ledger(by: dict, server: str, against: str, suite: str, c: int, conf
                     uncached[who] += f["prompt"] - f["cached"]
             if m["prompt"] and m["cached"] is not None and o["prompt"] and o["cached"] is not None:
                 extra[i, j] += (m["prompt"] - m["cached"]) - (o["prompt"] - o["cached"])
-                xs.append(m["prompt"] - m["cached"])
-                ys.append(m["ttft"])
     n_sessions = len(reps) * len(sessions)
     if cached["mine"][1]:
         led.hit_share = cached["mine"][0] / cached["mine"][1]
@@ -209,14 +209,20 @@ def session_ledger(by: dict, server: str, against: str, suite: str, c: int, conf
     led.prefill = _interval(_estimate(prefill), confidence)
     led.decode = _interval(_estimate(decode), confidence)
     led.total = _interval(_estimate(prefill + decode), confidence)
-    S = led.against_session_s
-    if led.total is not None and S > 0 and S + led.total.hi > 0:
-        led.speedup = Interval(S / (S + led.total.value), S / (S + led.total.hi), S / (S + led.total.lo)
-                               if S + led.total.lo > 0 else float("inf"))
-        led.verdict = decision(math.log(led.speedup.lo), math.log(led.speedup.hi) if math.isfinite(led.speedup.hi)
-                               else float("inf"), math.log(1 + min_effect), len(reps) >= 2)
+    # the prefill cost per uncached token where TTFT is prefill and little else: the server's lowest
+    # concurrency on this suite (under load TTFT is mostly the wait for a slot)
+    low = min(k[2] for k in by if k[:2] == (server, suite))
+    led.prefill_cost_concurrency = low
+    for k in sorted(x for x in by if x[:3] == (server, suite, low)):
+        for f in _turns(by[k][1]).values():
+            if f["prompt"] and f["cached"] is not None:
+                xs.append(f["prompt"] - f["cached"])
+                ys.append(f["ttft"])
     fit = _slope(xs, ys)
     tokens = _estimate(extra)
+    if fit is not None and fit[0] <= 0:
+        fit = None   # TTFT did not grow with the uncached tokens there: no prefill cost per token to apply
+        led.note = f"no prefill cost per uncached token: TTFT did not grow with it at c={low}"
     if fit is not None and tokens is not None and led.hit_share is not None and led.against_hit_share is not None:
         (b, var_b), (tok, se_tok, dof) = fit, tokens
         led.prefill_ms_per_token = 1000 * b
@@ -246,9 +252,15 @@ def ledger_text(led: SessionLedger) -> str:
            f"{part(led.prefill, 'in prefill')}"
     if led.hit_share is not None and led.against_hit_share is not None:
         diff = led.against_hit_share - led.hit_share
-        text += (f"; the prefix cache serves {abs(diff) * 100:.0f} points {'less' if diff > 0 else 'more'} of the prompt "
-                 f"({led.hit_share * 100:.0f}% against {led.against_hit_share * 100:.0f}%)")
-        if led.cache_part is not None:
-            text += (f", about {led.cache_part.value:.2f} s [{led.cache_part.lo:.2f}, {led.cache_part.hi:.2f}] of the "
-                     f"prefill part at its {led.prefill_ms_per_token:.2f} ms per uncached token")
+        if round(abs(diff) * 100) == 0:
+            text += f"; the prefix cache serves the same share of the prompt ({led.hit_share * 100:.0f}%)"
+        else:
+            text += (f"; the prefix cache serves {abs(diff) * 100:.0f} points {'less' if diff > 0 else 'more'} of the "
+                     f"prompt ({led.hit_share * 100:.0f}% against {led.against_hit_share * 100:.0f}%)")
+            cp = led.cache_part
+            if cp is not None:
+                what = "the extra tokens it prefills cost" if cp.value >= 0 else "the tokens it no longer prefills save"
+                lo, hi = (cp.lo, cp.hi) if cp.value >= 0 else (-cp.hi, -cp.lo)
+                text += (f": {what} about {abs(cp.value):.2f} s [{lo:.2f}, {hi:.2f}] per session at its "
+                         f"{led.prefill_ms_per_token:.2f} ms per uncached token (fitted at c={led.prefill_cost_concurrency})")
     return text + f" ({led.sessions} sessions x {led.repeats} repeat(s), {int(led.confidence * 100)}% intervals)."

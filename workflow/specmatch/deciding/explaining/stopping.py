@@ -189,9 +189,9 @@ def stopping_report(m: Measurements, baseline: str, rr: RunToRun | None = None) 
             # the ledger against the baseline, and a cache arm's against the server it is the arm of
             for against in dict.fromkeys([baseline] + ([parent(server)] if is_cache_arm(server) else [])):
                 if against != server:
-                    led = session_ledger(by, server, against, suite, c, settings.confidence, settings.min_effect)
+                    led = session_ledger(by, server, against, suite, c, settings.confidence)
                     if led is not None:
-                        rep.ledgers.append(led)
+                        rep.ledgers.append(with_session_speedup(led, by, keys, settings, rr))
     return rep
 
 
@@ -261,6 +261,14 @@ def session_summary(by: dict, keys: list, baseline: str, settings: Settings, rr:
     if server != baseline:
         session_speedup(out, by, keys, baseline, settings, rr)
     return out
+
+
+def with_session_speedup(led: SessionLedger, by: dict, keys: list, s: Settings, rr: RunToRun | None) -> SessionLedger:
+    """The ledger with its pair's session throughput and verdict, as the sessions table defines them."""
+    got = SessionSummary(led.server, led.suite, led.concurrency, len(keys), confidence=s.confidence)
+    session_speedup(got, by, keys, led.against, s, rr)
+    led.speedup, led.verdict = got.session_throughput, got.verdict
+    return led
 
 
 def session_rates(rows: list[dict]) -> dict:
