@@ -38,6 +38,9 @@ def test_shipped_sessions_config_is_the_default_with_live_agent_sessions():
     assert s["kind"] == "session" and s["answers"] == "live" and s["size"] >= max(cfg["concurrency"])
     assert s["holdout"] == "only" and s["ignore_eos"] is False
     assert {k: v for k, v in cfg["suites"].items() if k != "agent_sessions"} == default["suites"]
+    # and the cache arm, which needs a session suite (summary.controls.prefix_cache)
+    assert cfg["summary"]["controls"] == {**default["summary"]["controls"], "prefix_cache": True}
+    cfg["summary"]["controls"] = default["summary"]["controls"]
     assert {k: v for k, v in cfg.items() if k != "suites"} == {k: v for k, v in default.items() if k != "suites"}
 
 

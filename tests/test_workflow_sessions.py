@@ -66,4 +66,10 @@ def test_a_session_suite_through_the_workflow(tmp_path, tok, tok_dir, endpoints)
     assert all(set(r) >= {"server", "suite", "concurrency", "bin", "requests", "tokens_per_step", "step_cost_ratio",
                           "tpot_speedup", "verdict"} for r in ctx)
     assert (summary / "plots" / "context.png").exists() and (summary / "stopping.json").exists()
+    # the ledger of each concurrency: both servers keep the whole history cached, so no prefill part
+    # is the cache's, and the decode part is measured with its interval
+    led = json.loads((summary / "stopping.json").read_text())["ledgers"]
+    assert [(x["server"], x["against"], x["concurrency"]) for x in led] == [("eagle", "baseline", 1), ("eagle", "baseline", 2)]
+    assert all(x["sessions"] == 4 and x["decode"]["lo"] <= x["decode"]["value"] <= x["decode"]["hi"] for x in led)
+    assert "**Where a session's time goes**" in md and "`eagle` against `baseline` at c=1:" in md
     assert "Nothing to be done" in run(snakemake_cmd() + ["--cores", "2", "--configfile", "test.yaml", "-n"], wd).stdout
