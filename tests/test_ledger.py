@@ -8,7 +8,8 @@ import math
 import numpy as np
 import pytest
 
-from specmatch.deciding.explaining.ledger import ledger_text, session_ledger
+from specmatch.deciding.explaining.ledger import session_ledger
+from specmatch.reporting.context import ledger_text
 
 BLOCK, A, B_PREFILL, TPOT = 16, 0.05, 0.002, 0.020     # block size, TTFT = A + B x uncached tokens, base TPOT
 
@@ -137,3 +138,31 @@ def test_the_stopping_report_gives_each_arm_its_ledger_against_its_server_and_th
     assert arm.prefill.hi < 0 and arm.hit_share > arm.against_hit_share      # the flag gives the block back
     assert arm.speedup is not None and arm.verdict is not None and arm.prefill_cost_concurrency == 1
     assert got[("spec__keepcache", "base")].prefill.lo <= 0 <= got[("spec__keepcache", "base")].prefill.hi
+
+
+@pytest.mark.parametrize("verdict, identical, expect", [
+    ("pays", 24, "**On agentic sessions add `disable_eagle_block_drop: true`:** with it `e` ran its sessions at c=1 1.20x"),
+    ("pays", 10, "`disable_eagle_block_drop: true` ran its sessions faster but changed answers: not recommended"),
+    ("loses", 24, "`disable_eagle_block_drop: true` costs session time at c=1: leave it off"),
+    ("inconclusive", 24, ""),
+])
+def test_a_recommendation_names_the_flag_only_where_it_paid_and_kept_the_answers(verdict, identical, expect):
+    from types import SimpleNamespace
+
+    from specmatch.deciding.explaining.ledger import SessionLedger
+    from specmatch.deciding.explaining.stopping import OutputAgreement, StoppingReport
+    from specmatch.records import Decision, Interval, ServerFacts
+    from specmatch.reporting.recommendations import cache_flag_text
+
+    spec = {"method": "eagle3", "model": "d", "num_speculative_tokens": 3}
+    led = SessionLedger("e__keepcache", "e", "s", 1, 2, 8, 24, speedup=Interval(1.2, 1.1, 1.3) if verdict == "pays"
+                        else Interval(0.8, 0.7, 0.9) if verdict == "loses" else Interval(1.0, 0.9, 1.1),
+                        verdict=Decision(verdict))
+    agree = [OutputAgreement("e__keepcache", "s", 1, "base", compared=24, identical=identical),
+             OutputAgreement("e", "s", 1, "base", compared=24, identical=24)]
+    facts = {"e": ServerFacts("e", spec, False), "e__keepcache": ServerFacts("e__keepcache",
+                                                                          {**spec, "disable_eagle_block_drop": True}, False)}
+    d = SimpleNamespace(decisions=SimpleNamespace(stopping=StoppingReport(agreement=agree, ledgers=[led])),
+                        facts=facts.get)
+    got = cache_flag_text(d, "e")
+    assert (expect in got) if expect else got == ""

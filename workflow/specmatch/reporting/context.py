@@ -10,11 +10,11 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ..deciding.explaining.context import ContextAxis
-from ..deciding.explaining.ledger import ledger_text
+from ..deciding.explaining.ledger import SessionLedger
 from ..deciding.explaining.stopping import StoppingReport
 from ..serving.controls import is_cache_arm, parent
 from .formats import save_figure
-from ..records import Decision
+from ..records import Decision, Interval
 from .decided import Decided
 
 
@@ -194,6 +194,42 @@ def session_lines(rep: Report, an) -> list[str]:
                    f"{x.turns_sent} ({x.turns_failed}, {x.turns_not_sent}) | {hit} | {ttft or '—'} | {thr} | "
                    f"{x.verdict.value if x.verdict else '—'} |")
     return out + [""]
+
+
+def ledger_text(led: SessionLedger) -> str:
+    """One sentence: 'eagle3 gains X s per session in decoding and loses Y s in prefill because the cache
+    serves Z% less' (signs as measured, each with its interval)."""
+    if led.decode is None or led.prefill is None:
+        return f"`{led.server}` against `{led.against}` at c={led.concurrency}: {led.note or 'no ledger'}"
+
+    def part(iv: Interval, what: str) -> str:
+        verb = "loses" if iv.value > 0 else "gains"
+        return f"{verb} {abs(iv.value):.2f} s [{-iv.hi if verb == 'gains' else iv.lo:.2f}, " \
+               f"{-iv.lo if verb == 'gains' else iv.hi:.2f}] per session {what}"
+
+    text = f"`{led.server}` against `{led.against}` at c={led.concurrency}: {part(led.decode, 'in decoding')} and " \
+           f"{part(led.prefill, 'in prefill')}"
+    if led.hit_share is not None and led.against_hit_share is not None:
+        diff = led.against_hit_share - led.hit_share
+        if round(abs(diff) * 100) == 0:
+            text += f"; the prefix cache serves the same share of the prompt ({led.hit_share * 100:.0f}%)"
+        else:
+            text += (f"; the prefix cache serves {abs(diff) * 100:.0f} points {'less' if diff > 0 else 'more'} of the "
+                     f"prompt ({led.hit_share * 100:.0f}% against {led.against_hit_share * 100:.0f}%)")
+            cp = led.cache_part
+            if cp is not None:
+                what = "the extra tokens it prefills cost" if cp.value >= 0 else "the tokens it no longer prefills save"
+                lo, hi = (cp.lo, cp.hi) if cp.value >= 0 else (-cp.hi, -cp.lo)
+                text += (f": {what} about {abs(cp.value):.2f} s [{lo:.2f}, {hi:.2f}] per session at its "
+                         f"{led.prefill_ms_per_token:.2f} ms per uncached token (fitted at c={led.prefill_cost_concurrency})")
+    text += f" ({led.sessions} sessions x {led.repeats} repeat(s), {int(led.confidence * 100)}% intervals)"
+    if len(led.by_turn) > 1:
+        turns = led.by_turn
+        ctx = " / ".join(f"{t.context:,.0f}" if t.context is not None else "?" for t in turns)
+        text += (f"; by turn (median context {ctx} tokens): prefill "
+                 + " / ".join(f"{t.prefill_s:+.2f}" for t in turns) + " s, decoding "
+                 + " / ".join(f"{t.decode_s:+.2f}" for t in turns) + " s a turn")
+    return text + "."
 
 
 def ledger_flag_lines(rep: Report, an) -> list[str]:

@@ -235,32 +235,3 @@ def session_ledger(by: dict, server: str, against: str, suite: str, c: int, conf
             row["mc"][0] / row["mc"][1] if row["mc"][1] else None, row["tc"][0] / row["tc"][1] if row["tc"][1] else None,
             row["p"] / row["pairs"], row["d"] / row["pairs"]))
     return led
-
-
-def ledger_text(led: SessionLedger) -> str:
-    """One sentence: 'eagle3 gains X s per session in decoding and loses Y s in prefill because the cache
-    serves Z% less' (signs as measured, each with its interval)."""
-    if led.decode is None or led.prefill is None:
-        return f"`{led.server}` against `{led.against}` at c={led.concurrency}: {led.note or 'no ledger'}"
-
-    def part(iv: Interval, what: str) -> str:
-        verb = "loses" if iv.value > 0 else "gains"
-        return f"{verb} {abs(iv.value):.2f} s [{-iv.hi if verb == 'gains' else iv.lo:.2f}, " \
-               f"{-iv.lo if verb == 'gains' else iv.hi:.2f}] per session {what}"
-
-    text = f"`{led.server}` against `{led.against}` at c={led.concurrency}: {part(led.decode, 'in decoding')} and " \
-           f"{part(led.prefill, 'in prefill')}"
-    if led.hit_share is not None and led.against_hit_share is not None:
-        diff = led.against_hit_share - led.hit_share
-        if round(abs(diff) * 100) == 0:
-            text += f"; the prefix cache serves the same share of the prompt ({led.hit_share * 100:.0f}%)"
-        else:
-            text += (f"; the prefix cache serves {abs(diff) * 100:.0f} points {'less' if diff > 0 else 'more'} of the "
-                     f"prompt ({led.hit_share * 100:.0f}% against {led.against_hit_share * 100:.0f}%)")
-            cp = led.cache_part
-            if cp is not None:
-                what = "the extra tokens it prefills cost" if cp.value >= 0 else "the tokens it no longer prefills save"
-                lo, hi = (cp.lo, cp.hi) if cp.value >= 0 else (-cp.hi, -cp.lo)
-                text += (f": {what} about {abs(cp.value):.2f} s [{lo:.2f}, {hi:.2f}] per session at its "
-                         f"{led.prefill_ms_per_token:.2f} ms per uncached token (fitted at c={led.prefill_cost_concurrency})")
-    return text + f" ({led.sessions} sessions x {led.repeats} repeat(s), {int(led.confidence * 100)}% intervals)."
