@@ -284,13 +284,20 @@ def test_a_terminated_cell_says_why_in_its_log_and_dies_of_the_signal(tmp_path):
             "    time.sleep(60)\n"
             "print('result written')\n")
     env = {k: v for k, v in os.environ.items() if k not in ("SLURM_JOB_ID", "SPECMATCH_OWNER_PID")}
+    err = terminated_while(code, "measuring", env)
+    assert "specmatch: the cell was stopped by SIGTERM; it is aborted and writes no result" in err
+
+
+def terminated_while(code: str, ready: str, env: dict) -> str:
+    """Runs `code`, terminates it once it printed `ready`, checks it died of SIGTERM before writing its
+    result; returns its stderr."""
     p = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                          env=env)
-    assert p.stdout.readline().strip() == "measuring"
+    assert p.stdout.readline().strip() == ready
     p.terminate()
     out, err = p.communicate(timeout=30)
     assert p.returncode == -15 and "result written" not in out
-    assert "specmatch: the cell was stopped by SIGTERM; it is aborted and writes no result" in err
+    return err
 
 
 def test_any_step_ended_by_slurm_says_why_even_while_it_loads(tmp_path):
@@ -310,12 +317,7 @@ def test_any_step_ended_by_slurm_says_why_even_while_it_loads(tmp_path):
             "time.sleep(60)\n"
             "print('result written')\n")
     env = {**os.environ, "SLURM_JOB_ID": "77", "PATH": f"{bin_dir}:{os.environ['PATH']}"}
-    p = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                         env=env)
-    assert p.stdout.readline().strip() == "loading"
-    p.terminate()
-    out, err = p.communicate(timeout=30)
-    assert p.returncode == -15 and "result written" not in out
+    err = terminated_while(code, "loading", env)
     assert ("specmatch cell: stopped by SIGTERM: SLURM is ending allocation 77: cancelled (scancel) "
             "(squeue: COMPLETING None); it is aborted and writes no result") in err
 

@@ -21,6 +21,7 @@ arm is the server's own configuration with the engine's opt-out of that loss (En
 vLLM's `disable_eagle_block_drop`), still drafting, measured on the session suites only: its session
 ledger beside the original's says what the loss costs and whether the flag pays
 (deciding/explaining/ledger.py), its outputs against the baseline's whether the flag changes answers.
+The servers that get one are those the configured-off control would take (`controlled`).
 
 The controls are ordinary configured servers (launches, cells, provenance, caching), added to the
 validated config by `with_controls`, so the workflow needs no special case beyond their name.
@@ -79,11 +80,21 @@ def off_config(name: str, srv: dict, max_batch: int) -> tuple[dict | None, str |
     if not srv.get("speculative"):
         return None, "it does not speculate"
     spec, why = get_engine(srv).configured_off(max_batch)
-    if spec is None:
-        return None, why
+    return (None, why) if spec is None else (derived(srv, spec), None)
+
+
+def derived(srv: dict, spec: dict) -> dict:
+    """An arm's config: the server's own with another `speculative` block (its suites set apart)."""
     cfg = copy.deepcopy({k: v for k, v in srv.items() if k != "suites"})
     cfg["speculative"] = spec
-    return cfg, None
+    return cfg
+
+
+def measured_on(conf: dict, srv: dict, suites: list[str]) -> str | None:
+    """Gives an arm those of `suites` its server is measured on; why there is no arm where none is."""
+    own = srv.get("suites")
+    conf["suites"] = [u for u in suites if not own or u in own]
+    return None if conf["suites"] else f"it is not measured on {', '.join(suites)}"
 
 
 def controlled(servers: dict, names: list | None) -> list[str]:
@@ -127,15 +138,11 @@ def control_plan(cfg: dict) -> tuple[dict, dict]:
     out, why = {}, {}
     for name in controlled(servers, names):
         conf, reason = off_config(name, servers[name], ENGINES[servers[name]["engine"]].launch_max_batch(highest))
-        if conf is None:
+        reason = reason or measured_on(conf, servers[name], suites)
+        if reason:
             why[name] = reason
-            continue
-        own = servers[name].get("suites")
-        conf["suites"] = [u for u in suites if not own or u in own]
-        if conf["suites"]:
-            out[name + OFF] = conf
         else:
-            why[name] = f"it is not measured on {', '.join(suites)}"
+            out[name + OFF] = conf
     return out, why
 
 
@@ -148,27 +155,23 @@ def cache_arm_plan(cfg: dict) -> tuple[dict, dict]:
         return {}, {}
     sessions = [u for u, spec in cfg["suites"].items() if spec["kind"] == "session"]
     servers = cfg["servers"]
-    names = ctl.get("servers") or [n for n, s in servers.items() if s.get("speculative")]
     out, why = {}, {}
-    for name in names:
-        srv = servers.get(name)
-        if srv is None or not srv.get("speculative"):
-            continue   # control_plan names a server that is not one; a baseline has no drafter to cost the cache
+    # the servers the configured-off control would take (a k sweep by its largest k: what the drafter
+    # costs the cache does not depend on k); a name that is no speculative server is control_plan's error
+    for name in controlled(servers, [n for n in ctl.get("servers") or [] if n in servers or swept(n, servers)]):
+        srv = servers[name]
+        if not srv.get("speculative"):
+            continue
         if not sessions:
             why[name] = "the config has no session suite (kind: session), where the prefix cache works"
             continue
         spec, reason = get_engine(srv).prefix_cache_kept()
-        if spec is None:
+        conf = derived(srv, spec) if spec is not None else None
+        reason = reason or measured_on(conf, srv, sessions)
+        if reason:
             why[name] = reason
-            continue
-        own = srv.get("suites")
-        conf = copy.deepcopy({k: v for k, v in srv.items() if k != "suites"})
-        conf["speculative"] = spec
-        conf["suites"] = [u for u in sessions if not own or u in own]
-        if conf["suites"]:
-            out[name + CACHE] = conf
         else:
-            why[name] = f"it is not measured on {', '.join(sessions)}"
+            out[name + CACHE] = conf
     return out, why
 
 
