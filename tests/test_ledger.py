@@ -141,7 +141,7 @@ def test_the_stopping_report_gives_each_arm_its_ledger_against_its_server_and_th
 
 
 @pytest.mark.parametrize("verdict, identical, expect", [
-    ("pays", 24, "**On agentic sessions add `disable_eagle_block_drop: true`:** with it `e` ran its sessions at c=1 1.20x"),
+    ("pays", 24, "**On agentic sessions add `disable_eagle_block_drop: true`:** with it `e`'s session throughput was 1.20x [1.10, 1.30] at c=1 of its own as configured, the same answers"),
     ("pays", 10, "`disable_eagle_block_drop: true` ran its sessions faster but changed answers: not recommended"),
     ("loses", 24, "`disable_eagle_block_drop: true` costs session time at c=1: leave it off"),
     ("inconclusive", 24, ""),
@@ -166,3 +166,40 @@ def test_a_recommendation_names_the_flag_only_where_it_paid_and_kept_the_answers
                         facts=facts.get)
     got = cache_flag_text(d, "e")
     assert (expect in got) if expect else got == ""
+
+
+def test_a_one_token_answer_is_not_counted_as_a_decode_gain():
+    by, truth = scripted(4)
+    for r in (1, 2):
+        for row in by[("spec", "sess", 1, r)][1]:
+            if row["turn"] == 0:
+                row["e2e_s"], row["output_tokens"] = row["ttft_s"], 1     # answered in one token
+    led = session_ledger(by, "spec", "base", "sess", 1)
+    # decoding at the server's own time per token (its other turns): the truth, not the other's whole decode
+    assert led.decode.lo <= truth["decode"] <= led.decode.hi
+    assert "20 turn(s) answered in one token" in led.note
+
+
+def test_a_session_counts_only_from_its_first_turn_on():
+    by, _ = scripted(5)
+    for key in (("spec", "sess", 1, 1), ("base", "sess", 1, 1)):
+        for row in by[key][1]:
+            if row["session_id"] == "s2" and row["turn"] == 0:
+                row["ok"] = False          # its first turn failed on both: the rest is not the session
+    assert session_ledger(by, "spec", "base", "sess", 1).sessions == 9
+
+
+def test_with_one_repeat_the_interval_takes_run_to_run_from_elsewhere_or_says_it_cannot():
+    from specmatch.deciding.verdicts.noise import VarianceSum
+
+    by, _ = scripted(6, repeats=1)
+    alone = session_ledger(by, "spec", "base", "sess", 1)
+    assert "one repeat and no run-to-run measure" in alone.note
+
+    class Measured:
+        def at(self, metric, server, c):
+            return VarianceSum().add(("tau", server), 0.01, 8)
+
+    with_rr = session_ledger(by, "spec", "base", "sess", 1, rr=Measured())
+    assert with_rr.note is None and with_rr.decode.value == pytest.approx(alone.decode.value)
+    assert with_rr.decode.hi - with_rr.decode.lo > 1.5 * (alone.decode.hi - alone.decode.lo)

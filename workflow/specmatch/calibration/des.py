@@ -102,7 +102,7 @@ def _table(engines: list[Engine], c: int, what: str) -> np.ndarray:
 
 def serve(engines: Engine | list[Engine], c: int, prompt_tokens: np.ndarray, out_tokens: np.ndarray,
           rng: np.random.Generator, alpha: np.ndarray | None = None, match: np.ndarray | None = None,
-          pace: np.ndarray | None = None) -> Served:
+          pace: np.ndarray | None = None, session: np.ndarray | None = None) -> Served:
     """Simulate cells: `engines` (one per cell, or one for all) serve `prompt_tokens`/`out_tokens`
     (cells x requests, each row in the order the workers send them) with `c` closed-loop workers.
 
@@ -115,7 +115,12 @@ def serve(engines: Engine | list[Engine], c: int, prompt_tokens: np.ndarray, out
     Plain engines: `pace` (cells x requests) is how many tokens of its output one decode step
     advances each request (default 1), fixed per prompt: how a server's speed varies by prompt
     (what acceptance does to a speculative server, abstracted from drafts). A request finishes at the
-    first step its progress reaches its output length; its token counts are unchanged."""
+    first step its progress reaches its output length; its token counts are unchanged.
+
+    Sessions: `session` (one label per request, the same for every cell) groups requests into
+    sessions whose turns are consecutive in the order; a worker runs a session turn after turn (the
+    next turn is sent when the previous one ends) and only then takes the next session, so a suite of
+    as many sessions as workers is one wave whose batch shrinks as sessions end."""
     pt = np.atleast_2d(np.asarray(prompt_tokens, float))
     ot = np.atleast_2d(np.asarray(out_tokens, np.int64))
     M, n = pt.shape
@@ -138,13 +143,25 @@ def serve(engines: Engine | list[Engine], c: int, prompt_tokens: np.ndarray, out
         pace = np.broadcast_to(np.asarray(pace, float), (M, n))
         if (pace <= 0).any():
             raise ValueError("serve: a pace must be positive")
-    w = min(c, n)
+    # the queue of work: request indices a free worker takes next (a session's first turn); a turn's
+    # successor (its session's next turn, -1: none) goes to the worker that ran it
+    succ = np.full(n, -1)
+    heads = np.arange(n)
+    if session is not None:
+        lab = np.asarray(session)
+        if lab.shape != (n,) or any((lab[i + 1:] == lab[i]).any() and lab[i + 1] != lab[i] for i in range(n - 1)):
+            raise ValueError("serve: a session's turns must be consecutive in the order")
+        same = lab[1:] == lab[:-1]
+        succ[:-1] = np.where(same, np.arange(1, n), -1)
+        heads = np.flatnonzero(np.concatenate([[True], ~same]))
+    H = len(heads)
+    w = min(c, H)
     rows = np.arange(M)[:, None]
-    slot = np.tile(np.arange(w), (M, 1))              # request index per worker slot (-1: idle)
+    slot = np.tile(heads[:w], (M, 1))                 # request index per worker slot (-1: idle)
     fresh = np.ones((M, w), bool)                     # admitted this step: prefill
-    left = ot[:, :w].astype(float) if pace is not None else ot[:, :w].copy()
-    ctx = pt[:, :w].copy()
-    nxt = np.full(M, w)
+    left = ot[:, heads[:w]].astype(float) if pace is not None else ot[:, heads[:w]].copy()
+    ctx = pt[:, heads[:w]].copy()
+    nxt = np.full(M, w)                               # the next head each cell's free workers take
     t = np.zeros(M)
     start, ttft, end = np.zeros((M, n)), np.zeros((M, n)), np.zeros((M, n))
     steps, acc = np.zeros((M, n)), np.zeros((M, n))
@@ -198,16 +215,21 @@ def serve(engines: Engine | list[Engine], c: int, prompt_tokens: np.ndarray, out
         done = active & (left <= 1e-9)
         if done.any():
             end[rows.repeat(w, 1)[done], idx[done]] = np.broadcast_to(t[:, None], done.shape)[done]
-            rank = np.cumsum(done, 1) - 1
-            new = nxt[:, None] + rank
-            ok = done & (new < n)
+            follow = succ[idx]                                   # the session's next turn, same worker
+            cont = done & (follow >= 0)
+            free = done & ~cont
+            rank = np.cumsum(free, 1) - 1
+            head = nxt[:, None] + rank
+            took = free & (head < H)
+            new = np.where(cont, follow, np.where(took, heads[np.minimum(head, H - 1)], -1))
+            ok = cont | took
             slot = np.where(done, np.where(ok, new, -1), slot)
             nidx = np.where(ok, new, 0)
             start[rows.repeat(w, 1)[ok], nidx[ok]] = np.broadcast_to(t[:, None], ok.shape)[ok]
             left = np.where(ok, ot[rows, nidx], left)
             ctx = np.where(ok, pt[rows, nidx], ctx)
             fresh = ok
-            nxt = np.minimum(nxt + done.sum(1), n)
+            nxt = np.minimum(nxt + free.sum(1), H)
     e2e = end - start
     drafted = steps * par["k"][:, None]
     return Served(start, ttft, e2e, steps, acc, drafted, end.max(1))

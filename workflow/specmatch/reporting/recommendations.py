@@ -83,22 +83,25 @@ def cache_flag_text(d: Decided, server: str) -> str:
     costs = [x for x in led if x.verdict == Decision.LOSES]
     agree = {(a.server, a.suite, a.concurrency): a for a in d.decisions.stopping.agreement}
 
-    def kept_answers(x) -> bool:   # the arm's answers match the baseline's no less than the server's (10 points)
+    def kept_answers(x) -> bool | None:   # the arm's answers match the baseline's no less than the server's
         a, o = agree.get((arm, x.suite, x.concurrency)), agree.get((server, x.suite, x.concurrency))
-        return (a is None or o is None or not a.compared or not o.compared
-                or a.identical / a.compared >= o.identical / o.compared - 0.1)
+        if a is None or o is None or not a.compared or not o.compared:
+            return None   # not compared: no evidence either way
+        return a.identical / a.compared >= o.identical / o.compared - 0.1
 
-    same = all(kept_answers(x) for x in pays)
+    kept = [kept_answers(x) for x in pays]
+    same = all(k is not False for k in kept)
     facts, own = d.facts(arm), d.facts(server)
     flag = ", ".join(f"`{k}: {str(v).lower() if isinstance(v, bool) else v}`"
                      for k, v in ((facts.speculative if facts else None) or {}).items()
                      if ((own.speculative if own else None) or {}).get(k) != v) or "the engine's prefix-cache opt-out"
     if pays and same and not costs:
-        return (f" **On agentic sessions add {flag}:** with it `{server}` ran its sessions at "
-                + ", ".join(f"c={x.concurrency} {number(x.speedup.value)}x [{number(x.speedup.lo)}, "
-                            f"{number(x.speedup.hi)}]" for x in pays)
-                + " of its session time as configured, the same answers (see \"Sessions\"); measured beside it in the "
-                  "same repeats, not yet in a deployment of its own.")
+        answers = ("the same answers" if all(kept) else "answers not compared (no output recorded)")
+        return (f" **On agentic sessions add {flag}:** with it `{server}`'s session throughput was "
+                + ", ".join(f"{number(x.speedup.value)}x [{number(x.speedup.lo)}, {number(x.speedup.hi)}] at "
+                            f"c={x.concurrency}" for x in pays)
+                + f" of its own as configured, {answers} (see \"Sessions\"); measured beside it in the same repeats, "
+                  "not yet in a deployment of its own.")
     if pays and not same:
         return f" {flag} ran its sessions faster but changed answers: not recommended (see \"Sessions\")."
     if costs:

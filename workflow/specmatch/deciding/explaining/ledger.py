@@ -96,17 +96,29 @@ def _turns(rows: list[dict]) -> dict:
     return out
 
 
-def _whole(turns: dict) -> dict:
-    """(session, pass) -> its turn numbers: the sessions whose turns succeeded from the first on."""
+def _whole(turns: dict, first: dict) -> dict:
+    """(session, pass) -> its turn numbers: the sessions whose turns succeeded from their first (`first`:
+    (session, pass) -> the first turn the cell planned) on, without a gap."""
     per: dict = {}
     for s, p, t in turns:
         per.setdefault((s, p), set()).add(t)
-    return {k: ts for k, ts in per.items() if ts == set(range(min(ts), min(ts) + len(ts)))}
+    return {k: ts for k, ts in per.items() if min(ts) == first.get(k, 0) and ts == set(range(min(ts), min(ts) + len(ts)))}
 
 
-def _estimate(per_session: np.ndarray) -> tuple[float, float, float] | None:
+def _firsts(rows: list[dict]) -> dict:
+    """(session, pass) -> its first turn among every request the cell sent (failed ones too)."""
+    out: dict = {}
+    for r in rows:
+        if r["session_id"] is not None:
+            k = (r["session_id"], r["pass_index"] or 0)
+            out[k] = min(out.get(k, r["turn"] or 0), r["turn"] or 0)
+    return out
+
+
+def _estimate(per_session: np.ndarray, run: list | None = None) -> tuple[float, float, float] | None:
     """(estimate, se, dof) of the mean over repeats (rows) of the mean over sessions (columns): the
-    sessions' spread plus the repeat means' (module docstring)."""
+    sessions' spread plus the repeat means' (module docstring); with one repeat, `run`'s parts
+    ((variance, dof): run to run measured elsewhere) in place of the repeat means'."""
     R, n = per_session.shape
     if n < 2:
         return None
@@ -114,6 +126,8 @@ def _estimate(per_session: np.ndarray) -> tuple[float, float, float] | None:
     parts = [(float(per_session.mean(0).var(ddof=1)) / n, n - 1)]
     if R >= 2:
         parts.append((float(np.var(means, ddof=1)) / R, R - 1))
+    else:
+        parts += [x for x in run or [] if x[0] > 0]
     total = sum(v for v, _ in parts)
     den = sum(v * v / d for v, d in parts if v > 0)
     return float(means.mean()), math.sqrt(total), (total * total / den if den > 0 else float(n - 1))
@@ -138,10 +152,12 @@ def _slope(xs: list[float], ys: list[float]) -> tuple[float, float] | None:
     return b, float((resid ** 2).sum() / (x.size - 2) / (xc * xc).sum())
 
 
-def session_ledger(by: dict, server: str, against: str, suite: str, c: int, confidence: float = 0.9
-                   ) -> SessionLedger | None:
+def session_ledger(by: dict, server: str, against: str, suite: str, c: int, confidence: float = 0.9,
+                   rr=None) -> SessionLedger | None:
     """The ledger of `server` against `against` on session suite `suite` at concurrency `c` (module
-    docstring); `by`: cell key -> (cell, request rows). None where neither measured it."""
+    docstring); `by`: cell key -> (cell, request rows); `rr` (noise.RunToRun): with one repeat, the
+    run-to-run variation of each server's end-to-end latency, applied to its mean prefill and
+    decoding time per session. None where neither measured it."""
     reps = sorted(k[3] for k in by if k[:3] == (server, suite, c) and (against, suite, c, k[3]) in by)
     if not reps:
         return None
@@ -151,7 +167,8 @@ def session_ledger(by: dict, server: str, against: str, suite: str, c: int, conf
     # sessions whole on both servers in every repeat, with the same turns
     common = None
     for r in reps:
-        a, b = _whole(mine[r]), _whole(theirs[r])
+        a = _whole(mine[r], _firsts(by[(server, suite, c, r)][1]))
+        b = _whole(theirs[r], _firsts(by[(against, suite, c, r)][1]))
         here = {(k, frozenset(a[k])) for k in a.keys() & b.keys() if a[k] == b[k]}
         common = here if common is None else common & here
     turns_of = dict(common or [])
@@ -166,21 +183,31 @@ def session_ledger(by: dict, server: str, against: str, suite: str, c: int, conf
     decode = np.zeros_like(prefill)
     against_time = np.zeros_like(prefill)
     extra = np.zeros_like(prefill)
+    times = np.zeros((4,) + prefill.shape)      # prefill and decoding per session: this server's, the other's
     at = {k: i for i, k in enumerate(sessions)}
     by_turn: dict = {}
     cached = {"mine": [0.0, 0.0], "theirs": [0.0, 0.0]}
     uncached = {"mine": 0.0, "theirs": 0.0}
     xs, ys = [], []
+    one_token = 0
     for i, r in enumerate(reps):
+        pooled = [f for f in (mine[r][k] for k in turn_keys) if f["out"] > 1]
+        cell_tpot = sum(f["decode"] for f in pooled) / sum(f["out"] - 1 for f in pooled) if pooled else 0.0
         for key in turn_keys:
             m, o = mine[r][key], theirs[r][key]
             j = at[key[:2]]
-            tpot_m = m["decode"] / (m["out"] - 1) if m["out"] > 1 else 0.0
+            # a one-token answer has no time per token of its own: the server's, over its other turns here
+            one_token += m["out"] <= 1 < o["out"]
+            tpot_m = m["decode"] / (m["out"] - 1) if m["out"] > 1 else cell_tpot
             dec_m = tpot_m * max(o["out"] - 1, 0)     # at the other server's output length
             p_diff, d_diff = m["ttft"] - o["ttft"], dec_m - o["decode"]
             prefill[i, j] += p_diff
             decode[i, j] += d_diff
             against_time[i, j] += o["ttft"] + o["decode"]
+            times[0, i, j] += m["ttft"]
+            times[1, i, j] += dec_m
+            times[2, i, j] += o["ttft"]
+            times[3, i, j] += o["decode"]
             led.outputs_differ += m["out"] != o["out"]
             row = by_turn.setdefault(key[2], {"pairs": 0, "p": 0.0, "d": 0.0, "ctx": [], "mc": [0.0, 0.0],
                                                "tc": [0.0, 0.0]})
@@ -206,9 +233,21 @@ def session_ledger(by: dict, server: str, against: str, suite: str, c: int, conf
         led.against_hit_share = cached["theirs"][0] / cached["theirs"][1]
         led.against_uncached_tokens = uncached["theirs"] / n_sessions
     led.against_session_s = float(against_time.mean())
-    led.prefill = _interval(_estimate(prefill), confidence)
-    led.decode = _interval(_estimate(decode), confidence)
-    led.total = _interval(_estimate(prefill + decode), confidence)
+    if one_token:
+        led.note = f"{one_token} turn(s) answered in one token here: decoding at this server's time per token"
+    run = {"prefill": [], "decode": [], "total": []}
+    if len(reps) == 1:
+        ts, ta = (rr.at("e2el", x, c) if rr is not None else None for x in (server, against))
+        if ts is None or ta is None:
+            led.note = "; ".join(filter(None, [led.note, "one repeat and no run-to-run measure: the intervals hold "
+                                                         "the sessions' spread only"]))
+        else:   # a server's session time moves by its run-to-run factor; its parts with it
+            mp, md, op, od = (float(x.mean()) for x in times)
+            for part, (a, b) in (("prefill", (mp, op)), ("decode", (md, od)), ("total", (mp + md, op + od))):
+                run[part] = [(ts.total * a * a, ts.dof), (ta.total * b * b, ta.dof)]
+    led.prefill = _interval(_estimate(prefill, run["prefill"]), confidence)
+    led.decode = _interval(_estimate(decode, run["decode"]), confidence)
+    led.total = _interval(_estimate(prefill + decode, run["total"]), confidence)
     # the prefill cost per uncached token where TTFT is prefill and little else: the server's lowest
     # concurrency on this suite (under load TTFT is mostly the wait for a slot)
     low = min(k[2] for k in by if k[:2] == (server, suite))

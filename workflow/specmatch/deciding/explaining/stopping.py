@@ -189,7 +189,7 @@ def stopping_report(m: Measurements, baseline: str, rr: RunToRun | None = None) 
             # the ledger against the baseline, and a cache arm's against the server it is the arm of
             for against in dict.fromkeys([baseline] + ([parent(server)] if is_cache_arm(server) else [])):
                 if against != server:
-                    led = session_ledger(by, server, against, suite, c, settings.confidence)
+                    led = session_ledger(by, server, against, suite, c, settings.confidence, rr)
                     if led is not None:
                         rep.ledgers.append(with_session_speedup(led, by, keys, settings, rr))
     return rep
@@ -316,7 +316,9 @@ def session_speedup(out: SessionSummary, by: dict, keys: list, baseline: str, s:
     boots = np.array(boots)
     boots = boots[:, np.isfinite(boots).all(0)]
     R = len(logs)
-    parts = VarianceSum().add(("w", "sessions"), repeat_mean_variance(boots), len(common) - 1)
+    # a bootstrap's variance of a mean over n sessions is short by n / (n - 1) (as comparison.compare)
+    parts = VarianceSum().add(("w", "sessions"), len(common) / (len(common) - 1) * repeat_mean_variance(boots),
+                              len(common) - 1)
     ts = rr.at("e2el", server, c) if rr is not None else None
     tb = rr.at("e2el", baseline, c) if rr is not None else None
     run = R >= 2 and ts is not None and tb is not None

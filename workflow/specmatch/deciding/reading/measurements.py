@@ -115,6 +115,10 @@ class Arrays:
     # per request: its decode steps (speculative and plain); None where they cannot be known (a server that
     # drafted without per-request counters)
     decode_steps: np.ndarray | None = None
+    # when the queue of work ran out (None: at the last send). A session suite's workers each run a
+    # session turn after turn: the queue is empty once the last session has started, and from then on
+    # the batch shrinks as sessions end, while turns are still being sent
+    drain_from: float | None = None
 
     @classmethod
     def of(cls, cell: CellResult, requests: pl.DataFrame, slo: dict) -> "Arrays":
@@ -131,9 +135,14 @@ class Arrays:
         spec = {k: col(k) for k in ("num_spec_steps", "num_draft_tokens", "num_accepted_tokens")}
         start = col("start_s") if "start_s" in ok.columns else None
         sources = ok["source"].to_list() if "source" in ok.columns else [None] * ok.height
+        drain = None
+        if start is not None and "session_id" in ok.columns and ok.height and np.isfinite(start).all():
+            firsts = (ok.with_columns(pl.Series("_start", start)).filter(pl.col("session_id").is_not_null())
+                      .group_by("session_id", "pass_index").agg(pl.col("_start").min())["_start"])
+            drain = float(firsts.max()) if len(firsts) else None
         return cls(keys, out, e2e, ttft, tpot, metrics.good(e2e, ttft, tpot, slo), cell.request_rate in ("inf", None),
                    cell.concurrency, cell.duration or 0.0, prompts, spec, cell.flavor, col("prompt_tokens"), start,
-                   sources=sources, decode_steps=decode_steps(out, spec, cell))
+                   sources=sources, decode_steps=decode_steps(out, spec, cell), drain_from=drain)
 
     @property
     def workers(self) -> int:
@@ -366,7 +375,7 @@ def _in_flight(start: np.ndarray, end: np.ndarray, *more: np.ndarray):
 
 
 def caused_delay(start: np.ndarray, e2e: np.ndarray, x: float, weight: np.ndarray,
-                 since: np.ndarray | None = None) -> np.ndarray:
+                 since: np.ndarray | None = None, drain_from: float | None = None) -> np.ndarray:
     """Per request j: the time its presence in the drain adds to the others, sum over i != j of
     weight[i] x the delay to i, counting only i's time from since[i] on (default: its start).
 
@@ -386,7 +395,7 @@ def caused_delay(start: np.ndarray, e2e: np.ndarray, x: float, weight: np.ndarra
     counted = (frm[None, :] <= mid[:, None]) & (end[None, :] > mid[:, None])   # intervals x requests
     S = counted.astype(float) @ weight                                        # per interval: sum of weights
     per = 1 / np.maximum(B, 1) if not math.isfinite(x) else x / (1 + x * B)
-    lo = np.maximum(np.maximum(ev[:-1][None, :], start[:, None]), start.max())
+    lo = np.maximum(np.maximum(ev[:-1][None, :], start[:, None]), start.max() if drain_from is None else drain_from)
     hi = np.minimum(ev[1:][None, :], end[:, None])
     others = S[None, :] - counted.T * weight[:, None]                          # less j's own weight
     return (np.maximum(hi - lo, 0.0) * per[None, :] * np.maximum(others, 0.0)).sum(1)
@@ -399,11 +408,11 @@ def load_figures(a: Arrays, x: float) -> tuple[np.ndarray, np.ndarray]:
     (module docstring); summed over every request, the figures are the measured ones. A TPOT that is
     not defined (one output token) stays undefined and weighs nothing in the others'."""
     n = len(a.e2e)
-    share = caused_delay(a.start, a.e2e, x, np.ones(n))
+    share = caused_delay(a.start, a.e2e, x, np.ones(n), drain_from=a.drain_from)
     tpot_ok = np.isfinite(a.tpot)
     per_token = np.where(tpot_ok, 1 / metrics.tpot_tokens(a.out), 0.0)
     first = a.start + np.where(np.isfinite(a.ttft), a.ttft, 0.0)
-    t_share = caused_delay(a.start, a.e2e, x, per_token, since=first)
+    t_share = caused_delay(a.start, a.e2e, x, per_token, since=first, drain_from=a.drain_from)
     t_mean = float(t_share[tpot_ok].mean()) if tpot_ok.any() else 0.0
     return a.e2e + share - float(share.mean()), np.where(tpot_ok, a.tpot + t_share - t_mean, np.nan)
 
