@@ -38,9 +38,12 @@ def test_a_session_suite_through_the_workflow(tmp_path, tok, tok_dir, endpoints)
         "demo": {"enabled": False}, "models": {"embedded": {"enabled": False}},
         "suites": {"train_mix": {"kind": "training", "size": 6, "seed": 0, "turn": "all"},
                    "sessions": {"kind": "session", "size": 4, "seed": 0}},
-        "servers": {"baseline": {**srv, "base_url": endpoints["base"]}, "eagle": {**srv, "base_url": endpoints["spec"]}},
+        "servers": {"baseline": {**srv, "base_url": endpoints["base"]}, "eagle": {**srv, "base_url": endpoints["spec"],
+                                                                                    "speculative": {"method": "eagle3", "model": "d"}}},
         "baseline": "baseline", "concurrency": [1, 2], "repeats": 2,
-        "requests": {"warmup": 1, "max_tokens": 8}, "summary": {"bootstrap": 200},
+        "requests": {"warmup": 1, "max_tokens": 8},
+        # an external endpoint has no cache arm: the summary says so
+        "summary": {"bootstrap": 200, "controls": {"prefix_cache": True}},
     }
     (wd / "test.yaml").write_text(yaml.safe_dump(cfg))
     run(snakemake_cmd() + ["--cores", "2", "--configfile", "test.yaml"], wd)
@@ -72,4 +75,5 @@ def test_a_session_suite_through_the_workflow(tmp_path, tok, tok_dir, endpoints)
     assert [(x["server"], x["against"], x["concurrency"]) for x in led] == [("eagle", "baseline", 1), ("eagle", "baseline", 2)]
     assert all(x["sessions"] == 4 and x["decode"]["lo"] <= x["decode"]["value"] <= x["decode"]["hi"] for x in led)
     assert "**Where a session's time goes**" in md and "`eagle` against `baseline` at c=1:" in md
+    assert "- **eagle**: no cache arm, the prefix-cache opt-out on sessions (an external endpoint" in md
     assert "Nothing to be done" in run(snakemake_cmd() + ["--cores", "2", "--configfile", "test.yaml", "-n"], wd).stdout

@@ -1202,6 +1202,7 @@ class AnalysisRecord(Record):
     goodput: list[CellGoodput] = field(default_factory=list)
     flagged_claims: list[FlaggedClaim] = field(default_factory=list)
     closed_loop: bool = False             # a throughput speedup is the closed-loop rate (Little's law) somewhere
+    no_cache_arm: dict = field(default_factory=dict)        # server -> why it has no cache arm (prefix_cache)
 
 
 @dataclass

@@ -81,7 +81,8 @@ def why_lines(d: Decided) -> list[str]:
                   "bands, only as the batch drains).", ""]
     return lines + not_the_drafter(d) + configuration_by_drafting(d) + [
         f"- **{server}**: no configured-off control ({why})." for server, why in d.decisions.analysis.no_control.items()
-    ] + prompt_length(d, ref)
+    ] + [f"- **{server}**: no cache arm, the prefix-cache opt-out on sessions ({why})."
+         for server, why in d.decisions.analysis.no_cache_arm.items()] + prompt_length(d, ref)
 
 
 def table(attrs: list) -> list[str]:
