@@ -44,8 +44,7 @@ from ..provenance import Recorder
 from ..records import (AnalysisRecord, Attribution, CellGoodput, CrossoverSet, DerivedServers, Recommendation,
                        RoundPlan, RunToRunFigure, RunToRunSummary, ServerFacts, SuiteMatch, TrafficProfiles, TrafficRow,
                        Verdict)
-from ..serving.controls import CACHE, OFF, is_control, why_no_control
-from ..serving.engines import get_engine
+from ..serving.controls import OFF, cache_arm_plan, is_control, why_no_control
 from .verdicts.acceptance import pooled_acceptance
 from .analysis import Analysis, attribute, frozen_verdicts, verified_analysis
 from .reading.measurements import Settings
@@ -149,22 +148,13 @@ def uncontrolled(settings: dict, configs: dict, baseline: str) -> dict[str, str]
     return out
 
 
-def without_cache_arm(settings: dict, configs: dict, baseline: str, kinds: dict[str, str]) -> dict[str, str]:
+def without_cache_arm(settings: dict, configs: dict, kinds: dict[str, str]) -> dict[str, str]:
     """Speculative servers whose cache arm was asked for (summary.controls.prefix_cache) but that have
-    none, and why: their engine has no opt-out, or the run has no session suite. (A k sweep's other
-    members share its arm by design: not listed.)"""
-    if not (settings.get("controls") or {}).get("prefix_cache"):
-        return {}
-    sessions = [u for u, k in kinds.items() if k == "session"]
-    out = {}
-    for n, c in configs.items():
-        if not c.get("speculative") or is_control(n) or n.endswith(RECOMMENDED) or n == baseline or n + CACHE in configs:
-            continue
-        why = (None if sessions else "the run has no session suite, where the prefix cache works") or \
-            get_engine(c).prefix_cache_kept()[1]
-        if why:
-            out[n] = why
-    return out
+    none, and why: the plan's own reasons (serving.controls.cache_arm_plan) for the configured servers
+    and the suites' kinds."""
+    cfg = {"summary": settings, "suites": {u: {"kind": k} for u, k in kinds.items()},
+           "servers": {n: c for n, c in configs.items() if not is_control(n)}}
+    return cache_arm_plan(cfg)[1]
 
 
 def analysis_record(an: Analysis, no_control: dict[str, str] | None = None) -> AnalysisRecord:
@@ -244,7 +234,7 @@ def execute(a: argparse.Namespace) -> int:
     got = decide(cells, a.baseline, settings, configs, infos, a.suites, derived, recs, training,
                  uncontrolled(raw, configs, a.baseline), matches, profiles,
                  frozen_verdicts([RoundPlan.from_json(read_json(x)) for x in a.rounds], a.baseline))
-    got.analysis.no_cache_arm = without_cache_arm(raw, configs, a.baseline, {m.suite: m.kind for m in matches})
+    got.analysis.no_cache_arm = without_cache_arm(raw, configs, {m.suite: m.kind for m in matches})
     written = got.write(a.out_dir)
     rec.write(written)
     print(f"decide: {len(got.verdicts)} verdicts, {len(got.recommendations)} recommendations, "

@@ -232,6 +232,23 @@ def ledger_text(led: SessionLedger) -> str:
     return text + "."
 
 
+def flag_keys(d: Decided, arm: str, server: str) -> str:
+    """The keys of the arm's speculative block that differ from its server's (the flag), as `key: value`."""
+    mine, theirs = d.facts(arm), d.facts(server)
+    flag, own = (mine.speculative if mine else None) or {}, (theirs.speculative if theirs else None) or {}
+    return ", ".join(f"`{k}: {json.dumps(v)}`" for k, v in flag.items() if own.get(k) != v)
+
+
+def answers_kept(d: Decided, arm: str, server: str, suite: str, c: int) -> bool | None:
+    """Whether the arm's answers match the baseline's no less than its server's do (within 10 points);
+    None where either was not compared (no evidence either way)."""
+    agree = {(a.server, a.suite, a.concurrency): a for a in d.decisions.stopping.agreement}
+    a, o = agree.get((arm, suite, c)), agree.get((server, suite, c))
+    if a is None or o is None or not a.compared or not o.compared:
+        return None
+    return a.identical / a.compared >= o.identical / o.compared - 0.1
+
+
 def ledger_flag_lines(rep: Report, an) -> list[str]:
     """Whether each cache arm's flag pays on the sessions (its ledger against the server it is the arm of)
     and whether it changes answers (its outputs against the baseline's, beside the original's)."""
@@ -240,13 +257,11 @@ def ledger_flag_lines(rep: Report, an) -> list[str]:
     for x in rep.stopping.ledgers:
         if not is_cache_arm(x.server) or x.against != parent(x.server) or x.speedup is None:
             continue
-        mine, theirs = an.facts(x.server), an.facts(x.against)
-        flag, own = (mine.speculative if mine else None) or {}, (theirs.speculative if theirs else None) or {}
-        keys = ", ".join(f"`{k}: {json.dumps(v)}`" for k, v in flag.items() if own.get(k) != v)
         pays = {"pays": "pays", "loses": "costs", "equivalent": "changes nothing that matters"}.get(
             x.verdict.value if x.verdict else "", "is not decided")
-        text = (f"- **The flag** ({keys or 'the engine opt-out'}) on `{x.against}` at c={x.concurrency}: it {pays} on "
-                f"these sessions (session throughput {_iv(x.speedup)} of `{x.against}`'s)")
+        text = (f"- **The flag** ({flag_keys(an, x.server, x.against) or 'the engine opt-out'}) on `{x.against}` at "
+                f"c={x.concurrency}: it {pays} on these sessions (session throughput {_iv(x.speedup)} of "
+                f"`{x.against}`'s)")
         acc = {a.server: a for a in an.decisions.analysis.acceptance if a.suite == x.suite}
         if x.server in acc and x.against in acc and acc[x.server].length and acc[x.against].length:
             text += (f"; {acc[x.server].length:.2f} tokens per speculative step with it, {acc[x.against].length:.2f} "
@@ -255,7 +270,7 @@ def ledger_flag_lines(rep: Report, an) -> list[str]:
         if a is not None and a.compared:
             text += (f"; its answers match the baseline's in {a.identical}/{a.compared} turns"
                      + (f" (without the flag {o.identical}/{o.compared})" if o is not None and o.compared else ""))
-            if o is not None and o.compared and a.identical / a.compared < o.identical / o.compared - 0.1:
+            if answers_kept(an, x.server, x.against, x.suite, x.concurrency) is False:
                 text += ": **the flag changes answers**"
         out.append(text + ".")
     return out

@@ -6,6 +6,7 @@ from __future__ import annotations
 from ..metrics import LABEL
 from ..records import Decision, Deployment, Outcome, Recommendation, Verification
 from ..serving.controls import CACHE, OFF
+from .context import answers_kept, flag_keys
 from .decided import Decided
 from .formats import concurrencies, number
 from .verdicts import not_drafting
@@ -81,20 +82,9 @@ def cache_flag_text(d: Decided, server: str) -> str:
         return ""
     pays = [x for x in led if x.verdict == Decision.PAYS]
     costs = [x for x in led if x.verdict == Decision.LOSES]
-    agree = {(a.server, a.suite, a.concurrency): a for a in d.decisions.stopping.agreement}
-
-    def kept_answers(x) -> bool | None:   # the arm's answers match the baseline's no less than the server's
-        a, o = agree.get((arm, x.suite, x.concurrency)), agree.get((server, x.suite, x.concurrency))
-        if a is None or o is None or not a.compared or not o.compared:
-            return None   # not compared: no evidence either way
-        return a.identical / a.compared >= o.identical / o.compared - 0.1
-
-    kept = [kept_answers(x) for x in pays]
+    kept = [answers_kept(d, arm, server, x.suite, x.concurrency) for x in pays]
     same = all(k is not False for k in kept)
-    facts, own = d.facts(arm), d.facts(server)
-    flag = ", ".join(f"`{k}: {str(v).lower() if isinstance(v, bool) else v}`"
-                     for k, v in ((facts.speculative if facts else None) or {}).items()
-                     if ((own.speculative if own else None) or {}).get(k) != v) or "the engine's prefix-cache opt-out"
+    flag = flag_keys(d, arm, server) or "the engine's prefix-cache opt-out"
     if pays and same and not costs:
         answers = ("the same answers" if all(kept) else "answers not compared (no output recorded)")
         return (f" **On agentic sessions add {flag}:** with it `{server}`'s session throughput was "

@@ -35,6 +35,7 @@ from typing import Optional
 
 import numpy as np
 
+from ..verdicts.noise import VarianceSum
 from ...records import Decision, Interval, Record
 from ...stats import t_ppf
 
@@ -115,22 +116,20 @@ def _firsts(rows: list[dict]) -> dict:
     return out
 
 
-def _estimate(per_session: np.ndarray, run: list | None = None) -> tuple[float, float, float] | None:
+def _estimate(per_session: np.ndarray, run: VarianceSum | None = None) -> tuple[float, float, float] | None:
     """(estimate, se, dof) of the mean over repeats (rows) of the mean over sessions (columns): the
-    sessions' spread plus the repeat means' (module docstring); with one repeat, `run`'s parts
-    ((variance, dof): run to run measured elsewhere) in place of the repeat means'."""
+    sessions' spread plus the repeat means' (module docstring); with one repeat, `run` (run to run
+    measured elsewhere) in place of the repeat means'."""
     R, n = per_session.shape
     if n < 2:
         return None
     means = per_session.mean(1)
-    parts = [(float(per_session.mean(0).var(ddof=1)) / n, n - 1)]
+    parts = VarianceSum().add(("sessions",), float(per_session.mean(0).var(ddof=1)) / n, n - 1)
     if R >= 2:
-        parts.append((float(np.var(means, ddof=1)) / R, R - 1))
+        parts.add(("repeats",), float(np.var(means, ddof=1)) / R, R - 1)
     else:
-        parts += [x for x in run or [] if x[0] > 0]
-    total = sum(v for v, _ in parts)
-    den = sum(v * v / d for v, d in parts if v > 0)
-    return float(means.mean()), math.sqrt(total), (total * total / den if den > 0 else float(n - 1))
+        parts.plus(run)
+    return float(means.mean()), math.sqrt(parts.total), parts.dof if parts.total > 0 else float(n - 1)
 
 
 def _interval(got: tuple[float, float, float] | None, confidence: float) -> Interval | None:
@@ -179,11 +178,9 @@ def session_ledger(by: dict, server: str, against: str, suite: str, c: int, conf
         return led
     turn_keys = [(s, p, t) for s, p in sessions for t in sorted(turns_of[(s, p)])]
     led.turns = len(turn_keys)
-    prefill = np.zeros((len(reps), len(sessions)))
-    decode = np.zeros_like(prefill)
-    against_time = np.zeros_like(prefill)
-    extra = np.zeros_like(prefill)
-    times = np.zeros((4,) + prefill.shape)      # prefill and decoding per session: this server's, the other's
+    # per repeat and session: this server's prefill and decoding, the other's; the extra tokens it prefilled
+    times = np.zeros((4, len(reps), len(sessions)))
+    extra = np.zeros((len(reps), len(sessions)))
     at = {k: i for i, k in enumerate(sessions)}
     by_turn: dict = {}
     cached = {"mine": [0.0, 0.0], "theirs": [0.0, 0.0]}
@@ -201,13 +198,7 @@ def session_ledger(by: dict, server: str, against: str, suite: str, c: int, conf
             tpot_m = m["decode"] / (m["out"] - 1) if m["out"] > 1 else cell_tpot
             dec_m = tpot_m * max(o["out"] - 1, 0)     # at the other server's output length
             p_diff, d_diff = m["ttft"] - o["ttft"], dec_m - o["decode"]
-            prefill[i, j] += p_diff
-            decode[i, j] += d_diff
-            against_time[i, j] += o["ttft"] + o["decode"]
-            times[0, i, j] += m["ttft"]
-            times[1, i, j] += dec_m
-            times[2, i, j] += o["ttft"]
-            times[3, i, j] += o["decode"]
+            times[:, i, j] += (m["ttft"], dec_m, o["ttft"], o["decode"])
             led.outputs_differ += m["out"] != o["out"]
             row = by_turn.setdefault(key[2], {"pairs": 0, "p": 0.0, "d": 0.0, "ctx": [], "mc": [0.0, 0.0],
                                                "tc": [0.0, 0.0]})
@@ -232,10 +223,11 @@ def session_ledger(by: dict, server: str, against: str, suite: str, c: int, conf
     if cached["theirs"][1]:
         led.against_hit_share = cached["theirs"][0] / cached["theirs"][1]
         led.against_uncached_tokens = uncached["theirs"] / n_sessions
-    led.against_session_s = float(against_time.mean())
+    prefill, decode = times[0] - times[2], times[1] - times[3]
+    led.against_session_s = float((times[2] + times[3]).mean())
     if one_token:
         led.note = f"{one_token} turn(s) answered in one token here: decoding at this server's time per token"
-    run = {"prefill": [], "decode": [], "total": []}
+    run: dict = {}
     if len(reps) == 1:
         ts, ta = (rr.at("e2el", x, c) if rr is not None else None for x in (server, against))
         if ts is None or ta is None:
@@ -244,10 +236,10 @@ def session_ledger(by: dict, server: str, against: str, suite: str, c: int, conf
         else:   # a server's session time moves by its run-to-run factor; its parts with it
             mp, md, op, od = (float(x.mean()) for x in times)
             for part, (a, b) in (("prefill", (mp, op)), ("decode", (md, od)), ("total", (mp + md, op + od))):
-                run[part] = [(ts.total * a * a, ts.dof), (ta.total * b * b, ta.dof)]
-    led.prefill = _interval(_estimate(prefill, run["prefill"]), confidence)
-    led.decode = _interval(_estimate(decode, run["decode"]), confidence)
-    led.total = _interval(_estimate(prefill + decode, run["total"]), confidence)
+                run[part] = VarianceSum().plus(ts, a * a).plus(ta, b * b)
+    led.prefill = _interval(_estimate(prefill, run.get("prefill")), confidence)
+    led.decode = _interval(_estimate(decode, run.get("decode")), confidence)
+    led.total = _interval(_estimate(prefill + decode, run.get("total")), confidence)
     # the prefill cost per uncached token where TTFT is prefill and little else: the server's lowest
     # concurrency on this suite (under load TTFT is mostly the wait for a slot)
     low = min(k[2] for k in by if k[:2] == (server, suite))

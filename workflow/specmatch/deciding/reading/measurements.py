@@ -157,13 +157,6 @@ class Arrays:
         tpot = self.tpot if self.tpot_load is None else self.tpot_load
         v = metrics.values(metric, self.out, self.good, lat, tpot)
         pad = idx < 0   # rows of a cluster resample are padded with -1 (unit_draw): they count for nothing
-        if not pad.any():
-            v = v[idx]
-            if not metrics.TABLE[metric].rate:
-                return metrics.estimate(metric, self.workers, v)
-            if not self.closed:
-                return metrics.open_loop_rate(v, self.duration) * (len(self.out) / idx.shape[-1])
-            return metrics.estimate(metric, self.workers, v, lat[idx])
         if not metrics.TABLE[metric].rate:
             return metrics.estimate(metric, self.workers, np.where(pad, np.nan, v[idx]))   # a NaN-aware mean
         v = np.where(pad, 0.0, v[idx])
