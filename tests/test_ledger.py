@@ -203,3 +203,13 @@ def test_with_one_repeat_the_interval_takes_run_to_run_from_elsewhere_or_says_it
     with_rr = session_ledger(by, "spec", "base", "sess", 1, rr=Measured())
     assert with_rr.note is None and with_rr.decode.value == pytest.approx(alone.decode.value)
     assert with_rr.decode.hi - with_rr.decode.lo > 1.5 * (alone.decode.hi - alone.decode.lo)
+
+
+def test_every_finding_stays_in_the_note():
+    """One repeat without a run-to-run measure, and TTFT that does not grow with the uncached tokens: both
+    are said."""
+    by, _ = scripted(8, repeats=1)
+    for row in by[("spec", "sess", 1, 1)][1]:
+        row["ttft_s"] = 0.1                      # flat: no prefill cost per token to apply
+    note = session_ledger(by, "spec", "base", "sess", 1).note
+    assert "one repeat and no run-to-run measure" in note and "no prefill cost per uncached token" in note

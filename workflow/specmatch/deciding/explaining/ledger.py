@@ -84,6 +84,11 @@ class SessionLedger(Record):
     note: Optional[str] = None
 
 
+def _say(led: SessionLedger, text: str) -> None:
+    """Adds `text` to the ledger's note (a later finding never hides an earlier one)."""
+    led.note = "; ".join(filter(None, [led.note, text]))
+
+
 def _turns(rows: list[dict]) -> dict:
     """(session, pass, turn) -> the turn's figures, for the turns that succeeded."""
     out = {}
@@ -231,8 +236,7 @@ def session_ledger(by: dict, server: str, against: str, suite: str, c: int, conf
     if len(reps) == 1:
         ts, ta = (rr.at("e2el", x, c) if rr is not None else None for x in (server, against))
         if ts is None or ta is None:
-            led.note = "; ".join(filter(None, [led.note, "one repeat and no run-to-run measure: the intervals hold "
-                                                         "the sessions' spread only"]))
+            _say(led, "one repeat and no run-to-run measure: the intervals hold the sessions' spread only")
         else:   # a server's session time moves by its run-to-run factor; its parts with it
             mp, md, op, od = (float(x.mean()) for x in times)
             for part, (a, b) in (("prefill", (mp, op)), ("decode", (md, od)), ("total", (mp + md, op + od))):
@@ -253,7 +257,7 @@ def session_ledger(by: dict, server: str, against: str, suite: str, c: int, conf
     tokens = _estimate(extra)
     if fit is not None and fit[0] <= 0:
         fit = None   # TTFT did not grow with the uncached tokens there: no prefill cost per token to apply
-        led.note = f"no prefill cost per uncached token: TTFT did not grow with it at c={low}"
+        _say(led, f"no prefill cost per uncached token: TTFT did not grow with it at c={low}")
     if fit is not None and tokens is not None and led.hit_share is not None and led.against_hit_share is not None:
         (b, var_b), (tok, se_tok, dof) = fit, tokens
         led.prefill_ms_per_token = 1000 * b
