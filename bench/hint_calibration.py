@@ -10,7 +10,8 @@ same experiment, as the workflow would:
 - a larger suite (g > 1): every cell rerun with round(16 g) prompts in R' fresh sessions (today's
   data are not part of it);
 - under a sequential design (--sequential: repeats {min: 2, max: 3} today), the named R' is run as
-  repeats {min: 2, max: R'}: looks 3..R' at their levels, decided at the first look that decides;
+  repeats {min: 2, max: R'}: looks 3..R' at their levels, decided at the first look that decides, and
+  stopped undecided where the rounds (deciding.rounds.plan) would stop it as unlikely to be decided;
   under a fixed design, one look at R'.
 
 and the same verdict is read again. Printed per population: the stated probability against the share
@@ -55,44 +56,17 @@ def engines(pop: str, rng: np.random.Generator) -> dict:
 def settings(bootstrap: int, repeats=None):
     from specmatch.deciding.reading.measurements import Settings
 
-    return Settings.of(vars(grid.settings(bootstrap, slo={})) | {"repeats": repeats})
-
-
-def _quiet_analyse(cells, s):
-    """The verdicts of carried-out data (what would decide those is not asked)."""
-    from specmatch.deciding.verdicts import comparison
-    from specmatch.deciding.analysis import analyse
-
-    keep = comparison.what_would_decide
-    comparison.what_would_decide = lambda cmp, s: ("", None)
-    try:
-        return analyse(cells, "baseline", s)
-    finally:
-        comparison.what_would_decide = keep
+    return Settings.of(vars(grid.settings(bootstrap, slo={}, designs=True)) | {"repeats": repeats})
 
 
 def carried_out(rng, pop, eng, work, eff, cells, d: dict, today: int, sequential: bool, bootstrap: int) -> dict:
-    """{(suite, c): decided} after carrying out design d on this experiment."""
-    Rn, g = int(d["repeats"]), float(d["suite_scale"])
-    sc = scenarios.SCENARIOS[SCENARIO[pop]]
-    if g == 1:
-        new_eff = scenarios.run_to_run(rng, sc, ["baseline", "spec"], grid.SUITES, grid.CONCURRENCIES, Rn)
-        new_eff = {k: (eff[k] if k[3] <= today else v) for k, v in new_eff.items()}
-        extra = workload.simulate_cells(rng, [work], eng, [new_eff], range(today + 1, Rn + 1))[0] if Rn > today else []
-        data, first = cells + extra, today + 1
-    else:
-        big = workload.Workload.draw(rng, prompts=int(math.ceil(grid.PROMPTS * g)))
-        new_eff = scenarios.run_to_run(rng, sc, ["baseline", "spec"], grid.SUITES, grid.CONCURRENCIES, Rn)
-        data, first = workload.simulate_cells(rng, [big], eng, [new_eff], Rn)[0], 2
-    looks = list(range(max(first, 2), Rn + 1)) if sequential else [Rn]
-    s = settings(bootstrap, {"min": 2, "max": Rn} if sequential and Rn > 2 else Rn)
-    out: dict = {}
-    for R in looks:
-        an = _quiet_analyse([x for x in data if x[0].repeat <= R], s)
-        for v in an.verdicts:
-            if v.server == "spec" and v.metric == "output_throughput":
-                out[(v.suite, v.concurrency)] = out.get((v.suite, v.concurrency), False) or grid.decided(v)
-    return out
+    """{(suite, c): decided} after carrying out design d on this experiment as the workflow would
+    (specmatch.calibration.hints.carry_out: the rounds' futility stops included)."""
+    from specmatch.calibration.hints import carry_out
+
+    s = settings(bootstrap, {"min": 2, "max": 3} if sequential else None)
+    got = carry_out(rng, scenarios.SCENARIOS[SCENARIO[pop]], eng, work, eff, cells, d, today, s)
+    return {(u, c): v for (u, c, _), v in got.items()}
 
 
 def task(a: dict) -> list:

@@ -93,9 +93,10 @@ class FakeServer:
             texts.append(f" w{100 + h}")
         return ids, texts, "length"
 
-    def cached_tokens(self, prompt: str) -> int:
-        """The longest word prefix this prompt shares with one seen since the last reset (a prefix cache)."""
-        words = prompt.split()
+    def cached_tokens(self, prompt: str, salt: str | None = None) -> int:
+        """The longest word prefix this prompt shares with one seen since the last reset under the same
+        cache salt (a prefix cache; vLLM and SGLang key their blocks by the request's cache_salt)."""
+        words = [f"{salt}\x00"] + prompt.split() if salt else prompt.split()
         best = 0
         for seen in self._cached_prompts:
             k = 0
@@ -105,7 +106,7 @@ class FakeServer:
                 k += 1
             best = max(best, k)
         self._cached_prompts.append(words)
-        return best
+        return max(best - 1, 0) if salt else best
 
     # -- HTTP ----------------------------------------------------------------------------------
     async def _handle(self, reader, writer):
@@ -194,7 +195,7 @@ class FakeServer:
             return True
         k = self.tokens_per_event
         sent, out = 0, ""
-        cached = self.cached_tokens(text) if self.cache else None
+        cached = self.cached_tokens(text, req.get("cache_salt")) if self.cache else None
         if self.words:
             ids, texts, reason = self.script(text, n, bool((req.get("sampling_params") or {}).get("ignore_eos")))
             n = len(ids)
@@ -308,11 +309,12 @@ class FakeServer:
     async def _scripted(self, req, text, n, writer, chat) -> bool:
         """A scripted greedy output (`words`), streamed one token per chunk, with vLLM's token ids,
         finish reason and usage (cached tokens included when the cache is simulated)."""
-        entry = {"prompt": text, "start": time.perf_counter(), "end": None, "cached": None}
+        entry = {"prompt": text, "start": time.perf_counter(), "end": None, "cached": None,
+                 "cache_salt": req.get("cache_salt")}
         self.log.append(entry)
         self.in_flight += 1
         self.max_in_flight = max(self.max_in_flight, self.in_flight)
-        cached = self.cached_tokens(text) if self.cache else None
+        cached = self.cached_tokens(text, req.get("cache_salt")) if self.cache else None
         entry["cached"] = cached
         ids, texts, reason = self.script(text, n, bool(req.get("ignore_eos")))
         writer.write(b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nTransfer-Encoding: chunked\r\n\r\n")

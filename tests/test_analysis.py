@@ -701,3 +701,38 @@ def test_what_would_decide_states_the_probability_its_design_decides():
     assert len(stated) > 100
     gap = float(np.mean(decided) - np.mean(stated))
     assert -0.07 <= gap <= 0.12, (np.mean(stated), np.mean(decided), len(stated))
+
+
+def test_what_would_decide_it_simulates_the_rounds_futility_stops():
+    """Under the sequential design a named design is carried out through the rounds, which stop a
+    configuration whose remaining repeats are unlikely to decide it (deciding.rounds.plan). The
+    statement simulates those stops at every look: it is never above the same simulation without them,
+    is lower where the stops bite, and a design of more repeats of today's suite that the rounds would
+    stop at today's look is never carried out (probability 0)."""
+    from specmatch.deciding.reading.sequential import Design
+    from specmatch.deciding.verdicts import comparison as C
+
+    seq = Settings.of({"bootstrap": 400, "repeats": {"min": 2, "max": 3}})
+
+    def cmp_of(est, w, b, prompts=16):
+        se = math.sqrt(w + b)
+        c = Comparison("s", "b", "u", 1, "output_throughput", [est, est], [w, w], est, se, 8.0, True)
+        c.prompts = prompts
+        return c
+
+    c = cmp_of(0.0, 0.00002, 0.004)   # identical-looking, run to run dominating: many looks, stops bite
+    designs = [(8, 1.0), (16, 1.0), (12, 2.0)]
+    keep = C._decided_share
+    try:
+        C._decided_share = lambda *a, **k: keep(*a[:6])   # the same draws without the stops
+        without = C.decides_probability(c, seq, designs, np.random.default_rng(3), 4000)
+    finally:
+        C._decided_share = keep
+    with_stops = C.decides_probability(c, seq, designs, np.random.default_rng(3), 4000)
+    assert (with_stops <= without + 1e-12).all() and (with_stops < without - 0.005).any(), (with_stops, without)
+    # the rounds would stop it at today's look for a design of 4 repeats (the prompt sample dominates):
+    # more repeats of today's suite are never run, a larger suite still is
+    c = cmp_of(0.03, 0.0016, 0.0002)
+    assert C.chance_remaining(c, Design(2, 4), seq) < 0.25
+    p = C.decides_probability(c, seq, [(4, 1.0), (4, 4.0)], np.random.default_rng(3), 4000)
+    assert p[0] == 0.0 and p[1] > 0.0

@@ -65,6 +65,7 @@ N_QUIET = 50                # quiet machine, analysed at R=1 and R=3
 N_POWER = 16                # per effect (analysed at R=2, 3 and 4, fixed and sequential)
 N_VERIFY = 40               # per machine (plain, quiet)
 N_HINTS = 24                # per population ('what would decide it' carried out: the slowest experiments)
+N_HINTS_SEQ = 8             # the sequential design's, carried out through the rounds (6x dearer each)
 LONG = (pytest.mark.calibration, pytest.mark.slow)   # scripts/test.sh --quick leaves them out
 CALIBRATED = ("plain", "hetero", "t3", "drift", "outlier", "prompts15", "prompts30")
 TIMING = ("output_throughput", "tpot", "e2el")   # metrics whose truth is exactly 1 + effect
@@ -197,6 +198,8 @@ def runs():
         specs[("verify", name)] = dict(kind="verify", name=name, experiments=N_VERIFY, repeats=2)
     for name in ("aa", "effects"):
         specs[("hints", name)] = dict(kind="hints", name=name, experiments=N_HINTS, chunk=1, bootstrap=150)
+    specs[("hints", "t3")] = dict(kind="hints", name="t3", experiments=N_HINTS_SEQ, chunk=1, bootstrap=150,
+                                  sequential=True)
     return compute(specs, seed=18)
 
 
@@ -401,7 +404,7 @@ def _hint_text(rows) -> str:
 
 
 @long
-@pytest.mark.parametrize("population", ["aa", "effects"])
+@pytest.mark.parametrize("population", ["aa", "effects", "t3"])
 def test_what_would_decide_it_comes_true_when_carried_out(runs, population):
     """Issue 34, finding 3 (it stated ~81% each time; carried out as the workflow would, the named design
     decided 45%, 64% on a quiet machine, 17% for identical servers): every inconclusive throughput verdict
@@ -419,15 +422,44 @@ def test_what_would_decide_it_comes_true_when_carried_out(runs, population):
     ±12% stated 82%, decided 89% ± 2% of 519 (conservative; 88% at the estimate). This module's seed:
     82% -> 87% ± 4 of 200 and 83% -> 88% ± 3 of 160. Carrying the named designs out is about half of
     the fixture's CPU: with the variance's uncertainty counted, the designs named are long (up to 64
-    repeats of a suite 32 times the default's)."""
+    repeats of a suite 32 times the default's).
+
+    `t3` (issue 48, finding 3): the sequential design (repeats {min: 2, max: 3} today, as the default)
+    on Student-t(3) session and cell effects, each named design carried out through the rounds
+    (deciding.rounds.plan at every look: a configuration they stop as unlikely to be decided is never
+    decided). The statement simulates those futility stops (comparison.decides_probability with
+    sequential.chance_decided_many at each look, the final look's dof): measured with 20 experiments
+    per population (seed 7): identical servers 83% -> 82% ± 6 of 65, speedups within ±12% 84% -> 72% ±
+    7 of 85, t3 84% -> 82% ± 5 of 89; another seed (16 each) 83% -> 74% ± 9 of 62 and 84% -> 88% ± 2
+    of 85. N_HINTS_SEQ experiments here (each carries out designs of up to 32 looks)."""
     rows = runs[("hints", population)]["rows"]
     print(f"\n{population} ({hints.HINT_POPULATIONS[population][1]}): " + _hint_text(rows))
     st, dec, se, n = hints.hint_rates(rows, reachable=True)
-    assert n >= 60, f"only {n} statements: too few to check"
+    assert n >= (60 if population != "t3" else 20), f"only {n} statements: too few to check"
     assert abs(dec - st) <= max(3 * se, 0.06), f"stated {st:.1%}, decided {dec:.1%} ± {se:.1%} of {n}"
     st, dec, se, n = hints.hint_rates(rows, reachable=False)
-    if n >= 20:
+    if n >= 20 and population != "t3":
         assert dec <= st + max(3 * se, 0.06), f"'unlikely' at {st:.1%}, decided {dec:.1%} ± {se:.1%} of {n}"
+
+
+@long
+@pytest.mark.xfail(strict=True, reason="measured (20 experiments per population, sequential design, carried out "
+                                       "through the rounds): 'more data is unlikely to decide it' stated 63% / 65% "
+                                       "/ 61% and decided 98% / 92% / 93% (identical servers / speedups within "
+                                       "±12% / Student-t(3)): the statement's best design is pessimistic")
+def test_unlikely_is_not_contradicted_under_the_sequential_design(runs):
+    """'More data is unlikely to decide it' under the sequential design: the best design it names (most
+    of them 32 repeats, many of a larger suite) decides at most what it states, plus 3 Monte-Carlo
+    errors or 6 points. It does not. Two causes are likely, neither yet measured apart: the statement
+    takes a larger suite to narrow only the prompt sample's part, while in the simulated server (and on
+    a real one) a larger suite also averages the request noise that a c = 16 cell of 16 prompts (one
+    burst) counts as run to run; and the run-to-run variance's posterior over 3-6 degrees of freedom
+    leaves much weight on variances far above the truth, the more so where today's estimate ran high,
+    which is where 'unlikely' is said."""
+    rows = runs[("hints", "t3")]["rows"]
+    st, dec, se, n = hints.hint_rates(rows, reachable=False)
+    print(f"\n'unlikely' (t3, sequential): stated {st:.1%}, decided {dec:.1%} ± {se:.1%} of {n}")
+    assert n >= 10 and dec <= st + max(3 * se, 0.06)
 
 
 def _verification_text(v: dict) -> str:

@@ -359,3 +359,31 @@ def test_sglang_has_no_server_argument_that_keeps_eagles_cache_loss_off():
     assert both == []
     assert get_engine({"engine": "sglang", "model": "m", "sglang_version": "0.5.23",
                        "speculative": {"method": "EAGLE3", "model": "d"}}).prefix_cache_kept()[0] is None
+
+
+def test_the_cache_salt_is_a_field_of_each_engines_own_requests():
+    """The field a session suite's later passes are salted with (Engine.cache_salt_field) is one the
+    engine's own request models declare and carry to the prefix cache: vLLM's chat and completion
+    requests (installed) and its block hashing; SGLang's OpenAI requests and its radix cache's key (the
+    pinned release's source)."""
+    import vllm
+    from vllm.entrypoints.openai.chat_completion.protocol import ChatCompletionRequest
+    from vllm.entrypoints.openai.completion.protocol import CompletionRequest
+
+    field = get_engine({"engine": "vllm", "model": "m"}).cache_salt_field()[0]
+    for req in (ChatCompletionRequest, CompletionRequest):
+        assert field in req.model_fields, req.__name__
+    # the value each pass sends passes vLLM's own validation (no '@', '/', '\\', NUL; at most 128 characters)
+    from specmatch.measuring.sessions import pass_salt
+
+    body = {"model": "m", "max_tokens": 4, field: pass_salt(12)}
+    assert getattr(ChatCompletionRequest(**body, messages=[{"role": "user", "content": "x"}]), field) == pass_salt(12)
+    assert getattr(CompletionRequest(**body, prompt="x"), field) == pass_salt(12)
+    hashing = (Path(vllm.__file__).parent / "v1" / "core" / "kv_cache_utils.py").read_text()
+    assert f"request.{field}" in hashing
+    if not (SG_NEW / ".done").exists():
+        pytest.skip("the pinned SGLang release is not installed (scripts/test.sh runs scripts/setup-parsers.sh)")
+    field = get_engine({"engine": "sglang", "model": "m"}).cache_salt_field()[0]
+    protocol = (SG_NEW / "sglang" / "srt" / "entrypoints" / "openai" / "protocol.py").read_text()
+    radix = (SG_NEW / "sglang" / "srt" / "mem_cache" / "radix_cache.py").read_text()
+    assert protocol.count(f"    {field}: Optional[") >= 2 and f'"{field}"' in radix

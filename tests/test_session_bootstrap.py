@@ -142,7 +142,7 @@ def test_a_session_worker_runs_its_turns_back_to_back_and_a_suite_of_c_sessions_
     assert a.drain_from == 0.0 and Arrays.of(res, req, {}).drain_from is None
 
 
-def wave_cells(seed: int, sessions: int = 16, turns: int = 3, sigma: float = 0.3, c: int = 16):
+def wave_cells(seed: int, sessions: int = 16, turns: int = 3, sigma: float = 0.3, c: int = 16, step: int = 72):
     """Sessions on the discrete-event server (calibration.des, continuous batching): `base` and `spec`
     plain engines whose pace (tokens a step) differs by a per-session lognormal factor of mean-corrected
     log-sd `sigma`, at c = 1 and `c` (one wave where c = sessions), 2 repeats."""
@@ -153,7 +153,7 @@ def wave_cells(seed: int, sessions: int = 16, turns: int = 3, sigma: float = 0.3
     v = rng.normal(0.0, 0.1, sessions)
     lab = np.repeat(np.arange(sessions), turns)
     turn = np.tile(np.arange(turns), sessions)
-    pt = (200 + turn * 72).astype(float)
+    pt = (200 + turn * step).astype(float)
     ot = rng.integers(16, 48, sessions * turns)
     ids = [f"s{s}.t{t}" for s, t in zip(lab, turn)]
     cells = []
@@ -164,7 +164,8 @@ def wave_cells(seed: int, sessions: int = 16, turns: int = 3, sigma: float = 0.3
             for conc in (1, c):
                 sv = serve(eng, conc, pt[None], ot[None], rng, pace=pace[None], session=lab)
                 res, req = cell(name, "sess", conc, r, sv.e2e[0], sv.ttft[0], ot.astype(float), ids,
-                                starts=sv.start[0], duration=float(sv.duration[0]), session=f"{name}-r{r}")
+                                prompt_tokens=pt, starts=sv.start[0], duration=float(sv.duration[0]),
+                                session=f"{name}-r{r}")
                 cells.append((res, req.with_columns(pl.Series("session_id", [f"s{x}" for x in lab]))))
     return cells
 

@@ -9,7 +9,8 @@ import pytest
 from builders import REQ, cell_args, session, sessions_file
 from specmatch.files import SpecmatchError
 from specmatch.measuring.cell import main, plan_requests
-from specmatch.measuring.sessions import check_sessions, run_sessions, turn_prompt
+from specmatch.measuring.sessions import check_sessions, pass_salt, run_sessions, session_passes, turn_prompt
+from specmatch.serving.engines import get_engine
 from specmatch.records import RequestSettings
 
 SETTINGS = RequestSettings(max_tokens=4, temperature=0.0, ignore_eos=False, timeout_s=5)
@@ -118,6 +119,50 @@ def test_concurrency_counts_sessions_in_flight(fake_server):
     with pytest.raises(SpecmatchError, match="cannot keep 8 sessions in flight"):
         check_sessions(6, 1, 8, "s")
     assert check_sessions(6, 1, 4, "s") and not check_sessions(8, 1, 4, "s")
+    # sessions per worker: min_requests_per_worker counts sessions; an engine without a cache salt says why
+    assert not check_sessions(12, 1, 4, "s", 3) and check_sessions(8, 1, 4, "s", 3)
+    assert "own cache: no field" in check_sessions(4, 1, 4, "s", 2, "no field")[0]
+
+
+def test_sessions_per_worker_raise_the_passes_only_where_a_cache_salt_keeps_replays_cold():
+    """A session suite's passes rise like a prompt suite's (sessions per worker) only where the engine
+    can keep a pass off the blocks its earlier passes left: a session replayed on its own cache would
+    measure a hit rate no traffic has."""
+    assert session_passes(4, 1, 2, 4, "cache_salt") == 2 and session_passes(8, 1, 2, 4, "cache_salt") == 1
+    assert session_passes(4, 1, 2, 4, None) == 1 and session_passes(4, 1, None, 4, "cache_salt") == 1
+    for cfg in ({"engine": "vllm", "model": "m"}, {"engine": "sglang", "model": "m"},
+                {"engine": "external", "base_url": "http://h", "flavor": "sglang"}):
+        assert get_engine(cfg).cache_salt_field()[0] == "cache_salt"
+    field, why = get_engine({"engine": "external", "base_url": "http://h", "flavor": "openai"}).cache_salt_field()
+    assert field is None and "openai" in why
+
+
+def test_each_pass_replays_its_sessions_under_its_own_cache_salt(tmp_path, fake_server):
+    """4 sessions at c=2 with two sessions per worker... and 4 per worker asked: two passes, the second
+    under its own salt. Within a pass a session's turns hit their own history and the shared system
+    line; a session's first turn in pass 2 hits only that line, not pass 1's replay of it."""
+    srv = fake_server(words=True, cache=True, ttft=0.001, itl=0.001, tokens=4)
+    ss = [session(i, texts(i)) for i in range(4)]
+    a = cell_args(tmp_path, srv.base_url, sessions_file(tmp_path, ss),
+                  {**REQ, "passes": 1, "warmup": 0, "max_tokens": 4, "ignore_eos": False,
+                   "min_requests_per_worker": 4})
+    assert main(a) == 0
+    cell = json.loads((tmp_path / "c2.json").read_text())
+    assert cell["passes"] == 2 and cell["num_prompts"] == 24 and cell["sessions"]["completed"] == 8
+    assert {e["cache_salt"] for e in srv.log} == {pass_salt(0), pass_salt(1)}
+    recs = pl.read_parquet(tmp_path / "c2.requests.parquet")
+    first = recs.filter(pl.col("turn") == 0)
+    system = len(texts(0)[0].split()) - len(texts(0)[0].splitlines()[1].split())   # the shared system line's words
+    assert first.height == 8 and first["cached_tokens"].max() <= system
+    later = recs.filter(pl.col("turn") > 0)
+    assert (later["cached_tokens"] > system).all()
+    # one pass (enough sessions per worker): no salt is sent, as before
+    srv.log.clear()
+    a = cell_args(tmp_path, srv.base_url, sessions_file(tmp_path, ss),
+                  {**REQ, "passes": 1, "warmup": 0, "max_tokens": 4, "ignore_eos": False,
+                   "min_requests_per_worker": 2})
+    assert main(a) == 0
+    assert {e["cache_salt"] for e in srv.log} == {None}
 
 
 def test_a_session_whose_server_fails_mid_way_is_counted_not_dropped(tmp_path, fake_server):

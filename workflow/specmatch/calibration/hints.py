@@ -16,7 +16,9 @@ from dataclasses import dataclass
 import numpy as np
 
 from ..deciding.analysis import analyse
+from ..deciding.rounds import plan
 from ..deciding.reading.measurements import Settings
+from ..records import Continuation
 from .grid import BASE, CONCURRENCIES, PROMPTS, SUITES, decided, settings
 from .scenarios import SCENARIOS, Scenario, run_to_run
 from .tally import ratio_rate
@@ -38,6 +40,7 @@ HINT_POPULATIONS = {
     "aa": ("plain", "identical servers"),
     "effects": ("plain", "a uniform speedup per experiment, log-uniform within ±12%"),
     "quiet": ("quiet", "identical servers on a quiet machine"),
+    "t3": ("t3", "identical servers, Student-t(3) session and cell effects (heavy tails)"),
 }
 
 
@@ -48,13 +51,15 @@ def _hint_engines(name: str, rng: np.random.Generator) -> dict:
 
 
 def carry_out(rng: np.random.Generator, sc: Scenario, eng: dict, work: Workload, eff: dict, cells: list, design: dict,
-              today: int, s, metrics=("output_throughput",)) -> dict:
+              today: int, s, metrics=("output_throughput",), wanted: set | None = None) -> dict:
     """A verdict's named design (Verdict.design) carried out on its experiment as the workflow would:
     more repeats of today's suite (suite_scale 1) add fresh sessions' cells to today's; a larger suite
     reruns every cell with ceil(PROMPTS x g) new prompts in fresh sessions (today's data are not part
     of it). Analysed under `s`'s design with the named repeats (fixed: one look at R'; sequential:
-    repeats {min, max: R'}, every look from min on, decided at the first that decides). Returns
-    {(suite, concurrency, metric): decided} of the second server."""
+    repeats {min, max: R'}, every look from min on, decided at the first that decides, and a configuration
+    the rounds stop as unlikely to be decided (deciding.rounds.plan) never decided). Returns
+    {(suite, concurrency, metric): decided} of the second server; with `wanted` (such keys), the looks end
+    once each of them is decided or stopped."""
     Rn, g = int(design["repeats"]), float(design["suite_scale"])
     servers = list(eng)
     if g == 1:
@@ -67,16 +72,26 @@ def carry_out(rng: np.random.Generator, sc: Scenario, eng: dict, work: Workload,
         data = simulate_cells(rng, [big], eng, [run_to_run(rng, sc, servers, SUITES, CONCURRENCIES, Rn)], Rn)[0]
         first = 1
     seq = s.design.sequential and Rn > s.design.min
-    looks = list(range(max(first, s.design.min), Rn + 1)) if seq else [Rn]
+    # a sequential design's rounds (deciding.rounds.plan) look from today's repeats on where today's cells are
+    # kept: a configuration they stop as unlikely to be decided is never measured again
+    looks = list(range(max(today if g == 1 else first, s.design.min), Rn + 1)) if seq else [Rn]
     # the carried-out verdicts' own hints are not asked for, and only `metrics` are read
     at = Reading.of(vars(s) | {"repeats": {"min": s.design.min, "max": Rn} if seq else Rn, "designs": False,
                                "only": tuple(metrics)})
     out: dict = {}
     for R in looks:
-        for v in analyse([x for x in data if x[0].repeat <= R], "baseline", at).verdicts:
+        an = analyse([x for x in data if x[0].repeat <= R], "baseline", at)
+        for v in an.verdicts:
             if v.server == "spec" and v.metric in metrics:
                 key = (v.suite, v.concurrency, v.metric)
-                out[key] = out.get(key, False) or decided(v)
+                if key not in out and decided(v):
+                    out[key] = True
+        if seq and R < Rn:
+            for d in plan(an, at.design, R).decisions:
+                if d.server == "spec" and d.action == Continuation.UNLIKELY:
+                    out.setdefault((d.suite, d.concurrency, an.settings.recommend_metric), False)
+        if wanted is not None and wanted <= set(out):
+            break
     return out
 
 
@@ -98,14 +113,16 @@ def hint_task(a: dict) -> dict:
         eff = run_to_run(rng, sc, list(eng), SUITES, CONCURRENCIES, 2)
         cells = simulate_cells(rng, [work], eng, [eff], 2)[0]
         an = analyse(cells, "baseline", s)
+        named = [v for v in an.verdicts if v.server == "spec" and v.metric == "output_throughput"
+                 and v.speedup is not None and not decided(v) and v.design]
         done: dict = {}
-        for v in an.verdicts:
-            if v.server != "spec" or v.metric != "output_throughput" or v.speedup is None or decided(v) or not v.design:
-                continue
+        for v in named:
             d = v.design
             key = (d["repeats"], d["suite_scale"])
             if key not in done:
-                done[key] = carry_out(rng, sc, eng, work, eff, cells, d, 2, s)
+                wanted = {(x.suite, x.concurrency, x.metric) for x in named
+                          if (x.design["repeats"], x.design["suite_scale"]) == key}
+                done[key] = carry_out(rng, sc, eng, work, eff, cells, d, 2, s, wanted=wanted)
             rows.append(((a["seed"], e), float(d["probability"]), bool(d["reachable"]),
                          bool(done[key].get((v.suite, v.concurrency, v.metric))), d["repeats"], d["suite_scale"]))
     return {"rows": rows}

@@ -28,18 +28,17 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import sys
 from pathlib import Path
 from .. import steps
 from .analysis import Analysis, frozen_verdicts, primary_analysis
 from .reading.measurements import Settings
-from .verdicts.comparison import _split, compare, frozen_for
+from .verdicts.comparison import chance_remaining, compare, frozen_for
 from ..files import SpecmatchError, read_json, write_json
 from ..provenance import Recorder
 from ..records import Continuation, Decision, PlannedCell, RoundDecision, RoundPlan, Verdict
 from .inputs import analysis_arguments, load, server_infos
-from .reading.sequential import Design, continues
+from .reading.sequential import Design
 from ..sweep import members as sweep_members
 
 
@@ -65,9 +64,7 @@ def plan(an: Analysis, design: Design, round_: int) -> RoundPlan:
             elif round_ >= design.max:
                 action = Continuation.AT_MAX
             else:
-                w, _, b, _ = _split(cmp)
-                go = continues(cmp.estimate, w, b, cmp.repeats, design, an.settings.confidence,
-                               math.log(1 + an.settings.min_effect), cmp.dof)
+                go = chance_remaining(cmp, design, an.settings) >= design.min_probability
                 action = Continuation.CONTINUE if go else Continuation.UNLIKELY
             decisions.append(recorded(v, action, against=None))
             if action == Continuation.CONTINUE:
@@ -112,10 +109,8 @@ def k_choices(an: Analysis, design: Design, round_: int) -> list[RoundDecision]:
                     action = Continuation.CONTINUE
                 else:
                     cmp = compare(m, an.run_to_run, v.server, v.against, rec.suite, ch.concurrency, metric)
-                    w, _, b, _ = _split(cmp)
-                    go = cmp.estimate is not None and continues(
-                        cmp.estimate, w, b, cmp.repeats, design, an.settings.confidence,
-                        math.log(1 + an.settings.min_effect), cmp.dof)
+                    go = (cmp.estimate is not None and cmp.repeats < design.max
+                          and chance_remaining(cmp, design, an.settings) >= design.min_probability)
                     action = Continuation.CONTINUE if go else Continuation.UNLIKELY
                 out.append(recorded(v, action, against=v.against))
     return out

@@ -53,7 +53,7 @@ from .protocols import protocol as protocol_of
 from ..records import (CellResult, EarlierMeasurement, Interference, LaunchRecord, Prompt, RequestRecord,
                        RequestSettings, Session, frame)
 from ..serving.server import Attached, LeaseKeeper, Manager, session_of
-from .sessions import check_sessions, describe_outcome, read_suite, run_sessions, served_context
+from .sessions import check_sessions, describe_outcome, session_passes, read_suite, run_sessions, served_context
 
 WARMUP_TEXT = ("Warm-up request {i} (not measured): count from one to twenty in words, separated by commas, "
                "then say which of those numbers are prime.")
@@ -160,10 +160,14 @@ def run_cell(name: str, cfg: dict, suite: str, prompts: list[Prompt], concurrenc
     engine = get_engine(cfg)
     protocol = engine.protocol(settings.endpoint)
     proto = protocol_of(protocol)
-    passes = (settings.passes if sessions is not None
-              else passes_for(len(prompts), settings.passes, settings.min_requests_per_worker, concurrency))
-    warnings = (check_sessions(len(sessions), passes, concurrency, suite) if sessions is not None
-                else check_load(len(prompts), passes, concurrency, suite))
+    salt, why_no_salt = engine.cache_salt_field()
+    if sessions is not None:
+        passes = session_passes(len(sessions), settings.passes, settings.min_requests_per_worker, concurrency, salt)
+        warnings = check_sessions(len(sessions), passes, concurrency, suite, settings.min_requests_per_worker,
+                                  None if salt else why_no_salt)
+    else:
+        passes = passes_for(len(prompts), settings.passes, settings.min_requests_per_worker, concurrency)
+        warnings = check_load(len(prompts), passes, concurrency, suite)
     model = engine.served_model()
     out_extras, stop_ids = output_settings(engine, settings)
     extras = {**engine.request_extras(), **out_extras}
@@ -188,7 +192,7 @@ def run_cell(name: str, cfg: dict, suite: str, prompts: list[Prompt], concurrenc
                 records, outcome = run(run_sessions(
                     att.base_url, plan_requests(sessions, passes, settings.seed), concurrency, protocol, model,
                     settings, extras, engine.parse_request_acceptance, api_key, served, stop_ids,
-                    settings.record_outputs))
+                    settings.record_outputs, salt))
             else:
                 records = run(run_load(att.base_url, reqs, concurrency, protocol, engine.parse_request_acceptance,
                                        settings.timeout_s, api_key, request_rate=settings.request_rate,

@@ -30,7 +30,7 @@ from urllib.parse import urlsplit
 
 import requests as http
 
-from ..config import keeps_busy
+from ..config import keeps_busy, passes_for
 from ..files import SpecmatchError
 from ..records import Acceptance, Prompt, RequestRecord, RequestSettings, Session, SessionsOutcome
 from .client import Request, _one
@@ -40,16 +40,42 @@ from .transport import Connection
 EXAMPLES = 5
 
 
-def check_sessions(n_sessions: int, passes: int, concurrency: int, suite: str) -> list[str]:
+def pass_salt(k: int) -> str:
+    """The cache salt of a session suite's pass k (the same on every server: a pass is a pass)."""
+    return f"specmatch-pass-{k}"
+
+
+def session_passes(n_sessions: int, passes: int, min_per_worker: int | None, concurrency: int,
+                   salt: str | None) -> int:
+    """A session suite's passes: like a prompt suite's (config.passes_for), raised until every worker
+    replays at least `min_per_worker` sessions (requests.min_requests_per_worker counts sessions here),
+    where the engine has a cache salt (`salt`, Engine.cache_salt_field): each pass then replays its
+    sessions under its own salt, so a second replay of a session cannot hit the blocks its first left
+    and costs what the first did. Without one the configured passes stand (check_sessions says why the
+    cell is one wave): a replay that hit its own cache would measure a cache nobody's traffic has."""
+    if salt is None:
+        return passes
+    return passes_for(n_sessions, passes, min_per_worker, concurrency)
+
+
+def check_sessions(n_sessions: int, passes: int, concurrency: int, suite: str, min_per_worker: int | None = 2,
+                   no_salt: str | None = None) -> list[str]:
     """A session suite must keep `concurrency` sessions in flight (the same rule as a prompt suite's,
-    config.keeps_busy, with sessions for prompts); fewer than two sessions per worker is a warning."""
+    config.keeps_busy, with sessions for prompts); fewer sessions per worker than `min_per_worker`
+    (at least two) is a warning: the cell measures one wave, whose batch shrinks from the moment the
+    first worker runs out of sessions (the verdicts' drain starts where the last session started:
+    deciding.reading.measurements.Arrays.drain_from), not a steady state. `no_salt`: why the passes
+    could not be raised."""
     n = n_sessions * passes
     if not keeps_busy(n_sessions, passes, concurrency):
         raise SpecmatchError(f"suite {suite}: {n_sessions} sessions x requests.passes {passes} = {n} cannot keep "
                              f"{concurrency} sessions in flight; raise suites.{suite}.size or drop that concurrency")
-    if n < 2 * concurrency:
-        return [f"{n} sessions at concurrency {concurrency}: each worker replays fewer than two sessions, so the cell "
-                f"measures one wave of sessions rather than a steady state"]
+    want = max(2, min_per_worker or 0)
+    if n < want * concurrency:
+        return [f"{n} sessions at concurrency {concurrency}: each worker replays fewer than {want} sessions, so the "
+                f"cell measures one wave of sessions rather than a steady state"
+                + (f" (more passes would replay sessions on their own cache: {no_salt}; raise suites.{suite}.size)"
+                   if no_salt else f" (raise suites.{suite}.size or requests.min_requests_per_worker)")]
     return []
 
 
@@ -147,9 +173,13 @@ async def run_sessions(base_url: str, runs: list[tuple[Session, int]], concurren
                        settings: RequestSettings, extras: dict,
                        parse_acceptance: Callable[[dict], Acceptance | None] = lambda f: None,
                        api_key: str | None = None, served: int | None = None, stop_ids: frozenset | None = None,
-                       record_outputs: bool = True) -> tuple[list[RequestRecord], SessionsOutcome]:
+                       record_outputs: bool = True, salt_field: str | None = None
+                       ) -> tuple[list[RequestRecord], SessionsOutcome]:
     """Replay `runs` (session, pass) with `concurrency` sessions in flight; one record per turn sent, in
-    plan order, and the sessions' outcome."""
+    plan order, and the sessions' outcome. `salt_field`: the engine's cache-salt request field
+    (Engine.cache_salt_field), set to one value per pass where the plan has more than one, so a pass
+    shares blocks among its own sessions (a common system prompt, a session's earlier turns) and never
+    with another pass's replay of the same session."""
     proto = protocol_of(protocol)
     u = urlsplit(base_url)
     if u.scheme not in ("http", "https") or not u.hostname:
@@ -157,6 +187,7 @@ async def run_sessions(base_url: str, runs: list[tuple[Session, int]], concurren
     headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
     tls = ssl.create_default_context() if u.scheme == "https" else None
     plan = plan_runs(runs)
+    salted = salt_field is not None and len({r.pass_index for r in plan}) > 1
     answers_mode = plan[0].session.answers if plan else "live"
     tally = Tally(plan, answers_mode)
     conns = [Connection(u.hostname, u.port or (443 if tls else 80), headers, tls, u.path)
@@ -172,6 +203,7 @@ async def run_sessions(base_url: str, runs: list[tuple[Session, int]], concurren
 
         async def session(conn: Connection, run: SessionRun) -> None:
             s = run.session
+            fields = {**extras, salt_field: pass_salt(run.pass_index)} if salted else extras
             live = s.answers == "live"
             answers: list[str] = []
             previous = None
@@ -184,7 +216,7 @@ async def run_sessions(base_url: str, runs: list[tuple[Session, int]], concurren
                     tally.cut(run, t, "context", f"turn {t} needs about {need} tokens of context, over the {what}")
                     return
                 req = Request(run.first_index + t, prompt.id, s.source, s.holdout,
-                              proto.body(prompt, model, settings, extras), run.pass_index,
+                              proto.body(prompt, model, settings, fields), run.pass_index,
                               collect=record_outputs or live, stop_ids=stop_ids, session_id=s.id, turn=turn.turn)
                 rec = await _one(conn, req, proto, parse_acceptance, settings.timeout_s, t_origin, run.pass_index)
                 results.append(rec)

@@ -79,9 +79,14 @@ def context_lines(rep: Report, an) -> list[str]:
                       key=lambda r: r.bin.lo)
         groups: dict = {}
         for r in rows:
-            groups.setdefault(r.verdict, []).append(f"{_ctx(r.bin.lo)}–{_ctx(r.bin.hi)}")
+            if r.tpot_speedup is not None:
+                groups.setdefault(r.verdict, []).append(f"{_ctx(r.bin.lo)}–{_ctx(r.bin.hi)}")
         order = [Decision.PAYS, Decision.EQUIVALENT, Decision.LOSES, Decision.INCONCLUSIVE]
-        text += "; TPOT " + "; ".join(f"{d.value} at {', '.join(groups[d])} tokens" for d in order if d in groups)
+        if groups:
+            text += "; TPOT " + "; ".join(f"{d.value} at {', '.join(groups[d])} tokens" for d in order if d in groups)
+        if t.called and t.bins > 1 and t.chance_any is not None:
+            text += (f" ({t.called} of {t.bins} bins called; where the speedup does not move with context, chance "
+                     f"alone calls some bin of {t.bins} in up to {t.chance_any:.0%} of suites)")
         for x in t.crossovers:
             verb = "stops paying" if x.direction.value == "stops paying" else "starts paying"
             text += (f"; speculation {verb} from about {_ctx(x.point)} tokens of context [{_ctx(x.lo)}, {_ctx(x.hi)}] "
@@ -94,7 +99,8 @@ def context_lines(rep: Report, an) -> list[str]:
     for r in sorted(axis.rows, key=lambda r: (r.server, r.suite, r.concurrency, r.bin.lo)):
         out.append(f"| {r.server} | {r.suite} | {r.concurrency} | {_ctx(r.bin.lo)}–{_ctx(r.bin.hi)} (median "
                    f"{_ctx(r.median_context or 0)}) | {r.requests} ({r.units}) | {_iv(r.tokens_per_step)} | "
-                   f"{_iv(r.step_cost_ratio)} | {_iv(r.tpot_speedup)} | {r.verdict.value} |")
+                   f"{_iv(r.step_cost_ratio)} | {_iv(r.tpot_speedup)} | "
+                   f"{r.verdict.value if r.tpot_speedup is not None else 'not compared'} |")
     return out + [""]
 
 

@@ -24,7 +24,15 @@ run-to-run variance of the servers' TPOT at this concurrency (noise.RunToRun) an
 (attribution.acceptance_run_to_run), each over R repeats, are added, as compare() adds them. The cell
 part of that run-to-run variance already holds some request noise, so a bin's interval is slightly
 conservative. Each bin's verdict is taken at the configured confidence, not adjusted for the number of
-bins (a secondary analysis: the suite-level verdicts are the decisions).
+bins (a secondary analysis: the suite-level verdicts are the decisions); the trend states how many bins
+were called and at most how often chance alone calls some bin (family_chance).
+
+A session suite's bins compare the servers' TPOT at c = 1 only. At c > 1 turn t of every session runs at
+the same stage of the waves of sessions, and each server's batch around a turn (how many sessions, at
+which turns, what they prefill) follows its own sessions' pace: with flat acceptance and servers equal on
+average (the discrete-event server, tests/test_context.py), 33% of such bins were called pays or loses at
+c = 16 with 16 sessions and 27% with 32 (nominal 10%), and as many (34%, 23%) when only the turns decoded
+at the full batch were compared. Acceptance by context (tau, its trend) does not depend on the batch and is kept (WAVES).
 """
 from __future__ import annotations
 
@@ -42,6 +50,9 @@ from ..verdicts.noise import RunToRun, VarianceSum
 from ...records import Crossover, Decision, Interval, Record, Verdict
 from ...stats import t_ppf
 
+WAVES = ("a session suite at c > 1: its bins' TPOT and step cost are not compared (each server's batch around "
+         "a turn follows its own sessions' pace, not the context); acceptance by context is kept, the TPOT "
+         "speedup by context is read at c = 1")
 MIN_BIN = 8          # paired prompts (turns) a bin needs: sparser bins are merged with their neighbour
 FIRST_EDGE = 64      # bins are powers of two from here (tokens), merged until each has MIN_BIN prompts
 
@@ -95,6 +106,8 @@ class ContextTrend(Record):
     crossovers: list[Crossover] = field(default_factory=list)
     confidence: float = 0.9
     note: Optional[str] = None
+    called: int = 0                               # bins called pays or loses
+    chance_any: Optional[float] = None            # at most the chance some bin is called where nothing moves
 
 
 @dataclass
@@ -301,6 +314,14 @@ def prompt_contexts(m: Measurements, baseline: str, suite: str) -> np.ndarray:
     return np.array([v / n for v, n in tot.values()])
 
 
+# -- multiplicity ------------------------------------------------------------------------------------
+def family_chance(confidence: float, bins: int) -> float:
+    """At most the chance that some bin of `bins` is called pays or loses where the speedup does not move
+    with context: 1 - confidence^bins (Sidak's inequality: two-sided tests of jointly normal statistics,
+    whatever their correlation, accept together at least as often as independent ones would)."""
+    return 1 - confidence ** max(bins, 1)
+
+
 # -- everything --------------------------------------------------------------------------------------
 def units_of(prompt_ids: list[str], sessions: dict[str, str]) -> dict:
     """The resampling unit of each prompt id: its session (a session suite's turns go together), else itself."""
@@ -331,6 +352,7 @@ def context_axis(m: Measurements, rr: RunToRun, baseline: str, servers: list[str
                 prompts = common_prompts(m, server, baseline, suite, c, reps)
                 if len(prompts) < 2:
                     continue
+                waves = c > 1 and any(p in sessions for p in prompts)
                 ctx = np.nanmean(np.stack([PerPrompt.of(m.arrays[(baseline, suite, c, r)], prompts).prompt_tokens
                                            for r in reps]), axis=0)
                 unit_of = units_of(prompts, sessions)
@@ -342,11 +364,14 @@ def context_axis(m: Measurements, rr: RunToRun, baseline: str, servers: list[str
                     f = bin_figures(m, rr, acc_rr, server, baseline, suite, c, reps, inside, unit_of,
                                     server in mixed)
                     here = ctx[[i for i, p in enumerate(prompts) if lo <= ctx[i] < hi]]
+                    note = None if f.tpot is not None else "no TPOT in this bin (one-token outputs)"
+                    if waves:
+                        f.rho = f.tpot = f.estimate = None
+                        f.verdict, note = Decision.INCONCLUSIVE, WAVES
                     row = ContextRow(server, suite, c, ContextBin(int(lo), int(hi)), len(inside), f.tau, f.rho, f.tpot,
                                      f.verdict, units=f.units, median_context=float(np.median(here)),
                                      confidence=s.confidence, repeats=len(reps), run_to_run=f.run_to_run,
-                                     acceptance_source=f.source,
-                                     note=None if f.tpot is not None else "no TPOT in this bin (one-token outputs)")
+                                     acceptance_source=f.source, note=note)
                     rows.append(row)
                     bins.append(row)
                     if f.estimate is not None:
@@ -360,11 +385,16 @@ def context_axis(m: Measurements, rr: RunToRun, baseline: str, servers: list[str
                 slope = acceptance_slope(m, server, suite, c, reps, prompts, unit_of, ctx, server in mixed)
                 cross = crossovers(verdicts, cmps, s) if len(cmps) >= 2 else []
                 finite = ctx[np.isfinite(ctx)]
+                notes = [] if len(bins) > 1 else [f"one bin: the suite's contexts do not spread over {min_bin}+ "
+                                                  "prompts per bin"]
+                if waves:
+                    notes.append(WAVES)
+                called = sum(b.verdict in (Decision.PAYS, Decision.LOSES) for b in bins)
                 trends.append(ContextTrend(server, suite, c, [float(finite.min()), float(finite.max())]
                                            if finite.size else [], len(bins), slope, trend_word(slope),
                                            cross[0] if cross else None, cross, s.confidence,
-                                           None if len(bins) > 1 else "one bin: the suite's contexts do not spread "
-                                                                      f"over {min_bin}+ prompts per bin"))
+                                           "; ".join(notes) or None, called=called,
+                                           chance_any=None if waves else family_chance(s.confidence, len(bins))))
     return ContextAxis(rows, trends)
 
 

@@ -40,7 +40,6 @@ from statistics import NormalDist
 
 import numpy as np
 
-from ...stats import t_ppf
 
 MIN_DECIDE = 0.25    # default: continue only where the remaining repeats decide a verdict with this probability
 _DRAWS = 200_000     # Monte-Carlo draws for the boundaries (MC error of a level ~0.0005)
@@ -164,36 +163,77 @@ def look_confidence(design: Design, confidence: float, repeats: int, w: float, r
     return 1 - lv[len(looks) - 1]
 
 
+def final_dof(w, w_dof, run_to_run_end, b_dof, repeats, rmax) -> np.ndarray:
+    """Satterthwaite's degrees of freedom of the final look's variance w + run_to_run_end (the repeat mean's
+    run-to-run part after rmax repeats): the prompt sample's part with its own dof, run to run with the dof
+    it will have then (today's b_dof, from `repeats` repeats, grows as (rmax - 1) / (repeats - 1): each
+    repeat adds a session to every cell the pooled estimate reads). Taking today's dof instead made the
+    final interval wider than it will be, and the rounds stopped configurations the remaining repeats
+    would decide. Arrays broadcast."""
+    w, w_dof, b, b_dof = (np.asarray(x, float) for x in (w, w_dof, run_to_run_end, b_dof))
+    grow = (np.asarray(rmax, float) - 1) / np.maximum(np.asarray(repeats, float) - 1, 1.0)
+    d_end = np.where(np.isfinite(b_dof), b_dof * grow, np.inf)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        den = (np.where(np.isfinite(w_dof) & (w_dof > 0), w * w / np.where(w_dof > 0, w_dof, 1.0), 0.0)
+               + np.where(np.isfinite(d_end) & (d_end > 0), b * b / np.where(d_end > 0, d_end, 1.0), 0.0))
+        return np.where(den > 0, (w + b) ** 2 / np.where(den > 0, den, 1.0), np.inf)
+
+
+def chance_decided_many(estimate, w, run_to_run, repeats: int, design: Design, confidence: float, band: float,
+                        w_dof, b_dof) -> np.ndarray:
+    """chance_decided for many comparisons at once (arrays broadcast; `repeats` one number): what the
+    rounds compute for each configuration, and what 'what would decide it' simulates at every look a
+    design makes (comparison.decides_probability), so the statement and the workflow's futility stops
+    are one rule."""
+    from scipy.special import ndtr, ndtri, stdtrit
+
+    est, w, rr = (np.asarray(x, float) for x in (estimate, w, run_to_run))
+    shape = np.broadcast_shapes(est.shape, w.shape, rr.shape, np.shape(w_dof), np.shape(b_dof))
+    if repeats >= design.max:
+        return np.zeros(shape)
+    b1 = rr * repeats
+    v_now, v_end = w + b1 / repeats, w + b1 / design.max
+    with np.errstate(divide="ignore", invalid="ignore"):
+        q = np.where(v_end > 0, (b1 / design.max) / np.where(v_end > 0, v_end, 1.0), 1.0)
+    qr = np.round(np.broadcast_to(q, shape) * 20) / 20
+    level = np.empty(shape)
+    for u in np.unique(qr):
+        level[qr == u] = 1 - design_levels(design.min, design.max, float(u), 1 - confidence)[-1]
+    dof = np.broadcast_to(final_dof(w, w_dof, b1 / design.max, b_dof, repeats, design.max), shape)
+    p = 0.5 + level / 2
+    with np.errstate(invalid="ignore"):
+        tq = np.where(np.isfinite(dof), stdtrit(np.maximum(np.where(np.isfinite(dof), dof, 1.0), 1.0), p), ndtri(p))
+    h = tq * np.sqrt(np.maximum(v_end, 0.0))
+    sd = np.sqrt(np.maximum(v_now - v_end, 1e-300))
+    prob = ndtr((est - h) / sd) + ndtr((-h - est) / sd)
+    inner = np.maximum(band - h, 0.0)
+    prob = prob + np.where(band > h, ndtr((inner - est) / sd) - ndtr((-inner - est) / sd), 0.0)
+    return np.where(rr > 0, np.minimum(prob, 1.0), 0.0)
+
+
 def chance_decided(estimate: float, w: float, run_to_run: float, repeats: int, design: Design,
-                   confidence: float, band: float, dof: float) -> float:
+                   confidence: float, band: float, w_dof: float, b_dof: float) -> float:
     """The probability that the comparison, measured up to the design's max repeats, ends decided
     (its final interval excludes 0, or lies within +/-band), given today's data: the preposterior of
     nested designs. Today's estimate has variance V = w + b1/R, the final one V' = w + b1/max; given
     today's data the final estimate is normal around today's with variance V - V' (flat prior on the
-    effect), and its interval's half-width is the final look's quantile times sqrt(V'). A closed form,
-    cheap enough for every round; checked against simulated truth (tests/test_sequential.py). The
-    "what would decide it" hint (comparison.decides_probability) asks a wider question (any repeats
-    and suite size, an empirical-Bayes prior on the effect) by simulation."""
+    effect), and its interval's half-width is the final look's quantile (at the dof it will have:
+    final_dof) times sqrt(V'). A closed form, cheap enough for every round and for every simulated look
+    of 'what would decide it' (comparison.decides_probability), which simulates these futility stops so
+    that what it states is what the rounds carry out; checked against simulated truth
+    (tests/test_sequential.py)."""
     if repeats >= design.max or run_to_run <= 0:
         return 0.0
-    b1 = run_to_run * repeats
-    v_now, v_end = w + b1 / repeats, w + b1 / design.max
-    level = look_confidence(design, confidence, design.max, w, b1 / design.max)
-    h = t_ppf(0.5 + level / 2, max(dof, 1.0)) * math.sqrt(v_end)
-    nd = NormalDist(estimate, math.sqrt(v_now - v_end))
-    p = (1 - nd.cdf(h)) + nd.cdf(-h)
-    if band > h:
-        p += nd.cdf(band - h) - nd.cdf(h - band)
-    return min(1.0, p)
+    return float(chance_decided_many(estimate, w, run_to_run, repeats, design, confidence, band, w_dof, b_dof))
 
 
 def continues(estimate: float, w: float, run_to_run: float, repeats: int, design: Design, confidence: float,
-              band: float, dof: float) -> bool:
+              band: float, w_dof: float, b_dof: float) -> bool:
     """Whether more repeats are worth spending on an inconclusive comparison: the design's remaining
     repeats decide it with probability at least the design's min_probability (chance_decided). Where
     the prompt sample's variance w dominates, more repeats barely narrow the interval and the
     probability is small: 'what would decide it' names a larger suite instead."""
     if repeats >= design.max or run_to_run <= 0:
         return False
-    p = chance_decided(estimate, w, run_to_run, repeats, design, confidence, band, dof)
+    p = chance_decided(estimate, w, run_to_run, repeats, design, confidence, band, w_dof, b_dof)
     return p >= design.min_probability

@@ -286,6 +286,19 @@ def _split(cmp: Comparison) -> tuple[float, float, float, list]:
     return w, float(max(cmp.prompts - 1, 1)) if cmp.prompts else float("inf"), b, [(b, cmp.dof)]
 
 
+def _b_dof(rr_parts: list) -> float:
+    return VarianceSum({i: [v, d] for i, (v, d) in enumerate(rr_parts)}).dof if rr_parts else float("inf")
+
+
+def chance_remaining(cmp: Comparison, design: sequential.Design, s: Settings) -> float:
+    """sequential.chance_decided for this comparison under `design`: the probability the design's remaining
+    repeats decide it, the rule by which the rounds continue a configuration (deciding.rounds) and by which
+    'what would decide it' stops a simulated one (decides_probability)."""
+    w, w_dof, b, rr_parts = _split(cmp)
+    return sequential.chance_decided(cmp.estimate, w, b, cmp.repeats, design, s.confidence,
+                                     math.log(1 + s.min_effect), w_dof, _b_dof(rr_parts))
+
+
 def candidate_designs(cmp: Comparison, s: Settings) -> list[tuple[int, float]]:
     """(repeats R', suite scale g) that could decide the comparison, cheapest first (cost R' x g: each
     repeat runs every cell again, a larger suite makes each cell longer): every R' up to MAX_REPEATS
@@ -445,7 +458,7 @@ def decides_probability(cmp: Comparison, s: Settings, designs: list, rng: np.ran
     tests/test_calibration.py); with the posterior 82% and 80% ± 2 of 657."""
     R = cmp.repeats
     w, w_dof, b, rr_parts = _split(cmp)
-    b_dof = VarianceSum({i: [v, d] for i, (v, d) in enumerate(rr_parts)}).dof if rr_parts else float("inf")
+    b_dof = _b_dof(rr_parts)
     b1 = b * R
     mean, var = post if post is not None else effect_posterior(cmp)
     n = draws
@@ -469,17 +482,23 @@ def decides_probability(cmp: Comparison, s: Settings, designs: list, rng: np.ran
         if i in one:
             continue
         Rn, g = designs[i]
+        stops = sequential.Design(lo, int(Rn), s.design.min_probability)
+        if g == 1 and lo <= R < Rn and chance_remaining(cmp, stops, s) < stops.min_probability:
+            continue   # the rounds would stop it at today's look (deciding.rounds): it is never carried out
         q = (b1 / Rn) / (w / g + b1 / Rn) if (w / g + b1 / Rn) > 0 else 1.0
         lv = sequential.design_levels(lo, int(Rn), round(q * 20) / 20, 1 - s.confidence)
         level = np.array([1 - lv[j - lo] for j in looks])[None, None, :]
-        out[i] = _decided_share(s, today, [designs[i]], [looks], level, rng)[0]
+        out[i] = _decided_share(s, today, [designs[i]], [looks], level, rng, stops)[0]
     return out
 
 
 def _decided_share(s: Settings, today: tuple, designs: list, looks: list, level: np.ndarray,
-                   rng: np.random.Generator) -> np.ndarray:
+                   rng: np.random.Generator, stops: sequential.Design | None = None) -> np.ndarray:
     """decides_probability's steps 2-4 for designs that make the same number of looks (draws x designs x
-    looks at once): the share of draws decided at some look."""
+    looks at once): the share of draws decided at some look. With `stops` (a sequential design), a draw
+    undecided at a look before the last stops there undecided where the rounds would stop it
+    (sequential.chance_decided_many below stops.min_probability, on the look's own estimate and
+    variances): the statement is what the workflow carries out, futility stops included."""
     R, w, w_dof, b1, b_dof, theta, p_now, r_now, b1_true = today
     n, m, k = len(theta), len(designs), len(looks[0])
     bt = b1_true[:, None, None]
@@ -512,7 +531,22 @@ def _decided_share(s: Settings, today: tuple, designs: list, looks: list, level:
         dof = np.where(den > 0, v_hat ** 2 / den, np.inf)
     h = _t_many(np.broadcast_to(0.5 + level / 2, (n, m, k)), np.broadcast_to(dof, (n, m, k))) * np.sqrt(v_hat)
     ax = np.abs(x)
-    return ((ax > h) | (ax < band - h)).any(2).mean(0)
+    hit = (ax > h) | (ax < band - h)
+    if stops is None or k == 1:
+        return hit.any(2).mean(0)
+    alive, done = np.ones((n, m), bool), np.zeros((n, m), bool)
+    b_hat = np.broadcast_to(b1_hat, (n, m, k))
+    for j in range(k):
+        done |= alive & hit[:, :, j]
+        alive &= ~hit[:, :, j]
+        Lj = int(looks[0][j])
+        if j == k - 1 or not alive.any():
+            break
+        go = sequential.chance_decided_many(x[:, :, j], np.broadcast_to(w_hat, (n, m, 1))[:, :, 0], b_hat[:, :, j] / Lj,
+                                            Lj, stops, s.confidence, band, np.broadcast_to(dw, (1, m, 1))[:, :, 0],
+                                            np.broadcast_to(d_L, (1, m, k))[:, :, j])
+        alive &= go >= stops.min_probability
+    return done.mean(0)
 
 
 def effect_prior(cmps: list[Comparison]) -> tuple[float, float] | None:

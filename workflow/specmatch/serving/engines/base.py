@@ -136,6 +136,12 @@ class Engine:
         or None and why there is none."""
         return None, f"engine {self.name} has no setting specmatch knows that keeps the drafter's prefix-cache loss off"
 
+    def cache_salt_field(self) -> tuple[str | None, str]:
+        """The request field that keeps a request off prefix-cache blocks computed under another value
+        (a session suite's later passes replay each session under their own salt, so a replay costs what
+        the first did: measuring.sessions), and where the engine reads it; or None and why there is none."""
+        return None, f"engine {self.name} has no request field specmatch knows that partitions its prefix cache"
+
     def forced_acceptance(self, tau: float = 2.0) -> tuple[dict | None, str]:
         """What makes this server accept `tau` tokens per speculative step whatever it drafts, the drafter
         still drafting and the target still verifying (a step-cost map at fixed acceptance): the settings

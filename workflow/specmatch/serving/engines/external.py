@@ -37,6 +37,13 @@ class ExternalEngine(Engine):
     def prefix_cache_kept(self) -> tuple[dict | None, str | None]:
         return None, "an external endpoint: nothing here restarts it with another cache setting"
 
+    def cache_salt_field(self) -> tuple[str | None, str]:
+        """The field of the engine its flavor names (a vLLM or SGLang behind the endpoint reads it as its own
+        server would); none for an endpoint of another flavor."""
+        if self.flavor in READERS:
+            return self._reader.cache_salt_field()
+        return None, f"an external endpoint of flavor {self.flavor}: specmatch knows no request field that partitions its cache"
+
     def forced_acceptance(self, tau: float = 2.0) -> tuple[dict | None, str]:
         return None, "an external endpoint: nothing here restarts it with a forced acceptance length"
 

@@ -160,6 +160,11 @@ class SGLangEngine(Engine):
         return None, ("SGLang has no setting that keeps the drafter configured while drafting nothing at every batch "
                       "size (--speculative-adaptive lowers the steps, never to zero)")
 
+    def cache_salt_field(self) -> tuple[str | None, str]:
+        """`cache_salt` of the chat and completion requests (sglang/srt/entrypoints/openai/protocol.py,
+        0.5.23), carried to the radix cache's key (sglang/srt/mem_cache/radix_cache.py: RadixKey.cache_salt)."""
+        return "cache_salt", "SGLang's cache_salt request field"
+
     def prefix_cache_kept(self) -> tuple[dict | None, str | None]:
         """SGLang 0.5.23's server arguments have no opt-out of what EAGLE costs the radix cache (none of
         its flags names both; tests/test_engine_parsers.py reads them from its own parser): the loss

@@ -190,6 +190,12 @@ class VLLMEngine(Engine):
         spec[SCHEDULE] = [[1, int(max_batch), 0]]
         return spec, None
 
+    def cache_salt_field(self) -> tuple[str | None, str]:
+        """`cache_salt` of the chat and completion requests (vllm/entrypoints/openai/chat_completion/protocol.py,
+        completion/protocol.py): the first block's hash takes it (vllm/v1/core/kv_cache_utils.py), so no
+        block computed under another salt is reused."""
+        return "cache_salt", "vLLM's cache_salt request field"
+
     def prefix_cache_kept(self) -> tuple[dict | None, str | None]:
         """vLLM drops the last cached block of every request for EAGLE-like methods, so the drafter's
         hidden states are recomputed (SpeculativeConfig.use_eagle_block_drop: methods eagle, eagle3, mtp,
