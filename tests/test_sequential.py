@@ -109,6 +109,8 @@ def test_repeats_are_spent_where_they_likely_decide():
     assert not continues(0.0, w=0.0004, run_to_run=0.01, repeats=2, design=d, confidence=0.9, band=band, w_dof=30, b_dof=30)
     assert not continues(0.06, w=0.0, run_to_run=0.001, repeats=4, design=d, confidence=0.9, band=band, w_dof=30, b_dof=30)
     assert not continues(0.06, w=0.001, run_to_run=0.0, repeats=2, design=d, confidence=0.9, band=band, w_dof=30, b_dof=30)
+    # a band wider than twice the final half-width decides every estimate: the union of the two ways is 1
+    assert chance_decided(0.02, 1e-6, 1e-5, 2, d, 0.9, math.log(1.5), 30, 30) == pytest.approx(1.0)
 
 
 def test_the_probability_of_deciding_is_calibrated():

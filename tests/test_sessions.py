@@ -137,6 +137,23 @@ def test_sessions_per_worker_raise_the_passes_only_where_a_cache_salt_keeps_repl
     assert field is None and "openai" in why
 
 
+def test_one_server_without_a_salt_keeps_the_configured_passes_for_every_server():
+    """Servers compared on a session suite send the same sessions: where one of the run's servers has no
+    cache salt (an endpoint of another flavor), none raises its passes (a steady state would otherwise
+    be compared with one wave), and the cells say why."""
+    from specmatch.config import requests_settings
+
+    cfg = {"requests": {"passes": 1, "min_requests_per_worker": 2},
+           "suites": {"sess": {"kind": "session"}, "p": {"kind": "training"}},
+           "servers": {"a": {"engine": "vllm", "model": "m"},
+                       "b": {"engine": "external", "base_url": "http://h", "flavor": "sglang"}}}
+    assert requests_settings(cfg, "sess")["session_salt"] is None and "session_salt" not in requests_settings(cfg, "p")
+    cfg["servers"]["c"] = {"engine": "external", "base_url": "http://h", "flavor": "openai"}
+    why = requests_settings(cfg, "sess")["session_salt"]
+    assert why.startswith("server c:") and "openai" in why
+    assert pass_salt(1) == "specmatch-pass-1" and pass_salt(1, "team") == "team-specmatch-pass-1"
+
+
 def test_each_pass_replays_its_sessions_under_its_own_cache_salt(tmp_path, fake_server):
     """4 sessions at c=2 with two sessions per worker... and 4 per worker asked: two passes, the second
     under its own salt. Within a pass a session's turns hit their own history and the shared system
@@ -163,6 +180,15 @@ def test_each_pass_replays_its_sessions_under_its_own_cache_salt(tmp_path, fake_
                    "min_requests_per_worker": 2})
     assert main(a) == 0
     assert {e["cache_salt"] for e in srv.log} == {None}
+    # another server of the run has no salt: one pass here too, and the warning says why
+    srv.log.clear()
+    a = cell_args(tmp_path, srv.base_url, sessions_file(tmp_path, ss),
+                  {**REQ, "passes": 1, "warmup": 0, "max_tokens": 4, "ignore_eos": False,
+                   "min_requests_per_worker": 4, "session_salt": "server other: no field"})
+    assert main(a) == 0
+    cell = json.loads((tmp_path / "c2.json").read_text())
+    assert cell["passes"] == 1 and {e["cache_salt"] for e in srv.log} == {None}
+    assert any("server other: no field" in w for w in cell.get("warnings") or [])
 
 
 def test_a_session_whose_server_fails_mid_way_is_counted_not_dropped(tmp_path, fake_server):

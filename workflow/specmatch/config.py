@@ -152,7 +152,21 @@ def requests_settings(cfg: dict, suite: str) -> dict:
     spec = cfg["suites"][suite]
     passes = spec.get("passes")
     own = {"ignore_eos": spec["ignore_eos"]} if spec.get("ignore_eos") is not None else {}
+    if spec.get("kind") == "session":
+        own["session_salt"] = session_salt(cfg)
     return {**cfg["requests"], **({"passes": passes} if passes else {}), **own}
+
+
+def session_salt(cfg: dict) -> str | None:
+    """Why a session suite's passes cannot be raised for this run (None: they can): every server must
+    replay each pass under its own cache salt (Engine.cache_salt_field), or else servers would be compared
+    on different numbers of passes (a steady state against one wave). One server without a salt keeps the
+    configured passes for all."""
+    for name, server in sorted(cfg["servers"].items()):
+        field, why = ENGINES[server["engine"]](server).cache_salt_field()
+        if field is None:
+            return f"server {name}: {why}"
+    return None
 
 
 def passes_for(n_prompts: int, passes: int, min_requests_per_worker: int | None, concurrency: int) -> int:

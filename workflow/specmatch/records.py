@@ -442,6 +442,9 @@ class RequestSettings(Record):
     on_interference: str = "remeasure"     # remeasure | flag | fail
     interference_threshold: float = 0.05   # cores of foreign CPU (mean over the measured part)
     record_outputs: bool = True          # keep each output's hash, token ids and natural stop
+    # a session suite: why its passes stay as configured for every server (None: raised under cache salts;
+    # config.session_salt)
+    session_salt: Optional[str] = None
 
 
 @dataclass

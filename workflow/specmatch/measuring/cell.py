@@ -161,6 +161,8 @@ def run_cell(name: str, cfg: dict, suite: str, prompts: list[Prompt], concurrenc
     protocol = engine.protocol(settings.endpoint)
     proto = protocol_of(protocol)
     salt, why_no_salt = engine.cache_salt_field()
+    if sessions is not None and settings.session_salt is not None:
+        salt, why_no_salt = None, settings.session_salt   # another server of the run has none: the same passes for all
     if sessions is not None:
         passes = session_passes(len(sessions), settings.passes, settings.min_requests_per_worker, concurrency, salt)
         warnings = check_sessions(len(sessions), passes, concurrency, suite, settings.min_requests_per_worker,

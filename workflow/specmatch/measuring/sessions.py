@@ -40,9 +40,10 @@ from .transport import Connection
 EXAMPLES = 5
 
 
-def pass_salt(k: int) -> str:
-    """The cache salt of a session suite's pass k (the same on every server: a pass is a pass)."""
-    return f"specmatch-pass-{k}"
+def pass_salt(k: int, base: str | None = None) -> str:
+    """The cache salt of a session suite's pass k (the same on every server: a pass is a pass); a salt the
+    request extras already set is kept as its prefix."""
+    return f"{base}-specmatch-pass-{k}" if base else f"specmatch-pass-{k}"
 
 
 def session_passes(n_sessions: int, passes: int, min_per_worker: int | None, concurrency: int,
@@ -203,7 +204,7 @@ async def run_sessions(base_url: str, runs: list[tuple[Session, int]], concurren
 
         async def session(conn: Connection, run: SessionRun) -> None:
             s = run.session
-            fields = {**extras, salt_field: pass_salt(run.pass_index)} if salted else extras
+            fields = {**extras, salt_field: pass_salt(run.pass_index, extras.get(salt_field))} if salted else extras
             live = s.answers == "live"
             answers: list[str] = []
             previous = None

@@ -86,7 +86,7 @@ def context_lines(rep: Report, an) -> list[str]:
             text += "; TPOT " + "; ".join(f"{d.value} at {', '.join(groups[d])} tokens" for d in order if d in groups)
         if t.called and t.bins > 1 and t.chance_any is not None:
             text += (f" ({t.called} of {t.bins} bins called; where the speedup does not move with context, chance "
-                     f"alone calls some bin of {t.bins} in up to {t.chance_any:.0%} of suites)")
+                     f"alone calls some bin of {t.bins} in about {t.chance_any:.0%} of suites)")
         for x in t.crossovers:
             verb = "stops paying" if x.direction.value == "stops paying" else "starts paying"
             text += (f"; speculation {verb} from about {_ctx(x.point)} tokens of context [{_ctx(x.lo)}, {_ctx(x.hi)}] "

@@ -206,7 +206,7 @@ def chance_decided_many(estimate, w, run_to_run, repeats: int, design: Design, c
     h = tq * np.sqrt(np.maximum(v_end, 0.0))
     sd = np.sqrt(np.maximum(v_now - v_end, 1e-300))
     prob = ndtr((est - h) / sd) + ndtr((-h - est) / sd)
-    inner = np.maximum(band - h, 0.0)
+    inner = np.minimum(np.maximum(band - h, 0.0), h)   # where band > 2h every estimate decides: the union is 1
     prob = prob + np.where(band > h, ndtr((inner - est) / sd) - ndtr((-inner - est) / sd), 0.0)
     return np.where(rr > 0, np.minimum(prob, 1.0), 0.0)
 
