@@ -733,6 +733,6 @@ def test_what_would_decide_it_simulates_the_rounds_futility_stops():
     # the rounds would stop it at today's look for a design of 4 repeats (the prompt sample dominates):
     # more repeats of today's suite are never run, a larger suite still is
     c = cmp_of(0.03, 0.0016, 0.0002)
-    assert C.chance_remaining(c, Design(2, 4), seq) < 0.25
+    assert not C.continues(c, Design(2, 4), seq)
     p = C.decides_probability(c, seq, [(4, 1.0), (4, 4.0)], np.random.default_rng(3), 4000)
     assert p[0] == 0.0 and p[1] > 0.0

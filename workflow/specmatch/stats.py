@@ -82,6 +82,16 @@ def t_ppf(p, dof):
     return min(max(float(q), -T_MAX), T_MAX) if np.ndim(q) == 0 else np.clip(q, -T_MAX, T_MAX)
 
 
+def t_ppf_many(p, dof):
+    """t quantiles at p for many dofs at once (arrays broadcast), a dof below 1 read as 1 and an infinite
+    one as the normal: the predictions' quantiles (comparison.decides_probability, whose sequential looks
+    each have their own level, and sequential.chance_decided_many)."""
+    dof = np.asarray(dof, float)
+    with np.errstate(invalid="ignore"):
+        return np.where(np.isfinite(dof), special.stdtrit(np.maximum(np.where(np.isfinite(dof), dof, 1.0), 1.0), p),
+                        special.ndtri(p))
+
+
 def chi2_cdf(x, dof):
     """Chi-square distribution function (0 at and below 0)."""
     return _value(special.chdtr(dof, np.maximum(x, 0.0)))

@@ -66,15 +66,16 @@ def carry_out(rng: np.random.Generator, sc: Scenario, eng: dict, work: Workload,
         new = run_to_run(rng, sc, servers, SUITES, CONCURRENCIES, Rn)
         new = {k: (eff[k] if k[3] <= today else v) for k, v in new.items()}
         data = cells + (simulate_cells(rng, [work], eng, [new], range(today + 1, Rn + 1))[0] if Rn > today else [])
-        first = today + 1
+        # today's look too: the rounds may stop a configuration there under the design's levels
+        first = today
     else:
         big = Workload.draw(rng, prompts=int(math.ceil(PROMPTS * g)))
         data = simulate_cells(rng, [big], eng, [run_to_run(rng, sc, servers, SUITES, CONCURRENCIES, Rn)], Rn)[0]
         first = 1
     seq = s.design.sequential and Rn > s.design.min
-    # a sequential design's rounds (deciding.rounds.plan) look from today's repeats on where today's cells are
-    # kept: a configuration they stop as unlikely to be decided is never measured again
-    looks = list(range(max(today if g == 1 else first, s.design.min), Rn + 1)) if seq else [Rn]
+    # every look of a sequential design's rounds (deciding.rounds.plan): a configuration they stop as unlikely
+    # to be decided is never measured again
+    looks = list(range(max(first, s.design.min), Rn + 1)) if seq else [Rn]
     # the carried-out verdicts' own hints are not asked for, and only `metrics` are read
     at = Reading.of(vars(s) | {"repeats": {"min": s.design.min, "max": Rn} if seq else Rn, "designs": False,
                                "only": tuple(metrics)})

@@ -33,7 +33,7 @@ from pathlib import Path
 from .. import steps
 from .analysis import Analysis, frozen_verdicts, primary_analysis
 from .reading.measurements import Settings
-from .verdicts.comparison import chance_remaining, compare, frozen_for
+from .verdicts.comparison import compare, continues, frozen_for
 from ..files import SpecmatchError, read_json, write_json
 from ..provenance import Recorder
 from ..records import Continuation, Decision, PlannedCell, RoundDecision, RoundPlan, Verdict
@@ -64,8 +64,7 @@ def plan(an: Analysis, design: Design, round_: int) -> RoundPlan:
             elif round_ >= design.max:
                 action = Continuation.AT_MAX
             else:
-                go = chance_remaining(cmp, design, an.settings) >= design.min_probability
-                action = Continuation.CONTINUE if go else Continuation.UNLIKELY
+                action = Continuation.CONTINUE if continues(cmp, design, an.settings) else Continuation.UNLIKELY
             decisions.append(recorded(v, action, against=None))
             if action == Continuation.CONTINUE:
                 for who in (server, an.baseline):
@@ -109,8 +108,7 @@ def k_choices(an: Analysis, design: Design, round_: int) -> list[RoundDecision]:
                     action = Continuation.CONTINUE
                 else:
                     cmp = compare(m, an.run_to_run, v.server, v.against, rec.suite, ch.concurrency, metric)
-                    go = (cmp.estimate is not None and cmp.repeats < design.max
-                          and chance_remaining(cmp, design, an.settings) >= design.min_probability)
+                    go = cmp.estimate is not None and continues(cmp, design, an.settings)
                     action = Continuation.CONTINUE if go else Continuation.UNLIKELY
                 out.append(recorded(v, action, against=v.against))
     return out

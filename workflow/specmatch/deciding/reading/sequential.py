@@ -39,7 +39,9 @@ from dataclasses import dataclass
 from statistics import NormalDist
 
 import numpy as np
+from scipy.special import ndtr
 
+from ...stats import t_ppf_many
 
 MIN_DECIDE = 0.25    # default: continue only where the remaining repeats decide a verdict with this probability
 _DRAWS = 200_000     # Monte-Carlo draws for the boundaries (MC error of a level ~0.0005)
@@ -185,8 +187,6 @@ def chance_decided_many(estimate, w, run_to_run, repeats: int, design: Design, c
     rounds compute for each configuration, and what 'what would decide it' simulates at every look a
     design makes (comparison.decides_probability), so the statement and the workflow's futility stops
     are one rule."""
-    from scipy.special import ndtr, ndtri, stdtrit
-
     est, w, rr = (np.asarray(x, float) for x in (estimate, w, run_to_run))
     shape = np.broadcast_shapes(est.shape, w.shape, rr.shape, np.shape(w_dof), np.shape(b_dof))
     if repeats >= design.max:
@@ -200,10 +200,7 @@ def chance_decided_many(estimate, w, run_to_run, repeats: int, design: Design, c
     for u in np.unique(qr):
         level[qr == u] = 1 - design_levels(design.min, design.max, float(u), 1 - confidence)[-1]
     dof = np.broadcast_to(final_dof(w, w_dof, b1 / design.max, b_dof, repeats, design.max), shape)
-    p = 0.5 + level / 2
-    with np.errstate(invalid="ignore"):
-        tq = np.where(np.isfinite(dof), stdtrit(np.maximum(np.where(np.isfinite(dof), dof, 1.0), 1.0), p), ndtri(p))
-    h = tq * np.sqrt(np.maximum(v_end, 0.0))
+    h = t_ppf_many(0.5 + level / 2, dof) * np.sqrt(np.maximum(v_end, 0.0))
     sd = np.sqrt(np.maximum(v_now - v_end, 1e-300))
     prob = ndtr((est - h) / sd) + ndtr((-h - est) / sd)
     inner = np.minimum(np.maximum(band - h, 0.0), h)   # where band > 2h every estimate decides: the union is 1

@@ -39,7 +39,7 @@ from ..reading.measurements import LATENCY, Measurements, Settings, unit_draw, u
 from .noise import RunToRun, VarianceSum
 from ...records import Crossover, Decision, Direction, Verdict
 from ..reading import sequential
-from ...stats import t_ppf
+from ...stats import t_ppf, t_ppf_many
 
 
 @dataclass
@@ -290,13 +290,14 @@ def _b_dof(rr_parts: list) -> float:
     return VarianceSum({i: [v, d] for i, (v, d) in enumerate(rr_parts)}).dof if rr_parts else float("inf")
 
 
-def chance_remaining(cmp: Comparison, design: sequential.Design, s: Settings) -> float:
-    """sequential.chance_decided for this comparison under `design`: the probability the design's remaining
-    repeats decide it, the rule by which the rounds continue a configuration (deciding.rounds) and by which
-    'what would decide it' stops a simulated one (decides_probability)."""
+def continues(cmp: Comparison, design: sequential.Design, s: Settings) -> bool:
+    """sequential.continues for this comparison under `design`: whether the design's remaining repeats
+    decide it with probability at least its min_probability, the rule by which the rounds continue a
+    configuration (deciding.rounds) and by which 'what would decide it' stops a simulated one
+    (decides_probability)."""
     w, w_dof, b, rr_parts = _split(cmp)
-    return sequential.chance_decided(cmp.estimate, w, b, cmp.repeats, design, s.confidence,
-                                     math.log(1 + s.min_effect), w_dof, _b_dof(rr_parts))
+    return sequential.continues(cmp.estimate, w, b, cmp.repeats, design, s.confidence, math.log(1 + s.min_effect),
+                                w_dof, _b_dof(rr_parts))
 
 
 def candidate_designs(cmp: Comparison, s: Settings) -> list[tuple[int, float]]:
@@ -368,11 +369,7 @@ def _t_many(p, dof: np.ndarray) -> np.ndarray:
         return np.interp(1 / np.maximum(dof, 1.0), inv, q)
     # a sequential design's looks each have their own level: scipy's vectorised quantile (a table per level, built
     # with the pure-Python t_ppf, took minutes per analysis)
-    from scipy.special import ndtri, stdtrit
-
-    dof = np.asarray(dof, float)
-    with np.errstate(invalid="ignore"):
-        return np.where(np.isfinite(dof), stdtrit(np.maximum(np.where(np.isfinite(dof), dof, 1.0), 1.0), p), ndtri(p))
+    return t_ppf_many(p, dof)
 
 
 def _chi2_over_dof(rng: np.random.Generator, dof, shape) -> np.ndarray:
@@ -483,7 +480,7 @@ def decides_probability(cmp: Comparison, s: Settings, designs: list, rng: np.ran
             continue
         Rn, g = designs[i]
         stops = sequential.Design(lo, int(Rn), s.design.min_probability)
-        if g == 1 and lo <= R < Rn and chance_remaining(cmp, stops, s) < stops.min_probability:
+        if g == 1 and lo <= R < Rn and not continues(cmp, stops, s):
             continue   # the rounds would stop it at today's look (deciding.rounds): it is never carried out
         q = (b1 / Rn) / (w / g + b1 / Rn) if (w / g + b1 / Rn) > 0 else 1.0
         lv = sequential.design_levels(lo, int(Rn), round(q * 20) / 20, 1 - s.confidence)
@@ -535,16 +532,16 @@ def _decided_share(s: Settings, today: tuple, designs: list, looks: list, level:
     if stops is None or k == 1:
         return hit.any(2).mean(0)
     alive, done = np.ones((n, m), bool), np.zeros((n, m), bool)
-    b_hat = np.broadcast_to(b1_hat, (n, m, k))
+    b_hat, b_dofs = np.broadcast_to(b1_hat, (n, m, k)), np.broadcast_to(d_L, (1, m, k))
+    w_now, w_dofs = np.broadcast_to(w_hat, (n, m, 1))[:, :, 0], np.broadcast_to(dw, (1, m, 1))[:, :, 0]
     for j in range(k):
         done |= alive & hit[:, :, j]
         alive &= ~hit[:, :, j]
         Lj = int(looks[0][j])
         if j == k - 1 or not alive.any():
             break
-        go = sequential.chance_decided_many(x[:, :, j], np.broadcast_to(w_hat, (n, m, 1))[:, :, 0], b_hat[:, :, j] / Lj,
-                                            Lj, stops, s.confidence, band, np.broadcast_to(dw, (1, m, 1))[:, :, 0],
-                                            np.broadcast_to(d_L, (1, m, k))[:, :, j])
+        go = sequential.chance_decided_many(x[:, :, j], w_now, b_hat[:, :, j] / Lj, Lj, stops, s.confidence, band,
+                                            w_dofs, b_dofs[:, :, j])
         alive &= go >= stops.min_probability
     return done.mean(0)
 
