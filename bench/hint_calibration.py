@@ -41,8 +41,9 @@ POPULATIONS = {
     "effects": "a uniform speedup per experiment, log-uniform within +/-12%, plain run to run",
     "quiet": "identical servers, quiet machine (1.5% run to run)",
     "spec": "the harness's speculative server (1.39x / 1.00x / 0.62x at c = 1 / 4 / 16), plain run to run",
+    "t3": "identical servers, Student-t(3) session and cell effects (heavy tails)",
 }
-SCENARIO = {"aa": "plain", "effects": "plain", "quiet": "quiet", "spec": "plain"}
+SCENARIO = {"aa": "plain", "effects": "plain", "quiet": "quiet", "spec": "plain", "t3": "t3"}
 
 
 def engines(pop: str, rng: np.random.Generator) -> dict:
