@@ -3,18 +3,22 @@
 measured and unmeasured concurrencies, coverage by simulation, the check catches a wrong map, and the
 recommendation uses the map's predictions only where it holds."""
 import math
+from dataclasses import replace
+from pathlib import Path
 
 import numpy as np
 import pytest
 import yaml
 
-from builders import REPO
+from builders import REPO, vllm_installed
 
 from specmatch.calibration import stepcost as cal
 from specmatch.calibration.traffic import traffic_cells
 from specmatch.config import validate
 from specmatch.deciding.analysis import map_predictions
 from specmatch.deciding.explaining.stepcost import build_map, requests_of
+from specmatch.deciding.explaining.stepcost.map import map_cells
+from specmatch.deciding.explaining.traffic.step_model import CellRequests, Scheduler, fit_step_model, simulate
 from specmatch.deciding.reading.measurements import Measurements, Settings
 from specmatch.deciding.recommending.deployment import ServerInfo, recommend
 from specmatch.files import SpecmatchError
@@ -51,8 +55,8 @@ def test_the_map_recovers_a_known_step_cost_and_says_where_it_extrapolates():
     assert mp.holds is True
 
 
-@pytest.mark.parametrize("rho", ["flat", "rising"])
-def test_coverage_of_the_map_and_its_predictions_by_simulation(rho):
+@pytest.mark.parametrize("rho, world", [("flat", "plain"), ("rising", "plain"), ("flat", "chunked")])
+def test_coverage_of_the_map_and_its_predictions_by_simulation(rho, world):
     """90% intervals against the truth, 100 experiments (Monte-Carlo error about ±0.03): rho at measured
     and unmeasured batch sizes, and the throughput speedup at the concurrency held out of the fit (4), a
     fitted one (16) and one beyond the map (32) cover at nominal within three Monte-Carlo errors, and
@@ -60,8 +64,9 @@ def test_coverage_of_the_map_and_its_predictions_by_simulation(rho):
     the extrapolation's uncertainty is carried by a wider interval (coverage 0.82-0.93 at about 1.0 in
     log width). The map is called wrong where it is right in at most the nominal 10% (the family's test
     over every measured concurrency), and rho is called to move with tau where it does not in about
-    the nominal 10%."""
-    got = cal.coverage(100, rho)
+    the nominal 10%. `chunked`: an engine that schedules at most 512 tokens a step, prompts in chunks after
+    the decodes, and serves a cell's later passes from its prefix cache, mapped with its budget."""
+    got = cal.coverage(100, rho, world=world)
     for key in [("rho", 1), ("rho", 4), ("rho", 16), ("throughput", 4), ("throughput", 16), ("throughput", 32)]:
         v = got[key]
         assert v["coverage"] >= 0.9 - 3 * max(v["mc_se"], 0.03), (key, v)
@@ -155,7 +160,7 @@ def test_the_summary_section_states_the_check_the_break_even_and_what_was_not_ma
     mp = one_map()
     sc = StepCosts([mp], skipped={"eagle3__sched": "its batch-size schedule runs plain steps at some batch sizes"})
     text = "\n".join(render.lines(sc))
-    assert "**The map holds** at the concurrency measured only to check it (c=4: measured" in text
+    assert "**The map holds** at the concurrency measured only to check it (c=4 throughput: measured" in text
     assert "| 64* |" in text and "agent 3.07" in text and "does not detectably move with τ" in text
     assert "| `basis` | 4 (check) |" in text and "`eagle3__sched`: no step-cost map" in text
     assert [p.name for p in render.plot(sc, tmp_path)] == ["break_even.png"]
@@ -204,3 +209,90 @@ def test_a_refit_that_extrapolates_below_zero_widens_the_map_instead_of_failing(
     assert far.value == pytest.approx(ok.value) and (far.hi is None or far.hi > 1e3 * ok.hi)
     near = sm.rho(2, 300, 0.9)   # within the fitted batches the refit is still close
     assert near.lo is not None and near.hi is not None
+
+
+# -- what a step schedules: chunked prefill and the prefix cache ---------------------------------------------
+THETA = np.array([0.04, 0.002, 0.003, 0.9])
+
+
+def test_a_chunked_step_prefills_what_the_decodes_leave_first_come_first_served():
+    """Two requests of 300 prompt tokens at once under a budget of 200 tokens a step: the first takes two
+    steps to its first token (200, then 100), the second's first chunk rides in the first's second step
+    (the 100 left), its next in the third beside the first one's decode (199: the decode takes one), its
+    last token in the fourth; unchunked both are prefilled in one step of 600 tokens."""
+    one = np.array([[300.0, 300.0]])
+    out, steps = np.array([[2.0, 2.0]]), np.array([[1.0, 1.0]])
+    _, ttft, _ = simulate(THETA, 2, one, out, steps, sched=Scheduler(200, 1))
+    step = lambda b, C, P: THETA[0] + THETA[1] * b + THETA[2] * C + THETA[3] * P  # noqa: E731
+    t1 = t2 = step(0, 0, 0.2)
+    t3, t4 = step(1, 0.301, 0.199), step(0, 0, 0.001)
+    assert ttft[0, 0] == pytest.approx(t1 + t2) and ttft[0, 1] == pytest.approx(t1 + t2 + t3 + t4)
+    _, ttft, _ = simulate(THETA, 2, one, out, steps)
+    assert ttft[0, 0] == ttft[0, 1] == pytest.approx(step(0, 0, 0.6))
+    # a speculative server's decodes take 1 + k tokens each of the budget
+    _, ttft, _ = simulate(THETA, 2, np.array([[10.0, 300.0]]), out, np.array([[2.0, 1.0]]), sched=Scheduler(200, 4))
+    assert ttft[0, 1] > ttft[0, 0]
+
+
+def test_a_budget_no_prompt_reaches_replays_as_unchunked_and_cached_tokens_are_not_prefilled():
+    rng = np.random.default_rng(3)
+    ptok, out = rng.integers(10, 900, (3, 40)).astype(float), rng.integers(1, 60, (3, 40)).astype(float)
+    steps = np.maximum(out - 1, 0) / rng.uniform(1, 3, (3, 40))
+    for c in (1, 4, 16):
+        a = simulate(THETA, c, ptok, out, steps)
+        b = simulate(THETA, c, ptok, out, steps, sched=Scheduler(1e9, 4))
+        assert all(np.allclose(x, y) for x, y in zip(a, b))
+    # a prompt the prefix cache serves whole costs its admission step nothing for its prompt
+    full = simulate(THETA, 1, ptok[:1], out[:1], steps[:1])[1]
+    cached = simulate(THETA, 1, ptok[:1], out[:1], steps[:1], cached=ptok[:1])[1]
+    assert np.allclose(cached, THETA[0] + THETA[1] * 0) and (full > cached).all()
+
+
+def test_the_fit_recovers_a_chunked_engine_with_a_prefix_cache_that_an_unchunked_fit_cannot():
+    """The discrete-event server scheduling as vLLM's V1 engine does (512 tokens a step, decodes first,
+    prompts in chunks after them; a cell's later passes served their prompts from a prefix cache), without
+    noise: fitted with the engine's budget and the cached tokens, T's coefficients come back (a step's
+    fixed cost and a prompt token's within 2%), and the replay gives each request's first token at c = 16
+    closer than the unchunked fit and replay do (on vLLM's CPU build, the embedded default's cells, the
+    unchunked replay put first tokens at c = 16 at 3x their time)."""
+    base, _, scheds = cal.engines("flat", "chunked")
+    quiet = replace(base, jitter=0.0, hiccup_p=0.0)
+    cells = traffic_cells(5001, {"basis": cal.COUNTS}, (1, 2, 8, 16), rho=cal.RHOS["flat"], min_requests_per_worker=2,
+                          engine=quiet, cache_block=16, session_sd=0.0, cell_sd=0.0)
+    m = Measurements.of(cells, Settings(bootstrap=50))
+    crs = [cr for cr in map_cells(requests_of(m), "base", ["basis"], [1, 2, 8, 16])]
+    assert any(cr.cached is not None and cr.cached.sum() > 0 for cr in crs)   # later passes hit the cache
+    theta = fit_step_model(crs, 30, first_tokens_upto=1, sched=scheds["base"])
+    assert theta[0] == pytest.approx(quiet.step_s, rel=0.02) and theta[3] == pytest.approx(quiet.prefill_s * 1000, rel=0.02)
+    flat = fit_step_model(crs, 30, first_tokens_upto=1)
+    for cr in crs:
+        if cr.concurrency != 16:
+            continue
+        err = {}
+        for name, th, sch in (("chunked", theta, scheds["base"]), ("unchunked", flat, Scheduler())):
+            ttft = simulate(th, 16, cr.ptok, cr.out, cr.steps, cached=cr.cached, sched=sch)[1][0]
+            err[name] = float(np.mean(np.abs(np.log(cr.ttft / ttft))))
+        assert err["chunked"] < 0.05 and err["unchunked"] > 2 * err["chunked"], err
+
+
+def test_the_engines_say_how_many_tokens_a_step_schedules():
+    """vLLM: its args, else its API server's default on CPUs, read from the installed vLLM's own code where
+    it is installed; on GPUs the default depends on the device, so the config must say; SGLang prefills in
+    batches of their own; an external endpoint is not known."""
+    cpu = get_engine({"engine": "vllm", "model": "/m", "gpus": 0})
+    assert cpu.step_budget()[0] == 2048
+    assert get_engine({"engine": "vllm", "model": "/m", "gpus": 0,
+                       "args": ["--max-num-batched-tokens=4096"]}).step_budget()[0] == 4096
+    assert get_engine({"engine": "vllm", "model": "/m", "gpus": 1,
+                       "args": ["--max-num-batched-tokens", "8192"]}).step_budget()[0] == 8192
+    budget, why = get_engine({"engine": "vllm", "model": "/m", "gpus": 1}).step_budget()
+    assert budget is None and "--max-num-batched-tokens" in why
+    assert get_engine({"engine": "sglang", "model": "/m"}).step_budget()[0] is None
+    assert get_engine({"engine": "external", "base_url": "http://x"}).step_budget()[0] is None
+    if vllm_installed():
+        import importlib.util
+
+        src = (Path(importlib.util.find_spec("vllm").origin).parent / "engine" / "arg_utils.py").read_text()
+        cpu_block = src[src.index("if current_platform.is_cpu():"):]
+        cpu_block = cpu_block[:cpu_block.index("return default_max_num_batched_tokens")]
+        assert "UsageContext.OPENAI_API_SERVER: 2048 * world_size" in cpu_block

@@ -1417,6 +1417,9 @@ class StepCostMap(Record):
     comparisons: int = 0                  # the measured rows that family holds (Bonferroni)
     max_batch: int = 0
     note: Optional[str] = None
+    # server -> {"budget": tokens a step (None: a prompt prefilled in one step), "per_sequence": tokens a decoding
+    # sequence takes (1 + k), "source": where the budget comes from}: how the fit and the replay schedule a step
+    steps: dict = field(default_factory=dict)
 
 
 @dataclass

@@ -23,6 +23,13 @@ fixed size: a request's time is the engine steps it shares with whatever else is
   drafting off at some batch sizes (vLLM's num_speculative_tokens_per_batch_size: decided per
   step, by the running batch); a switched-off step costs `off_cost` plain steps (the price of the
   switch itself).
+- **Chunked prefill.** With a `budget` (tokens a step, vLLM's max_num_batched_tokens), a step serves
+  the decoding sequences first (1 token each, 1 + k while drafting), then the waiting prompts in the
+  order they were sent, each taking what is left of the budget; a prompt longer than that is prefilled
+  over several steps and yields its first token at the last (vLLM's V1 scheduler). Without one, every
+  waiting prompt is prefilled in the step that admits it.
+- **Prefix cache.** `cached` (per request) prompt tokens are served from the cache: its prefill
+  computes only the rest (a cell's later passes resend its prompts).
 
 Every replication (one cell) is simulated at once with the others of the same concurrency and
 suite size (numpy over a (cells, C) array); a server session's run-to-run speed multiplies every
@@ -56,6 +63,7 @@ class Engine:
     ctx2_s: float = 0.0                     # per decoding sequence per (thousand tokens of its context)^2
     spec_ctx: float = 0.0                   # >0: a drafting step's context terms cost this many times a plain
                                             # step's (verifying k + 1 tokens attends k + 1 times), not rho
+    budget: float = float("inf")            # tokens a step schedules (chunked prefill; inf: a prompt in one step)
 
     def faster(self, factor: float) -> "Engine":
         return replace(self, speed=self.speed * factor)
@@ -102,7 +110,8 @@ def _table(engines: list[Engine], c: int, what: str) -> np.ndarray:
 
 def serve(engines: Engine | list[Engine], c: int, prompt_tokens: np.ndarray, out_tokens: np.ndarray,
           rng: np.random.Generator, alpha: np.ndarray | None = None, match: np.ndarray | None = None,
-          pace: np.ndarray | None = None, session: np.ndarray | None = None) -> Served:
+          pace: np.ndarray | None = None, session: np.ndarray | None = None,
+          cached: np.ndarray | None = None) -> Served:
     """Simulate cells: `engines` (one per cell, or one for all) serve `prompt_tokens`/`out_tokens`
     (cells x requests, each row in the order the workers send them) with `c` closed-loop workers.
 
@@ -120,7 +129,9 @@ def serve(engines: Engine | list[Engine], c: int, prompt_tokens: np.ndarray, out
     Sessions: `session` (one label per request, the same for every cell) groups requests into
     sessions whose turns are consecutive in the order; a worker runs a session turn after turn (the
     next turn is sent when the previous one ends) and only then takes the next session, so a suite of
-    as many sessions as workers is one wave whose batch shrinks as sessions end."""
+    as many sessions as workers is one wave whose batch shrinks as sessions end.
+
+    `cached` (cells x requests): prompt tokens the prefix cache serves (not prefilled)."""
     pt = np.atleast_2d(np.asarray(prompt_tokens, float))
     ot = np.atleast_2d(np.asarray(out_tokens, np.int64))
     M, n = pt.shape
@@ -131,7 +142,7 @@ def serve(engines: Engine | list[Engine], c: int, prompt_tokens: np.ndarray, out
     al = np.zeros((M, n)) if alpha is None else np.broadcast_to(np.asarray(alpha, float), (M, n))
     par = {f: np.array([getattr(e, f) for e in engines], float)
            for f in ("step_s", "seq_s", "ctx_s", "prefill_s", "jitter", "hiccup_p", "hiccup_s", "speed", "k",
-                     "off_cost", "ctx2_s", "spec_ctx")}
+                     "off_cost", "ctx2_s", "spec_ctx", "budget")}
     on_t, rho_t = _table(engines, c, "on"), _table(engines, c, "rho")
     configured = par["k"] > 0
     kmax = int(max(par["k"].max(), 1))
@@ -158,7 +169,9 @@ def serve(engines: Engine | list[Engine], c: int, prompt_tokens: np.ndarray, out
     w = min(c, H)
     rows = np.arange(M)[:, None]
     slot = np.tile(heads[:w], (M, 1))                 # request index per worker slot (-1: idle)
-    fresh = np.ones((M, w), bool)                     # admitted this step: prefill
+    todo = pt if cached is None else np.maximum(pt - np.broadcast_to(np.asarray(cached, float), (M, n)), 0.0)
+    fresh = np.ones((M, w), bool)                     # waiting for its first token: prefill
+    pending = todo[:, heads[:w]].copy()               # its prompt tokens still to compute
     left = ot[:, heads[:w]].astype(float) if pace is not None else ot[:, heads[:w]].copy()
     ctx = pt[:, heads[:w]].copy()
     nxt = np.full(M, w)                               # the next head each cell's free workers take
@@ -175,17 +188,26 @@ def serve(engines: Engine | list[Engine], c: int, prompt_tokens: np.ndarray, out
         pre = active & fresh
         b = active.sum(1)
         drafting = on_t[rows[:, 0], b] > 0
+        # the budget: decodes first, then the waiting prompts' chunks in the order they were sent
+        room = par["budget"] - np.where(drafting, 1 + par["k"], 1.0) * dec.sum(1)
+        want = np.where(pre, pending, 0.0)
+        order = np.argsort(np.where(pre, idx, n + 1), axis=1, kind="stable")
+        queue = np.take_along_axis(want, order, 1)
+        given = np.minimum(np.maximum(room[:, None] - (np.cumsum(queue, 1) - queue), 0.0), queue)
+        chunk = np.zeros_like(want)
+        np.put_along_axis(chunk, order, given, 1)
+        first = pre & (chunk >= pending - 1e-9)
         context = par["ctx_s"] * (ctx * dec).sum(1) + par["ctx2_s"] * ((ctx / 1000) ** 2 * dec).sum(1)
         decode = par["step_s"] + par["seq_s"] * dec.sum(1)
         mult = np.where(drafting, rho_t[rows[:, 0], b], np.where(configured, par["off_cost"], 1.0))
         cmult = np.where(drafting & (par["spec_ctx"] > 0), par["spec_ctx"], mult)
-        cost = (par["prefill_s"] * (pt[rows, idx] * pre).sum(1) + decode * mult + context * cmult) / par["speed"]
+        cost = (par["prefill_s"] * chunk.sum(1) + decode * mult + context * cmult) / par["speed"]
         cost *= np.exp(par["jitter"] * rng.standard_normal(M))
         stall = rng.random(M) < par["hiccup_p"]
         cost += np.where(stall, rng.exponential(1.0, M) * par["hiccup_s"] / par["speed"], 0.0)
         t = np.where(live, t + cost, t)
-        # tokens this step: one from a prefill; 1 + accepted drafts from a decode
-        gain = pre.astype(np.int64)
+        # tokens this step: one from a finished prefill; 1 + accepted drafts from a decode
+        gain = first.astype(np.int64)
         if configured.any():
             kk = par["k"][:, None]
             if match is None:
@@ -207,12 +229,12 @@ def serve(engines: Engine | list[Engine], c: int, prompt_tokens: np.ndarray, out
         else:
             gain = np.where(dec, 1, gain)
         gain = np.where(active, gain, 0)
-        first = pre
         ttft[rows.repeat(w, 1)[first], idx[first]] = (t[:, None] - start[rows, idx])[first]
         left -= gain
         ctx += gain
-        fresh[:] = False
-        done = active & (left <= 1e-9)
+        pending = np.where(pre, pending - chunk, pending)
+        fresh &= ~first
+        done = active & ~fresh & (left <= 1e-9)
         if done.any():
             end[rows.repeat(w, 1)[done], idx[done]] = np.broadcast_to(t[:, None], done.shape)[done]
             follow = succ[idx]                                   # the session's next turn, same worker
@@ -228,7 +250,8 @@ def serve(engines: Engine | list[Engine], c: int, prompt_tokens: np.ndarray, out
             start[rows.repeat(w, 1)[ok], nidx[ok]] = np.broadcast_to(t[:, None], ok.shape)[ok]
             left = np.where(ok, ot[rows, nidx], left)
             ctx = np.where(ok, pt[rows, nidx], ctx)
-            fresh = ok
+            pending = np.where(ok, todo[rows, nidx], pending)
+            fresh = np.where(done, ok, fresh)
             nxt = np.minimum(nxt + free.sum(1), H)
     e2e = end - start
     drafted = steps * par["k"][:, None]

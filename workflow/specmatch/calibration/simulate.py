@@ -47,11 +47,12 @@ def closed_loop(durations: np.ndarray, c: int) -> np.ndarray:
 def cell(server: str, suite: str, c: int, repeat: int, e2e: np.ndarray, ttft: np.ndarray, out: np.ndarray,
          prompts: list[str], steps: np.ndarray | None = None, accepted: np.ndarray | None = None,
          prompt_tokens: np.ndarray | None = None, drafts: int | None = None, *, starts: np.ndarray | None = None,
-         duration: float | None = None, drafted: np.ndarray | None = None, session: str | None = None
-         ) -> tuple[CellResult, pl.DataFrame]:
+         duration: float | None = None, drafted: np.ndarray | None = None, session: str | None = None,
+         cached: np.ndarray | None = None) -> tuple[CellResult, pl.DataFrame]:
     """A cell result and its request frame. By default the requests' start times come from a closed loop
     of c workers over the latencies (the makespan model); a simulation of its own (specmatch.calibration.des) passes
-    `starts` and `duration` as it measured them, and `drafted` (per request, vLLM's num_draft_tokens)."""
+    `starts` and `duration` as it measured them, `drafted` (per request, vLLM's num_draft_tokens) and
+    `cached` (per request, the prompt tokens its prefix cache served: usage's cached_tokens)."""
     measured = starts is not None  # a simulation of its own: the cell carries the summaries the client writes
     if starts is None:
         starts = closed_loop(e2e, c)
@@ -66,6 +67,8 @@ def cell(server: str, suite: str, c: int, repeat: int, e2e: np.ndarray, ttft: np
     over = {"num_spec_steps": pl.Float64, "num_accepted_tokens": pl.Float64, "prompt_tokens": pl.Float64}
     if drafted is not None:
         cols["num_draft_tokens"], over["num_draft_tokens"] = drafted, pl.Float64
+    if cached is not None:
+        cols["cached_tokens"], over["cached_tokens"] = cached, pl.Float64
     req = pl.DataFrame(cols, schema_overrides=over)
     res = CellResult(server, suite, c, repeat, "vllm", "openai-completions", "vllm", c, n, n, 1, 0, "inf", 1.0, 0.0,
                      session or f"r{repeat}", False, "sim", "ok", n, 0, {}, duration, 0, int(out.sum()), n / duration,

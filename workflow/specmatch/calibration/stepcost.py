@@ -8,9 +8,13 @@ plain steps at any context). The truth of a prediction at concurrency c is what 
 the measured one (the same strata counts, fresh prompts) measures at c, read as a cell is, sending as
 many requests as the prediction does: the mean over many suites served without run-to-run noise.
 
-    python -m specmatch stepcost_coverage [--experiments 200] [--rho flat|rising]
+    python -m specmatch stepcost_coverage [--experiments 200] [--rho flat|rising] [--world plain|chunked]
 prints, per batch size and per concurrency, the coverage of the 90% intervals (with Monte-Carlo
-error), the mean log width and the bias, and how often the held-out check agreed.
+error), the mean log width and the bias, and how often the held-out check agreed. The `chunked` world
+schedules as vLLM's V1 engine does: at most 512 tokens a step, the decodes first and the waiting prompts
+in chunks after them, and a prefix cache that serves a cell's later passes their prompts (16-token
+blocks); the map is fitted and replays with the engine's budget (Scheduler), as the stepcost step does
+with the budget each engine states.
 """
 from __future__ import annotations
 
@@ -25,10 +29,10 @@ from .. import metrics
 from .des import serve
 from .grid import BASE
 from .pool import run_tasks
-from .traffic import TRAFFIC_STRATA, traffic_cells, traffic_prompts
+from .traffic import TRAFFIC_STRATA, resent_cached, traffic_cells, traffic_prompts
 from ..deciding.explaining.stepcost import build_map, requests_of
 from ..deciding.explaining.stepcost.predict import REQUESTS_PER_WORKER
-from ..deciding.explaining.traffic.step_model import figures
+from ..deciding.explaining.traffic.step_model import Scheduler, figures
 from ..config import passes_for
 from ..deciding.reading.measurements import Measurements, Settings
 
@@ -41,9 +45,18 @@ RHOS = {"flat": lambda b: 1.4,
         "rising": lambda b: 1.25 + 0.03 * (b - 1)}
 BATCHES = (1, 4, 16, 64)
 PREDICTED = (4, 16, 32)
+WORLDS = {"plain": {"budget": float("inf"), "cache_block": 0}, "chunked": {"budget": 512.0, "cache_block": 16}}
 
 
-def truth(rho: str, c: int, seed: int, suites: int = 200, metric: str = "output_throughput") -> float:
+def engines(rho: str, world: str):
+    """The baseline and the speculative engine (k = 3) of a world, and the Scheduler of each as the stepcost
+    step would state it."""
+    b = replace(BASE, budget=WORLDS[world]["budget"])
+    return b, replace(b, k=3, rho=RHOS[rho]), {"base": Scheduler(b.budget, 1), "spec": Scheduler(b.budget, 4)}
+
+
+def truth(rho: str, c: int, seed: int, suites: int = 200, metric: str = "output_throughput", world: str = "plain"
+          ) -> float:
     """The true log speedup at c of a suite drawn like the experiments' (module docstring)."""
     rng = np.random.default_rng(seed)
     n = sum(COUNTS.values())
@@ -54,19 +67,24 @@ def truth(rho: str, c: int, seed: int, suites: int = 200, metric: str = "output_
         order = np.arange(size) % n
         tok[j], match[j] = t[order], mt[order]
     ot = np.full((suites, size), 24)
-    spec = replace(BASE, k=3, rho=RHOS[rho])
-    b, x = serve(BASE, c, tok, ot, rng, match=match), serve(spec, c, tok, ot, rng, match=match)
+    base, spec, _ = engines(rho, world)
+    cached = resent_cached(tok, n, WORLDS[world]["cache_block"])
+    b = serve(base, c, tok, ot, rng, match=match, cached=cached)
+    x = serve(spec, c, tok, ot, rng, match=match, cached=cached)
     return float(np.mean(metrics.log_speedup(metric, figures(metric, c, ot, x.e2e, x.ttft, {}),
                                              figures(metric, c, ot, b.e2e, b.ttft, {}))))
 
 
 def experiment(a: tuple) -> dict:
     """One experiment: the map's rho at BATCHES, its predictions at PREDICTED and the held-out check."""
-    seed, rho, measured = a
-    cells = traffic_cells(seed, {"basis": COUNTS}, measured, rho=RHOS[rho], min_requests_per_worker=REQUESTS_PER_WORKER)
+    seed, rho, measured, world = a
+    base, _, scheds = engines(rho, world)
+    cells = traffic_cells(seed, {"basis": COUNTS}, measured, rho=RHOS[rho], min_requests_per_worker=REQUESTS_PER_WORKER,
+                          engine=base, cache_block=WORLDS[world]["cache_block"])
     s = Settings(bootstrap=200)
     m = Measurements.of(cells, s)
-    rec = build_map(m, requests_of(m), "spec", "base", "basis", ["basis"], list(measured), [CHECK], 64, "sim", s)
+    rec = build_map(m, requests_of(m), "spec", "base", "basis", ["basis"], list(measured), [CHECK], 64, "sim", s,
+                    scheds)
     pts = {p.batch: p.rho for p in rec.break_even}
     preds = {p.concurrency: p for p in rec.predictions if p.metric == "output_throughput"}
     return {"rho": {b: (pts[b].value, pts[b].lo, pts[b].hi) for b in BATCHES},
@@ -75,11 +93,11 @@ def experiment(a: tuple) -> dict:
 
 
 def coverage(experiments: int, rho: str = "flat", seed: int = 5000, truth_suites: int = 200,
-             measured: tuple = MEASURED) -> dict:
+             measured: tuple = MEASURED, world: str = "plain") -> dict:
     """Coverage, mean log width and bias of rho at BATCHES and of the predictions at PREDICTED, and the
     share of experiments whose check at CHECK agreed; the map's cells at `measured` (CHECK among them)."""
-    t_pred = {c: truth(rho, c, seed - 1, truth_suites) for c in PREDICTED}
-    got = list(run_tasks([(experiment, (seed + e, rho, tuple(measured))) for e in range(experiments)]))
+    t_pred = {c: truth(rho, c, seed - 1, truth_suites, world=world) for c in PREDICTED}
+    got = list(run_tasks([(experiment, (seed + e, rho, tuple(measured), world)) for e in range(experiments)]))
     out = {}
 
     def tally(key, rows, t):
@@ -116,12 +134,13 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m specmatch stepcost_coverage", description=__doc__.split("\n\n")[0])
     p.add_argument("--experiments", type=int, default=200)
     p.add_argument("--rho", choices=sorted(RHOS), default="flat")
+    p.add_argument("--world", choices=sorted(WORLDS), default="plain")
     p.add_argument("--measured", default=",".join(map(str, MEASURED)),
                    help=f"the map's cells (the check, c={CHECK}, among them), e.g. 1,4,8,16 as the default measures")
     a = p.parse_args(argv)
     measured = tuple(int(x) for x in a.measured.split(","))
-    got = coverage(a.experiments, a.rho, measured=measured)
-    print(f"{a.experiments} experiments, rho {a.rho}, map at c={[c for c in measured if c != CHECK]}, check at "
+    got = coverage(a.experiments, a.rho, measured=measured, world=a.world)
+    print(f"{a.experiments} experiments, rho {a.rho}, world {a.world}, map at c={[c for c in measured if c != CHECK]}, check at "
           f"c={CHECK}, 90% intervals, 2 repeats")
     for k, v in got.items():
         print(f"{k[0]:>13} {k[1]:<4} coverage {v['coverage']:.3f} ± {v['mc_se']:.3f} (n={v['n']})  width "

@@ -85,7 +85,7 @@ def traffic_prompts(rng, strata: dict, counts: dict, out_tokens: int = 24):
 def traffic_cells(seed: int, suites: dict, concurrencies=(1, 4), repeats: int = 2, out_tokens: int = 24,
                   session_sd: float = 0.02, cell_sd: float = 0.02, strata: dict | None = None, rho=None,
                   min_requests_per_worker: int | None = None, request_sd: float = 0.0, request_df: float = 3.0,
-                  engine: Engine | None = None, shift: dict | None = None):
+                  engine: Engine | None = None, shift: dict | None = None, cache_block: int = 0):
     """Cells of a baseline `base` and a speculative server `spec` (k=3, step cost `rho(b)`) on `suites`
     (name -> {stratum: prompts}) at every concurrency and repeat, simulated by specmatch.calibration.des:
     continuous batching of whatever each suite mixes, per-prompt acceptance, every cell moved by its
@@ -96,7 +96,9 @@ def traffic_cells(seed: int, suites: dict, concurrencies=(1, 4), repeats: int = 
     `request_df` dof, scaled to that sd in log: a stall, a scheduling hiccup), independent across
     repeats, so two repeats' per-prompt values disagree beyond their prompts' spread. `shift` (suite ->
     log): the speculative server's times on that suite moved by it (negative: faster), a world that
-    differs from what the other suites show, which a check against them should catch."""
+    differs from what the other suites show, which a check against them should catch. `cache_block`: a
+    prefix cache of blocks of this many tokens (0: none): a later pass's prompt is served from it but for
+    its last partial block (what vLLM's cache does with a resent prompt), recorded as cached_tokens."""
     strata = strata or TRAFFIC_STRATA
     rng = np.random.default_rng(seed)
     base = engine or BASE
@@ -111,9 +113,11 @@ def traffic_cells(seed: int, suites: dict, concurrencies=(1, 4), repeats: int = 
             ids = [f"{u}-{i:03d}" for i in order]
             keys = [(x, r) for x in engines for r in range(1, repeats + 1)]
             m = len(keys)
+            cached = resent_cached(tokens[order], n, cache_block)
             served = serve([engines[x] for x, _ in keys], c, np.tile(tokens[order], (m, 1)),
                            np.full((m, len(order)), out_tokens), rng,
-                           match=np.broadcast_to(match[order], (m, len(order)) + match.shape[1:]))
+                           match=np.broadcast_to(match[order], (m, len(order)) + match.shape[1:]),
+                           cached=None if cached is None else np.tile(cached, (m, 1)))
             moved = (shift or {}).get(u, 0.0)
             served = served.scaled(np.exp([sessions[k] + rng.normal(0, cell_sd) + (moved if k[0] == "spec" else 0.0)
                                            for k in keys]))
@@ -129,12 +133,22 @@ def traffic_cells(seed: int, suites: dict, concurrencies=(1, 4), repeats: int = 
                                 one.accepted if spec else None, tokens[order],
                                 int(one.steps.sum()) if spec else None, starts=one.start,
                                 duration=float(one.duration[0]), drafted=one.drafted if spec else None,
-                                session=f"{x}-r{r}")
+                                session=f"{x}-r{r}", cached=cached)
                 if spec:
                     res.spec_decode_acceptance_length = 1 + float(one.accepted.sum() / max(one.steps.sum(), 1))
                 out.append((res, req.with_columns(pl.Series("pass_index", (np.arange(len(order)) // n).tolist()),
                                                   pl.Series("source", [names[j] for j in order]))))
     return out
+
+
+def resent_cached(tokens: np.ndarray, n: int, block: int) -> np.ndarray | None:
+    """Per request of whole passes over n prompts: the prompt tokens a prefix cache of `block`-token blocks
+    serves, the full blocks of a prompt sent before (every pass after the first; at least its last token
+    is computed); None without a cache."""
+    if block <= 0:
+        return None
+    full = np.floor(np.maximum(tokens - 1, 0) / block) * block
+    return np.where(np.arange(np.shape(tokens)[-1]) >= n, full, 0.0)
 
 
 def traffic_truth(seed: int, mix: dict, size: int, c: int, suites: int = 300, out_tokens: int = 24,

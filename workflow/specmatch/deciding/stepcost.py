@@ -16,6 +16,7 @@ from pathlib import Path
 from . import inputs
 from .explaining.attribution import mixed_schedule
 from .explaining.stepcost import build_map, requests_of
+from .explaining.traffic.step_model import Scheduler
 from .reading.measurements import Settings
 from .. import steps
 from ..config import TRAFFIC_PREFIX
@@ -42,6 +43,18 @@ def forced(cfg: dict) -> str:
             + ", ".join(f"{k}={v}" for k, v in keys.items()) + "; forced-acceptance map cells are not planned)")
 
 
+def schedulers(configs: dict, servers: list[str]) -> tuple[dict, dict]:
+    """Each server's Scheduler (the tokens one of its steps schedules, Engine.step_budget; a decoding
+    sequence takes 1 + k of them on a speculative server) and where its budget comes from."""
+    scheds, sources = {}, {}
+    for x in servers:
+        eng = get_engine(configs[x])
+        budget, sources[x] = eng.step_budget()
+        k = eng.own_k(configs[x].get("speculative") or {}) if configs[x].get("speculative") else 0
+        scheds[x] = Scheduler(float(budget) if budget else float("inf"), 1 + k)
+    return scheds, sources
+
+
 def execute(a: argparse.Namespace) -> int:
     settings, configs, cfg = Settings.of(json.loads(a.settings)), json.loads(a.servers), json.loads(a.step_cost)
     rec = Recorder("stepcost", a.cells + a.requests + a.launches,
@@ -61,8 +74,9 @@ def execute(a: argparse.Namespace) -> int:
                               "one speculative step's (map the server as configured without the schedule)")
             continue
         mb = infos[x].max_batch if x in infos else 0
+        scheds, sources = schedulers(configs, [x, a.baseline])
         got = build_map(m, reqs, x, a.baseline, suite, suites, fit, list(cfg.get("check", [])), mb, forced(c),
-                        settings)
+                        settings, scheds, sources)
         if got is None:
             out.skipped[x] = "no closed-loop cell with per-request decode steps for it or the baseline"
         else:

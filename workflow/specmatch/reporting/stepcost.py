@@ -23,24 +23,28 @@ def _iv(iv, unit: str = "x", digits: int = 2) -> str:
     return f"{core} [{iv.lo:.{digits}f}, {iv.hi:.{digits}f}]"
 
 
+METRIC_WORD = {"output_throughput": "throughput", "tpot": "TPOT"}
+
+
 def _holds(mp: StepCostMap) -> str:
-    checks = [p for p in mp.predictions if p.role == "check" and p.metric == "output_throughput"
-              and p.measured is not None]
+    checks = [p for p in mp.predictions if p.role == "check" and p.measured is not None]
     off = sorted({f"`{p.suite}` c={p.concurrency} ({p.metric}: measured / predicted {_iv(p.difference, '')})"
                   for p in mp.predictions if p.agrees is False and p.role == "fit"})
     fitted = ("; at the fitted concurrencies outside its own interval at " + ", ".join(off)) if off else ""
     if mp.holds is None:
         return ("**The map is unchecked**: no concurrency was measured only to check it (`step_cost.check`), so "
                 "nothing it predicts decides the recommendation" + fitted + ".")
-    checked = "; ".join(f"c={p.concurrency}: measured {p.measured:.2f}x against predicted {p.predicted.value:.2f}x, "
-                        f"measured / predicted {_iv(p.difference, '')}" for p in checks)
+    checked = "; ".join(f"c={p.concurrency} {METRIC_WORD.get(p.metric, p.metric)}: measured {p.measured:.2f}x against "
+                        f"predicted {p.predicted.value:.2f}x, measured / predicted {_iv(p.difference, '')}"
+                        + (" (outside its own interval)" if p.agrees is False else "") for p in checks)
     if mp.holds is False:
         return (f"**The map misses**: the cells disagree with it beyond the family's interval at the concurrency "
                 f"measured only to check it or at the measured concurrencies together (Bonferroni; checked at "
                 f"{checked}){fitted}. The recommendation follows the measured cells.")
     return (f"**The map holds** at the concurrency measured only to check it ({checked}) and at the measured "
-            "concurrencies together (Bonferroni): its predictions within the fitted batches decide the "
-            "concurrencies the verdict grid lacks" + fitted + ".")
+            f"concurrencies together: no difference lies outside its family's interval (Bonferroni over the "
+            f"{mp.comparisons} comparisons measured only to check it, and over every measured one): its predictions "
+            "within the fitted batches decide the concurrencies the verdict grid lacks" + fitted + ".")
 
 
 def _pays(tau, need) -> str:

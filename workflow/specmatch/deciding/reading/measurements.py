@@ -119,6 +119,9 @@ class Arrays:
     # session turn after turn: the queue is empty once the last session has started, and from then on
     # the batch shrinks as sessions end, while turns are still being sent
     drain_from: float | None = None
+    # per request: its prompt tokens the server served from its prefix cache (usage's cached_tokens; 0 where
+    # unknown): what its prefill did not compute. A cell's later passes resend its prompts, which hit the cache
+    cached_tokens: np.ndarray | None = None
 
     @classmethod
     def of(cls, cell: CellResult, requests: pl.DataFrame, slo: dict) -> "Arrays":
@@ -142,7 +145,8 @@ class Arrays:
             drain = float(firsts.max()) if len(firsts) else None
         return cls(keys, out, e2e, ttft, tpot, metrics.good(e2e, ttft, tpot, slo), cell.request_rate in ("inf", None),
                    cell.concurrency, cell.duration or 0.0, prompts, spec, cell.flavor, col("prompt_tokens"), start,
-                   sources=sources, decode_steps=decode_steps(out, spec, cell), drain_from=drain)
+                   sources=sources, decode_steps=decode_steps(out, spec, cell), drain_from=drain,
+                   cached_tokens=np.nan_to_num(col("cached_tokens"), nan=0.0))
 
     @property
     def workers(self) -> int:

@@ -148,6 +148,22 @@ class Engine:
         in the engine's terms, or None and why it cannot."""
         return None, f"engine {self.name} has no setting specmatch knows that forces the acceptance length"
 
+    def step_budget(self) -> tuple[int | None, str]:
+        """The most tokens one engine step schedules (chunked prefill: a prompt beyond what the decodes leave
+        is prefilled over several steps), as this server is configured, and where that comes from; None and
+        why where it is not known (the step-cost replay then prefills a prompt in the step that admits it)."""
+        return None, f"engine {self.name}: its tokens per step are not known to specmatch"
+
+    def arg_value(self, flag: str) -> str | None:
+        """The value of `flag` in the config's `args` (`--flag V` or `--flag=V`; the last one wins), else None."""
+        args, got = self.extra_args(), None
+        for i, a in enumerate(args):
+            if a == flag and i + 1 < len(args):
+                got = args[i + 1]
+            elif a.startswith(flag + "="):
+                got = a.split("=", 1)[1]
+        return got
+
     def release(self, versions: dict) -> str | None:
         """The engine's release among a launch record's `engine_versions` (None: not recorded)."""
         return next((versions[p] for p in self.packages if versions.get(p)), None)

@@ -179,6 +179,13 @@ class SGLangEngine(Engine):
         return ({"env": {FORCED_ENV: str(float(tau)), FORCED_MODE_ENV: "real-draft-token"}},
                 "simulated acceptance length")
 
+    def step_budget(self) -> tuple[int | None, str]:
+        """None: SGLang runs a chunk of prefill as its own batch between decode batches unless
+        `--enable-mixed-chunk` (sglang/srt/managers/scheduler.py), so vLLM's mixed step (decodes, then
+        prompt chunks in what the budget leaves) is not its schedule; the replay prefills a prompt in one step."""
+        return None, ("SGLang prefills in batches of their own (chunks of --chunked-prefill-size) between decode "
+                      "batches: the replay's mixed step is vLLM's; a prompt is replayed as one prefill step")
+
     # -- deployments -----------------------------------------------------------------------------
     def named_k(self, spec: dict) -> int:
         return int(spec.get("num_steps") or 0)

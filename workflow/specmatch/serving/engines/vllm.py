@@ -221,6 +221,19 @@ class VLLMEngine(Engine):
                           "\"Synthetic acceptance not supported with CPU sampling\", vllm/utils/cpu_triton_utils.py)")
         return {FORCED_METHOD: "synthetic", FORCED_LENGTH: float(tau)}, "synthetic rejection sampling"
 
+    def step_budget(self) -> tuple[int | None, str]:
+        """`--max-num-batched-tokens` where the args set it; else vLLM's default for its API server on CPUs,
+        2048 (vllm/engine/arg_utils.py, `_get_default_max_num_batched_tokens`: chunked prefill is on by
+        default in the V1 engine). On GPUs the default depends on the device's memory (2048, 8192 on
+        H100/H200, 16384 from 160 GB), which the config does not say."""
+        got = self.arg_value("--max-num-batched-tokens")
+        if got is not None:
+            return int(got), "--max-num-batched-tokens in its args"
+        if int(self.cfg.get("gpus") or 0) == 0 and self.cfg.get("profile", "cpu") == "cpu":
+            return 2048, "vLLM's default for its API server on CPUs (vllm/engine/arg_utils.py)"
+        return None, ("vLLM's default on GPUs depends on the device's memory (2048; 8192 on H100/H200; 16384 from "
+                      "160 GB): set --max-num-batched-tokens in its args")
+
     # -- deployments -----------------------------------------------------------------------------
     def named_k(self, spec: dict) -> int:
         return own_k(spec)

@@ -31,12 +31,14 @@ def contexts(reqs: dict, server: str, suite: str) -> tuple[int, list[int]]:
 
 
 def build_map(m: Measurements, reqs: dict, server: str, baseline: str, suite: str, suites: list[str],
-              fit: list[int], checks: list[int], max_batch: int, forced: str, s: Settings) -> StepCostMap | None:
+              fit: list[int], checks: list[int], max_batch: int, forced: str, s: Settings,
+              scheds: dict | None = None, sources: dict | None = None) -> StepCostMap | None:
     """The map of `server` against the baseline (None where either has no cell to fit it on): fitted on
     every given suite's cells at the `fit` concurrencies, checked at `checks`, predicted for every
-    measured suite on the grid up to `max_batch`."""
+    measured suite on the grid up to `max_batch`. `scheds`: each server's Scheduler (its tokens per step), `sources`: where each
+    budget comes from."""
     L, Ls = contexts(reqs, server, suite)
-    sm = fit_map(reqs, m, server, baseline, suite, suites, [c for c in fit if c not in checks], L)
+    sm = fit_map(reqs, m, server, baseline, suite, suites, [c for c in fit if c not in checks], L, scheds)
     if sm is None:
         return None
     measured = sorted({k[2] for k in m.cells if k[0] == server})
@@ -44,6 +46,9 @@ def build_map(m: Measurements, reqs: dict, server: str, baseline: str, suite: st
     rec = StepCostMap(server, baseline, suite, sm.fit, sorted(checks), sm.repeats,
                       {x: [float(t) for t in sm.theta[x]] for x in (server, baseline)}, L, Ls,
                       forced=forced, max_batch=max(cs))
+    rec.steps = {x: {"budget": int(md.sched.budget) if md.sched.chunked else None,
+                     "per_sequence": md.sched.per_sequence, "source": (sources or {}).get(x, "")}
+                 for x, md in sm.models.items()}
     rec.points = rho_points(sm, cs, Ls, s.confidence)
     # the tokens per step a drafter must reach at each batch size for TPOT to gain: rho at the median context
     rec.break_even = rho_points(sm, cs, [L], s.confidence)

@@ -9,7 +9,8 @@ import numpy as np
 
 from ...reading.measurements import Measurements
 from ...verdicts.noise import RunToRun, VarianceSum, run_to_run
-from ..traffic.step_model import CellRequests, fit_step_model, simulate, step_cost, timed, timeline
+from ..traffic.step_model import (UNCHUNKED, CellRequests, Scheduler, fit_step_model, simulate, step_cost, timed,
+                                  timeline)
 from ....records import Interval, StepCostPoint
 from ....stats import t_ppf
 
@@ -23,7 +24,18 @@ class Model:
     first token takes than the replay's one admission step (the measured over the replayed TTFT of the
     fitted cells: a queue, a prefill spread over steps), which the replay applies to every admission."""
     theta: np.ndarray
-    admission: float = 1.0
+    admission: dict = field(default_factory=dict)   # fitted concurrency -> measured over replayed first token
+    sched: Scheduler = UNCHUNKED   # the engine's tokens per step (chunked prefill), in the fit and the replay
+
+    def admission_at(self, c: float) -> float:
+        """The first token's multiplier at concurrency c: the fitted concurrencies' own, linear in log c
+        between them, the nearest one's beyond them (one number for every load made the replay's first
+        tokens at c = 1 as slow as under load)."""
+        if not self.admission:
+            return 1.0
+        cs = sorted(self.admission)
+        x = math.log(min(max(c, cs[0]), cs[-1]))
+        return float(np.exp(np.interp(x, [math.log(v) for v in cs], [math.log(self.admission[v]) for v in cs])))
 
     def step(self, b: float, L: float) -> float:
         """T for b decoding sequences of L tokens of context each, no prefill (seconds)."""
@@ -121,7 +133,8 @@ def map_cells(reqs: dict, server: str, suites: list[str], fit: list[int]) -> lis
             and len(cr.e2e) and np.isfinite(cr.e2e).all()]
 
 
-def fit_model(cells: list[CellRequests], curved: bool, near: Model | None = None) -> Model | None:
+def fit_model(cells: list[CellRequests], curved: bool, near: Model | None = None, sched: Scheduler = UNCHUNKED
+              ) -> Model | None:
     """T fitted on the cells' decode steps and the first tokens at c = 1 (a prefill with no queue: what
     a prompt token costs), with a b^2 term (a speculative step verifies k + 1 tokens a sequence, so it
     can grow faster than the plain one), and a first token's cost against the replay's (a queue):
@@ -130,24 +143,24 @@ def fit_model(cells: list[CellRequests], curved: bool, near: Model | None = None
     refits: its coefficients at their bounds stay there, its admission multiplier is kept)."""
     if near is not None:
         theta = fit_step_model(cells, ITERATIONS, curved=curved, first_tokens_upto=1, support=near.theta > 0,
-                               start=near.theta)
-        return None if theta is None else Model(theta, near.admission)
-    theta = fit_step_model(cells, ITERATIONS, curved=curved, first_tokens_upto=1)
+                               start=near.theta, sched=near.sched)
+        return None if theta is None else Model(theta, near.admission, near.sched)
+    theta = fit_step_model(cells, ITERATIONS, curved=curved, first_tokens_upto=1, sched=sched)
     if theta is None:
         return None
-    logs = []
+    logs: dict = {}
     for cr in cells:
-        _, ttft, _ = simulate(theta, cr.concurrency, cr.ptok, cr.out, cr.steps)
+        _, ttft, _ = simulate(theta, cr.concurrency, cr.ptok, cr.out, cr.steps, cached=cr.cached, sched=sched)
         ok = timed(cr)
         with np.errstate(invalid="ignore", divide="ignore"):
             r = np.log(cr.ttft[ok] / ttft[0][ok])
-        logs.append(r[np.isfinite(r)])
-    got = np.concatenate(logs) if logs else np.zeros(0)
-    return Model(theta, float(np.exp(got.mean())) if got.size else 1.0)
+        logs.setdefault(cr.concurrency, []).append(r[np.isfinite(r)])
+    got = {c: np.concatenate(v) for c, v in logs.items()}
+    return Model(theta, {c: float(np.exp(v.mean())) for c, v in got.items() if v.size}, sched)
 
 
 def fit_map(reqs: dict, m: Measurements, server: str, baseline: str, suite: str, suites: list[str],
-            fit: list[int], context: float = 0.0) -> StepMap | None:
+            fit: list[int], context: float = 0.0, scheds: dict | None = None) -> StepMap | None:
     """Both servers' models from their cells at the fitted concurrencies (every suite given: the step
     cost is the batch's, not the content's), and each refitted with one concurrency's cells moved
     (StepMap.error); None where either server has no cell to fit."""
@@ -155,7 +168,7 @@ def fit_map(reqs: dict, m: Measurements, server: str, baseline: str, suite: str,
     got = sorted({k[2] for k in reqs if k[0] == server and k[1] in suites and k[2] in fit})
     for x in (server, baseline):
         cells = map_cells(reqs, x, suites, fit)
-        md = fit_model(cells, x == server) if cells else None
+        md = fit_model(cells, x == server, sched=(scheds or {}).get(x, UNCHUNKED)) if cells else None
         if md is None:
             return None
         models[x] = md
@@ -181,7 +194,7 @@ def tau_slope(sm: StepMap, reqs: dict, suites: list[str], confidence: float) -> 
     ys, zs, prompts, cells = [], [], [], []
     theta = sm.models[sm.server].theta
     for i, cr in enumerate(map_cells(reqs, sm.server, suites, sm.fit)):
-        dec_f, dec_y, _, _ = timeline(cr, theta)
+        dec_f, dec_y, _, _ = timeline(cr, theta, sched=sm.models[sm.server].sched)
         model = dec_f @ theta
         with np.errstate(invalid="ignore", divide="ignore"):
             y = np.log(dec_y / model)

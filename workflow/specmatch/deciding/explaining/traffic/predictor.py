@@ -16,7 +16,7 @@ SUITES = 300              # simulated suites at the measured data (c > 1): the p
 
 
 # -- one server against the baseline at one concurrency ------------------------------------------------
-FIELDS = ("e2e", "ttft", "out", "ptok", "steps", "good", "m_dec", "m_adm", "tpot")
+FIELDS = ("e2e", "ttft", "out", "ptok", "steps", "good", "m_dec", "m_adm", "tpot", "cached")
 
 
 @dataclass
@@ -42,7 +42,8 @@ def per_prompt(cr: CellRequests, prompts: list[str]) -> dict:
     vals = {"e2e": cr.e2e, "ttft": cr.ttft, "out": cr.out, "ptok": cr.ptok,
             "steps": cr.steps if cr.steps is not None else np.full(len(cr.out), np.nan),
             "good": cr.good.astype(float), "m_dec": cr.m_dec if cr.m_dec is not None else np.ones(len(cr.out)),
-            "m_adm": cr.m_adm if cr.m_adm is not None else np.ones(len(cr.out)), "tpot": tpot}
+            "m_adm": cr.m_adm if cr.m_adm is not None else np.ones(len(cr.out)), "tpot": tpot,
+            "cached": cr.cached if cr.cached is not None else np.zeros(len(cr.out))}
     out = {}
     for k, v in vals.items():
         v = np.asarray(v, float)[keep]
@@ -162,7 +163,7 @@ class Predictor:
         return np.array(names)[which], pick
 
     def _gather(self, x: str, r: int, names: np.ndarray, pick: np.ndarray) -> dict:
-        out = {k: np.zeros(names.shape) for k in ("ptok", "out", "steps", "m_dec", "m_adm")}
+        out = {k: np.zeros(names.shape) for k in ("ptok", "out", "steps", "m_dec", "m_adm", "cached")}
         for s in np.unique(names):
             m = names == s
             v = self.p.strata[str(s)].data[(x, r)]
@@ -173,7 +174,7 @@ class Predictor:
     def _run(self, x: str, r: int, names: np.ndarray, pick: np.ndarray) -> tuple:
         g = self._gather(x, r, names, pick)
         e2e, ttft, _ = simulate(self.p.theta[x], self.p.concurrency, g["ptok"], g["out"], g["steps"],
-                                g["m_dec"], g["m_adm"])
+                                g["m_dec"], g["m_adm"], g["cached"])
         return g["out"], e2e, ttft
 
     def _simulated(self, mix: dict) -> np.ndarray:

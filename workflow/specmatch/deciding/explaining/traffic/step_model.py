@@ -31,6 +31,12 @@ class CellRequests:
     m_dec: np.ndarray | None = None  # the request's speed against the step model's replay of its cell
     m_adm: np.ndarray | None = None
     tpot: np.ndarray | None = None   # metrics.tpot of the measured request
+    cached: np.ndarray | None = None  # prompt tokens served from the prefix cache (not prefilled; None: none)
+
+    @property
+    def fresh(self) -> np.ndarray:
+        """The prompt tokens each request's prefill computed: its prompt less what the prefix cache served."""
+        return self.ptok if self.cached is None else np.maximum(self.ptok - self.cached, 0.0)
 
     @property
     def concurrency(self) -> int:
@@ -50,15 +56,36 @@ def cell_requests(key: tuple, a: Arrays, stratum) -> CellRequests:
     start = np.zeros(n) if a.start is None else np.nan_to_num(a.start, nan=0.0)
     ptok = np.zeros(n) if a.prompt_tokens is None else np.nan_to_num(a.prompt_tokens, nan=0.0)
     sources = a.sources or [None] * n
+    cached = None if a.cached_tokens is None else np.minimum(np.nan_to_num(a.cached_tokens, nan=0.0), ptok)
     return CellRequests(key, list(a.prompts), [stratum(key[1], x) for x in sources], start,
                         np.nan_to_num(a.ttft, nan=0.0), a.e2e, a.out, ptok, a.decode_steps, a.good, a.closed,
-                        tpot=a.tpot)
+                        tpot=a.tpot, cached=cached)
 
 
 # -- the step model ---------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class Scheduler:
+    """What an engine's step schedules: at most `budget` tokens a step (vLLM's max_num_batched_tokens,
+    SGLang's chunked prefill size; inf: every waiting prompt is prefilled in the step that admits it),
+    the decoding sequences first, `per_sequence` tokens each (1, or 1 + k for a speculative step that
+    verifies k drafted tokens), then the waiting prompts in the order they arrived, in chunks that fill
+    what is left (chunked prefill). Under load a long prompt then takes several steps to its first token
+    and the steps between carry its chunks, so the batch's first tokens and its decode steps desynchronise,
+    as the engine's do."""
+    budget: float = float("inf")
+    per_sequence: int = 1
+
+    @property
+    def chunked(self) -> bool:
+        return bool(np.isfinite(self.budget))
+
+
+UNCHUNKED = Scheduler()
+
+
 def step_cost(theta: np.ndarray, b, C, P):
     """T(b, C, P) in seconds: b decoding sequences holding C thousand tokens of context, P thousand prompt
-    tokens prefilled in the step, and t4 b^2 for a theta of five (arrays broadcast)."""
+    tokens prefilled in the step (those the prefix cache did not serve), and t4 b^2 for a theta of five (arrays broadcast)."""
     curve = theta[4] * b * b if len(theta) > 4 else 0.0
     return theta[0] + theta[1] * b + theta[2] * C + theta[3] * P + curve
 
@@ -70,12 +97,14 @@ def timed(cr: CellRequests) -> np.ndarray:
     return ~((cr.out > 1) & (cr.e2e - cr.ttft <= 0))
 
 
-def timeline(cr: CellRequests, theta: np.ndarray, points: int = 400) -> tuple[np.ndarray, np.ndarray, np.ndarray,
-                                                                               np.ndarray]:
+def timeline(cr: CellRequests, theta: np.ndarray, points: int = 400, sched: Scheduler = UNCHUNKED
+             ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
     """Per request: its steps' mean features [1, b, C, P] (and b^2 for a theta of five: a step cost
     that grows faster than the batch) over its decode (weighted by the steps T(theta) says were taken
-    at each moment) and the features at its first-token step; the batch at every moment read from the
-    cell's timeline (who was prefilling, who decoding, how much context)."""
+    at each moment) and the features at its first-token step, with that step's time; the batch at every
+    moment read from the cell's timeline (who was prefilling, who decoding, how much context). Under a
+    chunked scheduler a step computes what is waiting up to what the decodes leave of the budget, and a
+    first token alone took ceil(its prompt / budget) steps."""
     d0, d1 = cr.start + cr.ttft, cr.start + cr.e2e
     ts = np.linspace(0.0, float(d1.max()), points + 1)
     mid, dt = (ts[:-1] + ts[1:]) / 2, np.diff(ts)
@@ -83,21 +112,33 @@ def timeline(cr: CellRequests, theta: np.ndarray, points: int = 400) -> tuple[np
     pre = (mid[None, :] >= cr.start[:, None]) & (mid[None, :] < d0[:, None])
     frac = np.clip((mid[None, :] - d0[:, None]) / np.maximum(d1 - d0, 1e-9)[:, None], 0.0, 1.0)
     ctx = (cr.ptok[:, None] + 1 + (cr.out[:, None] - 1) * frac) * dec
-    cols = [np.ones(points), dec.sum(0), ctx.sum(0) / 1000, (cr.ptok[:, None] * pre).sum(0) / 1000]
-    if len(theta) > 4:
-        cols.append(dec.sum(0).astype(float) ** 2)
-    F = np.stack(cols, 1)
+    b = dec.sum(0).astype(float)
+
+    def features(P: np.ndarray) -> np.ndarray:
+        return np.stack([np.ones(points), b, ctx.sum(0) / 1000, P] + ([b ** 2] if len(theta) > 4 else []), 1)
+
+    P = (cr.fresh[:, None] * pre).sum(0) / 1000
+    waited = np.ones(len(cr.ptok))
+    if sched.chunked:
+        # a step computes what is waiting, up to what the decodes leave of the budget; a prompt alone (c = 1)
+        # takes ceil(tokens / budget) steps to its first token
+        P = np.minimum(P, np.maximum(sched.budget - sched.per_sequence * b, 0.0) / 1000)
+        waited = np.maximum(np.ceil(cr.fresh / sched.budget), 1.0)
+    F = features(P)
     rate = dt / np.maximum(F @ theta, 1e-9)
     w = dec * rate[None, :]
     with np.errstate(invalid="ignore", divide="ignore"):
         dec_f = (w @ F) / w.sum(1, keepdims=True)
     adm = np.clip(np.searchsorted(ts, cr.start + cr.ttft / 2) - 1, 0, points - 1)
-    return dec_f, (cr.e2e - cr.ttft) / np.maximum(cr.steps, 1), F[adm], cr.ttft
+    adm_f = F[adm]
+    if sched.chunked:   # its prompt's chunks, on average
+        adm_f[:, 3] = np.minimum(adm_f[:, 3], cr.fresh / waited / 1000)
+    return dec_f, (cr.e2e - cr.ttft) / np.maximum(cr.steps, 1), adm_f, cr.ttft / waited
 
 
 def fit_step_model(cells: list[CellRequests], iterations: int = 3, curved: bool = False,
                    first_tokens_upto: int | None = None, support: np.ndarray | None = None,
-                   start: np.ndarray | None = None) -> np.ndarray | None:
+                   start: np.ndarray | None = None, sched: Scheduler = UNCHUNKED) -> np.ndarray | None:
     """theta of T(b, C, P) for one server from its cells (module docstring), or None without cells that
     count their decode steps. Relative least squares: every request's mean decode step and first-token
     step weigh alike whatever their length. `curved` adds t4 b^2 (non-negative: a step that grows
@@ -119,7 +160,7 @@ def fit_step_model(cells: list[CellRequests], iterations: int = 3, curved: bool 
     for _ in range(iterations):
         xs, ys = [], []
         for c in use:
-            dec_f, dec_y, adm_f, adm_y = timeline(c, theta)
+            dec_f, dec_y, adm_f, adm_y = timeline(c, theta, sched=sched)
             ok = timed(c)
             keep = (c.steps > 0) & np.isfinite(dec_f).all(1) & (dec_y > 0) & ok
             xs += [dec_f[keep] / dec_y[keep, None]]
@@ -144,16 +185,21 @@ def fit_step_model(cells: list[CellRequests], iterations: int = 3, curved: bool 
 
 
 def simulate(theta: np.ndarray, c: int, ptok: np.ndarray, out: np.ndarray, steps: np.ndarray,
-             m_dec: np.ndarray | None = None, m_adm: np.ndarray | None = None
-             ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+             m_dec: np.ndarray | None = None, m_adm: np.ndarray | None = None, cached: np.ndarray | None = None,
+             sched: Scheduler = UNCHUNKED) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """A closed loop of c workers over suites (rows x requests, each row in sending order) stepped
     synchronously through T(b, C, P): a request is prefilled in the step that admits it (its first
     token), then takes its decode steps (a request of s steps is done after ceil(s)); each step costs T
     times the mean multiplier of the requests in it. Between two events (an admission, a completion)
     the batch is fixed and its context grows by the same tokens every step, so the steps up to the next
-    completion are summed in closed form. Returns every request's e2e and TTFT and each row's makespan."""
+    completion are summed in closed form. `cached`: each request's prompt tokens the prefix cache serves,
+    which its prefill step does not compute (its context holds them all). `sched`: the engine's token
+    budget a step (Scheduler: a prompt beyond what the decodes leave is prefilled in chunks over several
+    steps, the first token after the last; unchunked, every waiting prompt in one step). Returns every
+    request's e2e and TTFT and each row's makespan."""
     ptok, out, steps = (np.atleast_2d(np.asarray(x, float)) for x in (ptok, out, steps))
     R, n = ptok.shape
+    computed = ptok if cached is None else np.maximum(ptok - np.broadcast_to(np.asarray(cached, float), (R, n)), 0.0)
     m_dec = np.ones((R, n)) if m_dec is None else np.atleast_2d(m_dec)
     m_adm = np.ones((R, n)) if m_adm is None else np.atleast_2d(m_adm)
     with np.errstate(invalid="ignore", divide="ignore"):
@@ -162,7 +208,8 @@ def simulate(theta: np.ndarray, c: int, ptok: np.ndarray, out: np.ndarray, steps
     rows = np.arange(R)[:, None]
     rr = np.broadcast_to(rows, (R, w))
     slot = np.tile(np.arange(w), (R, 1))
-    fresh = np.ones((R, w), bool)
+    waiting = np.ones((R, w), bool)
+    pre_left = computed[:, :w].copy()     # a waiting request's prompt tokens still to compute
     left = steps[:, :w].copy()
     gen = np.zeros((R, w))
     nxt = np.full(R, w)
@@ -174,25 +221,37 @@ def simulate(theta: np.ndarray, c: int, ptok: np.ndarray, out: np.ndarray, steps
         if not live.any():
             break
         idx = np.where(active, slot, 0)
-        dec, pre = active & ~fresh, active & fresh
+        dec, pre = active & ~waiting, active & waiting
         p = ptok[rows, idx]
         g = np.where(dec, per_step[rows, idx], 0.0)
-        # a row admitting requests takes one (prefill) step; the others every step up to the next completion
+        b = dec.sum(1)
+        # the waiting prompts' chunks, first come first served, in what the decodes leave of the budget
+        chunk = np.where(pre, pre_left, 0.0)
+        if sched.chunked:
+            avail = np.maximum(sched.budget - sched.per_sequence * b, 0.0)
+            order = np.argsort(np.where(pre, idx, n), axis=1, kind="stable")
+            ahead = np.take_along_axis(chunk, order, 1)
+            got = np.clip(avail[:, None] - (np.cumsum(ahead, 1) - ahead), 0.0, ahead)
+            chunk = np.zeros_like(chunk)
+            np.put_along_axis(chunk, order, got, 1)
+        fin = pre & (chunk >= pre_left - 1e-9)
+        # a row with a prompt waiting takes one step; the others every step up to the next completion
         k = np.where(pre.any(1), 1.0, np.ceil(np.where(dec, left, np.inf).min(1) - 1e-9))
         k = np.where(live & np.isfinite(k), np.maximum(k, 1.0), 0.0)
-        b = dec.sum(1)
         C0 = ((p + 1 + gen) * dec).sum(1) / 1000
-        P = (p * pre).sum(1) / 1000
-        mult = (np.where(dec, m_dec[rows, idx], 0.0) + np.where(pre, m_adm[rows, idx], 0.0)).sum(1) / np.maximum(
-            active.sum(1), 1)
+        P = chunk.sum(1) / 1000
+        part = pre & ((chunk > 0) | fin)
+        mult = (np.where(dec, m_dec[rows, idx], 0.0) + np.where(part, m_adm[rows, idx], 0.0)).sum(1) / np.maximum(
+            (dec | part).sum(1), 1)
         cost = (k * step_cost(theta, b, C0, P) + theta[2] * g.sum(1) / 1000 * k * (k - 1) / 2) * mult
         t = t + cost
-        ttft[rr[pre], idx[pre]] = (t[:, None] - start[rows, idx])[pre]
+        ttft[rr[fin], idx[fin]] = (t[:, None] - start[rows, idx])[fin]
         kk = k[:, None]
         gen = np.where(dec, gen + kk * g, gen)
         left = np.where(dec, left - kk, left)
-        fresh[:] = False
-        done = active & (left <= 1e-9)
+        pre_left = np.where(pre, pre_left - chunk, pre_left)
+        waiting &= ~fin
+        done = active & ~waiting & (left <= 1e-9)
         if done.any():
             end[rr[done], idx[done]] = np.broadcast_to(t[:, None], done.shape)[done]
             new = nxt[:, None] + np.cumsum(done, 1) - 1
@@ -202,7 +261,8 @@ def simulate(theta: np.ndarray, c: int, ptok: np.ndarray, out: np.ndarray, steps
             start[rr[ok], nidx[ok]] = np.broadcast_to(t[:, None], ok.shape)[ok]
             left = np.where(ok, steps[rows, nidx], left)
             gen = np.where(ok, 0.0, gen)
-            fresh = ok.copy()
+            pre_left = np.where(ok, computed[rows, nidx], pre_left)
+            waiting = np.where(done, ok, waiting)
             nxt = np.minimum(nxt + done.sum(1), n)
     return end - start, ttft, end.max(1)
 
@@ -210,7 +270,7 @@ def simulate(theta: np.ndarray, c: int, ptok: np.ndarray, out: np.ndarray, steps
 def calibrate(theta: np.ndarray, cr: CellRequests) -> None:
     """Each request's multipliers: its measured decode time and first-token time over the step model's
     replay of its own cell (its suite, in its order, at its concurrency)."""
-    e2e, ttft, _ = simulate(theta, cr.concurrency, cr.ptok, cr.out, cr.steps)
+    e2e, ttft, _ = simulate(theta, cr.concurrency, cr.ptok, cr.out, cr.steps, cached=cr.cached)
     with np.errstate(invalid="ignore", divide="ignore"):
         m_dec = (cr.e2e - cr.ttft) / (e2e[0] - ttft[0])
         m_adm = cr.ttft / ttft[0]
@@ -250,7 +310,7 @@ def model_residuals(reqs: dict, m: Measurements, thetas: dict, server: str, base
                 cr = reqs[(x, u, c, r)]
                 if cr.steps is None or not cr.closed:
                     break
-                e2e, ttft, _ = simulate(thetas[x], c, cr.ptok, cr.out, cr.steps)
+                e2e, ttft, _ = simulate(thetas[x], c, cr.ptok, cr.out, cr.steps, cached=cr.cached)
                 key = (x, u, c, r)
                 got[x] = (float(figures(metric, c, cr.out[None, :], e2e, ttft, m.settings.slo)[0]),
                           m.arrays[key].point(metric, m.cells[key]))
