@@ -10,6 +10,7 @@ rule stepcost:
         requests=lambda wildcards: configured_cells("requests.parquet")
         + map_cells("requests.parquet"),
         launches=lambda wildcards: launches_through(DESIGN.max),
+        traffic="results/prompts/traffic.json",
     output:
         stepcost="results/stepcost/stepcost.json",
         provenance=prov("results/stepcost/stepcost.json"),
@@ -27,4 +28,5 @@ rule stepcost:
         "python -m specmatch stepcost --baseline {params.baseline} --settings {params.settings:q}"
         " --servers {params.servers:q} --cells {input.cells} --requests {input.requests}"
         " --launches {input.launches} --suites {params.suites} --step-cost {params.step_cost:q}"
+        " --traffic {input.traffic}"
         " --out {output.stepcost} > {log} 2>&1"

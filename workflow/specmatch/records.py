@@ -1420,6 +1420,10 @@ class StepCostMap(Record):
     # server -> {"budget": tokens a step (None: a prompt prefilled in one step), "per_sequence": tokens a decoding
     # sequence takes (1 + k), "source": where the budget comes from}: how the fit and the replay schedule a step
     steps: dict = field(default_factory=dict)
+    # every traffic profile's speedup predicted from the map on the grid (`suite`: the profile's name; `measured`:
+    # its verifying suite's cells where they measured the concurrency, shown beside it, checked in traffic.json)
+    profiles: list[StepCostPrediction] = field(default_factory=list)
+    profiles_skipped: dict = field(default_factory=dict)   # profile -> why the map does not predict it
 
 
 @dataclass

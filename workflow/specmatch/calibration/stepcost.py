@@ -29,7 +29,7 @@ from .. import metrics
 from .des import serve
 from .grid import BASE
 from .pool import run_tasks
-from .traffic import TRAFFIC_STRATA, resent_cached, traffic_cells, traffic_prompts
+from .traffic import PROFILES, TRAFFIC_STRATA, resent_cached, traffic_cells, traffic_profiles, traffic_prompts
 from ..deciding.explaining.stepcost import build_map, requests_of
 from ..deciding.explaining.stepcost.predict import REQUESTS_PER_WORKER
 from ..deciding.explaining.traffic.step_model import Scheduler, figures
@@ -92,6 +92,60 @@ def experiment(a: tuple) -> dict:
             "check": preds[CHECK].agrees, "tau_moves": rec.tau_moves, "holds": rec.holds}
 
 
+def profile_truth(rho: str, mix: dict, size: int, c: int, seed: int, suites: int = 200,
+                  metric: str = "output_throughput") -> float:
+    """The true log speedup at c of a traffic profile: suites of `size` prompts whose every prompt's stratum
+    is drawn with the mix's shares (fresh prompts), sent in whole passes as a cell and the map's prediction
+    send them, served without run-to-run noise, the mean over `suites`."""
+    rng = np.random.default_rng(seed)
+    names = [s_ for s_, w in mix.items() if w > 0]
+    p = np.array([mix[s_] for s_ in names], float)
+    p /= p.sum()
+    total = size * passes_for(size, 1, REQUESTS_PER_WORKER, c)
+    tok, match = np.zeros((suites, total)), np.zeros((suites, total, 32), bool)
+    for j in range(suites):
+        counts = dict(zip(names, rng.multinomial(size, p)))
+        _, t, _, mt = traffic_prompts(rng, TRAFFIC_STRATA, {k: v for k, v in counts.items() if v}, 24)
+        order = np.arange(total) % size
+        tok[j], match[j] = t[order], mt[order]
+    ot = np.full((suites, total), 24)
+    spec = replace(BASE, k=3, rho=RHOS[rho])
+    b, x = serve(BASE, c, tok, ot, rng, match=match), serve(spec, c, tok, ot, rng, match=match)
+    return float(np.mean(metrics.log_speedup(metric, figures(metric, c, ot, x.e2e, x.ttft, {}),
+                                             figures(metric, c, ot, b.e2e, b.ttft, {}))))
+
+
+def profile_experiment(a: tuple) -> dict:
+    """One experiment of a traffic profile predicted from the map: basis and generic suites measured at
+    MEASURED (CHECK held out), the profile's predictions at PREDICTED."""
+    seed, rho, name = a
+    cells = traffic_cells(seed, {"basis": COUNTS, "generic": {"generic": 4}}, MEASURED, rho=RHOS[rho],
+                          min_requests_per_worker=REQUESTS_PER_WORKER)
+    s = Settings(bootstrap=200)
+    m = Measurements.of(cells, s)
+    rec = build_map(m, requests_of(m), "spec", "base", "basis", ["basis", "generic"], list(MEASURED), [CHECK], 64,
+                    "sim", s, profiles=traffic_profiles({name: PROFILES[name]}))
+    preds = {p.concurrency: p for p in rec.profiles if p.metric == "output_throughput"}
+    return {c: (preds[c].predicted.value, preds[c].predicted.lo, preds[c].predicted.hi) for c in PREDICTED if c in preds}
+
+
+def profile_coverage(experiments: int, rho: str = "flat", name: str = "generic_heavy", seed: int = 7000,
+                     truth_suites: int = 200) -> dict:
+    """Coverage, mean log width and bias of a traffic profile's predictions from the map at PREDICTED."""
+    size = sum(COUNTS.values())
+    t = {c: profile_truth(rho, PROFILES[name], size, c, seed - 1, truth_suites) for c in PREDICTED}
+    got = list(run_tasks([(profile_experiment, (seed + e, rho, name)) for e in range(experiments)]))
+    out = {}
+    for c in PREDICTED:
+        rows = [g[c] for g in got if c in g and g[c][1] and g[c][2]]
+        inside = [math.log(lo) <= t[c] <= math.log(hi) for _, lo, hi in rows]
+        p = float(np.mean(inside))
+        out[c] = {"coverage": p, "mc_se": math.sqrt(max(p * (1 - p), 1e-12) / len(rows)), "n": len(rows),
+                  "width": float(np.mean([math.log(hi / lo) for _, lo, hi in rows])),
+                  "bias": float(np.mean([math.log(v) for v, _, _ in rows]) - t[c]), "truth": t[c]}
+    return out
+
+
 def coverage(experiments: int, rho: str = "flat", seed: int = 5000, truth_suites: int = 200,
              measured: tuple = MEASURED, world: str = "plain") -> dict:
     """Coverage, mean log width and bias of rho at BATCHES and of the predictions at PREDICTED, and the
@@ -135,10 +189,16 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--experiments", type=int, default=200)
     p.add_argument("--rho", choices=sorted(RHOS), default="flat")
     p.add_argument("--world", choices=sorted(WORLDS), default="plain")
+    p.add_argument("--profile", choices=sorted(PROFILES), help="a traffic profile's predictions from the map instead")
     p.add_argument("--measured", default=",".join(map(str, MEASURED)),
                    help=f"the map's cells (the check, c={CHECK}, among them), e.g. 1,4,8,16 as the default measures")
     a = p.parse_args(argv)
     measured = tuple(int(x) for x in a.measured.split(","))
+    if a.profile:
+        for c, v in profile_coverage(a.experiments, a.rho, a.profile).items():
+            print(f"{a.profile} c={c:<4} coverage {v['coverage']:.3f} ± {v['mc_se']:.3f} (n={v['n']})  width "
+                  f"{v['width']:.3f}  bias {v['bias']:+.4f}  truth {v['truth']:.4f}")
+        return 0
     got = coverage(a.experiments, a.rho, measured=measured, world=a.world)
     print(f"{a.experiments} experiments, rho {a.rho}, world {a.world}, map at c={[c for c in measured if c != CHECK]}, check at "
           f"c={CHECK}, 90% intervals, 2 repeats")

@@ -4,7 +4,8 @@ predicted on a concurrency grid up to the largest batch, checked against the cel
 (specmatch.deciding.explaining.stepcost).
 
     python -m specmatch stepcost --baseline B --settings JSON --servers JSON --cells c*.json
-        --requests c*.requests.parquet --launches launch.json... --step-cost JSON --out stepcost.json
+        --requests c*.requests.parquet --launches launch.json... --step-cost JSON [--traffic traffic.json]
+        --out stepcost.json
 """
 from __future__ import annotations
 
@@ -20,9 +21,9 @@ from .explaining.traffic.step_model import Scheduler
 from .reading.measurements import Settings
 from .. import steps
 from ..config import TRAFFIC_PREFIX
-from ..files import write_json
+from ..files import read_json, write_json
 from ..provenance import Recorder
-from ..records import StepCosts
+from ..records import StepCosts, TrafficProfiles
 from ..serving.controls import is_control
 from ..serving.engines import get_engine
 
@@ -30,6 +31,8 @@ from ..serving.engines import get_engine
 def arguments(p: argparse.ArgumentParser) -> None:
     inputs.analysis_arguments(p)
     p.add_argument("--step-cost", default="{}", help="config `step_cost` as JSON (fit, check, suite)")
+    p.add_argument("--traffic", type=Path, help="results/prompts/traffic.json: the traffic profiles, each predicted "
+                                                "from the map on its grid too")
     p.add_argument("--out", required=True, type=Path)
 
 
@@ -57,9 +60,10 @@ def schedulers(configs: dict, servers: list[str]) -> tuple[dict, dict]:
 
 def execute(a: argparse.Namespace) -> int:
     settings, configs, cfg = Settings.of(json.loads(a.settings)), json.loads(a.servers), json.loads(a.step_cost)
-    rec = Recorder("stepcost", a.cells + a.requests + a.launches,
+    rec = Recorder("stepcost", a.cells + a.requests + a.launches + ([a.traffic] if a.traffic else []),
                    {"baseline": a.baseline, "summary": settings.__dict__, "step_cost": cfg})
     m = inputs.load(a.cells, a.requests, settings)
+    profiles = TrafficProfiles.from_json(read_json(a.traffic)) if a.traffic else None
     infos = inputs.server_infos(a.launches, configs)
     reqs = requests_of(m)
     suites = [u for u in dict.fromkeys(k[1] for k in m.cells) if not u.startswith(TRAFFIC_PREFIX)]
@@ -76,7 +80,7 @@ def execute(a: argparse.Namespace) -> int:
         mb = infos[x].max_batch if x in infos else 0
         scheds, sources = schedulers(configs, [x, a.baseline])
         got = build_map(m, reqs, x, a.baseline, suite, suites, fit, list(cfg.get("check", [])), mb, forced(c),
-                        settings, scheds, sources)
+                        settings, scheds, sources, profiles)
         if got is None:
             out.skipped[x] = "no closed-loop cell with per-request decode steps for it or the baseline"
         else:

@@ -111,10 +111,47 @@ def lines(sc: StepCosts | None) -> list[str]:
         out += ["", "Intervals: the prompt sample, the map's error at that batch and the acceptance's run to run; "
                 "measured / predicted: the cells' run to run and the map's error (the prompts are the same). "
                 "(fitted): the map was fitted on these cells; (check): measured only to check the map."]
+        out += _profile_lines(mp)
         out.append("")
     for x, why in sc.skipped.items():
         out += [f"`{x}`: no step-cost map: {why}.", ""]
     return out
+
+
+def _profile_lines(mp: StepCostMap) -> list[str]:
+    """Every traffic profile on the map's grid: one row per profile, a column per concurrency."""
+    if not (mp.profiles or mp.profiles_skipped):
+        return []
+    out = []
+    if mp.profiles:
+        cs = sorted({p.concurrency for p in mp.profiles})
+        by = {(p.suite, p.concurrency, p.metric): p for p in mp.profiles}
+        names = list(dict.fromkeys(p.suite for p in mp.profiles))
+        out += ["", f"**Your traffic at every load, from the map** (throughput, predicted; {WORD_OF_HOLDS[mp.holds]}):",
+                "", "| profile |" + "".join(f" c={c}{'*' if mp.max_batch and c > max(mp.fit) else ''} |" for c in cs),
+                "|---|" + "---|" * len(cs)]
+        for name in names:
+            cells = []
+            for c in cs:
+                p = by.get((name, c, "output_throughput"))
+                if p is None:
+                    cells.append("—")
+                    continue
+                meas = f"; measured {p.measured:.2f}x" if p.measured is not None else ""
+                cells.append(f"{_iv(p.predicted)} {WORD[p.decision]}{meas}")
+            out.append(f"| `{name}` |" + "".join(f" {x} |" for x in cells))
+        out += ["", "Each profile's suite is drawn stratum by stratum in its shares from the strata's measured prompts "
+                "(the basis suite's sources and the file suites, never a verifying suite's) and replayed through the "
+                "map at each load; intervals: the strata's prompt sample, the map's error and the acceptance's run to "
+                "run. measured: the profile's verifying suite where it was measured (its check against the "
+                "prediction of the cells' own step model is in \"Your traffic\"). * beyond the fitted batches."]
+    for name, why in mp.profiles_skipped.items():
+        out += ["", f"`{name}`: not predicted from the map: {why}."]
+    return out
+
+
+WORD_OF_HOLDS = {True: "the map holds at its check", False: "the map misses: read these as the model's, not as "
+                 "evidence", None: "the map is unchecked: read these as the model's, not as evidence"}
 
 
 def plot(sc: StepCosts | None, out: Path) -> list[Path]:

@@ -8,10 +8,12 @@ moves with load; rho moves with the batch and the context and hardly with the co
 
 **The map** (map.py). Each server's step is T(b, C, P) = t0 + t1 b + t2 C + t3 P seconds (plus
 t4 b^2 for the speculative server, whose step verifies k + 1 tokens a sequence) for b decoding
-sequences holding C thousand tokens of context with P thousand prompt tokens waiting for a first
-token (traffic.step_model.fit_step_model: every request's own decode steps and times, the batch it
-shared read from its cell's timeline, and the first tokens at c = 1, a prefill with no queue), iterated
-to its fixed point. The map's cells are the verdict cells plus short cells at more concurrencies
+sequences holding C thousand tokens of context with P thousand prompt tokens computed for requests
+waiting for a first token (traffic.step_model.fit_step_model: every request's own decode steps and
+times, the batch it shared read from its cell's timeline, and the first tokens at c = 1, a prefill with
+no queue), iterated to its fixed point. A step schedules as the engine does (traffic.step_model.Scheduler,
+from Engine.step_budget): at most its token budget, the decodes first, the waiting prompts in chunks
+after them; a prompt's tokens that the prefix cache served are not computed. The map's cells are the verdict cells plus short cells at more concurrencies
 (config `step_cost`), in the same fresh server sessions; some concurrencies are held out of the fit,
 measured only to check it. rho(b, L) = T_spec(b, bL, 0) / T_base(b, bL, 0) at L tokens of context per
 sequence. Its error: the session share of both servers' log-TPOT run to run (noise.run_to_run; a greedy
@@ -36,6 +38,10 @@ cells measured c: measured / predicted with its interval (run to run of the meas
 map's error; the prompts are the same and cancel). The map holds when the concurrencies held out of the
 fit agree (Bonferroni over them); only then do its predictions within the fitted batches decide the
 recommendation's concurrencies the verdict grid lacks.
+
+**Traffic profiles** (predict.predict_profile). Each profile's suite drawn stratum by stratum in its
+shares from the strata's measured prompts (the basis suite's sources and the file suites), replayed
+through the map at every load of the grid: "your traffic" where no cell was measured.
 
 **Break-even acceptance.** At batch b speculation pays in TPOT when tau > rho(b, L): the map at the
 suite's median context is the acceptance a drafter must reach there, set beside every source's

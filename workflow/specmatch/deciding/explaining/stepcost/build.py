@@ -9,7 +9,8 @@ from ...reading.measurements import Measurements, Settings
 from ..attribution import acceptance_run_to_run
 from ..traffic.step_model import cell_requests
 from .map import fit_map, rho_points, tau_slope
-from .predict import as_prediction, check_rows, grid, map_holds, predict_suite, stratum_taus, suite_prompts
+from .predict import (as_prediction, check_rows, grid, map_holds, measured_log_speedup, predict_profile, predict_suite,
+                      strata_prompts, stratum_taus, suite_prompts)
 from ....records import StepCostMap
 
 METRICS = ("output_throughput", "tpot")
@@ -32,11 +33,12 @@ def contexts(reqs: dict, server: str, suite: str) -> tuple[int, list[int]]:
 
 def build_map(m: Measurements, reqs: dict, server: str, baseline: str, suite: str, suites: list[str],
               fit: list[int], checks: list[int], max_batch: int, forced: str, s: Settings,
-              scheds: dict | None = None, sources: dict | None = None) -> StepCostMap | None:
+              scheds: dict | None = None, sources: dict | None = None, profiles=None) -> StepCostMap | None:
     """The map of `server` against the baseline (None where either has no cell to fit it on): fitted on
     every given suite's cells at the `fit` concurrencies, checked at `checks`, predicted for every
     measured suite on the grid up to `max_batch`. `scheds`: each server's Scheduler (its tokens per step), `sources`: where each
-    budget comes from."""
+    budget comes from; `profiles` (records.TrafficProfiles): every profile predicted from the map on the grid
+    too, from its strata's prompts in the basis suite and the file suites."""
     L, Ls = contexts(reqs, server, suite)
     sm = fit_map(reqs, m, server, baseline, suite, suites, [c for c in fit if c not in checks], L, scheds)
     if sm is None:
@@ -75,6 +77,8 @@ def build_map(m: Measurements, reqs: dict, server: str, baseline: str, suite: st
                     if got_diff is not None:
                         (checks_ if role == "check" else fitted).append(got_diff)
                 rec.predictions.append(p)
+    if profiles is not None and profiles.profiles:
+        _profiles(rec, sm, m, reqs, profiles, cs, acc, s)
     # the map is judged where a concurrency was measured only to check it (a test it was not fitted to,
     # its own family) and, so that a map that cannot follow its own cells is no better, at every measured
     # concurrency together (a second family: each alone errs in at most 1 - confidence of runs)
@@ -82,3 +86,31 @@ def build_map(m: Measurements, reqs: dict, server: str, baseline: str, suite: st
         rec.holds = bool(map_holds(checks_, s.confidence) and map_holds(checks_ + fitted, s.confidence) is not False)
         rec.comparisons = len(checks_)
     return rec
+
+
+def _profiles(rec: StepCostMap, sm, m: Measurements, reqs: dict, profiles, cs: list[int], acc: tuple,
+              s: Settings) -> None:
+    """Every traffic profile on the grid from the map (predict.predict_profile): its strata's prompts from
+    the basis suite and the file suites (never a verifying suite's), with its verifying suite's measured
+    speedup beside it where the cells measured the concurrency."""
+    sources = [u for u in ([profiles.basis] if profiles.basis else []) + list(profiles.files)]
+    strata = strata_prompts(reqs, sm.server, sm.baseline, sources, tuple(profiles.files))
+    basis = suite_prompts(reqs, sm.server, sm.baseline, profiles.basis) if profiles.basis else None
+    size = len(basis["prompts"]) if basis else max((len(d["prompts"]) for d in strata.values()), default=0)
+    for prof in profiles.profiles:
+        missing = [st for st, w in prof.mix.items() if w > 0 and (st not in strata or len(strata[st]["prompts"]) < 2)]
+        if missing:
+            rec.profiles_skipped[prof.name] = (f"{', '.join(missing)}: fewer than 2 prompts measured by both servers "
+                                               "in the basis suite and the file suites")
+            continue
+        for c in cs:
+            got = predict_profile(sm, strata, prof.mix, size, c, list(METRICS), s, acc, prof.name)
+            if got is None:
+                continue
+            for mt, (est, var) in got.items():
+                p = as_prediction(prof.name, c, mt, est, var, s, "predicted", sm.extrapolated(c), sm.measured_noise)
+                if prof.suite:
+                    meas = measured_log_speedup(m, sm.server, sm.baseline, prof.suite, c, mt)
+                    if meas is not None:
+                        p.measured = float(np.exp(meas[0]))
+                rec.profiles.append(p)

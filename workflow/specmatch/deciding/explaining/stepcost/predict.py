@@ -100,6 +100,104 @@ def predict_suite(sm: StepMap, data: dict, suite: str, c: int, metric_names: lis
     return res
 
 
+def strata_prompts(reqs: dict, server: str, baseline: str, suites: list[str], files: tuple = ()) -> dict[str, dict]:
+    """Each stratum's prompts (a training source of the basis suite; a file suite, among `files`, is one
+    stratum by its name whatever its prompts' sources, as traffic profiles name it) with their data as
+    suite_prompts gives a suite's, from the given suites."""
+    out: dict = {}
+    for u in suites:
+        data = suite_prompts(reqs, server, baseline, u)
+        if data is None:
+            continue
+        of: dict = {}
+        for k, cr in reqs.items():
+            if k[1] == u and k[0] == server:
+                for p, st in zip(cr.prompts, cr.strata):
+                    of.setdefault(p, u if u in files else st)
+        for st in sorted({of.get(p, u) for p in data["prompts"]}):
+            keep = np.array([of.get(p, u) == st for p in data["prompts"]])
+            got = out.setdefault(st, {"prompts": [], "ptok": [], "out": [], "steps": {server: [], baseline: []},
+                                      "cached": {server: [], baseline: []}})
+            got["prompts"] += [p for p, k in zip(data["prompts"], keep) if k]
+            for f in ("ptok", "out"):
+                got[f].append(data[f][keep])
+            for f in ("steps", "cached"):
+                for x in (server, baseline):
+                    got[f][x].append(data[f][x][keep])
+    for got in out.values():
+        for f in ("ptok", "out"):
+            got[f] = np.concatenate(got[f])
+        for f in ("steps", "cached"):
+            got[f] = {x: np.concatenate(v) for x, v in got[f].items()}
+    return out
+
+
+PROFILE_ROWS = 64        # compositions of the mix from the measured prompts: the point estimate
+PROFILE_RESAMPLES = 40   # resamples of every stratum's prompts (the prompt sample's part) ...
+PROFILE_DRAWS = 4        # ... each read through this many compositions
+
+
+def predict_profile(sm: StepMap, strata: dict, mix: dict, size_of: int, c: int, metric_names: list[str],
+                    s: Settings, acceptance: tuple, name: str) -> dict[str, tuple[float, VarianceSum]] | None:
+    """A traffic profile's predicted log speedup at c from the map, for every metric, with its variance;
+    None where a stratum of the mix has fewer than two prompts measured by both servers. A predicted cell
+    sends whole passes over a suite of `size_of` prompts (the basis suite's size) whose every slot's stratum
+    is drawn with the mix's shares and its prompt from that stratum's measured prompts (the same draws at
+    every concurrency); the point estimate is the mean over PROFILE_ROWS such suites. The prompt sample:
+    every stratum's prompts resampled, each resample read through PROFILE_DRAWS suites, the variance of
+    the resamples' means (the draws' own spread is left in: the part errs wide by it) with the smallest
+    stratum's n - 1 dof; the map's error at c and the acceptance's run to run as for a suite."""
+    names = [st for st, w in mix.items() if w > 0]
+    if not names or any(st not in strata or len(strata[st]["prompts"]) < 2 for st in names):
+        return None
+    size = size_of * passes_for(size_of, 1, REQUESTS_PER_WORKER, c)
+    rng = s.rng("stepcost-profile", sm.server, name)
+    total = PROFILE_ROWS + PROFILE_RESAMPLES * PROFILE_DRAWS
+    big = size_of * passes_for(size_of, 1, REQUESTS_PER_WORKER, max(c, 256))
+    u, v = rng.random((total, big))[:, :size], rng.random((total, big))[:, :size]
+    cum = np.cumsum([mix[st] for st in names])
+    which = np.minimum(np.searchsorted(cum / cum[-1], u, side="right"), len(names) - 1)
+    counts = [len(strata[st]["prompts"]) for st in names]
+    # each resample's prompts of each stratum (row 0 .. PROFILE_ROWS - 1: the measured prompts themselves)
+    res = [rng.integers(0, n, (PROFILE_RESAMPLES, n)) for n in counts]
+    rows = {}
+    for x in (sm.server, sm.baseline):
+        cols = {f: np.zeros((total, size)) for f in ("ptok", "out", "steps", "cached")}
+        for j, st in enumerate(names):
+            d, n = strata[st], counts[j]
+            pick = np.floor(v * n).astype(int)
+            rep = np.arange(total) >= PROFILE_ROWS
+            r_of = np.where(rep, (np.arange(total) - PROFILE_ROWS) // PROFILE_DRAWS, 0)
+            pick = np.where(rep[:, None], res[j][r_of[:, None], pick], pick)
+            m = which == j
+            again = (np.arange(size) >= size_of)[None, :].repeat(total, 0)
+            vals = {"ptok": d["ptok"][pick], "out": d["out"][pick], "steps": d["steps"][x][pick],
+                    "cached": d["cached"][x][pick, again.astype(int)]}
+            for f in cols:
+                cols[f][m] = vals[f][m]
+        e2e, ttft, _ = simulate(sm.theta[x], c, cols["ptok"], cols["out"], cols["steps"],
+                                m_adm=np.full((total, size), sm.models[x].admission_at(c)), cached=cols["cached"],
+                                sched=sm.models[x].sched)
+        rows[x] = {mt: figures(mt, c, cols["out"], e2e, ttft, s.slo) for mt in metric_names}
+    acc_var, acc_dof = acceptance
+    ctx = float(np.mean([np.median(strata[st]["ptok"] + strata[st]["out"] / 2) for st in names]))
+    map_error = sm.error(c, ctx)
+    out = {}
+    for mt in metric_names:
+        ls = np.asarray(log_speedup(mt, rows[sm.server][mt], rows[sm.baseline][mt]), float)
+        point = float(np.nanmean(ls[:PROFILE_ROWS]))
+        per = np.nanmean(ls[PROFILE_ROWS:].reshape(PROFILE_RESAMPLES, PROFILE_DRAWS), 1)
+        var = VarianceSum()
+        per = per[np.isfinite(per)]
+        if per.size > 2:
+            var.add(("prompts", name, c), float(per.var(ddof=1)), float(min(counts) - 1))
+        var.plus(map_error)
+        if acc_var:
+            var.add(("acceptance", sm.server), acc_var / max(sm.repeats, 1), acc_dof)
+        out[mt] = (point, var)
+    return out
+
+
 def as_prediction(suite: str, c: int, metric: str, est: float, var: VarianceSum, s: Settings, role: str,
                   extrapolated: bool, run_to_run: bool) -> StepCostPrediction:
     """A prediction's interval and verdict by the verdicts' rule (without a measure of run-to-run variation,
