@@ -13,6 +13,7 @@ import yaml
 from builders import REPO, vllm_installed
 
 from specmatch.calibration import stepcost as cal
+from specmatch.calibration.des import serve
 from specmatch.calibration.traffic import traffic_cells, traffic_profiles
 from specmatch.config import validate
 from specmatch.deciding.analysis import map_predictions
@@ -334,3 +335,40 @@ def test_the_profiles_predictions_cover_the_truth():
     for c, v in got.items():
         assert v["n"] >= 55 and v["coverage"] >= 0.9 - 3 * max(v["mc_se"], 0.04), (c, v)
         assert abs(v["bias"]) < 0.05, (c, v)
+
+
+def test_a_budget_must_be_positive_and_decodes_that_take_it_all_do_not_stall_the_replay():
+    with pytest.raises(ValueError):
+        Scheduler(0, 1)
+    with pytest.raises(ValueError):
+        serve(replace(cal.BASE, budget=0.0), 2, np.array([[100.0, 100.0]]), np.array([[3, 3]]), np.random.default_rng(0))
+    # two long decodes take the whole budget (2 x 4 tokens of 8): the third prompt waits until one ends, and
+    # the replay jumps there instead of stepping one decode step at a time
+    ptok, out = np.array([[10.0, 10.0, 100.0]]), np.array([[20001.0, 20001.0, 2.0]])
+    e2e, ttft, _ = simulate(THETA, 3, ptok, out, out - 1, sched=Scheduler(8, 4))
+    assert np.isfinite(e2e).all() and ttft[0, 2] > ttft[0, 0]
+
+
+def test_a_profiles_predicted_cells_resend_one_drawn_suite_in_whole_passes(monkeypatch):
+    """Each predicted cell sends whole passes over one suite of the basis suite's size (as a cell and the
+    truth do), so a later pass resends the first pass's prompts (and may hit the cache)."""
+    from specmatch.deciding.explaining.stepcost import predict
+
+    seen = []
+    real = predict.simulate
+
+    def spy(theta, c, ptok, out, steps, **kw):
+        seen.append((c, np.array(ptok)))
+        return real(theta, c, ptok, out, steps, **kw)
+
+    monkeypatch.setattr(predict, "simulate", spy)
+    cells = traffic_cells(3, {"basis": cal.COUNTS, "generic": {"generic": 4}}, (1, 4, 16), rho=lambda b: 1.4,
+                          min_requests_per_worker=cal.REQUESTS_PER_WORKER)
+    s = Settings(bootstrap=50)
+    m = Measurements.of(cells, s)
+    build_map(m, requests_of(m), "spec", "base", "basis", ["basis", "generic"], [1, 4, 16], [4], 16, "sim", s,
+              profiles=traffic_profiles({"generic_heavy": {"agent": 0.18, "code": 0.3, "chat": 0.12, "generic": 0.4}}))
+    n = sum(cal.COUNTS.values())
+    total = predict.PROFILE_ROWS + predict.PROFILE_RESAMPLES * predict.PROFILE_DRAWS
+    rows = [p for c, p in seen if p.shape[0] == total and p.shape[1] >= 2 * n]   # the profile's
+    assert rows and all((p[:, :n] == p[:, n:2 * n]).all() for p in rows)

@@ -1418,7 +1418,8 @@ class StepCostMap(Record):
     max_batch: int = 0
     note: Optional[str] = None
     # server -> {"budget": tokens a step (None: a prompt prefilled in one step), "per_sequence": tokens a decoding
-    # sequence takes (1 + k), "source": where the budget comes from}: how the fit and the replay schedule a step
+    # sequence takes (1 + k), "source": where the budget comes from, "cache_served": the share of the fitted cells'
+    # prompt tokens its prefix cache served (None: not reported)}: how the fit and the replay schedule a step
     steps: dict = field(default_factory=dict)
     # every traffic profile's speedup predicted from the map on the grid (`suite`: the profile's name; `measured`:
     # its verifying suite's cells where they measured the concurrency, shown beside it, checked in traffic.json)

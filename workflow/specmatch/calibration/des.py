@@ -26,8 +26,10 @@ fixed size: a request's time is the engine steps it shares with whatever else is
 - **Chunked prefill.** With a `budget` (tokens a step, vLLM's max_num_batched_tokens), a step serves
   the decoding sequences first (1 token each, 1 + k while drafting), then the waiting prompts in the
   order they were sent, each taking what is left of the budget; a prompt longer than that is prefilled
-  over several steps and yields its first token at the last (vLLM's V1 scheduler). Without one, every
-  waiting prompt is prefilled in the step that admits it.
+  over several steps and yields its first token at the last (vLLM's V1 scheduler); the step's
+  speculative cost `rho(b)` and its schedule `on(b)` then read b as its decoding sequences (a prompt
+  waiting for its chunks is verified by no step). Without one, every waiting prompt is prefilled in the
+  step that admits it, and b counts it in that step.
 - **Prefix cache.** `cached` (per request) prompt tokens are served from the cache: its prefill
   computes only the rest (a cell's later passes resend its prompts).
 
@@ -139,6 +141,8 @@ def serve(engines: Engine | list[Engine], c: int, prompt_tokens: np.ndarray, out
         engines = [engines] * M
     if len(engines) != M or ot.shape != (M, n) or (ot < 1).any():
         raise ValueError("serve: one engine per cell and output lengths of at least one token")
+    if any(not e.budget > 0 for e in engines):
+        raise ValueError("serve: a step's token budget must be positive")
     al = np.zeros((M, n)) if alpha is None else np.broadcast_to(np.asarray(alpha, float), (M, n))
     par = {f: np.array([getattr(e, f) for e in engines], float)
            for f in ("step_s", "seq_s", "ctx_s", "prefill_s", "jitter", "hiccup_p", "hiccup_s", "speed", "k",
@@ -186,7 +190,9 @@ def serve(engines: Engine | list[Engine], c: int, prompt_tokens: np.ndarray, out
         idx = np.where(active, slot, 0)
         dec = active & ~fresh
         pre = active & fresh
-        b = active.sum(1)
+        # the batch a step's speculative cost and schedule read: its sequences, and under a budget only the
+        # decoding ones (a prompt waiting for its chunks is not verified, and may wait many steps)
+        b = np.where(np.isfinite(par["budget"]), dec.sum(1), active.sum(1))
         drafting = on_t[rows[:, 0], b] > 0
         # the budget: decodes first, then the waiting prompts' chunks in the order they were sent
         room = par["budget"] - np.where(drafting, 1 + par["k"], 1.0) * dec.sum(1)

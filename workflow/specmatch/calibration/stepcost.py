@@ -14,7 +14,8 @@ error), the mean log width and the bias, and how often the held-out check agreed
 schedules as vLLM's V1 engine does: at most 512 tokens a step, the decodes first and the waiting prompts
 in chunks after them, and a prefix cache that serves a cell's later passes their prompts (16-token
 blocks); the map is fitted and replays with the engine's budget (Scheduler), as the stepcost step does
-with the budget each engine states.
+with the budget each engine states. The `long` world: prompts longer than its 256-token budget (2.5
+times the strata's lengths), a prefix cache of 64-token blocks.
 """
 from __future__ import annotations
 
@@ -45,7 +46,11 @@ RHOS = {"flat": lambda b: 1.4,
         "rising": lambda b: 1.25 + 0.03 * (b - 1)}
 BATCHES = (1, 4, 16, 64)
 PREDICTED = (4, 16, 32)
-WORLDS = {"plain": {"budget": float("inf"), "cache_block": 0}, "chunked": {"budget": 512.0, "cache_block": 16}}
+# prompts 2.5 times the strata's lengths (300-1024 tokens), longer than the budget
+LONG = {s_: (acc, (min(med * 2.5, 800), sd)) for s_, (acc, (med, sd)) in TRAFFIC_STRATA.items()}
+WORLDS = {"plain": {"budget": float("inf"), "cache_block": 0, "strata": TRAFFIC_STRATA},
+          "chunked": {"budget": 512.0, "cache_block": 16, "strata": TRAFFIC_STRATA},
+          "long": {"budget": 256.0, "cache_block": 64, "strata": LONG}}
 
 
 def engines(rho: str, world: str):
@@ -63,7 +68,7 @@ def truth(rho: str, c: int, seed: int, suites: int = 200, metric: str = "output_
     size = n * passes_for(n, 1, REQUESTS_PER_WORKER, c)   # whole passes, as a cell and the prediction send
     tok, match = np.zeros((suites, size)), np.zeros((suites, size, 32), bool)
     for j in range(suites):
-        _, t, _, mt = traffic_prompts(rng, TRAFFIC_STRATA, COUNTS, 24)
+        _, t, _, mt = traffic_prompts(rng, WORLDS[world]["strata"], COUNTS, 24)
         order = np.arange(size) % n
         tok[j], match[j] = t[order], mt[order]
     ot = np.full((suites, size), 24)
@@ -80,7 +85,7 @@ def experiment(a: tuple) -> dict:
     seed, rho, measured, world = a
     base, _, scheds = engines(rho, world)
     cells = traffic_cells(seed, {"basis": COUNTS}, measured, rho=RHOS[rho], min_requests_per_worker=REQUESTS_PER_WORKER,
-                          engine=base, cache_block=WORLDS[world]["cache_block"])
+                          engine=base, cache_block=WORLDS[world]["cache_block"], strata=WORLDS[world]["strata"])
     s = Settings(bootstrap=200)
     m = Measurements.of(cells, s)
     rec = build_map(m, requests_of(m), "spec", "base", "basis", ["basis"], list(measured), [CHECK], 64, "sim", s,
@@ -93,7 +98,7 @@ def experiment(a: tuple) -> dict:
 
 
 def profile_truth(rho: str, mix: dict, size: int, c: int, seed: int, suites: int = 200,
-                  metric: str = "output_throughput") -> float:
+                  metric: str = "output_throughput", world: str = "plain") -> float:
     """The true log speedup at c of a traffic profile: suites of `size` prompts whose every prompt's stratum
     is drawn with the mix's shares (fresh prompts), sent in whole passes as a cell and the map's prediction
     send them, served without run-to-run noise, the mean over `suites`."""
@@ -105,12 +110,14 @@ def profile_truth(rho: str, mix: dict, size: int, c: int, seed: int, suites: int
     tok, match = np.zeros((suites, total)), np.zeros((suites, total, 32), bool)
     for j in range(suites):
         counts = dict(zip(names, rng.multinomial(size, p)))
-        _, t, _, mt = traffic_prompts(rng, TRAFFIC_STRATA, {k: v for k, v in counts.items() if v}, 24)
+        _, t, _, mt = traffic_prompts(rng, WORLDS[world]["strata"], {k: v for k, v in counts.items() if v}, 24)
         order = np.arange(total) % size
         tok[j], match[j] = t[order], mt[order]
     ot = np.full((suites, total), 24)
-    spec = replace(BASE, k=3, rho=RHOS[rho])
-    b, x = serve(BASE, c, tok, ot, rng, match=match), serve(spec, c, tok, ot, rng, match=match)
+    base, spec, _ = engines(rho, world)
+    cached = resent_cached(tok, size, WORLDS[world]["cache_block"])
+    b = serve(base, c, tok, ot, rng, match=match, cached=cached)
+    x = serve(spec, c, tok, ot, rng, match=match, cached=cached)
     return float(np.mean(metrics.log_speedup(metric, figures(metric, c, ot, x.e2e, x.ttft, {}),
                                              figures(metric, c, ot, b.e2e, b.ttft, {}))))
 
@@ -118,23 +125,25 @@ def profile_truth(rho: str, mix: dict, size: int, c: int, seed: int, suites: int
 def profile_experiment(a: tuple) -> dict:
     """One experiment of a traffic profile predicted from the map: basis and generic suites measured at
     MEASURED (CHECK held out), the profile's predictions at PREDICTED."""
-    seed, rho, name = a
+    seed, rho, name, world = a
+    base, _, scheds = engines(rho, world)
     cells = traffic_cells(seed, {"basis": COUNTS, "generic": {"generic": 4}}, MEASURED, rho=RHOS[rho],
-                          min_requests_per_worker=REQUESTS_PER_WORKER)
+                          min_requests_per_worker=REQUESTS_PER_WORKER, engine=base,
+                          cache_block=WORLDS[world]["cache_block"], strata=WORLDS[world]["strata"])
     s = Settings(bootstrap=200)
     m = Measurements.of(cells, s)
     rec = build_map(m, requests_of(m), "spec", "base", "basis", ["basis", "generic"], list(MEASURED), [CHECK], 64,
-                    "sim", s, profiles=traffic_profiles({name: PROFILES[name]}))
+                    "sim", s, scheds, profiles=traffic_profiles({name: PROFILES[name]}))
     preds = {p.concurrency: p for p in rec.profiles if p.metric == "output_throughput"}
     return {c: (preds[c].predicted.value, preds[c].predicted.lo, preds[c].predicted.hi) for c in PREDICTED if c in preds}
 
 
 def profile_coverage(experiments: int, rho: str = "flat", name: str = "generic_heavy", seed: int = 7000,
-                     truth_suites: int = 200) -> dict:
+                     truth_suites: int = 200, world: str = "plain") -> dict:
     """Coverage, mean log width and bias of a traffic profile's predictions from the map at PREDICTED."""
     size = sum(COUNTS.values())
-    t = {c: profile_truth(rho, PROFILES[name], size, c, seed - 1, truth_suites) for c in PREDICTED}
-    got = list(run_tasks([(profile_experiment, (seed + e, rho, name)) for e in range(experiments)]))
+    t = {c: profile_truth(rho, PROFILES[name], size, c, seed - 1, truth_suites, world=world) for c in PREDICTED}
+    got = list(run_tasks([(profile_experiment, (seed + e, rho, name, world)) for e in range(experiments)]))
     out = {}
     for c in PREDICTED:
         rows = [g[c] for g in got if c in g and g[c][1] and g[c][2]]
@@ -195,7 +204,7 @@ def main(argv: list[str] | None = None) -> int:
     a = p.parse_args(argv)
     measured = tuple(int(x) for x in a.measured.split(","))
     if a.profile:
-        for c, v in profile_coverage(a.experiments, a.rho, a.profile).items():
+        for c, v in profile_coverage(a.experiments, a.rho, a.profile, world=a.world).items():
             print(f"{a.profile} c={c:<4} coverage {v['coverage']:.3f} ± {v['mc_se']:.3f} (n={v['n']})  width "
                   f"{v['width']:.3f}  bias {v['bias']:+.4f}  truth {v['truth']:.4f}")
         return 0

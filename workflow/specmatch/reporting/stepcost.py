@@ -23,6 +23,19 @@ def _iv(iv, unit: str = "x", digits: int = 2) -> str:
     return f"{core} [{iv.lo:.{digits}f}, {iv.hi:.{digits}f}]"
 
 
+def _steps(mp: StepCostMap) -> str:
+    """How the fit and the replay scheduled each server's steps (StepCostMap.steps)."""
+    parts = []
+    for x, st in mp.steps.items():
+        budget = (f"at most {st['budget']} tokens a step ({st['source']}), prompts in chunks after the decodes"
+                  if st.get("budget") else f"every prompt prefilled in one step ({st.get('source') or 'budget unknown'})")
+        cache = st.get("cache_served")
+        cache = (f"; its prefix cache served {cache:.0%} of the fitted cells' prompt tokens" if cache is not None
+                 else "; its prefix-cache hits were not reported")
+        parts.append(f"`{x}`: {budget}{cache}")
+    return (" Steps replayed as the engine schedules them: " + "; ".join(parts) + ".") if parts else ""
+
+
 METRIC_WORD = {"output_throughput": "throughput", "tpot": "TPOT"}
 
 
@@ -71,7 +84,7 @@ def lines(sc: StepCosts | None) -> list[str]:
         out += [f"### `{mp.server}` against `{mp.baseline}`", ""]
         out.append(f"Fitted on the cells at c={', '.join(map(str, mp.fit))} ({mp.repeats} sessions each), checked at "
                    f"c={', '.join(map(str, mp.checks)) or 'none'} on `{mp.suite}`; acceptance: {mp.forced}. "
-                   + _holds(mp))
+                   + _holds(mp) + _steps(mp))
         out.append("")
         strata = sorted(mp.strata, key=lambda s: -s.tau.value)
         head = "| batch | ρ at " + f"{mp.context} tokens (= break-even τ) |" + "".join(
@@ -128,7 +141,8 @@ def _profile_lines(mp: StepCostMap) -> list[str]:
         by = {(p.suite, p.concurrency, p.metric): p for p in mp.profiles}
         names = list(dict.fromkeys(p.suite for p in mp.profiles))
         out += ["", f"**Your traffic at every load, from the map** (throughput, predicted; {WORD_OF_HOLDS[mp.holds]}):",
-                "", "| profile |" + "".join(f" c={c}{'*' if mp.max_batch and c > max(mp.fit) else ''} |" for c in cs),
+                "", "| profile |" + "".join(f" c={c}{'*' if any(p.extrapolated for p in mp.profiles if p.concurrency == c) else ''} |"
+                                            for c in cs),
                 "|---|" + "---|" * len(cs)]
         for name in names:
             cells = []
@@ -144,7 +158,7 @@ def _profile_lines(mp: StepCostMap) -> list[str]:
                 "(the basis suite's sources and the file suites, never a verifying suite's) and replayed through the "
                 "map at each load; intervals: the strata's prompt sample, the map's error and the acceptance's run to "
                 "run. measured: the profile's verifying suite where it was measured (its check against the "
-                "prediction of the cells' own step model is in \"Your traffic\"). * beyond the fitted batches."]
+                "prediction of the cells' own step model is in \"Your traffic\"). * outside the fitted batches."]
     for name, why in mp.profiles_skipped.items():
         out += ["", f"`{name}`: not predicted from the map: {why}."]
     return out

@@ -88,6 +88,11 @@ class Settings:
         return np.random.default_rng([self.seed, zlib.crc32(repr(key).encode())])
 
 
+def _reported(v: np.ndarray) -> np.ndarray | None:
+    """A per-request count the server may not report: None where no request has it, else 0 where missing."""
+    return None if not v.size or np.isnan(v).all() else np.nan_to_num(v, nan=0.0)
+
+
 # -- one cell's requests, as arrays -----------------------------------------------------------
 @dataclass
 class Arrays:
@@ -146,7 +151,7 @@ class Arrays:
         return cls(keys, out, e2e, ttft, tpot, metrics.good(e2e, ttft, tpot, slo), cell.request_rate in ("inf", None),
                    cell.concurrency, cell.duration or 0.0, prompts, spec, cell.flavor, col("prompt_tokens"), start,
                    sources=sources, decode_steps=decode_steps(out, spec, cell), drain_from=drain,
-                   cached_tokens=np.nan_to_num(col("cached_tokens"), nan=0.0))
+                   cached_tokens=_reported(col("cached_tokens")))
 
     @property
     def workers(self) -> int:

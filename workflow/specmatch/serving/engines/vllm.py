@@ -228,6 +228,8 @@ class VLLMEngine(Engine):
         H100/H200, 16384 from 160 GB), which the config does not say."""
         got = self.arg_value("--max-num-batched-tokens")
         if got is not None:
+            if not got.isdigit() or int(got) <= 0:
+                return None, f"--max-num-batched-tokens {got!r} in its args is not a positive number of tokens"
             return int(got), "--max-num-batched-tokens in its args"
         if int(self.cfg.get("gpus") or 0) == 0 and self.cfg.get("profile", "cpu") == "cpu":
             return 2048, "vLLM's default for its API server on CPUs (vllm/engine/arg_utils.py)"

@@ -49,7 +49,8 @@ def build_map(m: Measurements, reqs: dict, server: str, baseline: str, suite: st
                       {x: [float(t) for t in sm.theta[x]] for x in (server, baseline)}, L, Ls,
                       forced=forced, max_batch=max(cs))
     rec.steps = {x: {"budget": int(md.sched.budget) if md.sched.chunked else None,
-                     "per_sequence": md.sched.per_sequence, "source": (sources or {}).get(x, "")}
+                     "per_sequence": md.sched.per_sequence, "source": (sources or {}).get(x, ""),
+                     "cache_served": _cache_served(reqs, x, suites, sm.fit)}
                  for x, md in sm.models.items()}
     rec.points = rho_points(sm, cs, Ls, s.confidence)
     # the tokens per step a drafter must reach at each batch size for TPOT to gain: rho at the median context
@@ -86,6 +87,16 @@ def build_map(m: Measurements, reqs: dict, server: str, baseline: str, suite: st
         rec.holds = bool(map_holds(checks_, s.confidence) and map_holds(checks_ + fitted, s.confidence) is not False)
         rec.comparisons = len(checks_)
     return rec
+
+
+def _cache_served(reqs: dict, server: str, suites: list[str], fit: list[int]) -> float | None:
+    """The share of the prompt tokens of a server's fitted cells that its prefix cache served (the replay
+    does not prefill them); None where its requests did not report it (replayed as all computed)."""
+    crs = [cr for k, cr in reqs.items() if k[0] == server and k[1] in suites and k[2] in fit]
+    got = [(float(cr.cached.sum()), float(cr.ptok.sum())) for cr in crs if cr.cached is not None]
+    if not got or not sum(p for _, p in got):
+        return None
+    return sum(c for c, _ in got) / sum(p for _, p in got)
 
 
 def _profiles(rec: StepCostMap, sm, m: Measurements, reqs: dict, profiles, cs: list[int], acc: tuple,

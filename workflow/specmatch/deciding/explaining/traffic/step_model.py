@@ -75,6 +75,11 @@ class Scheduler:
     budget: float = float("inf")
     per_sequence: int = 1
 
+    def __post_init__(self):
+        if not self.budget > 0 or self.per_sequence < 1:
+            raise ValueError(f"Scheduler: a budget above 0 and at least one token a sequence, got {self.budget}, "
+                             f"{self.per_sequence}")
+
     @property
     def chunked(self) -> bool:
         return bool(np.isfinite(self.budget))
@@ -235,8 +240,10 @@ def simulate(theta: np.ndarray, c: int, ptok: np.ndarray, out: np.ndarray, steps
             chunk = np.zeros_like(chunk)
             np.put_along_axis(chunk, order, got, 1)
         fin = pre & (chunk >= pre_left - 1e-9)
-        # a row with a prompt waiting takes one step; the others every step up to the next completion
-        k = np.where(pre.any(1), 1.0, np.ceil(np.where(dec, left, np.inf).min(1) - 1e-9))
+        # a row with a prompt getting tokens takes one step; the others (and a row whose decodes leave the
+        # waiting prompts nothing of the budget) every step up to the next completion
+        moving = (pre & ((chunk > 0) | fin)).any(1)
+        k = np.where(moving, 1.0, np.ceil(np.where(dec, left, np.inf).min(1) - 1e-9))
         k = np.where(live & np.isfinite(k), np.maximum(k, 1.0), 0.0)
         C0 = ((p + 1 + gen) * dec).sum(1) / 1000
         P = chunk.sum(1) / 1000
