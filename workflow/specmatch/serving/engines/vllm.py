@@ -232,7 +232,7 @@ class VLLMEngine(Engine):
                 return None, f"--max-num-batched-tokens {got!r} in its args is not a positive number of tokens"
             return int(got), "--max-num-batched-tokens in its args"
         if int(self.cfg.get("gpus") or 0) == 0 and self.cfg.get("profile", "cpu") == "cpu":
-            return 2048, "vLLM's default for its API server on CPUs (vllm/engine/arg_utils.py)"
+            return 2048, "vLLM's default for its API server on CPUs, vllm/engine/arg_utils.py"
         return None, ("vLLM's default on GPUs depends on the device's memory (2048; 8192 on H100/H200; 16384 from "
                       "160 GB): set --max-num-batched-tokens in its args")
 
