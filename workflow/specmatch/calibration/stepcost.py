@@ -60,6 +60,19 @@ def engines(rho: str, world: str):
     return b, replace(b, k=3, rho=RHOS[rho]), {"base": Scheduler(b.budget, 1), "spec": Scheduler(b.budget, 4)}
 
 
+def _served(rho: str, world: str, c: int, tok: np.ndarray, match: np.ndarray, n: int, rng: np.random.Generator,
+            metric: str) -> float:
+    """Suites (rows of whole passes over n prompts) served by both engines of a world without run-to-run noise,
+    read as a cell is: the mean log speedup."""
+    ot = np.full(tok.shape, 24)
+    base, spec, _ = engines(rho, world)
+    cached = resent_cached(tok, n, WORLDS[world]["cache_block"])
+    b = serve(base, c, tok, ot, rng, match=match, cached=cached)
+    x = serve(spec, c, tok, ot, rng, match=match, cached=cached)
+    return float(np.mean(metrics.log_speedup(metric, figures(metric, c, ot, x.e2e, x.ttft, {}),
+                                             figures(metric, c, ot, b.e2e, b.ttft, {}))))
+
+
 def truth(rho: str, c: int, seed: int, suites: int = 200, metric: str = "output_throughput", world: str = "plain"
           ) -> float:
     """The true log speedup at c of a suite drawn like the experiments' (module docstring)."""
@@ -71,13 +84,7 @@ def truth(rho: str, c: int, seed: int, suites: int = 200, metric: str = "output_
         _, t, _, mt = traffic_prompts(rng, WORLDS[world]["strata"], COUNTS, 24)
         order = np.arange(size) % n
         tok[j], match[j] = t[order], mt[order]
-    ot = np.full((suites, size), 24)
-    base, spec, _ = engines(rho, world)
-    cached = resent_cached(tok, n, WORLDS[world]["cache_block"])
-    b = serve(base, c, tok, ot, rng, match=match, cached=cached)
-    x = serve(spec, c, tok, ot, rng, match=match, cached=cached)
-    return float(np.mean(metrics.log_speedup(metric, figures(metric, c, ot, x.e2e, x.ttft, {}),
-                                             figures(metric, c, ot, b.e2e, b.ttft, {}))))
+    return _served(rho, world, c, tok, match, n, rng, metric)
 
 
 def experiment(a: tuple) -> dict:
@@ -113,13 +120,7 @@ def profile_truth(rho: str, mix: dict, size: int, c: int, seed: int, suites: int
         _, t, _, mt = traffic_prompts(rng, WORLDS[world]["strata"], {k: v for k, v in counts.items() if v}, 24)
         order = np.arange(total) % size
         tok[j], match[j] = t[order], mt[order]
-    ot = np.full((suites, total), 24)
-    base, spec, _ = engines(rho, world)
-    cached = resent_cached(tok, size, WORLDS[world]["cache_block"])
-    b = serve(base, c, tok, ot, rng, match=match, cached=cached)
-    x = serve(spec, c, tok, ot, rng, match=match, cached=cached)
-    return float(np.mean(metrics.log_speedup(metric, figures(metric, c, ot, x.e2e, x.ttft, {}),
-                                             figures(metric, c, ot, b.e2e, b.ttft, {}))))
+    return _served(rho, world, c, tok, match, size, rng, metric)
 
 
 def profile_experiment(a: tuple) -> dict:
