@@ -36,9 +36,9 @@ def build_map(m: Measurements, reqs: dict, server: str, baseline: str, suite: st
               scheds: dict | None = None, sources: dict | None = None, profiles=None) -> StepCostMap | None:
     """The map of `server` against the baseline (None where either has no cell to fit it on): fitted on
     every given suite's cells at the `fit` concurrencies, checked at `checks`, predicted for every
-    measured suite on the grid up to `max_batch`. `scheds`: each server's Scheduler (its tokens per step), `sources`: where each
-    budget comes from; `profiles` (records.TrafficProfiles): every profile predicted from the map on the grid
-    too, from its strata's prompts in the basis suite and the file suites."""
+    measured suite on the grid up to `max_batch`. `scheds`: each server's Scheduler (its tokens per step);
+    `sources`: where each budget comes from; `profiles` (records.TrafficProfiles): every profile predicted
+    from the map on the grid too, from its strata's prompts in the basis suite and the file suites."""
     L, Ls = contexts(reqs, server, suite)
     sm = fit_map(reqs, m, server, baseline, suite, suites, [c for c in fit if c not in checks], L, scheds)
     if sm is None:
