@@ -7,6 +7,7 @@ from __future__ import annotations
 import math
 from pathlib import Path
 
+from ..metrics import LABEL
 from ..records import Decision, StepCostMap, StepCosts
 from .formats import save_figure
 
@@ -36,9 +37,6 @@ def _steps(mp: StepCostMap) -> str:
     return (" Steps replayed as the engine schedules them: " + "; ".join(parts) + ".") if parts else ""
 
 
-METRIC_WORD = {"output_throughput": "throughput", "tpot": "TPOT"}
-
-
 def _holds(mp: StepCostMap) -> str:
     checks = [p for p in mp.predictions if p.role == "check" and p.measured is not None]
     off = sorted({f"`{p.suite}` c={p.concurrency} ({p.metric}: measured / predicted {_iv(p.difference, '')})"
@@ -47,7 +45,7 @@ def _holds(mp: StepCostMap) -> str:
     if mp.holds is None:
         return ("**The map is unchecked**: no concurrency was measured only to check it (`step_cost.check`), so "
                 "nothing it predicts decides the recommendation" + fitted + ".")
-    checked = "; ".join(f"c={p.concurrency} {METRIC_WORD.get(p.metric, p.metric)}: measured {p.measured:.2f}x against "
+    checked = "; ".join(f"c={p.concurrency} {LABEL.get(p.metric, p.metric)}: measured {p.measured:.2f}x against "
                         f"predicted {p.predicted.value:.2f}x, measured / predicted {_iv(p.difference, '')}"
                         + (" (outside its own interval)" if p.agrees is False else "") for p in checks)
     if mp.holds is False:
@@ -140,9 +138,9 @@ def _profile_lines(mp: StepCostMap) -> list[str]:
         cs = sorted({p.concurrency for p in mp.profiles})
         by = {(p.suite, p.concurrency, p.metric): p for p in mp.profiles}
         names = list(dict.fromkeys(p.suite for p in mp.profiles))
+        beyond = {p.concurrency for p in mp.profiles if p.extrapolated}
         out += ["", f"**Your traffic at every load, from the map** (throughput, predicted; {WORD_OF_HOLDS[mp.holds]}):",
-                "", "| profile |" + "".join(f" c={c}{'*' if any(p.extrapolated for p in mp.profiles if p.concurrency == c) else ''} |"
-                                            for c in cs),
+                "", "| profile |" + "".join(f" c={c}{'*' if c in beyond else ''} |" for c in cs),
                 "|---|" + "---|" * len(cs)]
         for name in names:
             cells = []

@@ -104,9 +104,10 @@ def _profiles(rec: StepCostMap, sm, m: Measurements, reqs: dict, profiles, cs: l
     """Every traffic profile on the grid from the map (predict.predict_profile): its strata's prompts from
     the basis suite and the file suites (never a verifying suite's), with its verifying suite's measured
     speedup beside it where the cells measured the concurrency."""
-    sources = [u for u in ([profiles.basis] if profiles.basis else []) + list(profiles.files)]
+    sources = {u: suite_prompts(reqs, sm.server, sm.baseline, u)
+               for u in ([profiles.basis] if profiles.basis else []) + list(profiles.files)}
     strata = strata_prompts(reqs, sm.server, sm.baseline, sources, tuple(profiles.files))
-    basis = suite_prompts(reqs, sm.server, sm.baseline, profiles.basis) if profiles.basis else None
+    basis = sources.get(profiles.basis)
     size = len(basis["prompts"]) if basis else max((len(d["prompts"]) for d in strata.values()), default=0)
     for prof in profiles.profiles:
         missing = [st for st, w in prof.mix.items() if w > 0 and (st not in strata or len(strata[st]["prompts"]) < 2)]

@@ -60,6 +60,14 @@ def _mean(v: list) -> float:
     return float(np.mean(v)) if v else 0.0
 
 
+def resent(cached: np.ndarray, pick: np.ndarray, n: int) -> np.ndarray:
+    """Each slot's prompt tokens the prefix cache serves, for slots of whole passes over n prompts (`pick`:
+    the prompt of each slot, `cached`: per prompt, [first pass, later passes]): a later pass resends the
+    first pass's prompts, which the cache may serve."""
+    again = np.broadcast_to(np.arange(pick.shape[-1]) >= n, pick.shape).astype(int)
+    return cached[pick, again]
+
+
 def _draws(s: Settings, server: str, suite: str, n: int) -> np.ndarray:
     """Row 0 the prompts as measured, then resamples by prompt; the same for every concurrency and
     metric (a prediction's curve is smooth in c) and both servers (paired)."""
@@ -75,13 +83,11 @@ def predict_suite(sm: StepMap, data: dict, suite: str, c: int, metric_names: lis
     rows = _draws(s, sm.server, suite, n)
     size = n * passes_for(n, 1, REQUESTS_PER_WORKER, c)
     idx = rows[:, np.arange(size) % n]
-    again = (np.arange(size) >= n).astype(int)[None, :]     # a later pass resends the prompts: the cache may serve them
     figs: dict = {}
     for x in (sm.server, sm.baseline):
         ptok, out, steps = data["ptok"][idx], data["out"][idx], data["steps"][x][idx]
-        cached = data["cached"][x][idx, np.broadcast_to(again, idx.shape)]
         e2e, ttft, _ = simulate(sm.theta[x], c, ptok, out, steps, m_adm=np.full(ptok.shape, sm.models[x].admission_at(c)),
-                                cached=cached, sched=sm.models[x].sched)
+                                cached=resent(data["cached"][x], idx, n), sched=sm.models[x].sched)
         figs[x] = {mt: figures(mt, c, out, e2e, ttft, s.slo) for mt in metric_names}
     res = {}
     acc_var, acc_dof = acceptance
@@ -100,13 +106,12 @@ def predict_suite(sm: StepMap, data: dict, suite: str, c: int, metric_names: lis
     return res
 
 
-def strata_prompts(reqs: dict, server: str, baseline: str, suites: list[str], files: tuple = ()) -> dict[str, dict]:
+def strata_prompts(reqs: dict, server: str, baseline: str, suites: dict, files: tuple = ()) -> dict[str, dict]:
     """Each stratum's prompts (a training source of the basis suite; a file suite, among `files`, is one
-    stratum by its name whatever its prompts' sources, as traffic profiles name it) with their data as
-    suite_prompts gives a suite's, from the given suites."""
+    stratum by its name whatever its prompts' sources, as traffic profiles name it) with their data, from
+    `suites` (suite -> its suite_prompts)."""
     out: dict = {}
-    for u in suites:
-        data = suite_prompts(reqs, server, baseline, u)
+    for u, data in suites.items():
         if data is None:
             continue
         of: dict = {}
@@ -161,21 +166,21 @@ def predict_profile(sm: StepMap, strata: dict, mix: dict, size_of: int, c: int, 
     cum = np.cumsum([mix[st] for st in names])
     which = np.minimum(np.searchsorted(cum / cum[-1], u, side="right"), len(names) - 1)
     counts = [len(strata[st]["prompts"]) for st in names]
-    # each resample's prompts of each stratum (row 0 .. PROFILE_ROWS - 1: the measured prompts themselves)
-    res = [rng.integers(0, n, (PROFILE_RESAMPLES, n)) for n in counts]
+    # each slot's prompt within its stratum: rows 0 .. PROFILE_ROWS - 1 from the measured prompts, each later
+    # block of PROFILE_DRAWS rows from one resample of every stratum's prompts
+    rep = np.arange(total) >= PROFILE_ROWS
+    r_of = np.where(rep, (np.arange(total) - PROFILE_ROWS) // PROFILE_DRAWS, 0)[:, None]
+    picks = []
+    for n in counts:
+        pick = np.floor(v * n).astype(int)
+        picks.append(np.where(rep[:, None], rng.integers(0, n, (PROFILE_RESAMPLES, n))[r_of, pick], pick))
     rows = {}
     for x in (sm.server, sm.baseline):
         cols = {f: np.zeros((total, size)) for f in ("ptok", "out", "steps", "cached")}
         for j, st in enumerate(names):
-            d, n = strata[st], counts[j]
-            pick = np.floor(v * n).astype(int)
-            rep = np.arange(total) >= PROFILE_ROWS
-            r_of = np.where(rep, (np.arange(total) - PROFILE_ROWS) // PROFILE_DRAWS, 0)
-            pick = np.where(rep[:, None], res[j][r_of[:, None], pick], pick)
-            m = which == j
-            again = (np.arange(size) >= size_of)[None, :].repeat(total, 0)
+            d, pick, m = strata[st], picks[j], which == j
             vals = {"ptok": d["ptok"][pick], "out": d["out"][pick], "steps": d["steps"][x][pick],
-                    "cached": d["cached"][x][pick, again.astype(int)]}
+                    "cached": resent(d["cached"][x], pick, size_of)}
             for f in cols:
                 cols[f][m] = vals[f][m]
         e2e, ttft, _ = simulate(sm.theta[x], c, cols["ptok"], cols["out"], cols["steps"],

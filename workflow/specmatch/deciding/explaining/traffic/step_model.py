@@ -118,10 +118,6 @@ def timeline(cr: CellRequests, theta: np.ndarray, points: int = 400, sched: Sche
     frac = np.clip((mid[None, :] - d0[:, None]) / np.maximum(d1 - d0, 1e-9)[:, None], 0.0, 1.0)
     ctx = (cr.ptok[:, None] + 1 + (cr.out[:, None] - 1) * frac) * dec
     b = dec.sum(0).astype(float)
-
-    def features(P: np.ndarray) -> np.ndarray:
-        return np.stack([np.ones(points), b, ctx.sum(0) / 1000, P] + ([b ** 2] if len(theta) > 4 else []), 1)
-
     P = (cr.fresh[:, None] * pre).sum(0) / 1000
     waited = np.ones(len(cr.ptok))
     if sched.chunked:
@@ -129,7 +125,7 @@ def timeline(cr: CellRequests, theta: np.ndarray, points: int = 400, sched: Sche
         # takes ceil(tokens / budget) steps to its first token
         P = np.minimum(P, np.maximum(sched.budget - sched.per_sequence * b, 0.0) / 1000)
         waited = np.maximum(np.ceil(cr.fresh / sched.budget), 1.0)
-    F = features(P)
+    F = np.stack([np.ones(points), b, ctx.sum(0) / 1000, P] + ([b ** 2] if len(theta) > 4 else []), 1)
     rate = dt / np.maximum(F @ theta, 1e-9)
     w = dec * rate[None, :]
     with np.errstate(invalid="ignore", divide="ignore"):
@@ -240,14 +236,13 @@ def simulate(theta: np.ndarray, c: int, ptok: np.ndarray, out: np.ndarray, steps
             chunk = np.zeros_like(chunk)
             np.put_along_axis(chunk, order, got, 1)
         fin = pre & (chunk >= pre_left - 1e-9)
+        part = pre & ((chunk > 0) | fin)     # the waiting prompts this step computes (or completes)
         # a row with a prompt getting tokens takes one step; the others (and a row whose decodes leave the
         # waiting prompts nothing of the budget) every step up to the next completion
-        moving = (pre & ((chunk > 0) | fin)).any(1)
-        k = np.where(moving, 1.0, np.ceil(np.where(dec, left, np.inf).min(1) - 1e-9))
+        k = np.where(part.any(1), 1.0, np.ceil(np.where(dec, left, np.inf).min(1) - 1e-9))
         k = np.where(live & np.isfinite(k), np.maximum(k, 1.0), 0.0)
         C0 = ((p + 1 + gen) * dec).sum(1) / 1000
         P = chunk.sum(1) / 1000
-        part = pre & ((chunk > 0) | fin)
         mult = (np.where(dec, m_dec[rows, idx], 0.0) + np.where(part, m_adm[rows, idx], 0.0)).sum(1) / np.maximum(
             (dec | part).sum(1), 1)
         cost = (k * step_cost(theta, b, C0, P) + theta[2] * g.sum(1) / 1000 * k * (k - 1) / 2) * mult
