@@ -1428,11 +1428,86 @@ class StepCostMap(Record):
 
 
 @dataclass
+class StepCostKPoint(Record):
+    """rho at one k and batch size at the map suite's median context: a member's own map (`how`: map), or
+    linear in k between the nearest mapped k on each side (`how`: interpolated, `between`: those k)."""
+    k: int
+    batch: int
+    rho: Interval
+    how: str
+    between: list = field(default_factory=list)
+    extrapolated: bool = False              # beyond the fitted batches
+
+
+@dataclass
+class StepCostKCheck(Record):
+    """An inner mapped k's own rho against the line through its neighbours at one fitted batch: own / line
+    with its interval (the family: Bonferroni over the batches)."""
+    k: int
+    batch: int
+    own: Interval
+    line: Interval
+    difference: Interval
+    agrees: Optional[bool]
+    between: list = field(default_factory=list)
+
+
+@dataclass
+class StepCostKPrediction(StepCostPrediction):
+    """One k's predicted speedup on a suite at one concurrency from the map in k: its rho (`rho_from`: map or
+    interpolated; `between`: the mapped k used) and its tau (`tau_from`: measured, or the
+    largest k's per-position acceptance); a held-out member's (`role` check) with its cells beside it."""
+    k: int = 0
+    rho_from: str = ""
+    tau_from: str = ""
+    between: list = field(default_factory=list)
+
+
+@dataclass
+class StepCostKBand(Record):
+    """Batch sizes lo..hi of one suite where the map's schedule deploys `k` (0: off; None: undecided),
+    `best` the k with the largest predicted speedup there."""
+    suite: str
+    metric: str
+    lo: int
+    hi: int
+    k: Optional[int]
+    best: Optional[int]
+    extrapolated: bool = False
+
+
+@dataclass
+class StepCostKMap(Record):
+    """One k sweep's map in k (specmatch.deciding.explaining.stepcost.kmap): rho at every k from 1 to the
+    largest mapped, each k's speedup on the grid from the largest k's per-position acceptance, the checks
+    (linear in k; held-out members against their cells) and the k schedule."""
+    parent: str
+    baseline: str
+    suite: str                              # the map suite
+    mapped: list                            # the k with a map of their own
+    members: dict                           # str(k) -> the member server
+    rho: list[StepCostKPoint] = field(default_factory=list)
+    rho_checks: list[StepCostKCheck] = field(default_factory=list)
+    linear: Optional[bool] = None           # every inner mapped k on its neighbours' line (None: fewer than 3)
+    tau_from: Optional[str] = None          # the member whose per-position acceptance gives tau(k)
+    rates: dict = field(default_factory=dict)   # suite -> its per-position acceptance rates
+    predictions: list[StepCostKPrediction] = field(default_factory=list)
+    checks: list[StepCostKPrediction] = field(default_factory=list)   # held-out members against their cells
+    holds: Optional[bool] = None            # no held-out member disagrees with its cells at the family's level
+    schedule: list[StepCostKBand] = field(default_factory=list)
+    cells: dict = field(default_factory=dict)   # sweep: cells the sweep measured; map: cells the map's schedule needs
+    context: int = 0                        # the map suite's median context per sequence (the rho points')
+    misses: list = field(default_factory=list)   # mapped k whose own map misses at its check (StepCostMap.holds)
+    note: Optional[str] = None
+
+
+@dataclass
 class StepCosts(Record):
     """`results/stepcost/stepcost.json`: the map of every speculative server (empty without map cells)."""
     maps: list[StepCostMap] = field(default_factory=list)
     config: dict = field(default_factory=dict)
     skipped: dict = field(default_factory=dict)   # a speculative server without a map -> why
+    kmaps: list[StepCostKMap] = field(default_factory=list)   # every k sweep's map in k (two mapped k or more)
 
 
 # -- the results layout ---------------------------------------------------------------------------

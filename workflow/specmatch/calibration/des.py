@@ -83,16 +83,17 @@ class Served:
     accepted: np.ndarray
     drafted: np.ndarray
     duration: np.ndarray
+    positions: np.ndarray | None = None     # per cell, the drafting steps that accepted draft position p
+                                            # (vLLM's num_accepted_tokens_per_pos)
 
     def scaled(self, factor: np.ndarray) -> "Served":
         """Every time multiplied by a per-cell factor (a session's or cell's run-to-run speed)."""
         f = np.asarray(factor, float).reshape(-1, 1)
-        return Served(self.start * f, self.ttft * f, self.e2e * f, self.steps, self.accepted, self.drafted,
-                      self.duration * f[:, 0])
+        return replace(self, start=self.start * f, ttft=self.ttft * f, e2e=self.e2e * f, duration=self.duration * f[:, 0])
 
     def row(self, i: int) -> "Served":
         return Served(self.start[i], self.ttft[i], self.e2e[i], self.steps[i], self.accepted[i], self.drafted[i],
-                      self.duration[i:i + 1])
+                      self.duration[i:i + 1], None if self.positions is None else self.positions[i])
 
 
 def _table(engines: list[Engine], c: int, what: str) -> np.ndarray:
@@ -182,6 +183,7 @@ def serve(engines: Engine | list[Engine], c: int, prompt_tokens: np.ndarray, out
     t = np.zeros(M)
     start, ttft, end = np.zeros((M, n)), np.zeros((M, n)), np.zeros((M, n))
     steps, acc = np.zeros((M, n)), np.zeros((M, n))
+    positions = np.zeros((M, kmax))
     while True:
         active = slot >= 0
         live = active.any(1)
@@ -230,6 +232,7 @@ def serve(engines: Engine | list[Engine], c: int, prompt_tokens: np.ndarray, out
             s_here = drafting[:, None] & dec
             np.add.at(steps, (np.broadcast_to(rows, idx.shape)[s_here], idx[s_here]), 1)
             np.add.at(acc, (np.broadcast_to(rows, idx.shape)[s_here], idx[s_here]), (g - 1)[s_here])
+            positions += ((np.arange(kmax) < (g - 1)[:, :, None]) & s_here[:, :, None]).sum(1)
         elif pace is not None:
             gain = np.where(dec, pace[rows, idx], gain)
         else:
@@ -261,4 +264,4 @@ def serve(engines: Engine | list[Engine], c: int, prompt_tokens: np.ndarray, out
             nxt = np.minimum(nxt + free.sum(1), H)
     e2e = end - start
     drafted = steps * par["k"][:, None]
-    return Served(start, ttft, e2e, steps, acc, drafted, end.max(1))
+    return Served(start, ttft, e2e, steps, acc, drafted, end.max(1), positions)

@@ -16,6 +16,12 @@ in chunks after them, and a prefix cache that serves a cell's later passes their
 blocks); the map is fitted and replays with the engine's budget (Scheduler), as the stepcost step does
 with the budget each engine states. The `long` world: prompts longer than its 256-token budget (2.5
 times the strata's lengths), a prefix cache of 64-token blocks.
+
+`--k linear|curved`: the map in k (specmatch.deciding.explaining.stepcost.kmap) on a sweep of k = 1, 3, 5
+whose step cost is linear in k (or curved: k squared), every k from 1 to 5 predicted: the coverage of
+rho at every k and of every k's throughput speedup (the truth: a suite drawn like the measured one served
+by the engine drafting k), how often the line's check and the held-out member's agreed, and how far the
+k the schedule deploys is from the best k's true speedup.
 """
 from __future__ import annotations
 
@@ -194,16 +200,121 @@ def coverage(experiments: int, rho: str = "flat", seed: int = 5000, truth_suites
     return out
 
 
+# -- the map in k ---------------------------------------------------------------------------------------
+def k_rho(k: int, shape: str = "linear"):
+    """A speculative step at k drafts, in plain steps at batch b: linear in k at every batch (k passes of a
+    drafter and k + 1 tokens verified a sequence), dearer with the batch the more it drafts; `curved`: a
+    step whose cost grows with k squared (what the line must catch)."""
+    if shape == "curved":
+        return lambda b: 1.0 + 0.05 * k * k + 0.012 * k * (b - 1)
+    return lambda b: 1.0 + 0.1 * k + 0.012 * k * (b - 1)
+
+
+K_ALL = (1, 2, 3, 4, 5)
+K_MAPPED = (1, 3, 5)          # the sweep's members; 3 is held out of the line through 1 and 5 to check it
+
+
+def k_engines(ks: tuple, shape: str = "linear") -> dict:
+    return {f"spec@k={k}": replace(BASE, k=k, rho=k_rho(k, shape)) for k in ks}
+
+
+def k_truth(k: int, c: int, seed: int, suites: int = 200, metric: str = "output_throughput", shape: str = "linear"
+            ) -> float:
+    """The true log speedup at c of a suite drawn like the experiments' on the engine drafting k."""
+    rng = np.random.default_rng(seed)
+    n = sum(COUNTS.values())
+    size = n * passes_for(n, 1, REQUESTS_PER_WORKER, c)
+    tok, match = np.zeros((suites, size)), np.zeros((suites, size, 32), bool)
+    for j in range(suites):
+        _, tk, _, mt = traffic_prompts(rng, TRAFFIC_STRATA, COUNTS, 24)
+        order = np.arange(size) % n
+        tok[j], match[j] = tk[order], mt[order]
+    ot = np.full(tok.shape, 24)
+    b = serve(BASE, c, tok, ot, rng, match=match)
+    x = serve(k_engines((k,), shape)[f"spec@k={k}"], c, tok, ot, rng, match=match)
+    return float(np.mean(metrics.log_speedup(metric, figures(metric, c, ot, x.e2e, x.ttft, {}),
+                                             figures(metric, c, ot, b.e2e, b.ttft, {}))))
+
+
+def k_experiment(a: tuple) -> dict:
+    """One k sweep (K_MAPPED) measured at MEASURED: its members' maps, the map in k, rho at every k and
+    BATCHES, every k's predictions at PREDICTED, the checks and the schedule."""
+    from ..deciding.explaining.stepcost.kmap import build_kmap
+    seed, mapped, shape = a
+    specs = k_engines(mapped, shape)
+    cells = traffic_cells(seed, {"basis": COUNTS}, MEASURED, min_requests_per_worker=REQUESTS_PER_WORKER,
+                          engine=BASE, specs=specs)
+    s = Settings(bootstrap=200)
+    m = Measurements.of(cells, s)
+    reqs = requests_of(m)
+    fitted: dict = {}
+    for x in specs:
+        build_map(m, reqs, x, "base", "basis", ["basis"], list(MEASURED), [CHECK], 64, "sim", s, fitted=fitted)
+    ks = {int(x.split("=")[1]): x for x in specs}
+    km = build_kmap(m, reqs, "spec", ks, {k: fitted[x] for k, x in ks.items() if x in fitted}, ["basis"],
+                    sorted(set(BATCHES) | set(PREDICTED) | set(MEASURED)), s, "output_throughput")
+    L = fitted[ks[max(ks)]].context
+    return {"rho": {(p.k, p.batch): (p.rho.value, p.rho.lo, p.rho.hi) for p in km.rho if p.batch in BATCHES},
+            "pred": {(p.k, p.concurrency): (p.predicted.value, p.predicted.lo, p.predicted.hi)
+                     for p in km.predictions if p.metric == "output_throughput" and p.concurrency in PREDICTED},
+            "linear": km.linear, "holds": km.holds, "context": L,
+            "schedule": {c: (b.k, b.best) for b in km.schedule for c in PREDICTED if b.lo <= c <= b.hi}}
+
+
+def k_coverage(experiments: int, seed: int = 9000, truth_suites: int = 200, mapped: tuple = K_MAPPED,
+               shape: str = "linear") -> dict:
+    """Coverage, mean log width and bias of the map in k: rho at every k and BATCHES (truth k_rho) and every
+    k's throughput speedup at PREDICTED (truth k_truth), with how often linear-in-k and the held-out
+    member's check agreed, and the schedule's best k against the truth's."""
+    t_pred = {(k, c): k_truth(k, c, seed - 1, truth_suites, shape=shape) for k in K_ALL for c in PREDICTED}
+    got = list(run_tasks([(k_experiment, (seed + e, tuple(mapped), shape)) for e in range(experiments)]))
+    out = {}
+    for (key, truth_of) in (("rho", lambda k, b: math.log(k_rho(k, shape)(b))), ("pred", lambda k, c: t_pred[(k, c)])):
+        for kc in sorted({kc for g in got for kc in g[key]}):
+            rows = [g[key][kc] for g in got if kc in g[key] and g[key][kc][1] and g[key][kc][2]]
+            t = truth_of(*kc)
+            inside = [math.log(lo) <= t <= math.log(hi) for _, lo, hi in rows]
+            p = float(np.mean(inside))
+            out[(key, kc)] = {"coverage": p, "mc_se": math.sqrt(max(p * (1 - p), 1e-12) / len(rows)), "n": len(rows),
+                              "width": float(np.mean([math.log(hi / lo) for _, lo, hi in rows])),
+                              "bias": float(np.mean([math.log(v) for v, _, _ in rows]) - t), "truth": t}
+    for key in ("linear", "holds"):
+        v = [g[key] for g in got if g[key] is not None]
+        p = float(np.mean(v)) if v else float("nan")
+        out[(key, 0)] = {"coverage": p, "n": len(v), "mc_se": math.sqrt(max(p * (1 - p), 1e-12) / max(len(v), 1)),
+                         "width": float("nan"), "bias": float("nan"), "truth": float("nan")}
+    # the schedule: where it deploys a k, how far that k's true speedup is from the best k's (the regret, in
+    # log; "bias" the mean regret) and how often it is within 0.03 of it; how often it decides at all
+    for c in PREDICTED:
+        best = max(t_pred[(k, c)] for k in K_ALL)
+        chosen = [g["schedule"][c][0] for g in got if c in g["schedule"]]
+        regret = [best - (t_pred[(k, c)] if k else 0.0) for k in chosen if k is not None]
+        p = float(np.mean([r <= 0.03 for r in regret])) if regret else float("nan")
+        out[("near best", c)] = {"coverage": p, "n": len(regret),
+                                 "mc_se": math.sqrt(max(p * (1 - p), 1e-12) / max(len(regret), 1)),
+                                 "width": float(len(regret) / max(len(chosen), 1)),
+                                 "bias": float(np.mean(regret)) if regret else float("nan"), "truth": best}
+    return out
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m specmatch stepcost_coverage", description=__doc__.split("\n\n")[0])
     p.add_argument("--experiments", type=int, default=200)
     p.add_argument("--rho", choices=sorted(RHOS), default="flat")
     p.add_argument("--world", choices=sorted(WORLDS), default="plain")
     p.add_argument("--profile", choices=sorted(PROFILES), help="a traffic profile's predictions from the map instead")
+    p.add_argument("--k", choices=["linear", "curved"], help="the map in k instead: a k sweep (k = 1, 3, 5) whose "
+                                                             "step cost is linear or curved in k")
     p.add_argument("--measured", default=",".join(map(str, MEASURED)),
                    help=f"the map's cells (the check, c={CHECK}, among them), e.g. 1,4,8,16 as the default measures")
     a = p.parse_args(argv)
     measured = tuple(int(x) for x in a.measured.split(","))
+    if a.k:
+        print(f"{a.experiments} experiments, map in k from k={K_MAPPED} ({a.k} in k), 90% intervals, 2 repeats")
+        for key, v in k_coverage(a.experiments, shape=a.k).items():
+            print(f"{key[0]:>7} {str(key[1]):<8} coverage {v['coverage']:.3f} ± {v['mc_se']:.3f} (n={v['n']})  width "
+                  f"{v['width']:.3f}  bias {v['bias']:+.4f}  truth {v['truth']:.4f}")
+        return 0
     if a.profile:
         for c, v in profile_coverage(a.experiments, a.rho, a.profile, world=a.world).items():
             print(f"{a.profile} c={c:<4} coverage {v['coverage']:.3f} ± {v['mc_se']:.3f} (n={v['n']})  width "

@@ -85,7 +85,8 @@ def traffic_prompts(rng, strata: dict, counts: dict, out_tokens: int = 24):
 def traffic_cells(seed: int, suites: dict, concurrencies=(1, 4), repeats: int = 2, out_tokens: int = 24,
                   session_sd: float = 0.02, cell_sd: float = 0.02, strata: dict | None = None, rho=None,
                   min_requests_per_worker: int | None = None, request_sd: float = 0.0, request_df: float = 3.0,
-                  engine: Engine | None = None, shift: dict | None = None, cache_block: int = 0):
+                  engine: Engine | None = None, shift: dict | None = None, cache_block: int = 0,
+                  specs: dict | None = None):
     """Cells of a baseline `base` and a speculative server `spec` (k=3, step cost `rho(b)`) on `suites`
     (name -> {stratum: prompts}) at every concurrency and repeat, simulated by specmatch.calibration.des:
     continuous batching of whatever each suite mixes, per-prompt acceptance, every cell moved by its
@@ -98,11 +99,13 @@ def traffic_cells(seed: int, suites: dict, concurrencies=(1, 4), repeats: int = 
     log): the speculative server's times on that suite moved by it (negative: faster), a world that
     differs from what the other suites show, which a check against them should catch. `cache_block`: a
     prefix cache of blocks of this many tokens (0: none): a later pass's prompt is served from it but for
-    its last partial block (what vLLM's cache does with a resent prompt), recorded as cached_tokens."""
+    its last partial block (what vLLM's cache does with a resent prompt), recorded as cached_tokens.
+    `specs` (name -> Engine): the speculative servers instead of `spec` (a k sweep's members); each cell of a
+    speculative server carries vLLM's per-position acceptance rates."""
     strata = strata or TRAFFIC_STRATA
     rng = np.random.default_rng(seed)
     base = engine or BASE
-    engines = {"base": base, "spec": replace(base, k=3, rho=rho or _traffic_rho)}
+    engines = {"base": base, **(specs or {"spec": replace(base, k=3, rho=rho or _traffic_rho)})}
     prompts = {u: traffic_prompts(rng, strata, counts, out_tokens) for u, counts in suites.items()}
     sessions = {(x, r): rng.normal(0, session_sd) for x in engines for r in range(1, repeats + 1)}
     out = []
@@ -136,6 +139,9 @@ def traffic_cells(seed: int, suites: dict, concurrencies=(1, 4), repeats: int = 
                                 session=f"{x}-r{r}", cached=cached)
                 if spec:
                     res.spec_decode_acceptance_length = 1 + float(one.accepted.sum() / max(one.steps.sum(), 1))
+                    drafts = max(float(one.steps.sum()), 1.0)
+                    res.spec_decode_per_position_acceptance_rates = [float(v) / drafts
+                                                                     for v in one.positions[:engines[x].k]]
                 out.append((res, req.with_columns(pl.Series("pass_index", (np.arange(len(order)) // n).tolist()),
                                                   pl.Series("source", [names[j] for j in order]))))
     return out

@@ -17,6 +17,7 @@ from pathlib import Path
 from . import inputs
 from .explaining.attribution import mixed_schedule
 from .explaining.stepcost import build_map, requests_of
+from .explaining.stepcost.kmap import build_kmap
 from .explaining.traffic.step_model import Scheduler
 from .reading.measurements import Settings
 from .. import steps
@@ -26,6 +27,7 @@ from ..provenance import Recorder
 from ..records import StepCosts, TrafficProfiles
 from ..serving.controls import is_control
 from ..serving.engines import get_engine
+from ..sweep import members, parents
 
 
 def arguments(p: argparse.ArgumentParser) -> None:
@@ -70,6 +72,7 @@ def execute(a: argparse.Namespace) -> int:
     suite = cfg.get("suite") or (a.suites[0] if a.suites else suites[0])
     fit = sorted({k[2] for k in m.cells})
     out = StepCosts(config=cfg)
+    fitted: dict = {}
     for x, c in configs.items():
         if x == a.baseline or is_control(x) or not c.get("speculative") or x not in m.servers():
             continue
@@ -80,11 +83,24 @@ def execute(a: argparse.Namespace) -> int:
         mb = infos[x].max_batch if x in infos else 0
         scheds, sources = schedulers(configs, [x, a.baseline])
         got = build_map(m, reqs, x, a.baseline, suite, suites, fit, list(cfg.get("check", [])), mb, forced(c),
-                        settings, scheds, sources, profiles)
+                        settings, scheds, sources, profiles, fitted)
         if got is None:
             out.skipped[x] = "no closed-loop cell with per-request decode steps for it or the baseline"
         else:
             out.maps.append(got)
+    # every k sweep with two mapped members or more: the map in k, its predictions on the largest k's grid
+    on = [u for u in suites if u in a.suites] or [suite]
+    for parent in parents(configs):
+        ks = {k: x for k, x in members(parent, configs).items() if x in m.servers()}
+        maps = {k: fitted[x] for k, x in ks.items() if x in fitted}
+        if len(maps) < 2:
+            continue
+        top = next(mp for mp in out.maps if mp.server == ks[max(maps)])
+        cs = sorted({p.concurrency for p in top.predictions})
+        holds = {k: mp.holds for k in maps for mp in out.maps if mp.server == ks[k]}
+        got = build_kmap(m, reqs, parent, ks, maps, on, cs, settings, settings.recommend_metric, holds)
+        if got is not None:
+            out.kmaps.append(got)
     write_json(a.out, out.to_json())
     rec.write([a.out])
     for x, why in out.skipped.items():
@@ -92,6 +108,10 @@ def execute(a: argparse.Namespace) -> int:
     for mp in out.maps:
         print(f"{mp.server}: fitted at c={mp.fit}, checked at c={mp.checks}: "
               + {True: "holds", False: "misses", None: "unchecked"}[mp.holds])
+    for km in out.kmaps:
+        print(f"{km.parent}: map in k from k={km.mapped}: linear in k "
+              + {True: "holds", False: "misses", None: "unchecked"}[km.linear] + ", held-out members "
+              + {True: "agree", False: "disagree", None: "unchecked"}[km.holds] + f" (cells {km.cells})")
     return 0
 
 

@@ -8,7 +8,7 @@ import math
 from pathlib import Path
 
 from ..metrics import LABEL
-from ..records import Decision, StepCostMap, StepCosts
+from ..records import Decision, StepCostKMap, StepCostMap, StepCosts
 from .formats import save_figure
 
 WORD = {Decision.PAYS: "pays", Decision.LOSES: "loses", Decision.EQUIVALENT: "no difference",
@@ -70,7 +70,7 @@ def _pays(tau, need) -> str:
 
 
 def lines(sc: StepCosts | None) -> list[str]:
-    if sc is None or not (sc.maps or sc.skipped):
+    if sc is None or not (sc.maps or sc.skipped or sc.kmaps):
         return []
     out = ["## What a speculative step costs, and the acceptance a drafter needs", "",
            "A speculative server's TPOT speedup is τ / ρ: τ tokens per speculative step (the content's and the "
@@ -124,8 +124,75 @@ def lines(sc: StepCosts | None) -> list[str]:
                 "(fitted): the map was fitted on these cells; (check): measured only to check the map."]
         out += _profile_lines(mp)
         out.append("")
+    for km in sc.kmaps:
+        out += _k_lines(km)
     for x, why in sc.skipped.items():
         out += [f"`{x}`: no step-cost map: {why}.", ""]
+    return out
+
+
+def _k_lines(km: StepCostKMap) -> list[str]:
+    """One k sweep's map in k: rho by k and batch, the checks, the schedule and every k's speedup."""
+    out = [f"### Which k at which load, from the map: `{km.parent}`", ""]
+    off = sorted({f"k={c.k} at batch {c.batch} (own / line {_iv(c.difference, '')})"
+                  for c in km.rho_checks if c.agrees is False})
+    linear = {True: "each inner mapped k's own ρ lies on the line through its neighbours at every fitted batch "
+                    "(Bonferroni over the batches)",
+              False: "**ρ is not linear in k**: off the line at " + "; ".join(off) + " (read the k not mapped as the "
+                     "model's, not as evidence)",
+              None: "linear in k is unchecked (a third mapped k would check it)"}[km.linear]
+    bad = [p for p in km.checks if p.agrees is False]
+    held = {True: "every held-out member agrees with its cells (Bonferroni over "
+                  f"{len(km.checks)} comparisons)",
+            False: "**a held-out member disagrees with its cells**: " + "; ".join(
+                f"k={p.k} `{p.suite}` c={p.concurrency} {LABEL.get(p.metric, p.metric)} measured / predicted "
+                f"{_iv(p.difference, '')}" for p in bad),
+            None: "no member could be held out"}[km.holds]
+    cells = (f" This schedule needs {km.cells['map']} cells (the baseline's and the largest k's on every suite, the "
+             f"other mapped k's on the map suite at the fitted concurrencies); the sweep measured {km.cells['sweep']} "
+             f"({km.cells['members']} members on every suite)." if km.cells else "")
+    if km.misses:
+        cells += (" **The map of " + ", ".join(f"`{km.members.get(str(k), k)}`" for k in km.misses) + " misses at its "
+                  "check**: what the map in k draws from it (the k beside it, its schedule) is the model's, not evidence.")
+    out.append(f"Mapped at k = {', '.join(map(str, km.mapped))} (`{km.suite}`); ρ at any other k is linear in k between "
+               f"the nearest mapped k (a step drafts k tokens and verifies k + 1): {linear}. τ at each k from the "
+               f"per-position acceptance of `{km.tau_from or '—'}`; held out of the prediction (ρ from the other "
+               f"mapped k, τ from those rates), {held}.{cells}" + (f" {km.note}." if km.note else ""))
+    bs = sorted({p.batch for p in km.rho})
+    ks = sorted({p.k for p in km.rho})
+    by = {(p.k, p.batch): p for p in km.rho}
+    out += ["", f"ρ by k and batch at {km.context} tokens of context (i: interpolated in k between "
+            "the nearest mapped k, *: beyond the fitted batches):", "",
+            "| k |" + "".join(f" b={b} |" for b in bs), "|---|" + "---|" * len(bs)]
+    for k in ks:
+        row = []
+        for b in bs:
+            p = by.get((k, b))
+            mark = " i" if p and p.how == "interpolated" else ""
+            row.append(f"{_iv(p.rho, '')}{mark}{'*' if p and p.extrapolated else ''}" if p else "—")
+        out.append(f"| {k} |" + "".join(f" {x} |" for x in row))
+    for u in dict.fromkeys(p.suite for p in km.predictions):
+        preds = [p for p in km.predictions if p.suite == u]
+        metric = next((b.metric for b in km.schedule if b.suite == u), "output_throughput")
+        bands = [b for b in km.schedule if b.suite == u]
+        say = "; ".join(f"batch {b.lo}-{b.hi}{'*' if b.extrapolated else ''}: "
+                        + ("undecided" if b.k is None else "off" if b.k == 0 else f"k={b.k}")
+                        + (f" (best point k={b.best})" if b.best is not None and b.best != b.k else "") for b in bands)
+        cs = sorted({p.concurrency for p in preds})
+        pk = {(p.k, p.concurrency): p for p in preds if p.metric == metric}
+        out += ["", f"**`{u}`: the k schedule from the map** ({LABEL.get(metric, metric)}; predicted, not deployed: "
+                f"where some k pays, the one with the largest point among them, untested against the others): {say}.", "",
+                "| k |" + "".join(f" c={c} |" for c in cs), "|---|" + "---|" * len(cs)]
+        for k in sorted({p.k for p in preds}):
+            row = [f"{_iv(pk[(k, c)].predicted)} {WORD[pk[(k, c)].decision]}" if (k, c) in pk else "—" for c in cs]
+            out.append(f"| {k} |" + "".join(f" {x} |" for x in row))
+    if km.checks:
+        out += ["", "Held-out members against their cells (ρ from the other mapped k, τ from the largest k's "
+                "per-position acceptance): " + "; ".join(
+                    f"k={p.k} `{p.suite}` c={p.concurrency} {LABEL.get(p.metric, p.metric)} predicted "
+                    f"{_iv(p.predicted)}, measured {p.measured:.2f}x, measured / predicted {_iv(p.difference, '')}"
+                    + (" ✗" if p.agrees is False else "") for p in km.checks) + "."]
+    out.append("")
     return out
 
 

@@ -46,6 +46,7 @@ from statistics import NormalDist
 from typing import Optional
 
 from ..explaining.attribution import acceptance_run_to_run, decompose
+from ..verdicts.acceptance import per_position_rates
 from ..reading.measurements import Measurements
 from ..verdicts.noise import RunToRun
 from ...records import Deployment, Interval, Record, Schedule, Verdict, Verification
@@ -171,26 +172,6 @@ def _iv(log_est: float, se: float, confidence: float) -> Interval:
 
 
 # -- per-position acceptance -> tokens per step -------------------------------------------------------
-def per_position_rates(m: Measurements, server: str, suite: str) -> list[float] | None:
-    """vLLM's per-position acceptance rates of a server on a suite, pooled over its cells (every
-    concurrency and repeat) weighted by each cell's drafts; None where no cell reported them."""
-    num, den = [], 0.0
-    for key, cell in m.cells.items():
-        if key[0] != server or key[1] != suite:
-            continue
-        rates, drafts = cell.spec_decode_per_position_acceptance_rates, cell.spec_decode_num_drafts
-        if not rates or not drafts or any(r is None for r in rates):
-            continue
-        if len(num) < len(rates):
-            num += [0.0] * (len(rates) - len(num))
-        for p, r in enumerate(rates):
-            num[p] += float(r) * drafts
-        den += drafts
-    if not den:
-        return None
-    return [x / den for x in num]
-
-
 def tokens_per_step(rates: list[float], k: int) -> float:
     """tau(k) = 1 + sum_{p < k} r_p: expected tokens a step drafting k yields (k <= len(rates))."""
     if k > len(rates):

@@ -68,3 +68,23 @@ def pooled_acceptance(m: Measurements, key: str) -> list[GroupAcceptance]:
         if a is not None:
             out.append(GroupAcceptance(server, suite, group, a))
     return out
+
+
+def per_position_rates(m: Measurements, server: str, suite: str) -> list[float] | None:
+    """vLLM's per-position acceptance rates of a server on a suite, pooled over its cells (every
+    concurrency and repeat) weighted by each cell's drafts; None where no cell reported them."""
+    num, den = [], 0.0
+    for key, cell in m.cells.items():
+        if key[0] != server or key[1] != suite:
+            continue
+        rates, drafts = cell.spec_decode_per_position_acceptance_rates, cell.spec_decode_num_drafts
+        if not rates or not drafts or any(r is None for r in rates):
+            continue
+        if len(num) < len(rates):
+            num += [0.0] * (len(rates) - len(num))
+        for p, r in enumerate(rates):
+            num[p] += float(r) * drafts
+        den += drafts
+    if not den:
+        return None
+    return [x / den for x in num]

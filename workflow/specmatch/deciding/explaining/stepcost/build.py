@@ -33,16 +33,20 @@ def contexts(reqs: dict, server: str, suite: str) -> tuple[int, list[int]]:
 
 def build_map(m: Measurements, reqs: dict, server: str, baseline: str, suite: str, suites: list[str],
               fit: list[int], checks: list[int], max_batch: int, forced: str, s: Settings,
-              scheds: dict | None = None, sources: dict | None = None, profiles=None) -> StepCostMap | None:
+              scheds: dict | None = None, sources: dict | None = None, profiles=None, fitted: dict | None = None
+              ) -> StepCostMap | None:
     """The map of `server` against the baseline (None where either has no cell to fit it on): fitted on
     every given suite's cells at the `fit` concurrencies, checked at `checks`, predicted for every
     measured suite on the grid up to `max_batch`. `scheds`: each server's Scheduler (its tokens per step);
     `sources`: where each budget comes from; `profiles` (records.TrafficProfiles): every profile predicted
-    from the map on the grid too, from its strata's prompts in the basis suite and the file suites."""
+    from the map on the grid too, from its strata's prompts in the basis suite and the file suites.
+    `fitted`: where given, the StepMap itself is kept there under the server's name (the map in k reads it)."""
     L, Ls = contexts(reqs, server, suite)
     sm = fit_map(reqs, m, server, baseline, suite, suites, [c for c in fit if c not in checks], L, scheds)
     if sm is None:
         return None
+    if fitted is not None:
+        fitted[server] = sm
     measured = sorted({k[2] for k in m.cells if k[0] == server})
     cs = grid(sm.fit, checks, measured, max_batch)
     rec = StepCostMap(server, baseline, suite, sm.fit, sorted(checks), sm.repeats,

@@ -89,21 +89,27 @@ class StepMap:
         J_c(b) (the fit redone with that concurrency's cells H slower): small where fitted cells surround
         b, growing with the fit's curvature beyond the fitted batches."""
         L = self.context if L is None else L
+        out = VarianceSum()
+        for x in (self.server, self.baseline):
+            out.plus(self.part(x, b, L))
+        return out
+
+    def part(self, x: str, b: float, L: float) -> VarianceSum:
+        """The variance of log T of one server's side of the map at (b, L) (error's terms for x)."""
         near = self.nearest(b)
         out = VarianceSum()
         R = max(self.repeats, 1)
         pi = self.rr.session_share.get("tpot", 0.0)
-        for x in (self.server, self.baseline):
-            out.plus(self.rr.at("tpot", x, near), pi / R)
-            base = max(self.models[x].step(b, L), 1e-12)   # the fit's own T: non-negative, positive at b >= 1
-            for c in self.fit:
-                md = self.moved.get((x, c))
-                if md is None:
-                    continue
-                # d log T as dT / T: a refit that extrapolates below zero (its coefficients are free in
-                # sign) has no log, and its relative move is what makes the error grow there
-                j = (md.step(b, L) / base - 1.0) / H
-                out.plus(self.rr.at("tpot", x, c), j * j * (1 - pi) / R)
+        out.plus(self.rr.at("tpot", x, near), pi / R)
+        base = max(self.models[x].step(b, L), 1e-12)   # the fit's own T: non-negative, positive at b >= 1
+        for c in self.fit:
+            md = self.moved.get((x, c))
+            if md is None:
+                continue
+            # d log T as dT / T: a refit that extrapolates below zero (its coefficients are free in
+            # sign) has no log, and its relative move is what makes the error grow there
+            j = (md.step(b, L) / base - 1.0) / H
+            out.plus(self.rr.at("tpot", x, c), j * j * (1 - pi) / R)
         return out
 
     def rho(self, b: float, L: float, confidence: float) -> Interval:
