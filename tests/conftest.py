@@ -23,7 +23,8 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 # (mostly waiting on the scheduler) and the calibration (its processes at the lowest priority) side
 # by side, then the real vLLM and the traffic coverage; the rest fill in as workers free up.
 LONG_FIRST = ("test_slurm.py", "test_calibration.py", "test_workflow_vllm.py", "test_traffic.py",
-              "test_workflow_fake.py", "test_readme_example.py", "test_engine_parsers.py", "test_kmodel.py")
+              "test_workflow_fake.py", "test_readme_example.py", "test_engine_parsers.py", "test_kmodel.py",
+              "test_stepcost.py")
 
 
 def pytest_collection_modifyitems(config, items):

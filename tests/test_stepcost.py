@@ -480,6 +480,7 @@ def test_a_step_cost_curved_in_k_is_caught_by_the_line():
     assert "**ρ is not linear in k**" in text
 
 
+@pytest.mark.slow  # 60 simulated sweeps of three servers each: about a minute and a half
 @pytest.mark.parametrize("shape", ["linear", "curved"])
 def test_coverage_of_the_map_in_k_by_simulation(shape):
     got = cal.k_coverage(60, shape=shape)
