@@ -17,11 +17,12 @@ blocks); the map is fitted and replays with the engine's budget (Scheduler), as 
 with the budget each engine states. The `long` world: prompts longer than its 256-token budget (2.5
 times the strata's lengths), a prefix cache of 64-token blocks.
 
-`--k linear|curved`: the map in k (specmatch.deciding.explaining.stepcost.kmap) on a sweep of k = 1, 3, 5
-whose step cost is linear in k (or curved: k squared), every k from 1 to 5 predicted: the coverage of
+`--k linear|curved|identical`: the map in k (specmatch.deciding.explaining.stepcost.kmap) on a sweep of k = 1, 3, 5
+whose step cost is linear in k (or curved: k squared; or identical: every k exactly off, no draft right
+and a step as dear as a plain one), every k from 1 to 5 predicted: the coverage of
 rho at every k and of every k's throughput speedup (the truth: a suite drawn like the measured one served
 by the engine drafting k), how often the line's check and the held-out member's agreed, and how far the
-k the schedule deploys is from the best k's true speedup.
+k the schedule deploys is from the best k's true speedup (and, where no k pays, how often it deploys one).
 """
 from __future__ import annotations
 
@@ -207,7 +208,17 @@ def k_rho(k: int, shape: str = "linear"):
     step whose cost grows with k squared (what the line must catch)."""
     if shape == "curved":
         return lambda b: 1.0 + 0.05 * k * k + 0.012 * k * (b - 1)
+    if shape == "identical":
+        return lambda b: 1.0
     return lambda b: 1.0 + 0.1 * k + 0.012 * k * (b - 1)
+
+
+# `identical`: every draft wrong and a step as dear as a plain one, so every k is exactly off
+NO_DRAFT = {s_: ((1e-3, 1e3), length) for s_, (_, length) in TRAFFIC_STRATA.items()}
+
+
+def k_strata(shape: str) -> dict:
+    return NO_DRAFT if shape == "identical" else TRAFFIC_STRATA
 
 
 K_ALL = (1, 2, 3, 4, 5)
@@ -226,7 +237,7 @@ def k_truth(k: int, c: int, seed: int, suites: int = 200, metric: str = "output_
     size = n * passes_for(n, 1, REQUESTS_PER_WORKER, c)
     tok, match = np.zeros((suites, size)), np.zeros((suites, size, 32), bool)
     for j in range(suites):
-        _, tk, _, mt = traffic_prompts(rng, TRAFFIC_STRATA, COUNTS, 24)
+        _, tk, _, mt = traffic_prompts(rng, k_strata(shape), COUNTS, 24)
         order = np.arange(size) % n
         tok[j], match[j] = tk[order], mt[order]
     ot = np.full(tok.shape, 24)
@@ -243,7 +254,7 @@ def k_experiment(a: tuple) -> dict:
     seed, mapped, shape = a
     specs = k_engines(mapped, shape)
     cells = traffic_cells(seed, {"basis": COUNTS}, MEASURED, min_requests_per_worker=REQUESTS_PER_WORKER,
-                          engine=BASE, specs=specs)
+                          engine=BASE, specs=specs, strata=k_strata(shape))
     s = Settings(bootstrap=200)
     m = Measurements.of(cells, s)
     reqs = requests_of(m)
@@ -288,6 +299,11 @@ def k_coverage(experiments: int, seed: int = 9000, truth_suites: int = 200, mapp
     for c in PREDICTED:
         best = max(t_pred[(k, c)] for k in K_ALL)
         chosen = [g["schedule"][c][0] for g in got if c in g["schedule"]]
+        if best <= 0.01:   # no k pays: how often the schedule deploys one anyway
+            p = float(np.mean([bool(k) for k in chosen])) if chosen else float("nan")
+            out[("deploys", c)] = {"coverage": p, "n": len(chosen),
+                                   "mc_se": math.sqrt(max(p * (1 - p), 1e-12) / max(len(chosen), 1)),
+                                   "width": float("nan"), "bias": float("nan"), "truth": best}
         regret = [best - (t_pred[(k, c)] if k else 0.0) for k in chosen if k is not None]
         p = float(np.mean([r <= 0.03 for r in regret])) if regret else float("nan")
         out[("near best", c)] = {"coverage": p, "n": len(regret),
@@ -303,8 +319,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--rho", choices=sorted(RHOS), default="flat")
     p.add_argument("--world", choices=sorted(WORLDS), default="plain")
     p.add_argument("--profile", choices=sorted(PROFILES), help="a traffic profile's predictions from the map instead")
-    p.add_argument("--k", choices=["linear", "curved"], help="the map in k instead: a k sweep (k = 1, 3, 5) whose "
-                                                             "step cost is linear or curved in k")
+    p.add_argument("--k", choices=["linear", "curved", "identical"],
+                   help="the map in k instead: a k sweep (k = 1, 3, 5) whose step cost is linear or curved in k, or "
+                        "whose every k is exactly off (no draft right, a step as dear as a plain one)")
     p.add_argument("--measured", default=",".join(map(str, MEASURED)),
                    help=f"the map's cells (the check, c={CHECK}, among them), e.g. 1,4,8,16 as the default measures")
     a = p.parse_args(argv)

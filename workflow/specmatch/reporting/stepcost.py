@@ -181,7 +181,8 @@ def _k_lines(km: StepCostKMap) -> list[str]:
         cs = sorted({p.concurrency for p in preds})
         pk = {(p.k, p.concurrency): p for p in preds if p.metric == metric}
         out += ["", f"**`{u}`: the k schedule from the map** ({LABEL.get(metric, metric)}; predicted, not deployed: "
-                f"where some k pays, the one with the largest point among them, untested against the others): {say}.", "",
+                f"where some k pays at the level that allows for the k compared, the one with the largest point "
+                f"among them, untested against the others): {say}.", "",
                 "| k |" + "".join(f" c={c} |" for c in cs), "|---|" + "---|" * len(cs)]
         for k in sorted({p.k for p in preds}):
             row = [f"{_iv(pk[(k, c)].predicted)} {WORD[pk[(k, c)].decision]}" if (k, c) in pk else "—" for c in cs]

@@ -26,13 +26,16 @@ decode steps at k are (out_i - 1) / tau_i(k). A k above K has no rates and is no
 baseline's on the grid. A member the sweep ran is predicted twice: with everything (its own map, its own
 steps: the schedule's) and held out (rho from the other mapped k, tau from the largest k's rates: the
 check), the held-out prediction set beside its measured cells: their difference with an interval that
-holds the prediction's own (its prompts included: a k's drafts are not aligned with the largest k's,
-so the prompts do not cancel; errs wide) and the measured cells' run to run.
+holds the map's error at c, the measured cells' run to run and the tau transfer's own error, paired: the
+same replay with the member's own measured steps on the same prompt resamples, the spread of the
+difference (the suite's prompt sample is the same on both sides and cancels; counting it whole, as
+before, made the check about three times too wide to fail).
 
-**The schedule.** At each concurrency of the grid, the k with the largest predicted speedup on the
-recommendation metric, deployed where its interval pays (off where every k's loses or none pays,
-undecided otherwise), neighbours with the same answer merged into batch bands: a k schedule from one
-fully measured k and one more mapped one, against a sweep that measures every k on every suite.
+**The schedule.** At each concurrency of the grid, of the k whose predicted speedup pays at the level
+that allows for the k compared (1 - alpha / K, as the measured sweep deploys), the one with the largest
+point (off where every k loses or is equivalent to off, undecided otherwise), neighbours with the same
+answer merged into batch bands: a k schedule from the largest k and the mapped ones, against a sweep that
+measures every k on every suite.
 """
 from __future__ import annotations
 
@@ -43,6 +46,7 @@ import numpy as np
 
 from ...reading.measurements import Measurements, Settings
 from ...verdicts.acceptance import per_position_rates
+from ...verdicts.comparison import decision
 from ...verdicts.noise import VarianceSum
 from ..attribution import acceptance_run_to_run
 from ..traffic.step_model import Scheduler
@@ -63,15 +67,26 @@ class KStepMap(StepMap):
     how: str = "map"
 
     def part(self, x: str, b: float, L: float) -> VarianceSum:
+        """Inside the fitted batches the members' parts are independent (their own sessions and cells);
+        beyond them the error is mostly the fitted form's, which every member's fit shares, so there they
+        add as perfectly correlated (never narrower than the wider neighbour's)."""
         if x != self.server:
             first = self.members[min(self.members)]
             return first.part(first.baseline, b, L)
         T = max(self.models[x].step(b, L), 1e-12)
-        out = VarianceSum()
+        parts = []
         for j, w in self.weights.items():
             mj = self.members[j]
-            g = w * mj.models[mj.server].step(b, L) / T
-            out.plus(mj.part(mj.server, b, L), g * g)
+            parts.append((w * mj.models[mj.server].step(b, L) / T, mj.part(mj.server, b, L)))
+        out = VarianceSum()
+        if not self.extrapolated(b) or len(parts) < 2:
+            for g, v in parts:
+                out.plus(v, g * g)
+            return out
+        together = sum(abs(g) * math.sqrt(v.total) for g, v in parts)
+        for g, v in parts:
+            if v.total > 0:
+                out.plus(v, abs(g) * together / math.sqrt(v.total))
         return out
 
 
@@ -235,11 +250,16 @@ def build_kmap(m: Measurements, reqs: dict, parent: str, members: dict[int, str]
             for held, km in runs:
                 if km is None:
                     continue
-                own = None if held else _own(reqs, name, first.baseline, u, data["prompts"])
-                dk = own or _data_at(data, src, name, steps_at(data, src, rates[u], k))
-                tau_from = "measured" if own else f"per-position acceptance of {src} (k={K})"
+                own = _own(reqs, name, first.baseline, u, data["prompts"]) if k in members else None
+                dk = _data_at(data, src, name, steps_at(data, src, rates[u], k)) if held or own is None else own
+                tau_from = "measured" if dk is own else f"per-position acceptance of {src} (k={K})"
+                names = list(dict.fromkeys([metric, "tpot"]))
                 for c in cs:
-                    got = predict_suite(km, dk, u, c, list(dict.fromkeys([metric, "tpot"])), s, acc)
+                    rows: dict = {}
+                    got = predict_suite(km, dk, u, c, names, s, acc, rows)
+                    mine: dict = {}
+                    if held and own is not None:   # the same replay with the member's own steps, on the same draws
+                        predict_suite(km, own, u, c, names, s, acc, mine)
                     for mt, (est, var) in got.items():
                         p = as_prediction(u, c, mt, est, var, s, "predicted", km.extrapolated(c), km.measured_noise)
                         kp = StepCostKPrediction(**p.__dict__, k=k, rho_from=km.how, tau_from=tau_from,
@@ -247,7 +267,15 @@ def build_kmap(m: Measurements, reqs: dict, parent: str, members: dict[int, str]
                         if not held:
                             rec.predictions.append(kp)
                             continue
-                        got_d = _check(m, km, kp, est, var, s, maps[k].rr if k in maps else km.rr)
+                        n = len(dk["prompts"])
+                        paired = (rows[mt] - mine[mt])[1:] if mt in mine else np.array([])
+                        paired = paired[np.isfinite(paired)]
+                        own_var = VarianceSum().plus(km.error(c, float(np.median(dk["ptok"] + dk["out"] / 2))))
+                        if paired.size > 2:
+                            own_var.add(("tau at k", u, c), float(paired.var(ddof=1)) * n / (n - 1), n - 1)
+                        if acc[0]:
+                            own_var.add(("acceptance", src), acc[0] / max(km.repeats, 1), acc[1])
+                        got_d = _check(m, km, kp, est, own_var, s, maps[k].rr if k in maps else km.rr)
                         if got_d is not None:
                             checks.append(got_d)
                             rec.checks.append(kp)
@@ -260,8 +288,10 @@ def build_kmap(m: Measurements, reqs: dict, parent: str, members: dict[int, str]
         rec.note = (f"k = {', '.join(map(str, outside))} not predicted: outside the mapped k ({lo} to {hi}) or above the "
                     f"largest k with per-position acceptance ({K})")
     rec.cells = _cells(m, first.baseline, members, K, sorted(maps), first.suite, first.fit)
+    noise = all(mp.measured_noise for mp in maps.values())
     for u in dict.fromkeys(p.suite for p in rec.predictions):
-        rec.schedule += schedule([p for p in rec.predictions if p.suite == u and p.metric == metric], u, metric)
+        rec.schedule += schedule([p for p in rec.predictions if p.suite == u and p.metric == metric], u, metric, s,
+                                 noise)
     return rec
 
 
@@ -281,8 +311,9 @@ def _own(reqs: dict, server: str, baseline: str, suite: str, prompts: list) -> d
 
 def _check(m: Measurements, km: KStepMap, kp: StepCostKPrediction, est: float, var: VarianceSum, s: Settings,
            rr) -> tuple[float, VarianceSum] | None:
-    """A held-out member's prediction against its cells: their difference with the prediction's variance
-    and the cells' run to run over their repeats (`rr`: the member's own map's), written on `kp`."""
+    """A held-out member's prediction against its cells: their difference with `var` (the map's error at c,
+    the tau transfer's paired part, the acceptance's run to run: module docstring) and the cells' run to
+    run over their repeats (`rr`: the member's own map's), written on `kp`."""
     got = measured_log_speedup(m, km.server, km.baseline, kp.suite, kp.concurrency, kp.metric)
     if got is None:
         return None
@@ -312,18 +343,24 @@ def _cells(m: Measurements, baseline: str, members: dict, K: int, mapped: list[i
     return {"sweep": sweep, "map": need, "members": len(members), "mapped": len(mapped)}
 
 
-def schedule(preds: list[StepCostKPrediction], suite: str, metric: str) -> list[StepCostKBand]:
-    """The k deployed at every concurrency of the grid: of the k whose predicted speedup pays, the largest;
-    0 (off) where every k loses or is equivalent to off; None (undecided) otherwise; beside it the k with
-    the largest predicted speedup. Neighbours with the same answer merged."""
+def schedule(preds: list[StepCostKPrediction], suite: str, metric: str, s: Settings, noise: bool
+             ) -> list[StepCostKBand]:
+    """The k deployed at every concurrency of the grid: of the k whose predicted speedup pays at the level
+    that allows for the k compared (1 - (1 - confidence) / K, as the measured sweep's kchoice deploys: where
+    every k is as fast as off, a false "speculate" at most (1 - confidence) / 2 at a concurrency, however
+    many k), the largest point; 0 (off) where every k loses or is equivalent to off; None (undecided)
+    otherwise; beside it the k with the largest predicted speedup. Neighbours with the same answer merged.
+    `noise`: whether run to run was measured (comparison.decision's rule)."""
     by_c: dict = {}
     for p in preds:
         by_c.setdefault(p.concurrency, []).append(p)
+    band = math.log(1 + s.min_effect)
     rows = []
     for c in sorted(by_c):
         ps = by_c[c]
         best = max(ps, key=lambda p: p.predicted.value)
-        paying = [p for p in ps if p.decision == Decision.PAYS]
+        level = 1 - (1 - s.confidence) / len(ps)
+        paying = [p for p in ps if _at_level(p, s.confidence, level, band, noise) == Decision.PAYS]
         if paying:
             k = max(paying, key=lambda p: p.predicted.value).k
         elif all(p.decision in (Decision.LOSES, Decision.EQUIVALENT) for p in ps):
@@ -339,3 +376,13 @@ def schedule(preds: list[StepCostKPrediction], suite: str, metric: str) -> list[
         else:
             out.append(StepCostKBand(suite, metric, c, c, k, best, ext))
     return out
+
+
+def _at_level(p: StepCostKPrediction, confidence: float, level: float, band: float, noise: bool) -> Decision:
+    """A prediction's verdict at another level: its log half-width rescaled by the t quantiles at its dof."""
+    iv = p.predicted
+    if iv.lo is None or iv.hi is None or not iv.value:
+        return Decision.INCONCLUSIVE
+    est = math.log(iv.value)
+    h = (math.log(iv.hi) - math.log(iv.lo)) / 2 * t_ppf(0.5 + level / 2, p.dof) / t_ppf(0.5 + confidence / 2, p.dof)
+    return decision(est - h, est + h, band, noise)

@@ -76,9 +76,11 @@ def _draws(s: Settings, server: str, suite: str, n: int) -> np.ndarray:
 
 
 def predict_suite(sm: StepMap, data: dict, suite: str, c: int, metric_names: list[str], s: Settings,
-                  acceptance: tuple) -> dict[str, tuple[float, VarianceSum]]:
+                  acceptance: tuple, draws: dict | None = None) -> dict[str, tuple[float, VarianceSum]]:
     """The predicted log speedup of `sm.server` over the baseline on `suite` at c for every metric,
-    with its variance: the prompt sample, the map's error at c, the acceptance's run to run."""
+    with its variance: the prompt sample, the map's error at c, the acceptance's run to run. `draws`:
+    where given, each metric's log speedup of every row (the prompts as measured, then the resamples)
+    is kept there (a paired comparison of two predictions on the same draws)."""
     n = len(data["prompts"])
     rows = _draws(s, sm.server, suite, n)
     size = n * passes_for(n, 1, REQUESTS_PER_WORKER, c)
@@ -94,6 +96,8 @@ def predict_suite(sm: StepMap, data: dict, suite: str, c: int, metric_names: lis
     map_error = sm.error(c, float(np.median(data["ptok"] + data["out"] / 2)))   # the same for every metric
     for mt in metric_names:
         ls = np.asarray(log_speedup(mt, figs[sm.server][mt], figs[sm.baseline][mt]), float)
+        if draws is not None:
+            draws[mt] = ls
         point = float(ls[0])
         boot = ls[1:][np.isfinite(ls[1:])]
         var = VarianceSum()
