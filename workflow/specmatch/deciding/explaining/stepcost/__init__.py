@@ -43,6 +43,10 @@ recommendation's concurrencies the verdict grid lacks.
 shares from the strata's measured prompts (the basis suite's sources and the file suites), replayed
 through the map at every load of the grid: "your traffic" where no cell was measured.
 
+**The map in k** (kmap.py). A k sweep's mapped members give the step cost at any k between them (linear
+in k, checked where three k are mapped), every k's speedup on the grid from the largest k's per-position
+acceptance, the members held out against their cells, and a k schedule by batch band.
+
 **Break-even acceptance.** At batch b speculation pays in TPOT when tau > rho(b, L): the map at the
 suite's median context is the acceptance a drafter must reach there, set beside every source's
 measured tau.
