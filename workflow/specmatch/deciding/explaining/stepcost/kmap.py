@@ -51,7 +51,7 @@ from ...verdicts.noise import VarianceSum
 from ..attribution import acceptance_run_to_run
 from ..traffic.step_model import Scheduler
 from .map import Model, StepMap, bounded_exp
-from .predict import as_prediction, measured_log_speedup, predict_suite, suite_prompts
+from .predict import as_prediction, check_rows, predict_suite, suite_prompts
 from ....records import (Decision, Interval, StepCostKBand, StepCostKCheck, StepCostKMap, StepCostKPoint,
                          StepCostKPrediction)
 from ....stats import t_ppf
@@ -117,11 +117,21 @@ def at_k(maps: dict[int, StepMap], k: int, name: str, leave_out: bool = False) -
                     maps[max(maps)].rr, first.context, {}, k, weights, used, how)
 
 
+def _reach(shape: np.ndarray, scale: np.ndarray) -> np.ndarray:
+    """Per prompt, the chance a step's draft at each position is accepted (every one before it too), for
+    conditional acceptances `scale` times shape[p], capped at 1: their running products."""
+    return np.cumprod(np.minimum(np.asarray(scale, float)[..., None] * shape, 1.0), axis=-1)
+
+
+def _successive(x: np.ndarray, empty: float = 0.0) -> np.ndarray:
+    """x[p] / x[p - 1] (x[0] / 1; `empty` where the one before is 0)."""
+    before = np.concatenate([[1.0], x[:-1]])
+    return np.divide(x, before, out=np.full_like(x, empty), where=before > 0)
+
+
 def extra_tokens(shape: np.ndarray, scale: np.ndarray, k: int) -> np.ndarray:
-    """Expected accepted drafts of a step at k for prompts whose conditional acceptance at position p is
-    `scale` times shape[p] (capped at 1): the sum over p < k of their running products."""
-    acc = np.minimum(np.asarray(scale, float)[..., None] * shape, 1.0)
-    return np.cumprod(acc, axis=-1)[..., :k].sum(-1)
+    """Expected accepted drafts of a step at k: the sum over p < k of _reach."""
+    return _reach(shape, scale)[..., :k].sum(-1)
 
 
 def _scales(shape: np.ndarray, target: np.ndarray) -> np.ndarray:
@@ -153,14 +163,11 @@ def steps_at(data: dict, server: str, rates: list[float], k: int, iterations: in
     if not r[0] > 0 or not (target > 0).any():
         return np.maximum(decoded, 1.0)
     w = np.maximum(steps, 0.0) / max(float(np.maximum(steps, 0.0).sum()), 1e-12)
-    prev = np.concatenate([[1.0], r[:-1]])
-    shape = np.divide(r, prev, out=np.zeros_like(r), where=prev > 0)
+    shape = _successive(r)
     for _ in range(iterations):
-        scale = _scales(shape, target)
-        pooled = (w[:, None] * np.cumprod(np.minimum(scale[:, None] * shape, 1.0), axis=1)).sum(0)
+        pooled = (w[:, None] * _reach(shape, _scales(shape, target))).sum(0)
         ratio = np.divide(r, pooled, out=np.ones_like(r), where=pooled > 0)
-        before = np.concatenate([[1.0], ratio[:-1]])
-        step = np.divide(ratio, before, out=np.ones_like(ratio), where=before > 0)
+        step = _successive(ratio, empty=1.0)   # a position no prompt reaches: left as it is
         if np.max(np.abs(step - 1)) < 1e-9 or not np.isfinite(shape * step).all():
             break   # matched, or prompts (all or nothing) that no shape moves
         shape = shape * step
@@ -247,10 +254,10 @@ def build_kmap(m: Measurements, reqs: dict, parent: str, members: dict[int, str]
             runs = [(False, at_k(maps, k, name))]
             if k in members and k != K:
                 runs.append((True, at_k(maps, k, name, leave_out=True)))
+            own = _own(reqs, name, first.baseline, u, data["prompts"]) if k in members else None
             for held, km in runs:
                 if km is None:
                     continue
-                own = _own(reqs, name, first.baseline, u, data["prompts"]) if k in members else None
                 dk = _data_at(data, src, name, steps_at(data, src, rates[u], k)) if held or own is None else own
                 tau_from = "measured" if dk is own else f"per-position acceptance of {src} (k={K})"
                 names = list(dict.fromkeys([metric, "tpot"]))
@@ -275,7 +282,8 @@ def build_kmap(m: Measurements, reqs: dict, parent: str, members: dict[int, str]
                             own_var.add(("tau at k", u, c), float(paired.var(ddof=1)) * n / (n - 1), n - 1)
                         if acc[0]:
                             own_var.add(("acceptance", src), acc[0] / max(km.repeats, 1), acc[1])
-                        got_d = _check(m, km, kp, est, own_var, s, maps[k].rr if k in maps else km.rr)
+                        kp.role = "check"
+                        got_d = check_rows(km, m, kp, est, s, own_var, maps[k].rr if k in maps else km.rr)
                         if got_d is not None:
                             checks.append(got_d)
                             rec.checks.append(kp)
@@ -307,28 +315,6 @@ def _own(reqs: dict, server: str, baseline: str, suite: str, prompts: list) -> d
     i = np.array([at[p] for p in prompts])
     return {"prompts": list(prompts), "ptok": d["ptok"][i], "out": d["out"][i],
             "steps": {x: v[i] for x, v in d["steps"].items()}, "cached": {x: v[i] for x, v in d["cached"].items()}}
-
-
-def _check(m: Measurements, km: KStepMap, kp: StepCostKPrediction, est: float, var: VarianceSum, s: Settings,
-           rr) -> tuple[float, VarianceSum] | None:
-    """A held-out member's prediction against its cells: their difference with `var` (the map's error at c,
-    the tau transfer's paired part, the acceptance's run to run: module docstring) and the cells' run to
-    run over their repeats (`rr`: the member's own map's), written on `kp`."""
-    got = measured_log_speedup(m, km.server, km.baseline, kp.suite, kp.concurrency, kp.metric)
-    if got is None:
-        return None
-    value, R = got
-    diff = VarianceSum().plus(var)
-    for x in (km.server, km.baseline):
-        diff.plus(rr.at(kp.metric, x, kp.concurrency), 1.0 / R)
-    d = value - est
-    kp.measured = math.exp(value)
-    kp.role = "check"
-    if diff.total > 0:
-        h = t_ppf(0.5 + s.confidence / 2, diff.dof) * math.sqrt(diff.total)
-        kp.difference = Interval(math.exp(d), bounded_exp(d - h), bounded_exp(d + h))
-        kp.agrees = bool(d - h <= 0 <= d + h)
-    return d, diff
 
 
 def _cells(m: Measurements, baseline: str, members: dict, K: int, mapped: list[int], suite: str, fit: list) -> dict:

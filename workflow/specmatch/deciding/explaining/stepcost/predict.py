@@ -236,19 +236,21 @@ def measured_log_speedup(m: Measurements, server: str, baseline: str, suite: str
     return (float(np.mean(vals)), len(vals)) if vals else None
 
 
-def check_rows(sm: StepMap, m: Measurements, pred: StepCostPrediction, est: float, s: Settings
-               ) -> tuple[float, VarianceSum] | None:
+def check_rows(sm: StepMap, m: Measurements, pred: StepCostPrediction, est: float, s: Settings,
+               own: VarianceSum | None = None, rr=None) -> tuple[float, VarianceSum] | None:
     """Measured against predicted where the cells measured the concurrency: the difference of the logs
     with its interval (the measured cells' run to run over their repeats, and the map's error; the
     prompts are the same and cancel) and whether it contains 0, written on `pred`; returns the
-    difference and its variance (for the family's test, build.map_holds), None where not measured."""
+    difference and its variance (for the family's test, build.map_holds), None where not measured.
+    `own`: the prediction's own variance in the difference instead of the map's error; `rr`: the measured
+    cells' run to run instead of the map's (the map in k's held-out members)."""
     got = measured_log_speedup(m, sm.server, sm.baseline, pred.suite, pred.concurrency, pred.metric)
     if got is None:
         return None
     value, R = got
-    diff = VarianceSum().plus(sm.error(pred.concurrency))
+    diff = VarianceSum().plus(sm.error(pred.concurrency) if own is None else own)
     for x in (sm.server, sm.baseline):
-        diff.plus(sm.rr.at(pred.metric, x, pred.concurrency), 1.0 / R)
+        diff.plus((rr or sm.rr).at(pred.metric, x, pred.concurrency), 1.0 / R)
     d = value - est
     pred.measured = math.exp(value)
     if diff.total > 0:
