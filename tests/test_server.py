@@ -1,5 +1,6 @@
 """The server manager: reuse, restart, start-up failures with the log tail, and the watchdog."""
 import os
+import signal
 import subprocess
 import sys
 import time
@@ -343,3 +344,53 @@ def test_the_entry_point_installs_the_notice_first_and_leaves_the_watchdog_its_o
             "print(announce_termination('cell'), signal.getsignal(signal.SIGTERM) is signal.SIG_IGN)\n")
     assert subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                           timeout=60).stdout.split() == ["False", "True"]
+
+
+def test_a_jobs_snakemake_orphaned_inside_an_allocation_ends_with_what_it_started(tmp_path):
+    """SLURM's linuxproc tracking loses a job's Snakemake once its parent shell has died of the
+    allocation's SIGTERM, and Snakemake's SIGTERM handler can hang: the guard ends it (and its
+    children) a grace after the parent's death, not while the parent lives."""
+    err = tmp_path / "job.err"
+    job = ("import os, signal, subprocess, sys, threading, time\n"
+           f"sys.path.insert(0, {str(REPO / 'workflow')!r})\n"
+           "from specmatch.ending import end_when_orphaned\n"
+           "assert end_when_orphaned(grace_s=1.0, poll_s=0.1)\n"
+           "lock = threading.Lock()\n"
+           "lock.acquire()\n"
+           "signal.signal(signal.SIGTERM, lambda *a: lock.acquire())  # a handler that never returns\n"
+           "child = subprocess.Popen(['sleep', '300'])\n"
+           "print(os.getpid(), child.pid, flush=True)\n"
+           "time.sleep(300)\n")
+    shell = ("import subprocess, sys, time\n"
+             "subprocess.Popen([sys.executable, '-c', sys.argv[1]], stderr=open(sys.argv[2], 'w'))\n"
+             "time.sleep(300)\n")
+    env = {**os.environ, "SLURM_JOB_ID": "77"}
+    p = subprocess.Popen([sys.executable, "-c", shell, job, str(err)], stdout=subprocess.PIPE, text=True, env=env)
+    try:
+        job_pid, child_pid = map(int, p.stdout.readline().split())
+        time.sleep(2.0)   # past the grace while the parent lives: nothing happens
+        assert pid_alive(job_pid) and pid_alive(child_pid)
+        os.kill(job_pid, signal.SIGTERM)   # its handler hangs
+        p.kill()                           # the parent dies: the job is re-parented
+        p.wait(10)
+        deadline = time.time() + 15
+        while (pid_alive(job_pid) or pid_alive(child_pid)) and time.time() < deadline:
+            time.sleep(0.1)
+        assert not pid_alive(job_pid) and not pid_alive(child_pid)
+        assert "SLURM allocation 77 is being taken down; it ends now (SIGKILL)" in err.read_text()
+    finally:
+        if p.poll() is None:
+            p.kill()
+        for pid in (locals().get("job_pid"), locals().get("child_pid")):
+            if pid_alive(pid):
+                os.kill(pid, signal.SIGKILL)
+
+
+def test_the_orphan_guard_stays_out_of_runs_outside_slurm():
+    code = ("import os, sys\n"
+            f"sys.path.insert(0, {str(REPO / 'workflow')!r})\n"
+            "os.environ.pop('SLURM_JOB_ID', None)\n"
+            "from specmatch.ending import end_when_orphaned\n"
+            "print(end_when_orphaned())\n")
+    assert subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          timeout=60).stdout.strip() == "None"

@@ -44,8 +44,9 @@ def _uses_conda():
 
 
 # What the rules' commands need: this checkout's package on PYTHONPATH, the interpreter running
-# Snakemake first on PATH, and this process's pid (servers and cells die with it).
-_prepare_env(_PKG, conda=_uses_conda())
+# Snakemake first on PATH, and this process's pid (servers and cells die with it); a job's Snakemake in
+# a SLURM allocation ends itself if the allocation's end leaves it orphaned (specmatch.ending).
+_prepare_env(_PKG, conda=_uses_conda(), job=workflow.remote_exec)
 # One serving slot unless `--resources serving_slot=N` gives more (profiles/default and profiles/slurm
 # give 1). Snakemake passes neither `--resources` nor profiles to the Snakemake that runs a group
 # inside a cluster allocation (nor to any job it spawns): without this, a server session's cells

@@ -11,6 +11,7 @@ import signal
 import subprocess
 import sys
 import threading
+import time
 
 
 def slurm_ending_why(job: str, timeout: float = 5.0) -> str:
@@ -72,3 +73,58 @@ def announce_termination(step: str) -> bool:
 
     signal.signal(signal.SIGTERM, handler)
     return True
+
+
+def descendants(pid: int) -> list[int]:
+    """Every live process below `pid` (children first), from /proc's parent links."""
+    children: dict[int, list[int]] = {}
+    for d in os.listdir("/proc"):
+        if not d.isdigit():
+            continue
+        try:
+            with open(f"/proc/{d}/stat") as fh:
+                ppid = int(fh.read().rsplit(") ", 1)[1].split()[1])
+        except (OSError, IndexError, ValueError):
+            continue
+        children.setdefault(ppid, []).append(int(d))
+    out, todo = [], list(children.get(pid, []))
+    while todo:
+        p = todo.pop(0)
+        out.append(p)
+        todo += children.get(p, [])
+    return out
+
+
+def end_when_orphaned(grace_s: float = 30.0, poll_s: float = 1.0) -> threading.Thread | None:
+    """Inside a SLURM allocation, end this process (and whatever it started) `grace_s` after its
+    parent has died; returns the watching thread, or None outside an allocation.
+
+    Why: SLURM ends an allocation by SIGTERM to its processes, then SIGKILL after KillWait, but with
+    `proctrack/linuxproc` it finds them by their parent links. A job's Snakemake whose parent shell
+    died of the SIGTERM is re-parented to init and out of reach of the SIGKILL, and Snakemake's own
+    SIGTERM handler can hang (it takes the scheduler's lock, which the interrupted main thread may
+    hold): such a Snakemake, and the cell or server it watches, would outlive the allocation
+    forever. A job's Snakemake never outlives its parent otherwise, so the parent's death means the
+    allocation is being taken down; the grace leaves Snakemake time to end on its own, as SLURM's
+    KillWait would."""
+    if not os.environ.get("SLURM_JOB_ID"):
+        return None
+    parent, me = os.getppid(), os.getpid()
+
+    def watch() -> None:
+        while os.getppid() == parent:
+            time.sleep(poll_s)
+        time.sleep(grace_s)
+        print(f"specmatch: the parent of this job's Snakemake (pid {parent}) ended {grace_s:.0f} s ago and "
+              f"SLURM allocation {os.environ.get('SLURM_JOB_ID')} is being taken down; it ends now "
+              f"(SIGKILL), with what it started", file=sys.stderr, flush=True)
+        for pid in reversed(descendants(me)):
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except OSError:
+                pass
+        os.kill(me, signal.SIGKILL)
+
+    t = threading.Thread(target=watch, name="specmatch-orphan-guard", daemon=True)
+    t.start()
+    return t
