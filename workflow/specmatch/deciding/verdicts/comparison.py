@@ -290,6 +290,14 @@ def _b_dof(rr_parts: list) -> float:
     return VarianceSum({i: [v, d] for i, (v, d) in enumerate(rr_parts)}).dof if rr_parts else float("inf")
 
 
+def chance(cmp: Comparison, design: sequential.Design, s: Settings) -> float:
+    """sequential.chance_decided for this comparison under `design`: the probability that the design's
+    remaining repeats decide it (what the rounds rank configurations by under a cell budget)."""
+    w, w_dof, b, rr_parts = _split(cmp)
+    return sequential.chance_decided(cmp.estimate, w, b, cmp.repeats, design, s.confidence, math.log(1 + s.min_effect),
+                                     w_dof, _b_dof(rr_parts))
+
+
 def continues(cmp: Comparison, design: sequential.Design, s: Settings) -> bool:
     """sequential.continues for this comparison under `design`: whether the design's remaining repeats
     decide it with probability at least its min_probability, the rule by which the rounds continue a
