@@ -24,8 +24,10 @@ pip_quiet() { "$@" 2> >(grep -v "is ignored: it is neither a file nor a director
 
 with_uv() {
   "${PIP[@]}" install -q "uv==$UV_VERSION" || return 1
-  local UV=("$VENV/bin/uv" pip) sources
-  mapfile -t sources < <("$VENV/bin/python" scripts/uv-sources.py)   # uv reads no pip config
+  local UV=("$VENV/bin/uv" pip) sources listing
+  listing=$("$VENV/bin/python" scripts/uv-sources.py) || return 1   # uv reads no pip config
+  mapfile -t sources <<< "$listing"
+  [[ -n $listing ]] || sources=()
   # --compile-bytecode as pip does: where PYTHONDONTWRITEBYTECODE is set (this machine), nothing else
   # ever writes it, and every server start would compile vLLM again (twice the start-up time)
   local args=(--python "$VENV/bin/python" --quiet --compile-bytecode --index-strategy unsafe-best-match "${sources[@]}")

@@ -349,12 +349,12 @@ def test_the_entry_point_installs_the_notice_first_and_leaves_the_watchdog_its_o
 def test_a_jobs_snakemake_orphaned_inside_an_allocation_ends_with_what_it_started(tmp_path):
     """SLURM's linuxproc tracking loses a job's Snakemake once its parent shell has died of the
     allocation's SIGTERM, and Snakemake's SIGTERM handler can hang: the guard ends it (and its
-    children) a grace after the parent's death, not while the parent lives."""
+    children) a grace after the parent's death, not before, and not while the parent lives."""
     err = tmp_path / "job.err"
     job = ("import os, signal, subprocess, sys, threading, time\n"
            f"sys.path.insert(0, {str(REPO / 'workflow')!r})\n"
            "from specmatch.ending import end_when_orphaned\n"
-           "assert end_when_orphaned(grace_s=1.0, poll_s=0.1)\n"
+           "assert end_when_orphaned(grace_s=3.0, poll_s=0.1)\n"
            "lock = threading.Lock()\n"
            "lock.acquire()\n"
            "signal.signal(signal.SIGTERM, lambda *a: lock.acquire())  # a handler that never returns\n"
@@ -366,13 +366,16 @@ def test_a_jobs_snakemake_orphaned_inside_an_allocation_ends_with_what_it_starte
              "time.sleep(300)\n")
     env = {**os.environ, "SLURM_JOB_ID": "77"}
     p = subprocess.Popen([sys.executable, "-c", shell, job, str(err)], stdout=subprocess.PIPE, text=True, env=env)
+    job_pid = child_pid = None
     try:
         job_pid, child_pid = map(int, p.stdout.readline().split())
-        time.sleep(2.0)   # past the grace while the parent lives: nothing happens
-        assert pid_alive(job_pid) and pid_alive(child_pid)
         os.kill(job_pid, signal.SIGTERM)   # its handler hangs
+        time.sleep(4.0)                    # past the grace while the parent lives: nothing happens
+        assert pid_alive(job_pid) and pid_alive(child_pid)
         p.kill()                           # the parent dies: the job is re-parented
         p.wait(10)
+        time.sleep(1.5)                    # within the grace: still there
+        assert pid_alive(job_pid) and pid_alive(child_pid)
         deadline = time.time() + 15
         while (pid_alive(job_pid) or pid_alive(child_pid)) and time.time() < deadline:
             time.sleep(0.1)
@@ -381,9 +384,55 @@ def test_a_jobs_snakemake_orphaned_inside_an_allocation_ends_with_what_it_starte
     finally:
         if p.poll() is None:
             p.kill()
-        for pid in (locals().get("job_pid"), locals().get("child_pid")):
+        for pid in (job_pid, child_pid):
             if pid_alive(pid):
                 os.kill(pid, signal.SIGKILL)
+
+
+def test_a_job_whose_parent_was_gone_before_the_guard_started_is_ended_too(tmp_path):
+    code = ("import os, sys, time\n"
+            f"sys.path.insert(0, {str(REPO / 'workflow')!r})\n"
+            "if os.fork():\n"
+            "    os._exit(0)          # the parent goes first: the child is re-parented\n"
+            "time.sleep(0.5)\n"
+            "from specmatch.ending import end_when_orphaned\n"
+            "print(os.getpid(), flush=True)\n"
+            "end_when_orphaned(grace_s=1.0, poll_s=0.1)\n"
+            "time.sleep(300)\n")
+    p = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True,
+                         env={**os.environ, "SLURM_JOB_ID": "77"})
+    pid = int(p.stdout.readline())
+    try:
+        deadline = time.time() + 15
+        while pid_alive(pid) and time.time() < deadline:
+            time.sleep(0.1)
+        assert not pid_alive(pid)
+    finally:
+        if pid_alive(pid):
+            os.kill(pid, signal.SIGKILL)
+
+
+def test_the_workflow_arms_the_guard_only_in_a_jobs_snakemake_inside_an_allocation():
+    """workflow/rules/common.smk passes Snakemake's `workflow.remote_exec` (ExecMode.REMOTE: the
+    Snakemake that runs jobs inside an allocation) as `job`; the guard starts only there."""
+    import snakemake.api  # noqa: F401  (snakemake.workflow alone is a circular import)
+    from snakemake.workflow import Workflow
+
+    assert isinstance(Workflow.__dict__.get("remote_exec"), property)
+    assert "job=workflow.remote_exec" in (REPO / "workflow" / "rules" / "common.smk").read_text()
+    code = ("import os, sys, threading\n"
+            f"sys.path.insert(0, {str(REPO / 'workflow')!r})\n"
+            "from specmatch.workflow_env import prepare\n"
+            "prepare(sys.argv[1], conda=False, job=sys.argv[2] == 'job')\n"
+            "print(any(t.name == 'specmatch-orphan-guard' for t in threading.enumerate()))\n")
+
+    def armed(job: bool, slurm: bool) -> bool:
+        env = {k: v for k, v in os.environ.items() if k != "SLURM_JOB_ID"} | ({"SLURM_JOB_ID": "77"} if slurm else {})
+        out = subprocess.run([sys.executable, "-c", code, str(REPO / "workflow"), "job" if job else "run"],
+                             capture_output=True, text=True, env=env, timeout=60)
+        return out.stdout.strip() == "True"
+
+    assert armed(True, True) and not armed(True, False) and not armed(False, True)
 
 
 def test_the_orphan_guard_stays_out_of_runs_outside_slurm():

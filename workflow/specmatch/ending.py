@@ -76,17 +76,18 @@ def announce_termination(step: str) -> bool:
 
 
 def descendants(pid: int) -> list[int]:
-    """Every live process below `pid` (children first), from /proc's parent links."""
+    """Every live process below `pid` (nearest first; zombies left out), from /proc's parent links."""
     children: dict[int, list[int]] = {}
     for d in os.listdir("/proc"):
         if not d.isdigit():
             continue
         try:
             with open(f"/proc/{d}/stat") as fh:
-                ppid = int(fh.read().rsplit(") ", 1)[1].split()[1])
+                state, ppid = fh.read().rsplit(") ", 1)[1].split()[:2]
         except (OSError, IndexError, ValueError):
             continue
-        children.setdefault(ppid, []).append(int(d))
+        if state != "Z":
+            children.setdefault(int(ppid), []).append(int(d))
     out, todo = [], list(children.get(pid, []))
     while todo:
         p = todo.pop(0)
@@ -104,27 +105,43 @@ def end_when_orphaned(grace_s: float = 20.0, poll_s: float = 1.0) -> threading.T
     died of the SIGTERM is re-parented to init and out of reach of the SIGKILL, and Snakemake's own
     SIGTERM handler can hang (it takes the scheduler's lock, which the interrupted main thread may
     hold): such a Snakemake, and the cell or server it watches, would outlive the allocation
-    forever. A job's Snakemake never outlives its parent otherwise, so the parent's death means the
-    allocation is being taken down; the grace leaves Snakemake time to end on its own, as SLURM's
-    KillWait would."""
+    forever. A job's Snakemake never outlives its parent otherwise, so the parent's death (or a
+    parent already gone when the guard starts) means the allocation is being taken down; the grace
+    leaves Snakemake time to end on its own, as SLURM's KillWait would."""
     if not os.environ.get("SLURM_JOB_ID"):
         return None
     parent, me = os.getppid(), os.getpid()
 
     def watch() -> None:
-        while os.getppid() == parent:
+        while parent != 1 and os.getppid() == parent:
             time.sleep(poll_s)
         time.sleep(grace_s)
-        print(f"specmatch: the parent of this job's Snakemake (pid {parent}) ended {grace_s:.0f} s ago and "
-              f"SLURM allocation {os.environ.get('SLURM_JOB_ID')} is being taken down; it ends now "
-              f"(SIGKILL), with what it started", file=sys.stderr, flush=True)
-        for pid in reversed(descendants(me)):
-            try:
-                os.kill(pid, signal.SIGKILL)
-            except OSError:
-                pass
-        os.kill(me, signal.SIGKILL)
+        try:
+            print(f"specmatch: the parent of this job's Snakemake (pid {parent}) ended {grace_s:.0f} s ago and "
+                  f"SLURM allocation {os.environ.get('SLURM_JOB_ID')} is being taken down; it ends now "
+                  f"(SIGKILL), with what it started", file=sys.stderr, flush=True)
+        except Exception:   # a closed or full stderr must not keep it alive
+            pass
+        finally:
+            kill_tree(me)
 
     t = threading.Thread(target=watch, name="specmatch-orphan-guard", daemon=True)
     t.start()
     return t
+
+
+def kill_tree(pid: int, rounds: int = 20) -> None:
+    """SIGKILL everything below `pid`, then `pid`. Each round stops the tree from the top (a stopped
+    process starts nothing new) and kills it; a process started between two scans is caught by the
+    next round."""
+    for _ in range(rounds):
+        below = descendants(pid)
+        if not below:
+            break
+        for sig in (signal.SIGSTOP, signal.SIGKILL):
+            for p in below:
+                try:
+                    os.kill(p, sig)
+                except OSError:
+                    pass
+    os.kill(pid, signal.SIGKILL)

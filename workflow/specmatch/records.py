@@ -1294,8 +1294,7 @@ class Continuation(str, enum.Enum):
     DECIDED = "decided"                   # pays, loses or equivalent at this look's level: stops
     AT_MAX = "at max"                     # inconclusive after repeats.max: stops, says what would decide it
     UNLIKELY = "unlikely to decide"       # inconclusive, and the remaining repeats would likely leave it so
-    BUDGET = "over budget"                # would continue, but the round's cells (repeats.max_cells) went to
-    #                                       configurations likelier to be decided: stops, says what would decide it
+    BUDGET = "over budget"                # would continue, but the round's cells (repeats.max_cells) went to likelier ones: stops
 
 
 @dataclass
