@@ -433,13 +433,3 @@ def test_the_workflow_arms_the_guard_only_in_a_jobs_snakemake_inside_an_allocati
         return out.stdout.strip() == "True"
 
     assert armed(True, True) and not armed(True, False) and not armed(False, True)
-
-
-def test_the_orphan_guard_stays_out_of_runs_outside_slurm():
-    code = ("import os, sys\n"
-            f"sys.path.insert(0, {str(REPO / 'workflow')!r})\n"
-            "os.environ.pop('SLURM_JOB_ID', None)\n"
-            "from specmatch.ending import end_when_orphaned\n"
-            "print(end_when_orphaned())\n")
-    assert subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
-                          timeout=60).stdout.strip() == "None"
