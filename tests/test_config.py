@@ -82,6 +82,11 @@ def test_shipped_ksweep_config_is_the_k_sweep_with_the_in_sample_suite():
      "servers.ngram.suites: 'nope' is not a suite"),   # a sweep's error names the key the user wrote
     (lambda c: c["servers"]["baseline"].update(suites=["generic"]), "servers.baseline.suites: the baseline is compared"),
     (lambda c: c["servers"]["ngram"].update(suites=[]), "servers.ngram.suites"),
+    (lambda c: c["suites"]["generic"].update(concurrency=[2]),
+     "suites.generic.concurrency: [2] not in concurrency [1, 16] (a suite is measured at a part of the grid)"),
+    (lambda c: c["suites"]["train_holdout"].update(concurrency=[16]),
+     "suites.train_holdout.concurrency: train_holdout is a recommendation suite, measured at every concurrency"),
+    (lambda c: c["suites"]["generic"].update(concurrency=[]), "suites.generic.concurrency"),
 ])
 def test_bad_config_names_the_key(mutate, message):
     cfg = copy.deepcopy(base())
@@ -90,6 +95,17 @@ def test_bad_config_names_the_key(mutate, message):
         validate(cfg, "my.yaml")
     assert message in str(e.value)
     assert "my.yaml" in str(e.value)
+
+
+def test_a_suite_measured_at_part_of_the_grid_keeps_busy_only_there():
+    """`suites.<name>.concurrency`: a 4-prompt control measured at c=1 only is valid (it never meets c=16);
+    the suites are listed at their own concurrencies, the others at the whole grid."""
+    from specmatch.config import suite_concurrency
+
+    cfg = copy.deepcopy(base())
+    cfg["suites"]["generic"].update(concurrency=[1], size=4)
+    got = validate(cfg)
+    assert suite_concurrency(got, "generic") == [1] and suite_concurrency(got, "train_holdout") == [1, 16]
 
 
 def test_shipped_example_configs_validate_and_build():

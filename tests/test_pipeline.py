@@ -69,6 +69,19 @@ def test_cells_through_a_round_are_every_cell_up_to_min_then_what_each_plan_adde
                                           "results/servers/x/r2/launch.json", "results/servers/x/r3/launch.json"]
 
 
+def test_a_suite_measured_at_part_of_the_grid_has_only_those_cells():
+    """`suites.<name>.concurrency` (config.suite_concurrency): the grid and the sequential design's first
+    repeats list a suite's cells at its own concurrencies only; a round adds what its plan names."""
+    per_suite = {"u": [1, 4], "v": [4]}
+    assert pipeline.grid_keys(["b"], ["u", "v"], [1], per_suite) == [("b", "u", 1, 1), ("b", "u", 1, 4),
+                                                                     ("b", "v", 1, 4)]
+    plans = Plans({2: plan(2, [("x", "v", 4)]), 3: plan(3, [])})
+    keys = pipeline.cell_keys_through(5, {"b": ["u", "v"], "x": ["v"]}, per_suite, 2, 5, plans)
+    assert [k for k in keys if k[1] == "v"] == [("b", "v", 1, 4), ("b", "v", 2, 4), ("x", "v", 1, 4),
+                                                ("x", "v", 2, 4), ("x", "v", 3, 4)]
+    assert not [k for k in keys if k[1] == "v" and k[3] == 1]
+
+
 def test_a_fixed_design_reads_no_plan():
     def never(k):
         raise AssertionError("a fixed design has no rounds")

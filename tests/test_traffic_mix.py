@@ -8,7 +8,7 @@ from collections import Counter
 import pytest
 
 from builders import make_root, shipped_config
-from specmatch.config import validate
+from specmatch.config import suite_concurrency, validate
 from specmatch.data.inspection import inspect_root
 from specmatch.data.inspection import main as inspection_main
 from specmatch.data.prompts import allocate, main as prompts_main, traffic_suite, training_suite
@@ -79,6 +79,8 @@ def test_config_checks_what_the_config_alone_shows():
             ({"x": {"mix": {"train_holdout": 1}}}, "'train_holdout' is a training suite"),
             ({"x": {"mix": {"generic": 0}}}, "every weight is zero"),
             ({"x": {"mix": {"generic": 1}, "verify": True, "size": 4}}, "traffic.x.size: 4 prompts"),
+            ({"x": {"mix": {"generic": 1}, "verify": True, "concurrency": [2]}},
+             r"traffic.x.concurrency: \[2\] not in concurrency \[1, 16\]"),
             ({"x": {"mix": {"generic": -1}}}, "traffic.x.mix.generic")):
         with pytest.raises(SpecmatchError, match=msg):
             validate({**cfg, "traffic": traffic})
@@ -97,6 +99,12 @@ def test_a_verified_profile_becomes_an_ordinary_suite_on_the_grid():
     assert spec["exclude"] == ["generic", "train_holdout"]   # the estimation suites, never redrawn
     assert all("traffic_gen" in s["suites"] for n, s in out["servers"].items() if n.startswith("eagle3@"))
     assert with_traffic_suites(validate(shipped_config())) == validate(shipped_config())   # nothing verified
+    # a profile verified under load only: its suite is measured there, and drawn as without the key
+    cfg["traffic"]["gen"]["concurrency"] = [16]
+    spec16 = with_traffic_suites(cfg)["suites"]["traffic_gen"]
+    assert spec16["concurrency"] == [16] and {k: v for k, v in spec16.items() if k != "concurrency"} == spec
+    assert suite_concurrency(with_traffic_suites(cfg), "traffic_gen") == [16]
+    assert suite_concurrency(with_traffic_suites(cfg), "generic") == [1, 16]
 
 
 def test_a_verifying_suite_is_drawn_with_the_mix(tmp_path, tok, tok_dir):
@@ -202,7 +210,9 @@ def test_the_default_workflow_measures_a_verified_profile_on_the_whole_grid(tmp_
     # the embedded default: baseline and eagle3 on train_holdout, generic and its verified profiles' suites
     # traffic_generic_heavy and traffic_long_context, plus the step-cost map's cells (both servers on
     # train_holdout at c=4 and 8)
+    # (traffic_generic_heavy under load only: traffic.generic_heavy.concurrency [16])
     plain = run(snakemake_cmd() + ["-n", "--cores", "2"], wd).stdout
-    assert job_counts(plain)["cell"] == 2 * 4 * 2 * 2 + 2 * 2 * 2 and job_counts(plain)["traffic_profiles"] == 1
+    assert job_counts(plain)["cell"] == 2 * (3 * 2 + 1) * 2 + 2 * 2 * 2 and job_counts(plain)["traffic_profiles"] == 1
     assert "results/cells/eagle3/train_holdout/r2/c4.json" in plain and job_counts(plain)["stepcost"] == 1
     assert "results/cells/eagle3/traffic_generic_heavy/r2/c16.json" in plain
+    assert "results/cells/eagle3/traffic_generic_heavy/r2/c1.json" not in plain

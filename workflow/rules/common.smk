@@ -15,7 +15,7 @@ if _PKG not in sys.path:
 from specmatch import pipeline
 from specmatch.config import validate as _validate_config
 from specmatch.pipeline import CELL_JSON, CELL_REQUESTS, DECISION_FILES, LAUNCH, SUMMARY
-from specmatch.config import step_cost_suite
+from specmatch.config import step_cost_suite, suite_concurrency
 from specmatch.serving.controls import is_control, recommendation_suites, with_controls
 from specmatch.data.traffic import (
     step_config as traffic_step_config,
@@ -71,6 +71,7 @@ SERVERS = list(CFG["servers"])
 SUITES = list(CFG["suites"])
 CONCURRENCY = sorted(CFG["concurrency"])
 MAX_CONCURRENCY = max(CONCURRENCY)
+SUITE_CONCURRENCY = {suite: suite_concurrency(CFG, suite) for suite in SUITES}
 # `repeats`: a fixed design (every cell R times) or the sequential one (every cell `min` times, then
 # rounds that add a repeat only where a verdict is still inconclusive: rounds.smk)
 DESIGN = Design.of(CFG["repeats"])
@@ -145,11 +146,11 @@ def whole_machine(wildcards):
 
 
 def session_cells(server):
-    """How many cells one session (repeat) of `server` has at most: its suites x the concurrencies
-    (a recommended server is measured on one suite)."""
-    suites = len(server_suites(server)) if server in CFG["servers"] else 1
+    """How many cells one session (repeat) of `server` has at most: each of its suites at its
+    concurrencies (a recommended server is measured on one suite, at every concurrency)."""
+    suites = server_suites(server) if server in CFG["servers"] else RECOMMEND_SUITES[:1]
     extra = [c for c in CFG["step_cost"].get("concurrency", []) if c not in CONCURRENCY]
-    return suites * len(CONCURRENCY) + len(extra)
+    return sum(len(SUITE_CONCURRENCY[u]) for u in suites) + len(extra)
 
 
 def default_runtime():
@@ -340,7 +341,11 @@ def suite_inputs(wildcards):
 
 
 def suite_json(wildcards):
-    return to_json(CFG["suites"][wildcards.suite])
+    """The suite's spec as its prompts step sees it: `concurrency` only chooses cells, so editing it
+    never redraws the suite."""
+    return to_json(
+        {k: v for k, v in CFG["suites"][wildcards.suite].items() if k != "concurrency"}
+    )
 
 
 def suite_cuts_arg(wildcards, input):
@@ -368,7 +373,7 @@ SERVER_SUITES = {name: server_suites(name) for name in SERVERS}
 
 def cell_paths(servers, suites, ext="json"):
     return pipeline.cell_paths(
-        pipeline.grid_keys(servers, suites, REPEATS, CONCURRENCY), ext
+        pipeline.grid_keys(servers, suites, REPEATS, SUITE_CONCURRENCY), ext
     )
 
 
@@ -407,7 +412,7 @@ def rounds_before(r):
 def cell_keys_through(r):
     """Every configured server's cell measured in repeats 1..r (pipeline.cell_keys_through)."""
     return pipeline.cell_keys_through(
-        r, SERVER_SUITES, CONCURRENCY, DESIGN.min, DESIGN.max, round_plan
+        r, SERVER_SUITES, SUITE_CONCURRENCY, DESIGN.min, DESIGN.max, round_plan
     )
 
 

@@ -18,6 +18,7 @@ import jsonschema
 import yaml
 
 from .files import SCHEMAS_DIR, SpecmatchError
+from .serving.controls import recommendation_suites
 from .serving.engines import ENGINES
 from .sweep import expand, member_of
 
@@ -193,6 +194,42 @@ def step_cost_suite(cfg: dict) -> str:
     return sc.get("suite") or (rec[0] if rec else next(iter(cfg["suites"])))
 
 
+def suite_concurrency(cfg: dict, suite: str) -> list[int]:
+    """The concurrencies `suite` is measured at: its own `concurrency` (a part of the grid), else the
+    whole grid (`concurrency`)."""
+    own = (cfg["suites"].get(suite) or {}).get("concurrency")
+    return sorted(own or cfg["concurrency"])
+
+
+def whole_grid_suites(cfg: dict) -> dict[str, str]:
+    """The suites that must be measured at every concurrency, each with why: the recommendations, the
+    traffic predictions (the basis suite) and the step-cost map stand on them at every load."""
+    out = {u: "a recommendation suite" for u in recommendation_suites(cfg)}
+    basis = traffic_basis(cfg)
+    if basis and cfg.get("traffic"):
+        out.setdefault(basis, "the traffic basis suite")
+    if (cfg.get("step_cost") or {}).get("concurrency"):
+        out.setdefault(step_cost_suite(cfg), "the step-cost map's suite")
+    return out
+
+
+def _concurrency_checks(cfg: dict, source: str) -> None:
+    """A suite's or a verifying profile's own `concurrency` is a part of the grid, and the suites
+    everything else stands on keep the whole grid."""
+    grid = set(cfg["concurrency"])
+    owners = [(f"suites.{n}", s.get("concurrency")) for n, s in cfg["suites"].items()]
+    owners += [(f"traffic.{n}", p.get("concurrency")) for n, p in (cfg.get("traffic") or {}).items()]
+    for where, own in owners:
+        if own and not set(own) <= grid:
+            raise SpecmatchError(f"{source}: {where}.concurrency: {sorted(set(own) - grid)} not in concurrency "
+                                 f"{sorted(grid)} (a suite is measured at a part of the grid)")
+    for name, why in whole_grid_suites(cfg).items():
+        own = (cfg["suites"].get(name) or {}).get("concurrency")
+        if own and set(own) != grid:
+            raise SpecmatchError(f"{source}: suites.{name}.concurrency: {name} is {why}, measured at every "
+                                 f"concurrency of the grid (drop the key)")
+
+
 def _step_cost_checks(cfg: dict, source: str) -> None:
     sc = cfg.get("step_cost") or {}
     if sc.get("suite") and sc["suite"] not in cfg["suites"]:
@@ -210,6 +247,7 @@ def _step_cost_checks(cfg: dict, source: str) -> None:
 
 def _cross_checks(cfg: dict, source: str) -> None:
     _step_cost_checks(cfg, source)
+    _concurrency_checks(cfg, source)
     servers = cfg["servers"]
     if cfg["baseline"] not in servers:
         raise SpecmatchError(
@@ -245,8 +283,8 @@ def _cross_checks(cfg: dict, source: str) -> None:
     if isinstance(cfg["repeats"], dict) and cfg["repeats"]["max"] < cfg["repeats"]["min"]:
         raise SpecmatchError(f"{source}: repeats.max: {cfg['repeats']['max']} is below repeats.min "
                              f"({cfg['repeats']['min']})")
-    highest = max(cfg["concurrency"])
     for name, suite in cfg["suites"].items():
+        highest = max(suite_concurrency(cfg, name))
         if suite["kind"] == "file" and not suite.get("path"):
             raise SpecmatchError(f"{source}: suites.{name}.path: required for kind file")
         suite_kind_checks(cfg, name, suite, source)
@@ -325,9 +363,10 @@ def _traffic_checks(cfg: dict, source: str) -> None:
         size = prof.get("size") or (suites[basis]["size"] if basis else max(suites[k]["size"] for k in mix
                                                                              if k in suites))
         passes = requests_settings(cfg, basis)["passes"] if basis else cfg["requests"]["passes"]
-        if not keeps_busy(size, passes, max(cfg["concurrency"])):
+        highest = max(prof.get("concurrency") or cfg["concurrency"])
+        if not keeps_busy(size, passes, highest):
             raise SpecmatchError(f"{where}.size: {size} prompts x {passes} pass(es) cannot keep concurrency "
-                                 f"{max(cfg['concurrency'])} busy")
+                                 f"{highest} busy")
 
 
 ONLY_FOR = {"answers": "session", "max_turns": "session", "min_turns": "session", "length_strata": "training"}

@@ -13,7 +13,7 @@ inputs are the package's logic, not the Snakefile's.
 """
 from __future__ import annotations
 
-from typing import Callable, Iterable, Iterator
+from typing import Callable, Iterable, Iterator, Mapping, Sequence, Union
 
 from .config import step_cost_suite
 from .records import RoundPlan
@@ -46,12 +46,21 @@ def launch_path(server: str, repeat: int) -> str:
     return LAUNCH.format(server=server, repeat=repeat)
 
 
+Concurrencies = Union[Sequence[int], Mapping[str, Sequence[int]]]
+
+
+def concurrencies_of(concurrencies: Concurrencies, suite: str) -> list[int]:
+    """A suite's concurrencies: one list for every suite, or a suite's own (config.suite_concurrency)."""
+    return list(concurrencies[suite] if isinstance(concurrencies, Mapping) else concurrencies)
+
+
 def grid_keys(servers: Iterable[str], suites: Iterable[str], repeats: Iterable[int],
-              concurrencies: Iterable[int]) -> list[CellKey]:
-    """Every (server, suite, repeat, concurrency) of a full grid, server outermost and concurrency
-    innermost (the order Snakemake's `expand` gave, which the steps see their inputs in)."""
-    suites, repeats, concurrencies = list(suites), list(repeats), list(concurrencies)
-    return [(s, u, r, c) for s in servers for u in suites for r in repeats for c in concurrencies]
+              concurrencies: Concurrencies) -> list[CellKey]:
+    """Every (server, suite, repeat, concurrency) of a grid, server outermost and concurrency
+    innermost (the order Snakemake's `expand` gave, which the steps see their inputs in); a suite
+    measured at a part of the grid (`concurrencies` by suite) has only those cells."""
+    suites, repeats = list(suites), list(repeats)
+    return [(s, u, r, c) for s in servers for u in suites for r in repeats for c in concurrencies_of(concurrencies, u)]
 
 
 def cell_paths(keys: Iterable[CellKey], ext: str = "json") -> list[str]:
@@ -78,13 +87,13 @@ def rounds_before(r: int, min_repeats: int, max_repeats: int, plan: Callable[[in
             return
 
 
-def cell_keys_through(r: int, suites_of: dict[str, list[str]], concurrencies: list[int], min_repeats: int,
+def cell_keys_through(r: int, suites_of: dict[str, list[str]], concurrencies: Concurrencies, min_repeats: int,
                       max_repeats: int, plan: Callable[[int], RoundPlan]) -> list[CellKey]:
     """(server, suite, repeat, concurrency) of every configured server's cell measured in repeats 1..r:
-    every cell up to `min_repeats` (each server on its own suites, `suites_of`), then the cells each
-    round's plan added."""
+    every cell up to `min_repeats` (each server on its own suites, `suites_of`, each suite at its
+    concurrencies), then the cells each round's plan added."""
     out = [(name, suite, rep, c) for name, suites in suites_of.items() for suite in suites
-           for rep in range(1, min(r, min_repeats) + 1) for c in concurrencies]
+           for rep in range(1, min(r, min_repeats) + 1) for c in concurrencies_of(concurrencies, suite)]
     for _, got in rounds_before(r, min_repeats, max_repeats, plan):
         out += [(p.server, p.suite, p.repeat, p.concurrency) for p in got.next]
     return out

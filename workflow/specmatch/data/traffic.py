@@ -110,6 +110,8 @@ def traffic_suite_spec(cfg: dict, name: str, prof: dict) -> dict:
             "exclude": sorted(([basis] if basis else []) + list(files))}
     if b.get("passes"):
         spec["passes"] = b["passes"]
+    if prof.get("concurrency"):
+        spec["concurrency"] = sorted(prof["concurrency"])
     return spec
 
 
