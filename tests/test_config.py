@@ -87,6 +87,8 @@ def test_shipped_ksweep_config_is_the_k_sweep_with_the_in_sample_suite():
     (lambda c: c["suites"]["train_holdout"].update(concurrency=[16]),
      "suites.train_holdout.concurrency: train_holdout is a recommendation suite, measured at every concurrency"),
     (lambda c: c["suites"]["generic"].update(concurrency=[]), "suites.generic.concurrency"),
+    (lambda c: c.update(step_cost={"concurrency": [4], "repeats": 3}),
+     "step_cost.repeats: 3 sessions, but the design measures every cell in 2"),
 ])
 def test_bad_config_names_the_key(mutate, message):
     cfg = copy.deepcopy(base())

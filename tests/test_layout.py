@@ -224,3 +224,18 @@ def test_help_lists_every_step(capsys):
     out = capsys.readouterr().out
     for step in cli.STEPS:
         assert re.search(rf"^\s+{step}\s", out, re.M), step
+
+
+def test_the_top_level_is_the_design_cards_and_nothing_stray():
+    """What git tracks at the top: the design card's layout (Snakefile, config.yaml, workflow/, envs/,
+    resources/, results/, tests/) and the project's own folders; a file a run or an experiment left
+    there (a pid file was once committed) fails here."""
+    import subprocess
+
+    tracked = subprocess.run(["git", "ls-files"], cwd=REPO, capture_output=True, text=True, check=True).stdout
+    top = {line.split("/", 1)[0] for line in tracked.splitlines() if line}
+    if not top:
+        return   # not a git checkout (an sdist): nothing tracked to check
+    card = {"Snakefile", "config.yaml", "workflow", "envs", "resources", "results", "tests"}
+    own = {"README.md", "docs", "bench", "profiles", "scripts", "pyproject.toml", ".ci", ".gitignore"}
+    assert card <= top and top <= card | own, sorted(top - card - own)

@@ -82,6 +82,16 @@ def test_a_suite_measured_at_part_of_the_grid_has_only_those_cells():
     assert not [k for k in keys if k[1] == "v" and k[3] == 1]
 
 
+def test_map_cells_are_in_the_first_sessions_step_cost_repeats_names():
+    cfg = {"concurrency": [1, 16], "suites": {"u": {}}, "summary": {"recommend_suites": ["u"]},
+           "step_cost": {"concurrency": [4, 8, 16]}}
+    assert pipeline.map_keys(cfg, ["b", "x"], 2) == [(s, "u", r, c) for s in ("b", "x") for r in (1, 2) for c in (4, 8)]
+    cfg["step_cost"]["repeats"] = 1
+    assert pipeline.map_keys(cfg, ["b", "x"], 2) == [(s, "u", 1, c) for s in ("b", "x") for c in (4, 8)]
+    cfg["step_cost"]["repeats"] = 5                  # never more sessions than the design's first round has
+    assert len(pipeline.map_keys(cfg, ["b"], 2)) == 4
+
+
 def test_a_fixed_design_reads_no_plan():
     def never(k):
         raise AssertionError("a fixed design has no rounds")

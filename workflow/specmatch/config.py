@@ -18,7 +18,6 @@ import jsonschema
 import yaml
 
 from .files import SCHEMAS_DIR, SpecmatchError
-from .serving.controls import recommendation_suites
 from .serving.engines import ENGINES
 from .sweep import expand, member_of
 
@@ -194,6 +193,13 @@ def step_cost_suite(cfg: dict) -> str:
     return sc.get("suite") or (rec[0] if rec else next(iter(cfg["suites"])))
 
 
+def recommendation_suites(cfg: dict) -> list[str]:
+    """The suites recommendations (and controls) stand on: `summary.recommend_suites`, else the first
+    training suite, else (a config of prompt files only) the first suite."""
+    training = [n for n, s in cfg["suites"].items() if s["kind"] == "training"]
+    return list(cfg["summary"].get("recommend_suites") or (training or list(cfg["suites"]))[:1])
+
+
 def suite_concurrency(cfg: dict, suite: str) -> list[int]:
     """The concurrencies `suite` is measured at: its own `concurrency` (a part of the grid), else the
     whole grid (`concurrency`)."""
@@ -239,6 +245,11 @@ def _step_cost_checks(cfg: dict, source: str) -> None:
     if extra:
         raise SpecmatchError(f"{source}: step_cost.check: {sorted(extra)} not in step_cost.concurrency (a check "
                              "concurrency is a map cell held out of the fit)")
+    first = cfg["repeats"]["min"] if isinstance(cfg["repeats"], dict) else cfg["repeats"]
+    if sc.get("repeats") and sc["repeats"] > first:
+        raise SpecmatchError(f"{source}: step_cost.repeats: {sc['repeats']} sessions, but the design measures every "
+                             f"cell in {first} (repeats{'.min' if isinstance(cfg['repeats'], dict) else ''}): the map "
+                             "cells are measured in those sessions")
     inside = set(sc.get("check") or []) & set(cfg["concurrency"])
     if inside:
         raise SpecmatchError(f"{source}: step_cost.check: {sorted(inside)} also in concurrency (the verdict grid): "

@@ -102,12 +102,14 @@ def cell_keys_through(r: int, suites_of: dict[str, list[str]], concurrencies: Co
 def map_keys(cfg: dict, servers: Iterable[str], min_repeats: int) -> list[CellKey]:
     """The step-cost map's own cells (config `step_cost`): `servers` (the configured servers measured on
     the map suite, the configured-off controls left out by the caller) at each map concurrency the
-    verdict grid lacks, in the design's first `min_repeats` sessions."""
+    verdict grid lacks, in the design's first `step_cost.repeats` sessions (all `min_repeats` unless
+    it says fewer)."""
     sc = cfg.get("step_cost") or {}
     extra = [c for c in sorted(sc.get("concurrency") or []) if c not in cfg["concurrency"]]
     if not extra:
         return []
-    return grid_keys(list(servers), [step_cost_suite(cfg)], range(1, min_repeats + 1), extra)
+    sessions = min(sc.get("repeats") or min_repeats, min_repeats)
+    return grid_keys(list(servers), [step_cost_suite(cfg)], range(1, sessions + 1), extra)
 
 
 def launches_of(keys: Iterable[CellKey]) -> list[str]:

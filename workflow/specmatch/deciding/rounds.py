@@ -50,7 +50,28 @@ from ..sweep import members as sweep_members
 
 
 def plan(an: Analysis, design: Design, round_: int) -> RoundPlan:
-    """The decisions after round `round_` and the cells of the next repeat (module docstring)."""
+    """The decisions after round `round_` and the cells of the next repeat (module docstring).
+
+    Whether a configuration is likely decided depends on the dof its final interval will have, and
+    so on how many of the cells the run-to-run estimate reads the remaining repeats measure again
+    (sequential.final_dof's `share`), which is what the plan decides: the plan is made assuming every
+    cell is measured again, then again with the share the plan measures, until the share it assumed
+    is no more than the share it measures (the share only falls, so this ends)."""
+    pool = {k[:3] for k in an.measurements.cells if k[3] == round_ and k[0] in an.servers}
+    share = 1.0
+    while True:
+        decisions, nxt = _decisions(an, design, round_, share)
+        measured = len(nxt) / len(pool) if pool else 1.0
+        if measured >= share - 1e-12:
+            break
+        share = measured
+    cells = [PlannedCell(s, u, c, round_ + 1) for s, u, c in sorted(nxt)]
+    return RoundPlan(round_, design.to_json(), an.settings.recommend_metric, decisions, cells)
+
+
+def _decisions(an: Analysis, design: Design, round_: int, share: float) -> tuple[list[RoundDecision], set]:
+    """Every configuration's decision at this look and the cells of those that continue, with `share`
+    of the pooled cells assumed measured again."""
     metric = an.settings.recommend_metric
     decisions, wants = [], []   # wants: (chance, index into decisions, the cells it continues with)
     # a k sweep's member on a suite its k is decided on: its question there is the k choice (k_choices),
@@ -71,18 +92,17 @@ def plan(an: Analysis, design: Design, round_: int) -> RoundPlan:
             elif round_ >= design.max:
                 action = Continuation.AT_MAX
             else:
-                action = Continuation.CONTINUE if continues(cmp, design, an.settings) else Continuation.UNLIKELY
+                go = continues(cmp, design, an.settings, share)
+                action = Continuation.CONTINUE if go else Continuation.UNLIKELY
             decisions.append(recorded(v, action, against=None))
             if action == Continuation.CONTINUE:
-                wants.append((chance(cmp, design, an.settings), len(decisions) - 1,
+                wants.append((chance(cmp, design, an.settings, share), len(decisions) - 1,
                                {(who, suite, cmp.concurrency) for who in (server, an.baseline)}))
-    for d, p in _k_choices(an, design, round_):
+    for d, p in _k_choices(an, design, round_, share):
         decisions.append(d)
         if d.action == Continuation.CONTINUE:
             wants.append((p, len(decisions) - 1, {(who, d.suite, d.concurrency) for who in (d.server, d.against)}))
-    nxt = within_budget(wants, design.max_cells, decisions)
-    cells = [PlannedCell(s, u, c, round_ + 1) for s, u, c in sorted(nxt)]
-    return RoundPlan(round_, design.to_json(), metric, decisions, cells)
+    return decisions, within_budget(wants, design.max_cells, decisions)
 
 
 def within_budget(wants: list[tuple[float, int, set]], max_cells: int | None, decisions: list[RoundDecision]) -> set:
@@ -109,7 +129,7 @@ def k_choices(an: Analysis, design: Design, round_: int) -> list[RoundDecision]:
     return [d for d, _ in _k_choices(an, design, round_)]
 
 
-def _k_choices(an: Analysis, design: Design, round_: int) -> list[tuple[RoundDecision, float]]:
+def _k_choices(an: Analysis, design: Design, round_: int, share: float = 1.0) -> list[tuple[RoundDecision, float]]:
     """k_choices, each with the chance that the remaining repeats decide it (what a cell budget ranks
     by; 1 for a pair that contradicts the estimates' order: settled first)."""
     metric = an.settings.recommend_metric
@@ -135,9 +155,9 @@ def _k_choices(an: Analysis, design: Design, round_: int) -> list[tuple[RoundDec
                     action, p = Continuation.CONTINUE, 1.0
                 else:
                     cmp = compare(m, an.run_to_run, v.server, v.against, rec.suite, ch.concurrency, metric)
-                    go = cmp.estimate is not None and continues(cmp, design, an.settings)
+                    go = cmp.estimate is not None and continues(cmp, design, an.settings, share)
                     action = Continuation.CONTINUE if go else Continuation.UNLIKELY
-                    p = chance(cmp, design, an.settings) if go else 0.0
+                    p = chance(cmp, design, an.settings, share) if go else 0.0
                 out.append((recorded(v, action, against=v.against), p))
     return out
 

@@ -31,6 +31,7 @@ from __future__ import annotations
 import copy
 
 from .engines import ENGINES, get_engine
+from ..config import recommendation_suites
 from ..files import SpecmatchError
 from ..sweep import members as swept, sweep_of
 
@@ -58,13 +59,6 @@ def parent(name: str) -> str:
         if name.endswith(suffix):
             return name[: -len(suffix)]
     return name
-
-
-def recommendation_suites(cfg: dict) -> list[str]:
-    """The suites recommendations (and controls) stand on: `summary.recommend_suites`, else the first
-    training suite, else (a config of prompt files only) the first suite."""
-    training = [n for n, s in cfg["suites"].items() if s["kind"] == "training"]
-    return list(cfg["summary"].get("recommend_suites") or (training or list(cfg["suites"]))[:1])
 
 
 def why_no_control(srv: dict) -> str | None:

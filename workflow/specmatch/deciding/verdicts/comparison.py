@@ -290,24 +290,26 @@ def _b_dof(rr_parts: list) -> float:
     return VarianceSum({i: [v, d] for i, (v, d) in enumerate(rr_parts)}).dof if rr_parts else float("inf")
 
 
-def _design_question(cmp: Comparison, design: sequential.Design, s: Settings) -> tuple:
+def _design_question(cmp: Comparison, design: sequential.Design, s: Settings, share: float) -> tuple:
     """The arguments of sequential.chance_decided and sequential.continues for this comparison."""
     w, w_dof, b, rr_parts = _split(cmp)
-    return (cmp.estimate, w, b, cmp.repeats, design, s.confidence, math.log(1 + s.min_effect), w_dof, _b_dof(rr_parts))
+    return (cmp.estimate, w, b, cmp.repeats, design, s.confidence, math.log(1 + s.min_effect), w_dof, _b_dof(rr_parts),
+            share)
 
 
-def chance(cmp: Comparison, design: sequential.Design, s: Settings) -> float:
+def chance(cmp: Comparison, design: sequential.Design, s: Settings, share: float = 1.0) -> float:
     """sequential.chance_decided for this comparison under `design`: the probability that the design's
-    remaining repeats decide it (what the rounds rank configurations by under a cell budget)."""
-    return sequential.chance_decided(*_design_question(cmp, design, s))
+    remaining repeats decide it (what the rounds rank configurations by under a cell budget); `share`:
+    of the cells the run-to-run estimate reads, the share measured again (sequential.final_dof)."""
+    return sequential.chance_decided(*_design_question(cmp, design, s, share))
 
 
-def continues(cmp: Comparison, design: sequential.Design, s: Settings) -> bool:
+def continues(cmp: Comparison, design: sequential.Design, s: Settings, share: float = 1.0) -> bool:
     """sequential.continues for this comparison under `design`: whether the design's remaining repeats
     decide it with probability at least its min_probability, the rule by which the rounds continue a
     configuration (deciding.rounds) and by which 'what would decide it' stops a simulated one
     (decides_probability)."""
-    return sequential.continues(*_design_question(cmp, design, s))
+    return sequential.continues(*_design_question(cmp, design, s, share))
 
 
 def candidate_designs(cmp: Comparison, s: Settings) -> list[tuple[int, float]]:
