@@ -210,11 +210,9 @@ def test_the_default_workflow_measures_a_verified_profile_on_the_whole_grid(tmp_
     # the embedded default: baseline and eagle3 on train_holdout, generic and its verified profiles' suites
     # traffic_generic_heavy and traffic_long_context, plus the step-cost map's cells (both servers on
     # train_holdout at c=4 and 8)
-    # (traffic_generic_heavy under load only: traffic.generic_heavy.concurrency [16]; the map cells in the
-    # first repeat's sessions only: step_cost.repeats 1)
+    # (traffic_generic_heavy under load only: traffic.generic_heavy.concurrency [16])
     plain = run(snakemake_cmd() + ["-n", "--cores", "2"], wd).stdout
-    assert job_counts(plain)["cell"] == 2 * (3 * 2 + 1) * 2 + 2 * 2 * 1 and job_counts(plain)["traffic_profiles"] == 1
-    assert "results/cells/eagle3/train_holdout/r1/c4.json" in plain and job_counts(plain)["stepcost"] == 1
-    assert "results/cells/eagle3/train_holdout/r2/c4.json" not in plain
+    assert job_counts(plain)["cell"] == 2 * (3 * 2 + 1) * 2 + 2 * 2 * 2 and job_counts(plain)["traffic_profiles"] == 1
+    assert "results/cells/eagle3/train_holdout/r2/c4.json" in plain and job_counts(plain)["stepcost"] == 1
     assert "results/cells/eagle3/traffic_generic_heavy/r2/c16.json" in plain
     assert "results/cells/eagle3/traffic_generic_heavy/r2/c1.json" not in plain
