@@ -13,7 +13,7 @@ from specmatch.data.inspection import inspect_root
 from specmatch.data.inspection import main as inspection_main
 from specmatch.data.prompts import allocate, main as prompts_main, traffic_suite, training_suite
 from specmatch.data.rows import ChatTemplate
-from specmatch.data.traffic import main as traffic_main, resolve, resolve_mix, with_traffic_suites
+from specmatch.data.traffic import main as traffic_main, resolve, resolve_mix, step_config, with_traffic_suites
 from specmatch.files import SpecmatchError
 from specmatch.records import SuiteMatch, TrafficProfiles
 
@@ -105,6 +105,10 @@ def test_a_verified_profile_becomes_an_ordinary_suite_on_the_grid():
     assert spec16["concurrency"] == [16] and {k: v for k, v in spec16.items() if k != "concurrency"} == spec
     assert suite_concurrency(with_traffic_suites(cfg), "traffic_gen") == [16]
     assert suite_concurrency(with_traffic_suites(cfg), "generic") == [1, 16]
+    # ... and the traffic step never reruns for it (its config leaves the cells' choice out)
+    unset = {**cfg, "traffic": {**cfg["traffic"], "gen": {k: v for k, v in cfg["traffic"]["gen"].items()
+                                                          if k != "concurrency"}}}
+    assert step_config(cfg) == step_config(unset)
 
 
 def test_a_verifying_suite_is_drawn_with_the_mix(tmp_path, tok, tok_dir):

@@ -147,7 +147,8 @@ def whole_machine(wildcards):
 
 def session_cells(server):
     """How many cells one session (repeat) of `server` has at most: each of its suites at its
-    concurrencies (a recommended server is measured on one suite, at every concurrency)."""
+    concurrencies (a recommended server is measured on one suite, at every concurrency).
+    """
     suites = server_suites(server) if server in CFG["servers"] else RECOMMEND_SUITES[:1]
     extra = [c for c in CFG["step_cost"].get("concurrency", []) if c not in CONCURRENCY]
     return sum(len(SUITE_CONCURRENCY[u]) for u in suites) + len(extra)

@@ -134,9 +134,10 @@ def with_traffic_suites(cfg: dict) -> dict:
 
 def step_config(cfg: dict) -> str:
     """The traffic step's --config (deterministic JSON, so an unrelated config edit never reruns it): the
-    `traffic` config, the basis suite whose cells estimate the sources, and the suites' kinds (a file
-    suite is a stratum)."""
-    return json.dumps({"traffic": cfg.get("traffic") or {}, "basis": traffic_basis(cfg),
+    `traffic` config (less each profile's `concurrency`, which only chooses its verifying suite's cells),
+    the basis suite whose cells estimate the sources, and the suites' kinds (a file suite is a stratum)."""
+    profiles = {n: {k: v for k, v in p.items() if k != "concurrency"} for n, p in (cfg.get("traffic") or {}).items()}
+    return json.dumps({"traffic": profiles, "basis": traffic_basis(cfg),
                        "suites": {n: {"kind": s["kind"]} for n, s in cfg["suites"].items()}},
                       sort_keys=True, separators=(",", ":"))
 
