@@ -89,6 +89,13 @@ def test_shipped_ksweep_config_is_the_k_sweep_with_the_in_sample_suite():
     (lambda c: c["suites"]["generic"].update(concurrency=[]), "suites.generic.concurrency"),
     (lambda c: c.update(step_cost={"concurrency": [4], "repeats": 3}),
      "step_cost.repeats: 3 sessions, but the design measures every cell in 2"),
+    # a file suite a declared mix weighs, and the basis suite even with no mix declared (the training mix
+    # is always predicted from it), keep the whole grid
+    (lambda c: (c.update(traffic={"g": {"mix": {"training_mix": 0.6, "generic": 0.4}}}),
+                c["suites"]["generic"].update(concurrency=[16])),
+     "suites.generic.concurrency: generic is a stratum of the traffic mix `g`"),
+    (lambda c: (c["summary"].update(recommend_suites=["generic"]), c["suites"]["train_mix"].update(concurrency=[16])),
+     "suites.train_mix.concurrency: train_mix is the traffic basis suite"),
 ])
 def test_bad_config_names_the_key(mutate, message):
     cfg = copy.deepcopy(base())
@@ -108,6 +115,17 @@ def test_a_suite_measured_at_part_of_the_grid_keeps_busy_only_there():
     cfg["suites"]["generic"].update(concurrency=[1], size=4)
     got = validate(cfg)
     assert suite_concurrency(got, "generic") == [1] and suite_concurrency(got, "train_holdout") == [1, 16]
+
+
+def test_the_map_suite_is_the_one_the_stepcost_step_maps():
+    """config.step_cost_suite falls back as the stepcost step does (the first recommendation suite: the
+    configured ones, else the first training suite), not to the first suite listed."""
+    from specmatch.config import step_cost_suite
+
+    cfg = validate(copy.deepcopy(base()))
+    cfg["summary"]["recommend_suites"] = []
+    cfg["suites"] = {"generic": cfg["suites"]["generic"], **{k: v for k, v in cfg["suites"].items() if k != "generic"}}
+    assert next(iter(cfg["suites"])) == "generic" and step_cost_suite(cfg) == "train_mix"
 
 
 def test_shipped_example_configs_validate_and_build():

@@ -176,6 +176,10 @@ def test_a_round_continues_only_the_undecided_and_their_baseline(simulated):
         if x.action == Continuation.CONTINUE:
             assert x.verdict == Decision.INCONCLUSIVE
     assert RoundPlan.from_json(p.to_json()) == p
+    # the chances were predicted with the share of the pooled dof the plan measures again (a fixed point:
+    # no more than it measures), and the plan says which
+    from specmatch.deciding.rounds import dof_share
+    assert 0 < p.share <= dof_share(an, {(c.server, c.suite, c.concurrency) for c in p.next}, 2) + 1e-4 < 1
 
     # the next round sees only the planned cells of repeat 3; configurations that stopped keep their
     # verdict; the last look's decisions stop at max
@@ -388,3 +392,17 @@ def test_the_chance_counts_only_the_cells_measured_again():
     print(f"\nopen at R=2, own cells measured again: decided at R=3 {got:.3f}; predicted with share 1/S {own:.3f}, "
           f"with every cell {every:.3f}")
     assert abs(own - got) < abs(every - got) and every > got
+
+
+def test_the_share_is_in_the_run_to_run_estimates_dof():
+    """sequential.dof_share: at the first round every cell has R repeats, so the share is the cells measured
+    again over all; later, cells stopped earlier keep their (R_k - 1) dof in the pool, and the share of a
+    round that measures again the same number of cells falls."""
+    from specmatch.deciding.reading.sequential import dof_share
+
+    first = {("s", u, c): 2 for u in "abc" for c in (1, 16)} | {("b", u, c): 2 for u in "abc" for c in (1, 16)}
+    assert dof_share(first, {("s", "a", 1), ("b", "a", 1)}, 2) == pytest.approx(2 / 12)
+    later = dict(first) | {("s", "a", 1): 3, ("b", "a", 1): 3}     # only a@1 got a third repeat
+    assert dof_share(later, {("s", "a", 1), ("b", "a", 1)}, 3) == pytest.approx(2 * 2 / (10 + 4))
+    assert dof_share(first, set(first), 2) == 1.0 and dof_share({}, {("s", "a", 1)}, 2) == 1.0
+    assert dof_share(first, {("x", "a", 1)}, 2) == 0.0    # a cell the estimate does not read adds nothing

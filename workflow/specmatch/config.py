@@ -186,18 +186,21 @@ def keeps_busy(prompts: int, passes: int, concurrency: int) -> bool:
 
 
 def step_cost_suite(cfg: dict) -> str:
-    """The suite the step-cost map cells measure: `step_cost.suite`, else the first recommendation suite,
-    else the first suite."""
+    """The suite the step-cost map cells measure: `step_cost.suite`, else the first recommendation suite
+    (recommendation_suites: the configured ones, else the first training suite, else the first suite),
+    the suite the stepcost step maps (deciding.stepcost, given the recommendation suites)."""
     sc = cfg.get("step_cost") or {}
-    rec = (cfg.get("summary") or {}).get("recommend_suites") or []
-    return sc.get("suite") or (rec[0] if rec else next(iter(cfg["suites"])))
+    return sc.get("suite") or recommendation_suites(cfg)[0]
 
 
 def recommendation_suites(cfg: dict) -> list[str]:
     """The suites recommendations (and controls) stand on: `summary.recommend_suites`, else the first
     training suite, else (a config of prompt files only) the first suite."""
-    training = [n for n, s in cfg["suites"].items() if s["kind"] == "training"]
-    return list(cfg["summary"].get("recommend_suites") or (training or list(cfg["suites"]))[:1])
+    listed = (cfg.get("summary") or {}).get("recommend_suites")
+    if listed:
+        return list(listed)
+    training = [n for n, s in cfg["suites"].items() if s.get("kind") == "training"]
+    return (training or list(cfg["suites"]))[:1]
 
 
 def suite_concurrency(cfg: dict, suite: str) -> list[int]:
@@ -209,11 +212,18 @@ def suite_concurrency(cfg: dict, suite: str) -> list[int]:
 
 def whole_grid_suites(cfg: dict) -> dict[str, str]:
     """The suites that must be measured at every concurrency, each with why: the recommendations, the
-    traffic predictions (the basis suite) and the step-cost map stand on them at every load."""
+    traffic predictions (the basis suite, whose sources every mix and the training mix, always a
+    profile, weigh, and each file suite a declared mix weighs) and the step-cost map stand on them at
+    every load. A file suite no mix weighs may lack a load: the break-even line toward it is then
+    not drawn there (the summary says it was not measured)."""
     out = {u: "a recommendation suite" for u in recommendation_suites(cfg)}
     basis = traffic_basis(cfg)
-    if basis and cfg.get("traffic"):
-        out.setdefault(basis, "the traffic basis suite")
+    if basis:
+        out.setdefault(basis, "the traffic basis suite (its sources predict every mix, the training mix included)")
+    for name, prof in (cfg.get("traffic") or {}).items():
+        for stratum, weight in prof["mix"].items():
+            if weight > 0 and stratum in cfg["suites"]:
+                out.setdefault(stratum, f"a stratum of the traffic mix `{name}`")
     if (cfg.get("step_cost") or {}).get("concurrency"):
         out.setdefault(step_cost_suite(cfg), "the step-cost map's suite")
     return out

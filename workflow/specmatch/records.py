@@ -1346,6 +1346,9 @@ class RoundPlan(Record):
     metric: str
     decisions: list[RoundDecision]
     next: list[PlannedCell]
+    # of what measuring every cell again would add to the run-to-run estimate's dof, the share the next
+    # repeat adds (rounds.dof_share): the chances were predicted with it (sequential.final_dof)
+    share: float | None = None
 
     def counts(self) -> dict[Continuation, int]:
         """How many configurations each action took this round (every action, zeros included)."""

@@ -56,8 +56,9 @@ def carry_out(rng: np.random.Generator, sc: Scenario, eng: dict, work: Workload,
     more repeats of today's suite (suite_scale 1) add fresh sessions' cells to today's; a larger suite
     reruns every cell with ceil(PROMPTS x g) new prompts in fresh sessions (today's data are not part
     of it). Analysed under `s`'s design with the named repeats (fixed: one look at R'; sequential:
-    repeats {min, max: R'}, every look from min on, decided at the first that decides, and a configuration
-    the rounds stop as unlikely to be decided (deciding.rounds.plan) never decided). Returns
+    repeats {min, max: R'}, every look from min on, each later repeat measuring only the cells the
+    round's plan names (deciding.rounds.plan), decided at the first look that decides, and a
+    configuration the rounds stop as unlikely to be decided never decided). Returns
     {(suite, concurrency, metric): decided} of the second server; with `wanted` (such keys), the looks end
     once each of them is decided or stopped."""
     Rn, g = int(design["repeats"]), float(design["suite_scale"])
@@ -80,17 +81,24 @@ def carry_out(rng: np.random.Generator, sc: Scenario, eng: dict, work: Workload,
     at = Reading.of(vars(s) | {"repeats": {"min": s.design.min, "max": Rn} if seq else Rn, "designs": False,
                                "only": tuple(metrics)})
     out: dict = {}
+    # as the workflow measures: every cell up to the first look, then each round's plan names the cells
+    # of the next repeat (the configurations it continues and their baseline cells), no others
+    measured = [x for x in data if x[0].repeat <= looks[0]]
     for R in looks:
-        an = analyse([x for x in data if x[0].repeat <= R], "baseline", at)
+        an = analyse(measured, "baseline", at)
         for v in an.verdicts:
             if v.server == "spec" and v.metric in metrics:
                 key = (v.suite, v.concurrency, v.metric)
                 if key not in out and decided(v):
                     out[key] = True
         if seq and R < Rn:
-            for d in plan(an, at.design, R).decisions:
+            p = plan(an, at.design, R)
+            for d in p.decisions:
                 if d.server == "spec" and d.action == Continuation.UNLIKELY:
                     out.setdefault((d.suite, d.concurrency, an.settings.recommend_metric), False)
+            again = {(c.server, c.suite, c.concurrency) for c in p.next}
+            measured += [x for x in data if x[0].repeat == R + 1
+                         and (x[0].server, x[0].suite, x[0].concurrency) in again]
         if wanted is not None and wanted <= set(out):
             break
     return out

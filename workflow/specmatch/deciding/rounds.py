@@ -45,7 +45,7 @@ from ..files import SpecmatchError, read_json, write_json
 from ..provenance import Recorder
 from ..records import Continuation, Decision, PlannedCell, RoundDecision, RoundPlan, Verdict
 from .inputs import analysis_arguments, load, server_infos
-from .reading.sequential import Design
+from .reading.sequential import Design, dof_share as sequential_dof_share
 from ..sweep import members as sweep_members
 
 
@@ -53,20 +53,27 @@ def plan(an: Analysis, design: Design, round_: int) -> RoundPlan:
     """The decisions after round `round_` and the cells of the next repeat (module docstring).
 
     Whether a configuration is likely decided depends on the dof its final interval will have, and
-    so on how many of the cells the run-to-run estimate reads the remaining repeats measure again
-    (sequential.final_dof's `share`), which is what the plan decides: the plan is made assuming every
-    cell is measured again, then again with the share the plan measures, until the share it assumed
-    is no more than the share it measures (the share only falls, so this ends)."""
-    pool = {k[:3] for k in an.measurements.cells if k[3] == round_ and k[0] in an.servers}
+    so on how much the remaining repeats add to the run-to-run estimate (sequential.final_dof's
+    `share`), which is what the plan decides: the plan is made assuming every cell is measured again,
+    then again with the share it measures, until the share it assumed is no more than the share it
+    measures (the share only falls, so this ends). The plan records the share it used."""
     share = 1.0
     while True:
         decisions, nxt = _decisions(an, design, round_, share)
-        measured = len(nxt) / len(pool) if pool else 1.0
+        measured = dof_share(an, nxt, round_)
         if measured >= share - 1e-12:
             break
         share = measured
     cells = [PlannedCell(s, u, c, round_ + 1) for s, u, c in sorted(nxt)]
-    return RoundPlan(round_, design.to_json(), an.settings.recommend_metric, decisions, cells)
+    return RoundPlan(round_, design.to_json(), an.settings.recommend_metric, decisions, cells, share=round(share, 4))
+
+
+def dof_share(an: Analysis, nxt: set, round_: int) -> float:
+    """The share of sequential.final_dof that measuring `nxt` again gives (sequential.dof_share): the
+    run-to-run estimate (verdicts.noise.run_to_run) reads every cell of the analysed servers with two
+    repeats or more, configurations stopped in earlier rounds included, so from the second round on the
+    stopped cells keep their dof and the share falls below the count's."""
+    return sequential_dof_share(an.measurements.repeats_by_cell(an.servers), nxt, round_)
 
 
 def _decisions(an: Analysis, design: Design, round_: int, share: float) -> tuple[list[RoundDecision], set]:

@@ -80,7 +80,8 @@ def lines(sc: StepCosts | None) -> list[str]:
            "exceeds ρ there (docs/methods/step-cost.md).", ""]
     for mp in sc.maps:
         out += [f"### `{mp.server}` against `{mp.baseline}`", ""]
-        out.append(f"Fitted on the cells at c={', '.join(map(str, mp.fit))} ({mp.repeats} sessions each), checked at "
+        sessions = f"{mp.repeats} session{'s' if mp.repeats != 1 else ''}"
+        out.append(f"Fitted on the cells at c={', '.join(map(str, mp.fit))} (at least {sessions} each), checked at "
                    f"c={', '.join(map(str, mp.checks)) or 'none'} on `{mp.suite}`; acceptance: {mp.forced}. "
                    + _holds(mp) + _steps(mp))
         out.append("")

@@ -317,6 +317,14 @@ class Measurements:
     def repeats(self, server: str, suite: str, c: int) -> list[int]:
         return sorted(k[3] for k in self.cells if k[:3] == (server, suite, c))
 
+    def repeats_by_cell(self, servers=None) -> dict:
+        """(server, suite, concurrency) -> how many repeats it has, for `servers` (None: all)."""
+        out: dict = {}
+        for k in self.cells:
+            if servers is None or k[0] in servers:
+                out[k[:3]] = out.get(k[:3], 0) + 1
+        return out
+
 
 # -- resampling units -----------------------------------------------------------------------------
 def unit_draw(rng: np.random.Generator, prompts: list[str], unit_of: dict, resamples: int) -> np.ndarray:

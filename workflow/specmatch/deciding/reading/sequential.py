@@ -193,6 +193,18 @@ def final_dof(w, w_dof, run_to_run_end, b_dof, repeats, rmax, share=1.0) -> np.n
         return np.where(den > 0, (w + b) ** 2 / np.where(den > 0, den, 1.0), np.inf)
 
 
+def dof_share(repeats_by_cell: dict, again: set, repeats: int) -> float:
+    """final_dof's `share` from the cells themselves: what one more repeat of the cells `again` adds to a
+    pooled run-to-run estimate that reads every cell with two repeats or more ((its repeats - 1) dof each),
+    over what measuring every cell again would add: |again read| (repeats - 1) / sum of (R_k - 1).
+    `repeats_by_cell`: cell -> its repeats so far."""
+    now = sum(r - 1 for r in repeats_by_cell.values() if r >= 2)
+    if now <= 0:
+        return 1.0
+    read = sum(1 for key in again if repeats_by_cell.get(key, 0) >= 2)
+    return min(1.0, read * max(repeats - 1, 1) / now)
+
+
 def chance_decided_many(estimate, w, run_to_run, repeats: int, design: Design, confidence: float, band: float,
                         w_dof, b_dof, share=1.0) -> np.ndarray:
     """chance_decided for many comparisons at once (arrays broadcast; `repeats` one number): what the

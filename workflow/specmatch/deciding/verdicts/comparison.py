@@ -64,6 +64,10 @@ class Comparison:
     effect_prior: tuple | None = None  # (mean, variance) of the effect before this comparison's data (effect_prior)
     frozen: Verdict | None = None      # the verdict the sequential design kept at the look it stopped (freeze)
     frozen_rule: tuple | None = None   # (confidence, min_effect) it was decided with
+    # of what measuring every cell again adds to the run-to-run estimate's dof, what a repeat of this
+    # configuration's own two cells adds (sequential.dof_share): the least a round that continues it
+    # measures, which 'what would decide it' assumes (decides_probability)
+    own_share: float = 1.0
 
     @property
     def repeats(self) -> int:
@@ -171,6 +175,7 @@ def compare(m: Measurements, rr: RunToRun, server: str, against: str, suite: str
     cmp.within = [w] * R
     cmp.se = math.sqrt(cmp.parts.total)
     cmp.dof = cmp.parts.dof
+    cmp.own_share = sequential.dof_share(m.repeats_by_cell(), {(server, suite, c), (against, suite, c)}, R)
     return freeze(cmp, frozen_for(m, server, against, suite, c, metric, R), m.settings)
 
 
@@ -449,9 +454,12 @@ def decides_probability(cmp: Comparison, s: Settings, designs: list, rng: np.ran
        the estimate is effect + prompt part + (R x today's repeat mean + R'' - R new sessions) / R''. A
        larger suite (g > 1) reruns every cell: the estimate is effect + a fresh prompt part (variance
        w / g) + the mean of R'' fresh sessions; nothing of today's errors carries over;
-    3. the variances the analysis will then estimate: run to run with d'' = d (R'' - 1) / (R - 1) dof (d
-       today's: Satterthwaite's over its parts), today's sum of squares plus the new sessions' (nested),
-       or the new ones alone (a larger suite); the prompt sample's w as today (the same prompts) or
+    3. the variances the analysis will then estimate: run to run with d'' = d (1 + share (R'' - R) / (R - 1))
+       dof for more repeats (d today's: Satterthwaite's over its parts; `share` 1 in a fixed design, which
+       measures every cell; under the sequential design the rounds measure again only the configurations
+       they continue, at least this one's own cells: Comparison.own_share), today's
+       sum of squares plus the new sessions' (nested), or d (R'' - 1) / (R - 1) for a larger suite measured
+       afresh, the new ones alone; the prompt sample's w as today (the same prompts) or
        re-estimated from the new suite's n g - 1 dof; Satterthwaite's dof of their sum;
     4. the verdict at each look the design makes (_looks: one at R' in a fixed design; under the
        sequential design every look of repeats {min, max: R'} at its own level from the alpha spending,
@@ -480,7 +488,7 @@ def decides_probability(cmp: Comparison, s: Settings, designs: list, rng: np.ran
     with np.errstate(divide="ignore", invalid="ignore"):
         p_now = np.where(V_true > 0, e * w / V_true + np.sqrt(np.maximum(w * b_true / V_true, 0.0))
                          * rng.standard_normal(n), 0.0)
-    today = (R, w, w_dof, b1, b_dof, theta, p_now, e - p_now, b1_true)
+    today = (R, w, w_dof, b1, b_dof, theta, p_now, e - p_now, b1_true, cmp.own_share)
     out = np.zeros(len(designs))
     plan = [(i, *_looks(s, R, int(Rn), float(g))) for i, (Rn, g) in enumerate(designs)]
     one = [i for i, looks, lo in plan if len(looks) == 1 and looks[0] == lo]   # fixed: one look, at s.confidence
@@ -492,7 +500,7 @@ def decides_probability(cmp: Comparison, s: Settings, designs: list, rng: np.ran
             continue
         Rn, g = designs[i]
         stops = sequential.Design(lo, int(Rn), s.design.min_probability)
-        if g == 1 and lo <= R < Rn and not continues(cmp, stops, s):
+        if g == 1 and lo <= R < Rn and not continues(cmp, stops, s, cmp.own_share):
             continue   # the rounds would stop it at today's look (deciding.rounds): it is never carried out
         q = (b1 / Rn) / (w / g + b1 / Rn) if (w / g + b1 / Rn) > 0 else 1.0
         lv = sequential.design_levels(lo, int(Rn), round(q * 20) / 20, 1 - s.confidence)
@@ -508,7 +516,8 @@ def _decided_share(s: Settings, today: tuple, designs: list, looks: list, level:
     undecided at a look before the last stops there undecided where the rounds would stop it
     (sequential.chance_decided_many below stops.min_probability, on the look's own estimate and
     variances): the statement is what the workflow carries out, futility stops included."""
-    R, w, w_dof, b1, b_dof, theta, p_now, r_now, b1_true = today
+    R, w, w_dof, b1, b_dof, theta, p_now, r_now, b1_true, own = today
+    share = own if stops is not None else 1.0   # a fixed design measures every cell R' times
     n, m, k = len(theta), len(designs), len(looks[0])
     bt = b1_true[:, None, None]
     band = math.log(1 + s.min_effect)
@@ -522,7 +531,11 @@ def _decided_share(s: Settings, today: tuple, designs: list, looks: list, level:
     x = theta[:, None, None] + np.where(nested, p_now[:, None, None] + (R * r_now[:, None, None] + sessions) / L,
                                         fresh_prompts + sessions / L)
     if math.isfinite(b_dof):
-        d_L = np.maximum(b_dof * (L - 1) / max(R - 1, 1), 1e-9)
+        # under the sequential design more repeats of today's suite measure again only the configurations
+        # the rounds continue (at least this one's cells: `share`); a fixed design and a larger suite
+        # measure every cell
+        d_L = np.maximum(np.where(nested, b_dof * (1 + share * (L - R) / max(R - 1, 1)),
+                                  b_dof * (L - 1) / max(R - 1, 1)), 1e-9)
         d_prev = np.concatenate([np.where(nested, b_dof, 0.0), d_L[:, :, :-1]], axis=2)
         inc = np.maximum(d_L - d_prev, 0.0)
         ss = np.where(nested, b_dof * b1, 0.0) + np.cumsum(bt * inc * _chi2_over_dof(rng, inc, (n, m, k)), axis=2)
@@ -553,7 +566,7 @@ def _decided_share(s: Settings, today: tuple, designs: list, looks: list, level:
         if j == k - 1 or not alive.any():
             break
         go = sequential.chance_decided_many(x[:, :, j], w_now, b_hat[:, :, j] / Lj, Lj, stops, s.confidence, band,
-                                            w_dofs, b_dofs[:, :, j])
+                                            w_dofs, b_dofs[:, :, j], share)
         alive &= go >= stops.min_probability
     return done.mean(0)
 
