@@ -247,6 +247,7 @@ class Measurements:
     _rows: dict = field(default_factory=dict, repr=False)
     _estimates: dict = field(default_factory=dict, repr=False)
     _sessions: dict | None = field(default=None, repr=False)
+    _repeat_counts: dict | None = field(default=None, repr=False)
 
     @classmethod
     def of(cls, cells: list[tuple[CellResult, pl.DataFrame]], settings: Settings) -> "Measurements":
@@ -318,12 +319,16 @@ class Measurements:
         return sorted(k[3] for k in self.cells if k[:3] == (server, suite, c))
 
     def repeats_by_cell(self, servers=None) -> dict:
-        """(server, suite, concurrency) -> how many repeats it has, for `servers` (None: all)."""
-        out: dict = {}
-        for k in self.cells:
-            if servers is None or k[0] in servers:
-                out[k[:3]] = out.get(k[:3], 0) + 1
-        return out
+        """(server, suite, concurrency) -> how many repeats it has, for `servers` (None: all). Counted once:
+        every comparison asks (comparison.compare's own_share)."""
+        if self._repeat_counts is None:
+            counts: dict = {}
+            for k in self.cells:
+                counts[k[:3]] = counts.get(k[:3], 0) + 1
+            self._repeat_counts = counts
+        if servers is None:
+            return self._repeat_counts
+        return {k: n for k, n in self._repeat_counts.items() if k[0] in servers}
 
 
 # -- resampling units -----------------------------------------------------------------------------
