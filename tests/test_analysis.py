@@ -736,3 +736,20 @@ def test_what_would_decide_it_simulates_the_rounds_futility_stops():
     assert not C.continues(c, Design(2, 4), seq)
     p = C.decides_probability(c, seq, [(4, 1.0), (4, 4.0)], np.random.default_rng(3), 4000)
     assert p[0] == 0.0 and p[1] > 0.0
+
+
+def test_a_named_design_leaves_the_round_budget_out():
+    """The simulation behind 'what would decide it' measures every configuration the rounds continue; a
+    round budget (repeats.max_cells) may stop this one over budget for others likelier to be decided,
+    which it cannot know. So under a budget the design it names says max_cells: null, what it simulated."""
+    from specmatch.deciding.verdicts import comparison as C
+
+    c = Comparison("s", "b", "u", 1, "output_throughput", [0.04, 0.04], [2e-5, 2e-5], 0.04, math.sqrt(2e-5 + 0.0006),
+                   8.0, True)
+    c.prompts = 16
+    texts = {}
+    for budget in (None, 4):
+        s = Settings.of({"bootstrap": 400, "repeats": {"min": 2, "max": 3, "max_cells": budget}})
+        texts[budget], d = C.what_would_decide(c, s)
+        assert d is not None and d["suite_scale"] == 1 and d["repeats"] > 3, texts[budget]
+    assert "max_cells" not in texts[None] and "max_cells: null}" in texts[4], texts

@@ -49,7 +49,7 @@ from dataclasses import replace
 import numpy as np
 import pytest
 
-from specmatch.calibration import external, grid, hints, ksweeps, scenarios, verdicts, verification, workload
+from specmatch.calibration import chances, external, grid, hints, ksweeps, scenarios, verdicts, verification, workload
 from specmatch.calibration.des import Engine, serve
 from specmatch.calibration.harness import compute
 from specmatch.calibration.tally import Tally, fmt, pct
@@ -66,6 +66,7 @@ N_POWER = 16                # per effect (analysed at R=2, 3 and 4, fixed and se
 N_VERIFY = 40               # per machine (plain, quiet)
 N_HINTS = 24                # per population ('what would decide it' carried out: the slowest experiments)
 N_HINTS_SEQ = 8             # the sequential design's, carried out through the rounds (6x dearer each)
+N_CHANCES = 150             # per population: the rounds' chance carried out (0.3 CPU-s each)
 LONG = (pytest.mark.calibration, pytest.mark.slow)   # scripts/test.sh --quick leaves them out
 CALIBRATED = ("plain", "hetero", "t3", "drift", "outlier", "prompts15", "prompts30")
 TIMING = ("output_throughput", "tpot", "e2el")   # metrics whose truth is exactly 1 + effect
@@ -463,6 +464,42 @@ def test_unlikely_is_not_contradicted_under_the_sequential_design(runs):
     st, dec, se, n = hints.hint_rates(rows, reachable=False)
     print(f"\n'unlikely' (t3, sequential): stated {st:.1%}, decided {dec:.1%} ± {se:.1%} of {n}")
     assert n >= 10 and dec <= st + max(3 * se, 0.06)
+
+
+@pytest.fixture(scope="module")
+def chance_runs():
+    return compute({name: dict(kind="chances", name=name, experiments=N_CHANCES, chunk=25) for name in ("aa", "near")},
+                   seed=5)
+
+
+@long
+@pytest.mark.parametrize("population", ["aa", "near"])
+def test_the_rounds_chance_comes_true_when_carried_out(chance_runs, population):
+    """Issue 48: the probability that the remaining repeats decide a configuration (RoundDecision.chance,
+    sequential.chance_decided), by which the rounds continue it or stop it as unlikely and a cell budget
+    ranks it, carried out (calibration.chances: round 2's plan, then its cells of repeat 3 and no
+    others; the stopped ones measured again on their own). Under a flat prior, identical servers were
+    admitted at 43% and decided 18% ± 3 (272 configurations of 300 experiments): an estimate near a
+    boundary by chance falls back. With the effect prior from the server's other comparisons
+    (comparison.effect_posterior), the same experiments: 39% stated, 24% ± 5 decided, half as many
+    admitted (135); speedups of 1.06-1.10x 47% stated, 51% ± 3 decided (47% and 48% ± 3 before). What
+    is left for identical servers comes from the run-to-run variance taken at its estimate (3-6 dof:
+    the admitted are where it ran low). The check: within 3 Monte-Carlo errors or 6 points where the
+    truth is a speedup; for identical servers not above 3 errors + 6 points, and the flat prior's
+    statement for the same configurations higher; a stop as unlikely gives up no more than it states
+    plus the same allowance (measured: 4.2% stated, 9.1% ± 0.9 decided for the speedups)."""
+    rows = chance_runs[population]["rows"]
+    st, dec, se, n = chances.chance_rates(rows, continued=True)
+    flat = chances.chance_rates(rows, continued=True, flat=True)[0]
+    us, ud, use, un = chances.chance_rates(rows, continued=False)
+    print(f"\n{population}: continued: stated {st:.1%} (a flat prior {flat:.1%}), decided {dec:.1%} ± {se:.1%} of {n}; "
+          f"stopped as unlikely: stated {us:.1%}, decided {ud:.1%} ± {use:.1%} of {un}")
+    assert n >= 20 and un >= 100
+    if population == "near":
+        assert abs(dec - st) <= max(3 * se, 0.06)
+    else:
+        assert st - dec <= 3 * se + 0.06 and flat > st
+    assert ud <= us + max(3 * use, 0.06)
 
 
 def _verification_text(v: dict) -> str:

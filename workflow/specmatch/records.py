@@ -1319,6 +1319,9 @@ class RoundDecision(Record):
     run_to_run: bool = True               # whether the interval includes run-to-run variation
     decide: Optional[str] = None          # inconclusive: what would decide it (Verdict.decide)
     design: Optional[dict] = None         # inconclusive: the design that would (Verdict.design)
+    # inconclusive below max: the probability that the remaining repeats decide it (sequential.chance_decided), by
+    # which it continued (>= the design's min_probability) or stopped as unlikely, and a cell budget ranked it
+    chance: Optional[float] = None
 
     @property
     def final(self) -> bool:

@@ -4,9 +4,10 @@ one process pool (`compute`), and the tables `python -m specmatch calibrate` pri
 The cells come from a discrete-event server (calibration.des) on the embedded default's grid
 (calibration.grid), under run-to-run noise the analysis does not assume (calibration.scenarios). The
 subjects, each its own module: the verdicts' false calls and power (verdicts), the verification of a
-recommended schedule (verification), 'what would decide it' carried out (hints), k sweeps (ksweeps)
-and external endpoints (external). Each rate is a share with a Monte-Carlo error that is honest
-however strongly an experiment's verdicts are correlated (calibration.tally).
+recommended schedule (verification), 'what would decide it' carried out (hints), the rounds' chance
+carried out (chances), k sweeps (ksweeps) and external endpoints (external). Each rate is a share
+with a Monte-Carlo error that is honest however strongly an experiment's verdicts are correlated
+(calibration.tally).
 
     python -m specmatch calibrate                 # the whole table (10-20 minutes on 2 cores)
     python -m specmatch calibrate --k-sweeps [--experiments 300]
@@ -19,6 +20,7 @@ import time
 
 import numpy as np
 
+from .chances import CHANCE_POPULATIONS, chance_rates, chance_task
 from .external import external_rates, external_task
 from .grid import CONCURRENCIES, EFFECTS, METRICS, OUT_TOKENS, PROMPTS, SLO, SPEC_TRUTH, SUITES
 from .hints import HINT_POPULATIONS, hint_rates, hint_task
@@ -30,7 +32,7 @@ from .verdicts import claim_rates, experiment_task, hint_calibration
 from .verification import VERIFY_OUTCOMES, verified_shares, verify_task
 
 TASKS = {"experiment": experiment_task, "verify": verify_task, "hints": hint_task, "ksweep": ksweep_task,
-         "kcompare": kcompare_task, "external": external_task}
+         "kcompare": kcompare_task, "external": external_task, "chances": chance_task}
 
 
 def _merge(a: dict, b: dict) -> dict:
@@ -76,7 +78,7 @@ def compute(specs: dict, seed: int = 0, chunk: int = 10, bootstrap: int = 250, n
             # ~0.07 CPU-s per analysed repeat; a hint experiment ~100 of them on average, its tail (a
             # design of 64 repeats of a 32-times suite) far more: those go first
             cost.append(args["experiments"] * (1.2 * spec["repeats"] if fn is verify_task else 100 if fn is hint_task
-                                               else sum(rs)))
+                                               else 5 if fn is chance_task else sum(rs)))
     order = sorted(range(len(jobs)), key=lambda i: -cost[i])
     res = run_tasks([jobs[i] for i in order], n_workers)
     out: dict = {}
@@ -108,6 +110,8 @@ def table(experiments: int = 300, power_experiments: int = 100, verify_experimen
     hint_experiments = max(10, power_experiments // 2)
     for name in HINT_POPULATIONS:
         specs[("hints", name)] = dict(kind="hints", name=name, experiments=hint_experiments, chunk=3)
+    for name in CHANCE_POPULATIONS:
+        specs[("chances", name)] = dict(kind="chances", name=name, experiments=experiments, chunk=25)
     res = compute(specs, n_workers=n_workers)
 
     def tally(name, R):
@@ -169,6 +173,15 @@ def table(experiments: int = 300, power_experiments: int = 100, verify_experimen
         parts = []
         for what, reach in (("'decides it with probability p'", True), ("'more data is unlikely to decide it'", False)):
             st, dec, se, n = hint_rates(rows, reachable=reach)
+            parts.append(f"{what}: stated {st:.0%}, decided {dec:.0%} ± {se:.0%} of {n}" if n else f"{what}: none")
+        p(f"  {name} ({about}): " + "; ".join(parts))
+    p(f"\nThe rounds' chance, carried out (repeats {{min: 2, max: 3}}; round 2's plan, then its cells of repeat 3; "
+      f"{experiments} experiments each; the configurations stopped as unlikely measured again on their own):")
+    for name, (_, about) in CHANCE_POPULATIONS.items():
+        rows = res[("chances", name)]["rows"]
+        parts = []
+        for what, cont in (("continued", True), ("stopped as unlikely", False)):
+            st, dec, se, n = chance_rates(rows, cont)
             parts.append(f"{what}: stated {st:.0%}, decided {dec:.0%} ± {se:.0%} of {n}" if n else f"{what}: none")
         p(f"  {name} ({about}): " + "; ".join(parts))
     for name in ("plain", "quiet"):

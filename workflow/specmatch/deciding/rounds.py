@@ -94,17 +94,18 @@ def _decisions(an: Analysis, design: Design, round_: int, share: float) -> tuple
             v = an.verdict(server, suite, cmp.concurrency, metric)
             if v is None or v.speedup is None:
                 continue   # nothing measured to decide (failed cells say why in the summary)
+            p = None
             if v.verdict != Decision.INCONCLUSIVE:
                 action = Continuation.DECIDED
             elif round_ >= design.max:
                 action = Continuation.AT_MAX
             else:
+                p = chance(cmp, design, an.settings, share)
                 go = continues(cmp, design, an.settings, share)
                 action = Continuation.CONTINUE if go else Continuation.UNLIKELY
-            decisions.append(recorded(v, action, against=None))
+            decisions.append(recorded(v, action, against=None, chance=p))
             if action == Continuation.CONTINUE:
-                wants.append((chance(cmp, design, an.settings, share), len(decisions) - 1,
-                               {(who, suite, cmp.concurrency) for who in (server, an.baseline)}))
+                wants.append((p, len(decisions) - 1, {(who, suite, cmp.concurrency) for who in (server, an.baseline)}))
     for d, p in _k_choices(an, design, round_, share):
         decisions.append(d)
         if d.action == Continuation.CONTINUE:
@@ -153,7 +154,7 @@ def _k_choices(an: Analysis, design: Design, round_: int, share: float = 1.0) ->
                 open_ = bool(ch.candidates) and v.verdict in (Decision.INCONCLUSIVE, Decision.LOSES)
                 if not open_ and v.verdict == Decision.INCONCLUSIVE:
                     continue   # inconclusive against a k the choice does not hinge on
-                p = 0.0
+                p, stated = 0.0, None
                 if not open_:
                     action = Continuation.DECIDED
                 elif round_ >= design.max:
@@ -164,17 +165,18 @@ def _k_choices(an: Analysis, design: Design, round_: int, share: float = 1.0) ->
                     cmp = compare(m, an.run_to_run, v.server, v.against, rec.suite, ch.concurrency, metric)
                     go = cmp.estimate is not None and continues(cmp, design, an.settings, share)
                     action = Continuation.CONTINUE if go else Continuation.UNLIKELY
-                    p = chance(cmp, design, an.settings, share) if go else 0.0
-                out.append((recorded(v, action, against=v.against), p))
+                    stated = chance(cmp, design, an.settings, share) if cmp.estimate is not None else None
+                    p = stated if go else 0.0
+                out.append((recorded(v, action, against=v.against, chance=stated), p))
     return out
 
 
-def recorded(v: Verdict, action: Continuation, against: str | None) -> RoundDecision:
+def recorded(v: Verdict, action: Continuation, against: str | None, chance: float | None = None) -> RoundDecision:
     """A verdict at this look as the round records it: everything a configuration that stops here keeps
-    (analysis.frozen_verdicts)."""
+    (analysis.frozen_verdicts), and for an inconclusive one the chance the remaining repeats decide it."""
     return RoundDecision(v.server, v.suite, v.concurrency, v.repeats, v.verdict, v.confidence, action, v.speedup,
                          v.lo, v.hi, against=against, dof=v.dof, run_to_run=v.run_to_run, decide=v.decide,
-                         design=v.design)
+                         design=v.design, chance=None if chance is None else round(float(chance), 4))
 
 
 def describe(p: RoundPlan) -> str:
@@ -209,7 +211,8 @@ def execute(a: argparse.Namespace) -> int:
     for d in out.decisions:
         print(f"  {d.server}" + (f" vs {d.against}" if d.against else "") + f" {d.suite} c={d.concurrency}: "
               f"{d.verdict.value} at {d.confidence:.1%} "
-              f"({d.repeats} repeats) -> {d.action.value}")
+              f"({d.repeats} repeats) -> {d.action.value}"
+              + (f" (decided by the remaining repeats with probability {d.chance:.0%})" if d.chance is not None else ""))
     return 0
 
 

@@ -299,7 +299,14 @@ def _design_question(cmp: Comparison, design: sequential.Design, s: Settings, sh
     """The arguments of sequential.chance_decided and sequential.continues for this comparison."""
     w, w_dof, b, rr_parts = _split(cmp)
     return (cmp.estimate, w, b, cmp.repeats, design, s.confidence, math.log(1 + s.min_effect), w_dof, _b_dof(rr_parts),
-            share)
+            share, effect_prior_of(cmp))
+
+
+def effect_prior_of(cmp: Comparison) -> tuple | None:
+    """(mean, variance, today's shared session variance) for sequential.chance_decided, or None (flat)."""
+    if cmp.effect_prior is None:
+        return None
+    return (*cmp.effect_prior, min(sum(cmp.session.values()), cmp.se ** 2))
 
 
 def chance(cmp: Comparison, design: sequential.Design, s: Settings, share: float = 1.0) -> float:
@@ -407,25 +414,15 @@ def _chi2_over_dof(rng: np.random.Generator, dof, shape) -> np.ndarray:
 
 
 def effect_posterior(cmp: Comparison) -> tuple[float, float]:
-    """(mean, variance) of the true effect given today's estimate and the effect prior.
-
-    Today's estimate is effect + shared session error a (Comparison.session: the server sessions move
-    every cell of theirs alike, variance S) + the rest (variance own = se^2 - S). The prior
-    (effect_prior) is built from the same server's other estimates, which carry the same a: it is a
-    prior for effect + a, so it is combined with this estimate through `own` alone, and a, which no
-    estimate of these sessions can tell from an effect, is added back (variance S). Combining it with
-    the whole se^2 instead counted today's sessions twice: identical servers whose sessions ran slow
-    everywhere were predicted to be called slower with confidence."""
+    """(mean, variance) of the true effect given today's estimate and the effect prior
+    (sequential.posterior: today's shared session error counted once; a flat prior without one).
+    Combining the prior with the whole se^2 counted today's sessions twice: identical servers whose
+    sessions ran slow everywhere were predicted to be called slower with confidence."""
     V = cmp.se ** 2
     if cmp.effect_prior is None:
         return cmp.estimate, V
-    S = min(sum(cmp.session.values()), V)
-    own = V - S
-    mu, P = cmp.effect_prior
-    if own <= 0 or P <= 0:
-        return (cmp.estimate, V) if own <= 0 else (mu, S)
-    post = 1 / (1 / own + 1 / P)
-    return post * (cmp.estimate / own + mu / P), post + S
+    m, v = sequential.posterior(cmp.estimate, V, sum(cmp.session.values()), cmp.effect_prior)
+    return float(m), float(v)
 
 
 def _looks(s: Settings, R: int, Rn: int, g: float) -> tuple[list[int], int]:
@@ -488,7 +485,9 @@ def decides_probability(cmp: Comparison, s: Settings, designs: list, rng: np.ran
     with np.errstate(divide="ignore", invalid="ignore"):
         p_now = np.where(V_true > 0, e * w / V_true + np.sqrt(np.maximum(w * b_true / V_true, 0.0))
                          * rng.standard_normal(n), 0.0)
-    today = (R, w, w_dof, b1, b_dof, theta, p_now, e - p_now, b1_true, cmp.own_share)
+    # the prior the rounds' futility stops read at each simulated look (the shared session part falls as 1/R)
+    prior = effect_prior_of(cmp)
+    today = (R, w, w_dof, b1, b_dof, theta, p_now, e - p_now, b1_true, cmp.own_share, prior)
     out = np.zeros(len(designs))
     plan = [(i, *_looks(s, R, int(Rn), float(g))) for i, (Rn, g) in enumerate(designs)]
     one = [i for i, looks, lo in plan if len(looks) == 1 and looks[0] == lo]   # fixed: one look, at s.confidence
@@ -515,8 +514,9 @@ def _decided_share(s: Settings, today: tuple, designs: list, looks: list, level:
     looks at once): the share of draws decided at some look. With `stops` (a sequential design), a draw
     undecided at a look before the last stops there undecided where the rounds would stop it
     (sequential.chance_decided_many below stops.min_probability, on the look's own estimate and
-    variances): the statement is what the workflow carries out, futility stops included."""
-    R, w, w_dof, b1, b_dof, theta, p_now, r_now, b1_true, own = today
+    variances, and the effect's posterior at that look where the comparison has a prior, as the rounds
+    compute it): the statement is what the workflow carries out, futility stops included."""
+    R, w, w_dof, b1, b_dof, theta, p_now, r_now, b1_true, own, prior = today
     share = own if stops is not None else 1.0   # a fixed design measures every cell R' times
     n, m, k = len(theta), len(designs), len(looks[0])
     bt = b1_true[:, None, None]
@@ -565,8 +565,9 @@ def _decided_share(s: Settings, today: tuple, designs: list, looks: list, level:
         Lj = int(looks[0][j])
         if j == k - 1 or not alive.any():
             break
+        at = None if prior is None else (prior[0], prior[1], prior[2] * R / Lj)   # the shared part falls as 1/R
         go = sequential.chance_decided_many(x[:, :, j], w_now, b_hat[:, :, j] / Lj, Lj, stops, s.confidence, band,
-                                            w_dofs, b_dofs[:, :, j], share)
+                                            w_dofs, b_dofs[:, :, j], share, at)
         alive &= go >= stops.min_probability
     return done.mean(0)
 
@@ -607,7 +608,10 @@ def what_would_decide(cmp: Comparison, s: Settings) -> tuple[str, dict | None]:
     if d is None:
         return "nothing measured here would narrow it", None
     seq = s.design.sequential and d["repeats"] > s.design.min
-    what = [(f"up to {d['repeats']} repeats (repeats: {{min: {s.design.min}, max: {d['repeats']}}})" if seq
+    # the simulation measures every configuration the rounds continue: a round budget, which may stop this one
+    # over budget for others likelier to be decided, is not part of the design it names
+    budget = ", max_cells: null" if s.design.max_cells is not None else ""
+    what = [(f"up to {d['repeats']} repeats (repeats: {{min: {s.design.min}, max: {d['repeats']}{budget}}})" if seq
              else f"{d['repeats']} repeats") if d["repeats"] != cmp.repeats or d["suite_scale"] != 1 else "",
             (f"a suite {d['suite_scale']:g}x larger" + (f" ({d['prompts']} prompts)" if d["prompts"] else "")
              + " measured afresh") if d["suite_scale"] != 1 else ""]
