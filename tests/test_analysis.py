@@ -753,3 +753,28 @@ def test_a_named_design_leaves_the_round_budget_out():
         texts[budget], d = C.what_would_decide(c, s)
         assert d is not None and d["suite_scale"] == 1 and d["repeats"] > 3, texts[budget]
     assert "max_cells" not in texts[None] and "max_cells: null}" in texts[4], texts
+
+
+def test_a_larger_suite_averages_the_requests_own_noise():
+    """Run to run holds each repeat's requests' own noise, which a suite g times larger averages over g
+    times the requests (a session's or a cell's conditions it does not). comparison.request_variance
+    reads that part from the repeats' bootstraps (each sees its own requests' noise; the prompt sample
+    they share), and 'what would decide it' shrinks a larger suite's run to run by it: the same
+    comparison is more likely decided by a larger suite where its run to run is all request noise."""
+    from specmatch.deciding.verdicts import comparison as C
+
+    rng = np.random.default_rng(4)
+    shared, own = 0.0009, 0.0004
+    boot = math.sqrt(shared) * rng.standard_normal((1, 20_000)) + math.sqrt(own) * rng.standard_normal((3, 20_000))
+    assert C.request_variance(boot) == pytest.approx(own, rel=0.05)
+    assert C.request_variance(boot[:1]) == 0.0
+    fixed = Settings.of({"bootstrap": 400, "repeats": 2})
+    c = Comparison("s", "b", "u", 16, "output_throughput", [0.03, 0.03], [1e-4, 1e-4], 0.03, math.sqrt(1e-4 + 0.002),
+                   8.0, True)
+    c.prompts = 16
+    assert C.larger_suite(c, 4) == 1.0
+    base = C.decides_probability(c, fixed, [(2, 4.0), (4, 1.0)], np.random.default_rng(3), 4000)
+    c.request_share = 1.0
+    assert C.larger_suite(c, 4) == pytest.approx(0.25)
+    noisy = C.decides_probability(c, fixed, [(2, 4.0), (4, 1.0)], np.random.default_rng(3), 4000)
+    assert noisy[0] > base[0] + 0.05 and noisy[1] == pytest.approx(base[1])

@@ -468,38 +468,54 @@ def test_unlikely_is_not_contradicted_under_the_sequential_design(runs):
 
 @pytest.fixture(scope="module")
 def chance_runs():
-    return compute({name: dict(kind="chances", name=name, experiments=N_CHANCES, chunk=25) for name in ("aa", "near")},
-                   seed=5)
+    return compute({name: dict(kind="chances", name=name, experiments=N_CHANCES, chunk=25)
+                    for name in ("aa", "near", "s115")}, seed=5)
+
+
+def _chance_text(rows) -> str:
+    out = []
+    for what, cont in (("continued", True), ("stopped as unlikely", False)):
+        st, dec, se, n = chances.chance_rates(rows, continued=cont)
+        out.append(f"{what}: stated {st:.1%}, decided {dec:.1%} ± {se:.1%} of {n}")
+    return "; ".join(out)
 
 
 @long
-@pytest.mark.parametrize("population", ["aa", "near"])
-def test_the_rounds_chance_comes_true_when_carried_out(chance_runs, population):
-    """Issue 48: the probability that the remaining repeats decide a configuration (RoundDecision.chance,
-    sequential.chance_decided), by which the rounds continue it or stop it as unlikely and a cell budget
-    ranks it, carried out (calibration.chances: round 2's plan, then its cells of repeat 3 and no
-    others; the stopped ones measured again on their own). Under a flat prior, identical servers were
-    admitted at 43% and decided 18% ± 3 (272 configurations of 300 experiments): an estimate near a
-    boundary by chance falls back. With the effect prior from the server's other comparisons
-    (comparison.effect_posterior), the same experiments: 39% stated, 24% ± 5 decided, half as many
-    admitted (135); speedups of 1.06-1.10x 47% stated, 51% ± 3 decided (47% and 48% ± 3 before). What
-    is left for identical servers comes from the run-to-run variance taken at its estimate (3-6 dof:
-    the admitted are where it ran low). The check: within 3 Monte-Carlo errors or 6 points where the
-    truth is a speedup; for identical servers not above 3 errors + 6 points, and the flat prior's
-    statement for the same configurations higher; a stop as unlikely gives up no more than it states
-    plus the same allowance (measured: 4.2% stated, 9.1% ± 0.9 decided for the speedups)."""
-    rows = chance_runs[population]["rows"]
+def test_the_rounds_chance_comes_true_near_the_band(chance_runs):
+    """The probability that the remaining repeats decide a configuration (sequential.chance_decided,
+    recorded as RoundDecision.chance), by which the rounds continue it or stop it as unlikely and a cell
+    budget ranks it, carried out (calibration.chances: round 2's plan, then its cells of repeat 3 and no
+    others; the stopped ones measured again on their own). For speedups of 1.06-1.10x, where the
+    rounds matter most (an effect at the edge of the band): the continued decide within 3 Monte-Carlo
+    errors or 6 points of the stated chance (measured: 47% stated, 48% ± 3 decided of 589, 300
+    experiments), and a stop as unlikely gives up no more than it states plus the same allowance
+    (4.7% stated, 7.7% ± 0.8)."""
+    rows = chance_runs["near"]["rows"]
+    print("\nnear: " + _chance_text(rows))
     st, dec, se, n = chances.chance_rates(rows, continued=True)
-    flat = chances.chance_rates(rows, continued=True, flat=True)[0]
     us, ud, use, un = chances.chance_rates(rows, continued=False)
-    print(f"\n{population}: continued: stated {st:.1%} (a flat prior {flat:.1%}), decided {dec:.1%} ± {se:.1%} of {n}; "
-          f"stopped as unlikely: stated {us:.1%}, decided {ud:.1%} ± {use:.1%} of {un}")
-    assert n >= 20 and un >= 100
-    if population == "near":
-        assert abs(dec - st) <= max(3 * se, 0.06)
-    else:
-        assert st - dec <= 3 * se + 0.06 and flat > st
-    assert ud <= us + max(3 * use, 0.06)
+    assert n >= 100 and un >= 100
+    assert abs(dec - st) <= max(3 * se, 0.06) and ud <= us + max(3 * use, 0.06)
+
+
+@long
+@pytest.mark.xfail(strict=True, reason="measured (300 experiments each): identical servers continued at 43% stated, "
+                                       "18% ± 3 decided; a true 1.15x at 52% stated, 78% ± 2 decided (and stopped "
+                                       "as unlikely at 8% stated, 24% ± 3 would decide): the chance assumes a flat "
+                                       "prior on the effect")
+@pytest.mark.parametrize("population", ["aa", "s115"])
+def test_the_rounds_chance_comes_true_whatever_the_effect(chance_runs, population):
+    """The same check for a fixed effect away from the band's edge. The chance is a preposterior under
+    a flat prior: an estimate that is inconclusive sits near a boundary, and where the truth is 0 it
+    falls back (the chance is too high), where the truth is well beyond the band it moves on (too low).
+    The server's other comparisons as a prior (the empirical-Bayes prior of 'what would decide it')
+    halved the identical servers' gap in the harness but cost 4-5 points of power where the effect
+    differs by concurrency (1.08-1.12x at c=1, none at 4 and 16), as real speculation does, so it is not
+    used (docs/methods/calibration.md)."""
+    rows = chance_runs[population]["rows"]
+    print(f"\n{population}: " + _chance_text(rows))
+    st, dec, se, n = chances.chance_rates(rows, continued=True)
+    assert n >= 50 and abs(dec - st) <= max(3 * se, 0.06)
 
 
 def _verification_text(v: dict) -> str:

@@ -20,7 +20,7 @@ from specmatch.config import load, validate
 from specmatch.files import SpecmatchError
 from specmatch.records import Continuation, Decision, RoundPlan
 from specmatch.deciding.rounds import plan
-from specmatch.deciding.reading.sequential import Design, continues, chance_decided, chance_decided_many, look_confidence
+from specmatch.deciding.reading.sequential import Design, continues, chance_decided, look_confidence
 
 from builders import REPO
 
@@ -139,45 +139,6 @@ def test_the_probability_of_deciding_is_calibrated():
         assert abs(got[k].mean() - pred[k].mean()) < 0.02, (lo, hi, got[k].mean(), pred[k].mean())
 
 
-def test_the_chance_draws_back_toward_the_effects_prior():
-    """chance_decided with the effect's posterior (comparison.effect_posterior) against the truth it
-    predicts, where the truth is concentrated: effects drawn N(0, 1.5%^2) (nearly identical servers),
-    nested repeats as above. Among comparisons inconclusive at the first look, the share the last look
-    decides matches the prediction with the posterior, bin by bin, and the flat prior overstates it
-    where it would admit a configuration (a flat prior keeps an estimate that sits near a boundary by
-    chance where it is; the truth falls back). The rounds compute the posterior from the server's other
-    comparisons (the empirical-Bayes prior); here it is the true one, to test the arithmetic alone."""
-    rng = np.random.default_rng(13)
-    n, w, b1, d, tau = 300_000, 0.0004, 0.0036, Design(2, 3), 0.015
-    band, z = math.log(1.05), NormalDist()
-    theta = rng.standard_normal(n) * tau
-    base = theta + rng.standard_normal(n) * math.sqrt(w)
-    s = rng.standard_normal((n, 3)) * math.sqrt(b1)
-    e2, e3 = base + s[:, :2].mean(1), base + s.mean(1)
-
-    def decided(est, R):
-        h = z.inv_cdf(0.5 + look_confidence(d, 0.9, R, w, b1 / R) / 2) * math.sqrt(w + b1 / R)
-        return (np.abs(est) > h) | (np.abs(est) < band - h)
-
-    open_ = ~decided(e2, 2)
-    x = e2[open_]
-    pred = chance_decided_many(x, w, b1 / 2, 2, d, 0.9, band, math.inf, math.inf, prior=(0.0, tau ** 2, 0.0))
-    flat = chance_decided_many(x, w, b1 / 2, 2, d, 0.9, band, math.inf, math.inf)
-    got = decided(e3, 3)[open_]
-    for lo, hi in ((0, 0.05), (0.05, 0.15), (0.15, 1.0)):
-        k = (pred >= lo) & (pred < hi)
-        assert k.sum() > 500, (lo, hi, k.sum())
-        assert abs(got[k].mean() - pred[k].mean()) < 0.02, (lo, hi, got[k].mean(), pred[k].mean())
-    admitted = flat >= 0.25
-    print(f"\nflat prior admits {admitted.mean():.1%} of the open: stated {flat[admitted].mean():.3f}, decided "
-          f"{got[admitted].mean():.3f}; with the posterior {pred[admitted].mean():.3f}")
-    assert admitted.sum() > 1000 and flat[admitted].mean() > got[admitted].mean() + 0.1
-    assert abs(pred[admitted].mean() - got[admitted].mean()) < 0.03
-    # a prior far wider than the data is the flat prior's answer
-    wide = chance_decided_many(x[:50], w, b1 / 2, 2, d, 0.9, band, math.inf, math.inf, prior=(0.0, 1e6, 0.0))
-    assert np.allclose(wide, flat[:50], atol=1e-6)
-
-
 # -- rounds on simulated servers -------------------------------------------------------------------
 @pytest.fixture(scope="module")
 def simulated():
@@ -197,12 +158,10 @@ def settings(min_probability: float | None = None) -> Settings:
 
 
 def test_a_round_continues_only_the_undecided_and_their_baseline(simulated):
-    # identical servers' comparisons are drawn back toward the server's prior (near 0) and few reach the
-    # default 25%: a lower bar keeps some going, to test what a round does with them
-    d = Design(2, 3, 0.1)
-    an = analyse([x for x in simulated if x[0].repeat <= 2], "baseline", settings(0.1))
+    d = Design(2, 3)
+    an = analyse([x for x in simulated if x[0].repeat <= 2], "baseline", settings())
     p = plan(an, d, 2)
-    assert p.round == 2 and p.metric == "output_throughput" and p.design == {"min": 2, "max": 3, "min_probability": 0.1}
+    assert p.round == 2 and p.metric == "output_throughput" and p.design == {"min": 2, "max": 3, "min_probability": 0.25}
     configs = {(x.server, x.suite, x.concurrency) for x in p.decisions}
     assert configs == {(s, u, c) for s in ("same", "fast") for u in grid.SUITES for c in grid.CONCURRENCIES}
     fast = [x for x in p.decisions if x.server == "fast"]
@@ -214,10 +173,10 @@ def test_a_round_continues_only_the_undecided_and_their_baseline(simulated):
     assert all(c.repeat == 3 for c in p.next)
     for x in p.decisions:
         assert 0.9 < x.confidence < 1      # the first look's level: stricter than the fixed design's
-        if x.action == Continuation.CONTINUE:
-            assert x.verdict == Decision.INCONCLUSIVE and x.chance >= 0.1
+        if x.action == Continuation.CONTINUE:   # the chance it continued by, recorded
+            assert x.verdict == Decision.INCONCLUSIVE and x.chance >= 0.25
         elif x.action == Continuation.UNLIKELY:
-            assert x.chance < 0.1
+            assert x.chance < 0.25
         else:
             assert x.chance is None
     assert RoundPlan.from_json(p.to_json()) == p
@@ -230,7 +189,7 @@ def test_a_round_continues_only_the_undecided_and_their_baseline(simulated):
     # verdict; the last look's decisions stop at max
     planned = {(c.server, c.suite, c.concurrency) for c in p.next}
     cells = [x for x in simulated if x[0].repeat <= 2 or (x[0].server, x[0].suite, x[0].concurrency) in planned]
-    an3 = analyse(cells, "baseline", settings(0.1))
+    an3 = analyse(cells, "baseline", settings())
     p3 = plan(an3, d, 3)
     assert {(x.server, x.suite, x.concurrency) for x in p3.decisions} == {("same", u, c) for u, c in go}
     assert all(x.action in (Continuation.DECIDED, Continuation.AT_MAX) for x in p3.decisions)
@@ -247,17 +206,18 @@ def test_a_round_under_a_cell_budget_measures_the_likeliest_to_be_decided_first(
     be decided (comparison.chance) continue while their cells fit; the others stop over budget with
     the verdict they had, final like any stop."""
     from specmatch.deciding.analysis import frozen_verdicts
-    from specmatch.deciding.verdicts.comparison import chance
+    from specmatch.deciding.verdicts.comparison import chance, compare
 
     an = analyse([x for x in simulated if x[0].repeat <= 2], "baseline", settings(0))
     free = plan(an, Design(2, 3, 0), 2)
     go = [x for x in free.decisions if x.action == Continuation.CONTINUE]
     assert len(go) >= 3, "identical servers at R=2 are mostly inconclusive: several must continue"
-    # the chance each was ranked by: as recorded, and as the analysis's comparison (its effect prior set) gives it
-    p_of = {(x.suite, x.concurrency): x.chance for x in go}
-    for x in go:
-        cmp = next(c for c in an.comparisons[(x.server, x.suite, "output_throughput")] if c.concurrency == x.concurrency)
-        assert chance(cmp, Design(2, 3, 0), an.settings, free.share) == pytest.approx(x.chance, abs=1e-4)
+    p_of = {(x.suite, x.concurrency): chance(compare(an.measurements, an.run_to_run, x.server, "baseline", x.suite,
+                                                     x.concurrency, "output_throughput"), Design(2, 3, 0), an.settings,
+                                             free.share)
+            for x in go}
+    # as recorded (the plan records its share to 4 places)
+    assert all(p_of[x.suite, x.concurrency] == pytest.approx(x.chance, rel=1e-3, abs=1e-5) for x in go)
     for budget in (2, 5, 2 * len(go) - 1, 2 * len(go)):
         d = Design(2, 3, 0, budget)
         p = plan(an, d, 2)
@@ -294,8 +254,8 @@ def test_a_stopped_configuration_keeps_its_verdict_when_other_cells_are_added(si
     [1.05, 1.71] in round 2, inconclusive [0.98, 1.83] in the summary)."""
     from specmatch.deciding.analysis import frozen_verdicts
 
-    d = Design(2, 3, 0.1)
-    an2 = analyse([x for x in simulated if x[0].repeat <= 2], "baseline", settings(0.1))
+    d = Design(2, 3)
+    an2 = analyse([x for x in simulated if x[0].repeat <= 2], "baseline", settings())
     p2 = plan(an2, d, 2)
     stopped = [x for x in p2.decisions if x.final]
     assert len(stopped) >= 9 and any(x.action == Continuation.CONTINUE for x in p2.decisions)
@@ -305,8 +265,8 @@ def test_a_stopped_configuration_keeps_its_verdict_when_other_cells_are_added(si
     p2 = RoundPlan.from_json(p2.to_json())
     frozen = frozen_verdicts([p2], "baseline")
     assert set(frozen) == {(x.server, "baseline", x.suite, x.concurrency, "output_throughput") for x in stopped}
-    kept = analyse(cells, "baseline", settings(0.1), frozen=frozen)
-    again = analyse(cells, "baseline", settings(0.1))
+    kept = analyse(cells, "baseline", settings(), frozen=frozen)
+    again = analyse(cells, "baseline", settings())
     moved = 0
     for x in stopped:
         v = kept.verdict(x.server, x.suite, x.concurrency)
@@ -320,7 +280,7 @@ def test_a_stopped_configuration_keeps_its_verdict_when_other_cells_are_added(si
     assert {(x.server, x.suite, x.concurrency) for x in p3.decisions} == {
         (x.server, x.suite, x.concurrency) for x in p2.decisions if x.action == Continuation.CONTINUE}
     # a stopped configuration measured again (other data than it stopped with) is not frozen
-    more = analyse(simulated, "baseline", settings(0.1), frozen=frozen)
+    more = analyse(simulated, "baseline", settings(), frozen=frozen)
     x = next(x for x in stopped if x.server == "fast")
     assert more.verdict(x.server, x.suite, x.concurrency).repeats == 3
 

@@ -233,6 +233,10 @@ def test_the_sequential_design_measures_another_repeat_only_where_undecided(seq_
         assert 0.9 < v["confidence"] < 1       # each look's level: stricter than the fixed design's
     summary = (res / "summary" / "summary.md").read_text()
     assert "Sequential design (repeats 2–3)" in summary and f"repeat 3 measured {len(planned)} cells" in summary
+    # each continued configuration's chance, as recorded (min_probability 0 continues every inconclusive one)
+    chances = sorted((d.chance for d in plan.decisions if d.action == Continuation.CONTINUE), reverse=True)
+    assert all(x is not None for x in chances)
+    assert "continued at " + ", ".join(f"{x:.0%}" for x in chances) in summary
     out = run([sys.executable, "-m", "specmatch.cli", "provenance", "results/rounds/r2.json"], wd,
               env={"PYTHONPATH": str(REPO / "workflow")}).stdout
     assert "made by rule sequential_round" in out

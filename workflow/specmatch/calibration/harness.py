@@ -110,8 +110,9 @@ def table(experiments: int = 300, power_experiments: int = 100, verify_experimen
     hint_experiments = max(10, power_experiments // 2)
     for name in HINT_POPULATIONS:
         specs[("hints", name)] = dict(kind="hints", name=name, experiments=hint_experiments, chunk=3)
+    chance_experiments = max(20, experiments // 2)
     for name in CHANCE_POPULATIONS:
-        specs[("chances", name)] = dict(kind="chances", name=name, experiments=experiments, chunk=25)
+        specs[("chances", name)] = dict(kind="chances", name=name, experiments=chance_experiments, chunk=25)
     res = compute(specs, n_workers=n_workers)
 
     def tally(name, R):
@@ -176,7 +177,7 @@ def table(experiments: int = 300, power_experiments: int = 100, verify_experimen
             parts.append(f"{what}: stated {st:.0%}, decided {dec:.0%} ± {se:.0%} of {n}" if n else f"{what}: none")
         p(f"  {name} ({about}): " + "; ".join(parts))
     p(f"\nThe rounds' chance, carried out (repeats {{min: 2, max: 3}}; round 2's plan, then its cells of repeat 3; "
-      f"{experiments} experiments each; the configurations stopped as unlikely measured again on their own):")
+      f"{chance_experiments} experiments each; the configurations stopped as unlikely measured again on their own):")
     for name, (_, about) in CHANCE_POPULATIONS.items():
         rows = res[("chances", name)]["rows"]
         parts = []

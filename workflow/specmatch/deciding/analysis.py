@@ -88,11 +88,10 @@ def server_verdicts(m: Measurements, rr: RunToRun, server: str, baseline: str, s
                    if m.repeats(server, suite, c) and m.repeats(baseline, suite, c)]
             if row:
                 comparisons[(server, suite, metric)] = row
-    for metric in m.settings.metrics:  # what 'what would decide it' expects of an effect, before its own data
+    for metric in m.settings.metrics:  # what an effect is expected to be before its own data: the others'
         cmps = [c for (sv, _, mt), row in comparisons.items() if mt == metric for c in row]
-        prior = effect_prior(cmps)
-        for c in cmps:
-            c.effect_prior = prior
+        for i, c in enumerate(cmps):
+            c.effect_prior = effect_prior(cmps[:i] + cmps[i + 1:])
     for suite in suites:
         for metric in m.settings.metrics:
             for cmp in comparisons.get((server, suite, metric), []):

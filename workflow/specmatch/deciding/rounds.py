@@ -176,7 +176,7 @@ def recorded(v: Verdict, action: Continuation, against: str | None, chance: floa
     (analysis.frozen_verdicts), and for an inconclusive one the chance the remaining repeats decide it."""
     return RoundDecision(v.server, v.suite, v.concurrency, v.repeats, v.verdict, v.confidence, action, v.speedup,
                          v.lo, v.hi, against=against, dof=v.dof, run_to_run=v.run_to_run, decide=v.decide,
-                         design=v.design, chance=None if chance is None else round(float(chance), 4))
+                         design=v.design, chance=None if chance is None else float(chance))
 
 
 def describe(p: RoundPlan) -> str:
@@ -212,7 +212,7 @@ def execute(a: argparse.Namespace) -> int:
         print(f"  {d.server}" + (f" vs {d.against}" if d.against else "") + f" {d.suite} c={d.concurrency}: "
               f"{d.verdict.value} at {d.confidence:.1%} "
               f"({d.repeats} repeats) -> {d.action.value}"
-              + (f" (decided by the remaining repeats with probability {d.chance:.0%})" if d.chance is not None else ""))
+              + (f" (decided by the remaining repeats with probability {d.chance:.1%})" if d.chance is not None else ""))
     return 0
 
 

@@ -6,7 +6,7 @@ import math
 
 from ..metrics import LABEL
 from ..deciding.recommending.deployment import RECOMMENDED
-from ..records import RoundPlan
+from ..records import Continuation, RoundPlan
 from .decided import Decided
 
 
@@ -50,6 +50,7 @@ def sequential_lines(d: Decided, plans: list[RoundPlan]) -> list[str]:
     rounds = []
     for p in plans:
         rounds.append(f"after round {p.round}: " + ", ".join(f"{v} {a.value}" for a, v in p.counts().items() if v)
+                      + _chances(p)
                       + (f"; repeat {p.round + 1} measured {len(p.next)} cells" if p.next else "; nothing continued"))
     levels = sorted({round(v.confidence, 3) for v in d.verdicts if v.metric == s.recommend_metric
                      and v.run_to_run and not v.server.endswith(RECOMMENDED)})
@@ -67,3 +68,14 @@ def sequential_lines(d: Decided, plans: list[RoundPlan]) -> list[str]:
             f"(alpha spending over the looks, specmatch.deciding.reading.sequential) that keeps the overall error at "
             f"{1 - s.confidence:.0%}: the verdicts here stand at "
             + ", ".join(f"{x:.1%}" for x in levels) + " confidence (verdicts.json, `confidence`)."]
+
+
+def _chances(p: RoundPlan) -> str:
+    """The chances the round decided by (RoundDecision.chance): each continued configuration's, and the
+    highest of those it stopped as unlikely or over budget."""
+    go = sorted((d.chance for d in p.decisions if d.chance is not None and d.action == Continuation.CONTINUE),
+                reverse=True)
+    stop = [d.chance for d in p.decisions if d.chance is not None and d.action != Continuation.CONTINUE]
+    parts = ([f"continued at {', '.join(f'{x:.0%}' for x in go)}"] if go else []) + (
+        [f"the others at most {max(stop):.0%}"] if stop else [])
+    return f" (the chance the remaining repeats decide it: {'; '.join(parts)})" if parts else ""

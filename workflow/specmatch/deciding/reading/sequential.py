@@ -206,13 +206,12 @@ def dof_share(repeats_by_cell: dict, again: set, repeats: int) -> float:
 
 
 def chance_decided_many(estimate, w, run_to_run, repeats: int, design: Design, confidence: float, band: float,
-                        w_dof, b_dof, share=1.0, prior=None) -> np.ndarray:
+                        w_dof, b_dof, share=1.0) -> np.ndarray:
     """chance_decided for many comparisons at once (arrays broadcast; `repeats` one number): what the
     rounds compute for each configuration, and what 'what would decide it' simulates at every look a
     design makes (comparison.decides_probability), so the statement and the workflow's futility stops
     are one rule. `share`: of the cells the run-to-run estimate reads, the share the remaining repeats
-    measure again (final_dof); `prior`: (mean, variance, shared session variance) of the effect before
-    this comparison's data (posterior; None: flat)."""
+    measure again (final_dof)."""
     est, w, rr = (np.asarray(x, float) for x in (estimate, w, run_to_run))
     shape = np.broadcast_shapes(est.shape, w.shape, rr.shape, np.shape(w_dof), np.shape(b_dof))
     if repeats >= design.max:
@@ -227,83 +226,37 @@ def chance_decided_many(estimate, w, run_to_run, repeats: int, design: Design, c
         level[qr == u] = 1 - design_levels(design.min, design.max, float(u), 1 - confidence)[-1]
     dof = np.broadcast_to(final_dof(w, w_dof, b1 / design.max, b_dof, repeats, design.max, share), shape)
     h = t_ppf_many(0.5 + level / 2, dof) * np.sqrt(np.maximum(v_end, 0.0))
-    post = None if prior is None else posterior(est, v_now, prior[2], prior[:2])
-    mid, sd = final_estimate(est, v_now, v_end, post)
-    prob = ndtr((mid - h) / sd) + ndtr((-h - mid) / sd)
+    sd = np.sqrt(np.maximum(v_now - v_end, 1e-300))
+    prob = ndtr((est - h) / sd) + ndtr((-h - est) / sd)
     inner = np.minimum(np.maximum(band - h, 0.0), h)   # where band > 2h every estimate decides: the union is 1
-    prob = prob + np.where(band > h, ndtr((inner - mid) / sd) - ndtr((-inner - mid) / sd), 0.0)
+    prob = prob + np.where(band > h, ndtr((inner - est) / sd) - ndtr((-inner - est) / sd), 0.0)
     return np.where(rr > 0, np.minimum(prob, 1.0), 0.0)
 
 
-def posterior(estimate, V, S, prior) -> tuple[np.ndarray, np.ndarray]:
-    """(mean, variance) of the effect given an estimate of variance V, of which S is the shared
-    session error a (every cell of the server's sessions moves alike), and the prior (mean, variance)
-    of effect + a, built from the same server's other estimates (comparison.effect_prior), which carry
-    the same a: the estimate is combined with the prior through its own part V - S alone, and a, which
-    no estimate of these sessions can tell from an effect, is added back (variance S). Combining it
-    with the whole V instead counted today's sessions twice. Arrays broadcast."""
-    est, V = np.asarray(estimate, float), np.asarray(V, float)
-    S = np.minimum(np.asarray(S, float), V)
-    own = V - S
-    mu, P = float(prior[0]), float(prior[1])
-    if P <= 0:
-        return np.where(own > 0, mu, est), np.where(own > 0, S, V)
-    with np.errstate(divide="ignore", invalid="ignore"):
-        pv = np.where(own > 0, 1 / (1 / np.where(own > 0, own, 1.0) + 1 / P), 0.0)
-        mean = np.where(own > 0, pv * (est / np.where(own > 0, own, 1.0) + mu / P), est)
-    return mean, np.where(own > 0, pv + S, V)
-
-
-def final_estimate(estimate, v_now, v_end, post=None) -> tuple[np.ndarray, np.ndarray]:
-    """(mean, sd) of the final look's estimate given today's (nested repeats): today's error e = estimate
-    - effect has variance v_now, the final one's v_end, and they covary by v_end (the final repeat mean
-    contains today's), so given the effect and e the final estimate is effect + e rho (rho = v_end /
-    v_now) with variance v_end (1 - rho). With the effect's posterior N(m, P) (post = (m, P)) that is
-    normal with mean m (1 - rho) + estimate rho and variance (1 - rho)^2 P + v_end (1 - rho); under a
-    flat prior (m = estimate, P = v_now) it is today's estimate with variance v_now - v_end."""
-    est, v_now, v_end = (np.asarray(x, float) for x in (estimate, v_now, v_end))
-    if post is None:
-        return est, np.sqrt(np.maximum(v_now - v_end, 1e-300))
-    m, P = (np.asarray(x, float) for x in post)
-    with np.errstate(divide="ignore", invalid="ignore"):
-        rho = np.clip(np.where(v_now > 0, v_end / np.where(v_now > 0, v_now, 1.0), 1.0), 0.0, 1.0)
-    return m * (1 - rho) + est * rho, np.sqrt(np.maximum((1 - rho) ** 2 * P + v_end * (1 - rho), 1e-300))
-
-
 def chance_decided(estimate: float, w: float, run_to_run: float, repeats: int, design: Design,
-                   confidence: float, band: float, w_dof: float, b_dof: float, share: float = 1.0,
-                   prior: tuple | None = None) -> float:
+                   confidence: float, band: float, w_dof: float, b_dof: float, share: float = 1.0) -> float:
     """The probability that the comparison, measured up to the design's max repeats, ends decided
     (its final interval excludes 0, or lies within +/-band), given today's data: the preposterior of
     nested designs. Today's estimate has variance V = w + b1/R, the final one V' = w + b1/max; given
-    today's data the final estimate is normal (final_estimate: around today's with variance V - V'
-    under a flat prior; drawn back toward the effect's posterior mean where the server's other
-    estimates give a `prior`: (mean, variance, shared session variance), comparison.effect_prior),
-    and its interval's half-width is the final look's quantile (at the dof it will have: final_dof,
-    with `share` of the pooled cells measured again) times sqrt(V'). A flat prior overstated the
-    chance of the configurations the rounds admit: they sit near a boundary by chance and fall back
-    (identical servers admitted at 43% were decided in 18%; with the prior at 39%, decided in 24%, half
-    as many admitted: calibration.chances, docs/methods/calibration.md). What is
-    left comes from the run-to-run variance taken at its estimate (3-6 dof: the admitted are where it
-    ran low); integrating it over its posterior under a vague prior moved that 2 points and made
-    real speedups' chance 3 points more pessimistic, so it is not done. A
-    closed form, cheap enough for every round and for every simulated look of 'what would decide
-    it' (comparison.decides_probability), which simulates these futility stops so that what it states
-    is what the rounds carry out; checked against simulated truth (tests/test_sequential.py,
-    tests/test_calibration.py)."""
+    today's data the final estimate is normal around today's with variance V - V' (flat prior on the
+    effect), and its interval's half-width is the final look's quantile (at the dof it will have:
+    final_dof, with `share` of the pooled cells measured again) times sqrt(V'). A closed form, cheap enough for every round and for every simulated look
+    of 'what would decide it' (comparison.decides_probability), which simulates these futility stops so
+    that what it states is what the rounds carry out; checked against simulated truth
+    (tests/test_sequential.py)."""
     if repeats >= design.max or run_to_run <= 0:
         return 0.0
     return float(chance_decided_many(estimate, w, run_to_run, repeats, design, confidence, band, w_dof, b_dof,
-                                     share, prior))
+                                     share))
 
 
 def continues(estimate: float, w: float, run_to_run: float, repeats: int, design: Design, confidence: float,
-              band: float, w_dof: float, b_dof: float, share: float = 1.0, prior: tuple | None = None) -> bool:
+              band: float, w_dof: float, b_dof: float, share: float = 1.0) -> bool:
     """Whether more repeats are worth spending on an inconclusive comparison: the design's remaining
     repeats decide it with probability at least the design's min_probability (chance_decided). Where
     the prompt sample's variance w dominates, more repeats barely narrow the interval and the
     probability is small: 'what would decide it' names a larger suite instead."""
     if repeats >= design.max or run_to_run <= 0:
         return False
-    p = chance_decided(estimate, w, run_to_run, repeats, design, confidence, band, w_dof, b_dof, share, prior)
+    p = chance_decided(estimate, w, run_to_run, repeats, design, confidence, band, w_dof, b_dof, share)
     return p >= design.min_probability

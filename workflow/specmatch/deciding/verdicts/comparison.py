@@ -68,6 +68,9 @@ class Comparison:
     # configuration's own two cells adds (sequential.dof_share): the least a round that continues it
     # measures, which 'what would decide it' assumes (decides_probability)
     own_share: float = 1.0
+    # of one repeat's run-to-run variance, the share that is its requests' own noise (request_variance): a
+    # suite g times larger averages it over g times the requests, which 'what would decide it' assumes
+    request_share: float = 0.0
 
     @property
     def repeats(self) -> int:
@@ -112,6 +115,18 @@ def shared_variance(boot: np.ndarray) -> float:
         return repeat_mean_variance(boot) if R < 2 else 0.0
     cov = np.cov(boot)
     return min(max(float((cov.sum() - np.trace(cov)) / (R * (R - 1))), 0.0), repeat_mean_variance(boot))
+
+
+def request_variance(boot: np.ndarray) -> float:
+    """The part of one repeat's bootstrap variance that the repeats do not share: each repeat's requests'
+    own noise (its prompts' figures are new requests; the prompt sample is the shared part). Run to run
+    holds it too; unlike a session's or a cell's conditions it averages over a larger suite's requests.
+    0 with fewer than two repeats."""
+    R = boot.shape[0]
+    if R < 2 or boot.shape[1] <= 2:
+        return 0.0
+    cov = np.cov(boot)
+    return max(float(np.trace(cov)) / R - float((cov.sum() - np.trace(cov)) / (R * (R - 1))), 0.0)
 
 
 def compare(m: Measurements, rr: RunToRun, server: str, against: str, suite: str, c: int,
@@ -169,6 +184,8 @@ def compare(m: Measurements, rr: RunToRun, server: str, against: str, suite: str
         cmp.run_to_run = True
         share = rr.session_share.get(metric, 0.0)
         cmp.session = {server: share * ts.total / R, against: share * ta.total / R}
+        b1 = ts.total + ta.total
+        cmp.request_share = min(unbias * request_variance(boot) / b1, 1.0) if b1 > 0 else 0.0
     else:
         w = w_full
         cmp.parts = VarianceSum().add(key, w, n - 1)
@@ -299,14 +316,7 @@ def _design_question(cmp: Comparison, design: sequential.Design, s: Settings, sh
     """The arguments of sequential.chance_decided and sequential.continues for this comparison."""
     w, w_dof, b, rr_parts = _split(cmp)
     return (cmp.estimate, w, b, cmp.repeats, design, s.confidence, math.log(1 + s.min_effect), w_dof, _b_dof(rr_parts),
-            share, effect_prior_of(cmp))
-
-
-def effect_prior_of(cmp: Comparison) -> tuple | None:
-    """(mean, variance, today's shared session variance) for sequential.chance_decided, or None (flat)."""
-    if cmp.effect_prior is None:
-        return None
-    return (*cmp.effect_prior, min(sum(cmp.session.values()), cmp.se ** 2))
+            share)
 
 
 def chance(cmp: Comparison, design: sequential.Design, s: Settings, share: float = 1.0) -> float:
@@ -338,7 +348,15 @@ def candidate_designs(cmp: Comparison, s: Settings) -> list[tuple[int, float]]:
     else:
         reps = list(range(R, MAX_REPEATS + 1))
     return [(Rn, g) for _, Rn, g in sorted((Rn * g, Rn, g) for Rn in reps for g in SUITE_SCALES
-                                           if (Rn, g) != (R, 1) and Rn >= 1 and w / g + b * R / Rn < V)]
+                                           if (Rn, g) != (R, 1) and Rn >= 1
+                                           and w / g + b * larger_suite(cmp, g) * R / Rn < V)]
+
+
+def larger_suite(cmp: Comparison, g: float) -> float:
+    """What one repeat's run-to-run variance becomes, as a share, in a suite g times larger: its
+    requests' own noise (Comparison.request_share) averages over g times the requests; the sessions'
+    and cells' own conditions do not."""
+    return 1.0 - cmp.request_share * (1.0 - 1.0 / g) if g > 1 else 1.0
 
 
 def deciding_design(cmp: Comparison, s: Settings, target: float = TARGET) -> dict | None:
@@ -414,15 +432,25 @@ def _chi2_over_dof(rng: np.random.Generator, dof, shape) -> np.ndarray:
 
 
 def effect_posterior(cmp: Comparison) -> tuple[float, float]:
-    """(mean, variance) of the true effect given today's estimate and the effect prior
-    (sequential.posterior: today's shared session error counted once; a flat prior without one).
-    Combining the prior with the whole se^2 counted today's sessions twice: identical servers whose
-    sessions ran slow everywhere were predicted to be called slower with confidence."""
+    """(mean, variance) of the true effect given today's estimate and the effect prior.
+
+    Today's estimate is effect + shared session error a (Comparison.session: the server sessions move
+    every cell of theirs alike, variance S) + the rest (variance own = se^2 - S). The prior
+    (effect_prior) is built from the same server's other estimates, which carry the same a: it is a
+    prior for effect + a, so it is combined with this estimate through `own` alone, and a, which no
+    estimate of these sessions can tell from an effect, is added back (variance S). Combining it with
+    the whole se^2 instead counted today's sessions twice: identical servers whose sessions ran slow
+    everywhere were predicted to be called slower with confidence."""
     V = cmp.se ** 2
     if cmp.effect_prior is None:
         return cmp.estimate, V
-    m, v = sequential.posterior(cmp.estimate, V, sum(cmp.session.values()), cmp.effect_prior)
-    return float(m), float(v)
+    S = min(sum(cmp.session.values()), V)
+    own = V - S
+    mu, P = cmp.effect_prior
+    if own <= 0 or P <= 0:
+        return (cmp.estimate, V) if own <= 0 else (mu, S)
+    post = 1 / (1 / own + 1 / P)
+    return post * (cmp.estimate / own + mu / P), post + S
 
 
 def _looks(s: Settings, R: int, Rn: int, g: float) -> tuple[list[int], int]:
@@ -450,7 +478,9 @@ def decides_probability(cmp: Comparison, s: Settings, designs: list, rng: np.ran
     2. the data the design adds. More repeats of today's suite (g = 1) keep today's data: at R'' repeats
        the estimate is effect + prompt part + (R x today's repeat mean + R'' - R new sessions) / R''. A
        larger suite (g > 1) reruns every cell: the estimate is effect + a fresh prompt part (variance
-       w / g) + the mean of R'' fresh sessions; nothing of today's errors carries over;
+       w / g) + the mean of R'' fresh sessions, whose requests' own noise (Comparison.request_share of a
+       repeat's run to run) averages over g times the requests (larger_suite); nothing of today's errors
+       carries over;
     3. the variances the analysis will then estimate: run to run with d'' = d (1 + share (R'' - R) / (R - 1))
        dof for more repeats (d today's: Satterthwaite's over its parts; `share` 1 in a fixed design, which
        measures every cell; under the sequential design the rounds measure again only the configurations
@@ -485,9 +515,7 @@ def decides_probability(cmp: Comparison, s: Settings, designs: list, rng: np.ran
     with np.errstate(divide="ignore", invalid="ignore"):
         p_now = np.where(V_true > 0, e * w / V_true + np.sqrt(np.maximum(w * b_true / V_true, 0.0))
                          * rng.standard_normal(n), 0.0)
-    # the prior the rounds' futility stops read at each simulated look (the shared session part falls as 1/R)
-    prior = effect_prior_of(cmp)
-    today = (R, w, w_dof, b1, b_dof, theta, p_now, e - p_now, b1_true, cmp.own_share, prior)
+    today = (R, w, w_dof, b1, b_dof, theta, p_now, e - p_now, b1_true, cmp.own_share, cmp.request_share)
     out = np.zeros(len(designs))
     plan = [(i, *_looks(s, R, int(Rn), float(g))) for i, (Rn, g) in enumerate(designs)]
     one = [i for i, looks, lo in plan if len(looks) == 1 and looks[0] == lo]   # fixed: one look, at s.confidence
@@ -501,7 +529,8 @@ def decides_probability(cmp: Comparison, s: Settings, designs: list, rng: np.ran
         stops = sequential.Design(lo, int(Rn), s.design.min_probability)
         if g == 1 and lo <= R < Rn and not continues(cmp, stops, s, cmp.own_share):
             continue   # the rounds would stop it at today's look (deciding.rounds): it is never carried out
-        q = (b1 / Rn) / (w / g + b1 / Rn) if (w / g + b1 / Rn) > 0 else 1.0
+        bg = b1 * larger_suite(cmp, g)
+        q = (bg / Rn) / (w / g + bg / Rn) if (w / g + bg / Rn) > 0 else 1.0
         lv = sequential.design_levels(lo, int(Rn), round(q * 20) / 20, 1 - s.confidence)
         level = np.array([1 - lv[j - lo] for j in looks])[None, None, :]
         out[i] = _decided_share(s, today, [designs[i]], [looks], level, rng, stops)[0]
@@ -514,16 +543,16 @@ def _decided_share(s: Settings, today: tuple, designs: list, looks: list, level:
     looks at once): the share of draws decided at some look. With `stops` (a sequential design), a draw
     undecided at a look before the last stops there undecided where the rounds would stop it
     (sequential.chance_decided_many below stops.min_probability, on the look's own estimate and
-    variances, and the effect's posterior at that look where the comparison has a prior, as the rounds
-    compute it): the statement is what the workflow carries out, futility stops included."""
-    R, w, w_dof, b1, b_dof, theta, p_now, r_now, b1_true, own, prior = today
+    variances): the statement is what the workflow carries out, futility stops included."""
+    R, w, w_dof, b1, b_dof, theta, p_now, r_now, b1_true, own, requests = today
     share = own if stops is not None else 1.0   # a fixed design measures every cell R' times
     n, m, k = len(theta), len(designs), len(looks[0])
-    bt = b1_true[:, None, None]
     band = math.log(1 + s.min_effect)
     g = np.array([float(d[1]) for d in designs])[None, :, None]
     L = np.array(looks, float)[None, :, :]
     nested = g == 1
+    # a larger suite's sessions: its requests' own noise averages over g times the requests (larger_suite)
+    bt = b1_true[:, None, None] * np.where(nested, 1.0, 1.0 - requests * (1.0 - 1.0 / g))
     start = np.where(nested[0, :, 0], R, 0)[:, None]
     steps = np.diff(np.concatenate([start, L[0]], axis=1), axis=1)[None]          # new sessions per look
     sessions = np.cumsum(rng.standard_normal((n, m, k)) * np.sqrt(bt * steps), axis=2)
@@ -565,9 +594,8 @@ def _decided_share(s: Settings, today: tuple, designs: list, looks: list, level:
         Lj = int(looks[0][j])
         if j == k - 1 or not alive.any():
             break
-        at = None if prior is None else (prior[0], prior[1], prior[2] * R / Lj)   # the shared part falls as 1/R
         go = sequential.chance_decided_many(x[:, :, j], w_now, b_hat[:, :, j] / Lj, Lj, stops, s.confidence, band,
-                                            w_dofs, b_dofs[:, :, j], share, at)
+                                            w_dofs, b_dofs[:, :, j], share)
         alive &= go >= stops.min_probability
     return done.mean(0)
 
