@@ -12,17 +12,15 @@ the stop gave up. Throughput only (the rounds' metric).
 """
 from __future__ import annotations
 
-import math
-
 import numpy as np
 
 from ..deciding.analysis import analyse, frozen_verdicts
 from ..deciding.rounds import plan
 from ..records import Continuation
-from .grid import BASE, CONCURRENCIES, SUITES, decided, settings
+from .grid import CONCURRENCIES, SUITES, decided, settings, two_servers
 from .hints import Reading
 from .scenarios import SCENARIOS, run_to_run
-from .tally import ratio_rate
+from .tally import stated_and_decided
 from .workload import Workload, simulate_cells
 
 METRIC = "output_throughput"
@@ -33,16 +31,6 @@ CHANCE_POPULATIONS = {
     "spread": ("plain", "a uniform speedup per experiment, log-uniform within ±20%"),
     "t3": ("t3", "identical servers, Student-t(3) session and cell effects (heavy tails)"),
 }
-
-
-def _engines(name: str, rng: np.random.Generator) -> dict:
-    if name == "near":
-        return {"baseline": BASE, "spec": BASE.faster(math.exp(rng.uniform(math.log(1.06), math.log(1.10))))}
-    if name == "spread":
-        return {"baseline": BASE, "spec": BASE.faster(math.exp(rng.uniform(-0.2, 0.2)))}
-    if name == "s115":
-        return {"baseline": BASE, "spec": BASE.faster(1.15)}
-    return {"baseline": BASE, "spec": BASE}
 
 
 def chance_task(a: dict) -> dict:
@@ -60,7 +48,7 @@ def chance_task(a: dict) -> dict:
     key = lambda x: (x[0].server, x[0].suite, x[0].concurrency)   # noqa: E731
     rows = []
     for e in range(a["experiments"]):
-        work, eng = Workload.draw(rng), _engines(a["name"], rng)
+        work, eng = Workload.draw(rng), two_servers(a["name"], rng)
         eff = run_to_run(rng, sc, list(eng), SUITES, CONCURRENCIES, 3)
         cells = simulate_cells(rng, [work], eng, [eff], 3)[0]
         first = [x for x in cells if x[0].repeat <= 2]
@@ -90,10 +78,4 @@ def chance_rates(rows: list, continued: bool) -> tuple[float, float, float, int]
     """(mean chance stated, share decided at repeat 3, its Monte-Carlo error, n) of the configurations
     the plan continued (or stopped as unlikely). The error is a ratio estimator's over experiments (an
     experiment's configurations share its sessions)."""
-    x = [r for r in rows if r[2] == continued]
-    if not x:
-        return float("nan"), float("nan"), float("nan"), 0
-    ids: dict = {}
-    e = np.array([ids.setdefault(r[0], len(ids)) for r in x])
-    p, se = ratio_rate(np.bincount(e, [float(r[3]) for r in x]), np.bincount(e).astype(float))
-    return float(np.mean([r[1] for r in x])), p, se, len(x)
+    return stated_and_decided([r for r in rows if r[2] == continued], 1, 3)

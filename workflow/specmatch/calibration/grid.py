@@ -9,6 +9,7 @@ calibration decides with the same rules a run does.
 """
 from __future__ import annotations
 
+import math
 from dataclasses import replace
 
 import numpy as np
@@ -50,3 +51,16 @@ def settings(bootstrap: int = 250, **kw) -> Settings:
 def decided(v) -> bool:
     """A verdict with a figure that is not inconclusive (pays, loses or equivalent)."""
     return v is not None and v.speedup is not None and getattr(v.verdict, "value", v.verdict) != "inconclusive"
+
+
+# the second server's truth in a calibration population named after it: a fixed speedup, or one drawn per
+# experiment, log-uniform in (lo, hi) of the log; any other population's servers are identical
+TRUTHS = {"effects": (-0.12, 0.12), "spread": (-0.2, 0.2), "near": (math.log(1.06), math.log(1.10)), "s115": 1.15}
+
+
+def two_servers(population: str, rng: np.random.Generator) -> dict:
+    """The baseline and `spec` of a calibration population (TRUTHS; identical servers where it names none)."""
+    truth = TRUTHS.get(population)
+    if truth is None:
+        return {"baseline": BASE, "spec": BASE}
+    return {"baseline": BASE, "spec": BASE.faster(math.exp(rng.uniform(*truth)) if isinstance(truth, tuple) else truth)}

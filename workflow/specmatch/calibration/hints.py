@@ -19,9 +19,9 @@ from ..deciding.analysis import analyse
 from ..deciding.rounds import plan
 from ..deciding.reading.measurements import Settings
 from ..records import Continuation
-from .grid import BASE, CONCURRENCIES, PROMPTS, SUITES, decided, settings
+from .grid import CONCURRENCIES, PROMPTS, SUITES, decided, settings, two_servers
 from .scenarios import SCENARIOS, Scenario, run_to_run
-from .tally import ratio_rate
+from .tally import stated_and_decided
 from .workload import Workload, simulate_cells
 
 @dataclass
@@ -42,12 +42,6 @@ HINT_POPULATIONS = {
     "quiet": ("quiet", "identical servers on a quiet machine"),
     "t3": ("t3", "identical servers, Student-t(3) session and cell effects (heavy tails)"),
 }
-
-
-def _hint_engines(name: str, rng: np.random.Generator) -> dict:
-    if name == "effects":
-        return {"baseline": BASE, "spec": BASE.faster(math.exp(rng.uniform(-0.12, 0.12)))}
-    return {"baseline": BASE, "spec": BASE}
 
 
 def carry_out(rng: np.random.Generator, sc: Scenario, eng: dict, work: Workload, eff: dict, cells: list, design: dict,
@@ -118,7 +112,7 @@ def hint_task(a: dict) -> dict:
                     | {"repeats": {"min": 2, "max": 3} if a.get("sequential") else 2})
     rows = []
     for e in range(a["experiments"]):
-        work, eng = Workload.draw(rng), _hint_engines(a["name"], rng)
+        work, eng = Workload.draw(rng), two_servers(a["name"], rng)
         eff = run_to_run(rng, sc, list(eng), SUITES, CONCURRENCIES, 2)
         cells = simulate_cells(rng, [work], eng, [eff], 2)[0]
         an = analyse(cells, "baseline", s)
@@ -142,10 +136,4 @@ def hint_rates(rows: list, lo: float = 0.0, hi: float = 1.01, reachable: bool | 
     """(mean stated probability, share decided, its Monte-Carlo error, n) of carried-out hints whose
     stated probability is in [lo, hi) (and reachable, where given). The error is a ratio estimator's
     over experiments (rows carry their experiment; hints of one experiment share its sessions)."""
-    x = [r for r in rows if lo <= r[1] < hi and (reachable is None or r[2] == reachable)]
-    if not x:
-        return float("nan"), float("nan"), float("nan"), 0
-    ids: dict = {}
-    e = np.array([ids.setdefault(r[0], len(ids)) for r in x])
-    p, se = ratio_rate(np.bincount(e, [float(r[3]) for r in x]), np.bincount(e).astype(float))
-    return float(np.mean([r[1] for r in x])), p, se, len(x)
+    return stated_and_decided([r for r in rows if lo <= r[1] < hi and (reachable is None or r[2] == reachable)], 1, 3)

@@ -25,6 +25,18 @@ def ratio_rate(k: np.ndarray, n: np.ndarray) -> tuple[float, float]:
     return p, math.sqrt(E / max(E - 1, 1) * float(((k - p * n) ** 2).sum())) / N
 
 
+def stated_and_decided(rows: list, stated: int, decided: int) -> tuple[float, float, float, int]:
+    """(mean stated probability, share decided, its Monte-Carlo error, n) of rows whose first field is
+    their experiment: a ratio estimator's error over experiments (the statements of one experiment share
+    its sessions)."""
+    if not rows:
+        return float("nan"), float("nan"), float("nan"), 0
+    ids: dict = {}
+    e = np.array([ids.setdefault(r[0], len(ids)) for r in rows])
+    p, se = ratio_rate(np.bincount(e, [float(r[decided]) for r in rows]), np.bincount(e).astype(float))
+    return float(np.mean([r[stated] for r in rows])), p, se, len(rows)
+
+
 def share(flags: list) -> tuple[float, float, int]:
     """(share, binomial Monte-Carlo se, n): experiments are independent, one outcome each."""
     n = len(flags)
