@@ -169,22 +169,12 @@ def table(experiments: int = 300, power_experiments: int = 100, verify_experimen
       f"decided {dec:.0%} of {nh}")
     p(f"\n'What would decide it', carried out (R=2, throughput; every inconclusive verdict's named design run on "
       f"its experiment as the workflow would, the verdict read again; {hint_experiments} experiments each):")
-    for name, (_, about) in HINT_POPULATIONS.items():
-        rows = res[("hints", name)]["rows"]
-        parts = []
-        for what, reach in (("'decides it with probability p'", True), ("'more data is unlikely to decide it'", False)):
-            st, dec, se, n = hint_rates(rows, reachable=reach)
-            parts.append(f"{what}: stated {st:.0%}, decided {dec:.0%} ± {se:.0%} of {n}" if n else f"{what}: none")
-        p(f"  {name} ({about}): " + "; ".join(parts))
+    _stated_lines(p, res, "hints", HINT_POPULATIONS, lambda rows, x: hint_rates(rows, reachable=x),
+                  (("'decides it with probability p'", True), ("'more data is unlikely to decide it'", False)))
     p(f"\nThe rounds' chance, carried out (repeats {{min: 2, max: 3}}; round 2's plan, then its cells of repeat 3; "
       f"{chance_experiments} experiments each; the configurations stopped as unlikely measured again on their own):")
-    for name, (_, about) in CHANCE_POPULATIONS.items():
-        rows = res[("chances", name)]["rows"]
-        parts = []
-        for what, cont in (("continued", True), ("stopped as unlikely", False)):
-            st, dec, se, n = chance_rates(rows, cont)
-            parts.append(f"{what}: stated {st:.0%}, decided {dec:.0%} ± {se:.0%} of {n}" if n else f"{what}: none")
-        p(f"  {name} ({about}): " + "; ".join(parts))
+    _stated_lines(p, res, "chances", CHANCE_POPULATIONS, chance_rates,
+                  (("continued", True), ("stopped as unlikely", False)))
     for name in ("plain", "quiet"):
         ver = res[("verify", name)]
         p(f"\nVerification of the recommended schedule ({name}: {SCENARIOS[name].about}; {verify_experiments} "
@@ -195,6 +185,16 @@ def table(experiments: int = 300, power_experiments: int = 100, verify_experimen
               + f" of {sh['derived']} measured ({ver[v]['not derived']} gave no schedule)")
     p(f"\n({time.time() - t0:.0f} s, {n_workers or workers()} worker(s))")
     return res
+
+
+def _stated_lines(p, res: dict, kind: str, populations: dict, rates, cases: tuple) -> None:
+    """A line per population: for each case, the mean probability stated and the share decided."""
+    for name, (_, about) in populations.items():
+        parts = []
+        for what, x in cases:
+            st, dec, se, n = rates(res[(kind, name)]["rows"], x)
+            parts.append(f"{what}: stated {st:.0%}, decided {dec:.0%} ± {se:.0%} of {n}" if n else f"{what}: none")
+        p(f"  {name} ({about}): " + "; ".join(parts))
 
 
 def k_table(experiments: int = 300, n_workers: int | None = None, out=sys.stdout, names=None) -> dict:
