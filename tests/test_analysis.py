@@ -772,9 +772,11 @@ def test_a_larger_suite_averages_the_requests_own_noise():
     c = Comparison("s", "b", "u", 16, "output_throughput", [0.03, 0.03], [1e-4, 1e-4], 0.03, math.sqrt(1e-4 + 0.002),
                    8.0, True)
     c.prompts = 16
-    assert C.larger_suite(c, 4) == 1.0
+    assert C.larger_suite(0.002, c.request_noise, 4) == 0.002
     base = C.decides_probability(c, fixed, [(2, 4.0), (4, 1.0)], np.random.default_rng(3), 4000)
-    c.request_share = 1.0
-    assert C.larger_suite(c, 4) == pytest.approx(0.25)
+    c.request_noise = 0.0015     # three quarters of one repeat's run to run (0.002) is its requests' noise
+    assert C.larger_suite(0.002, c.request_noise, 4) == pytest.approx(0.002 - 0.0015 * 0.75)
+    assert C.larger_suite(0.002, 0.01, 4) == pytest.approx(0.0005)   # never below all of it averaged
+    assert C.larger_suite(0.002, 0.0015, 1) == 0.002
     noisy = C.decides_probability(c, fixed, [(2, 4.0), (4, 1.0)], np.random.default_rng(3), 4000)
     assert noisy[0] > base[0] + 0.05 and noisy[1] == pytest.approx(base[1])

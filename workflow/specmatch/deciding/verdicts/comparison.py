@@ -68,9 +68,9 @@ class Comparison:
     # configuration's own two cells adds (sequential.dof_share): the least a round that continues it
     # measures, which 'what would decide it' assumes (decides_probability)
     own_share: float = 1.0
-    # of one repeat's run-to-run variance, the share that is its requests' own noise (request_variance): a
-    # suite g times larger averages it over g times the requests, which 'what would decide it' assumes
-    request_share: float = 0.0
+    # the variance one repeat's requests' own noise adds to its log speedup (request_variance), a part of run
+    # to run that a suite g times larger averages over g times the requests ('what would decide it': larger_suite)
+    request_noise: float = 0.0
 
     @property
     def repeats(self) -> int:
@@ -184,8 +184,7 @@ def compare(m: Measurements, rr: RunToRun, server: str, against: str, suite: str
         cmp.run_to_run = True
         share = rr.session_share.get(metric, 0.0)
         cmp.session = {server: share * ts.total / R, against: share * ta.total / R}
-        b1 = ts.total + ta.total
-        cmp.request_share = min(unbias * request_variance(boot) / b1, 1.0) if b1 > 0 else 0.0
+        cmp.request_noise = unbias * request_variance(boot)
     else:
         w = w_full
         cmp.parts = VarianceSum().add(key, w, n - 1)
@@ -349,14 +348,18 @@ def candidate_designs(cmp: Comparison, s: Settings) -> list[tuple[int, float]]:
         reps = list(range(R, MAX_REPEATS + 1))
     return [(Rn, g) for _, Rn, g in sorted((Rn * g, Rn, g) for Rn in reps for g in SUITE_SCALES
                                            if (Rn, g) != (R, 1) and Rn >= 1
-                                           and w / g + b * larger_suite(cmp, g) * R / Rn < V)]
+                                           and w / g + larger_suite(b * R, cmp.request_noise, g) / Rn < V)]
 
 
-def larger_suite(cmp: Comparison, g: float) -> float:
-    """What one repeat's run-to-run variance becomes, as a share, in a suite g times larger: its
-    requests' own noise (Comparison.request_share) averages over g times the requests; the sessions'
-    and cells' own conditions do not."""
-    return 1.0 - cmp.request_share * (1.0 - 1.0 / g) if g > 1 else 1.0
+def larger_suite(b1, request_noise: float, g):
+    """One repeat's run-to-run variance b1 (arrays broadcast) in a suite g times larger: its requests' own
+    noise (Comparison.request_noise, estimated on its own, not as a share of b1, whose few dof would
+    inflate it) averages over g times the requests; the sessions' and cells' own conditions do not. At
+    least b1 / g (all of it request noise): an estimate of the noise above b1 claims no more."""
+    g = np.asarray(g, float)
+    b1 = np.asarray(b1, float)
+    out = np.where(g > 1, np.maximum(b1 - request_noise * (1 - 1 / np.maximum(g, 1.0)), b1 / np.maximum(g, 1.0)), b1)
+    return float(out) if out.ndim == 0 else out
 
 
 def deciding_design(cmp: Comparison, s: Settings, target: float = TARGET) -> dict | None:
@@ -478,8 +481,8 @@ def decides_probability(cmp: Comparison, s: Settings, designs: list, rng: np.ran
     2. the data the design adds. More repeats of today's suite (g = 1) keep today's data: at R'' repeats
        the estimate is effect + prompt part + (R x today's repeat mean + R'' - R new sessions) / R''. A
        larger suite (g > 1) reruns every cell: the estimate is effect + a fresh prompt part (variance
-       w / g) + the mean of R'' fresh sessions, whose requests' own noise (Comparison.request_share of a
-       repeat's run to run) averages over g times the requests (larger_suite); nothing of today's errors
+       w / g) + the mean of R'' fresh sessions, whose requests' own noise (Comparison.request_noise)
+       averages over g times the requests (larger_suite); nothing of today's errors
        carries over;
     3. the variances the analysis will then estimate: run to run with d'' = d (1 + share (R'' - R) / (R - 1))
        dof for more repeats (d today's: Satterthwaite's over its parts; `share` 1 in a fixed design, which
@@ -515,7 +518,7 @@ def decides_probability(cmp: Comparison, s: Settings, designs: list, rng: np.ran
     with np.errstate(divide="ignore", invalid="ignore"):
         p_now = np.where(V_true > 0, e * w / V_true + np.sqrt(np.maximum(w * b_true / V_true, 0.0))
                          * rng.standard_normal(n), 0.0)
-    today = (R, w, w_dof, b1, b_dof, theta, p_now, e - p_now, b1_true, cmp.own_share, cmp.request_share)
+    today = (R, w, w_dof, b1, b_dof, theta, p_now, e - p_now, b1_true, cmp.own_share, cmp.request_noise)
     out = np.zeros(len(designs))
     plan = [(i, *_looks(s, R, int(Rn), float(g))) for i, (Rn, g) in enumerate(designs)]
     one = [i for i, looks, lo in plan if len(looks) == 1 and looks[0] == lo]   # fixed: one look, at s.confidence
@@ -529,7 +532,7 @@ def decides_probability(cmp: Comparison, s: Settings, designs: list, rng: np.ran
         stops = sequential.Design(lo, int(Rn), s.design.min_probability)
         if g == 1 and lo <= R < Rn and not continues(cmp, stops, s, cmp.own_share):
             continue   # the rounds would stop it at today's look (deciding.rounds): it is never carried out
-        bg = b1 * larger_suite(cmp, g)
+        bg = larger_suite(b1, cmp.request_noise, g)
         q = (bg / Rn) / (w / g + bg / Rn) if (w / g + bg / Rn) > 0 else 1.0
         lv = sequential.design_levels(lo, int(Rn), round(q * 20) / 20, 1 - s.confidence)
         level = np.array([1 - lv[j - lo] for j in looks])[None, None, :]
@@ -552,7 +555,7 @@ def _decided_share(s: Settings, today: tuple, designs: list, looks: list, level:
     L = np.array(looks, float)[None, :, :]
     nested = g == 1
     # a larger suite's sessions: its requests' own noise averages over g times the requests (larger_suite)
-    bt = b1_true[:, None, None] * np.where(nested, 1.0, 1.0 - requests * (1.0 - 1.0 / g))
+    bt = larger_suite(b1_true[:, None, None], requests, g)
     start = np.where(nested[0, :, 0], R, 0)[:, None]
     steps = np.diff(np.concatenate([start, L[0]], axis=1), axis=1)[None]          # new sessions per look
     sessions = np.cumsum(rng.standard_normal((n, m, k)) * np.sqrt(bt * steps), axis=2)
