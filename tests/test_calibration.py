@@ -451,14 +451,14 @@ def test_what_would_decide_it_comes_true_when_carried_out(runs, population):
                                        "through the rounds): 'more data is unlikely to decide it' stated 63% / 65% "
                                        "/ 61% and decided 98% / 92% / 93% (identical servers / speedups within "
                                        "±12% / Student-t(3)); with a larger suite's request noise averaged, "
-                                       "Student-t(3) on 24 experiments 65% and 95% ± 2 of 85: the statement's best "
+                                       "Student-t(3) on 24 experiments 64% and 95% ± 2 of 84: the statement's best "
                                        "design is pessimistic")
 def test_unlikely_is_not_contradicted_under_the_sequential_design(runs):
     """'More data is unlikely to decide it' under the sequential design: the best design it names (most
     of them 32 repeats, many of a larger suite) decides at most what it states, plus 3 Monte-Carlo
     errors or 6 points. It does not. The statement took a larger suite to narrow only the prompt
     sample's part, while a larger suite also averages each repeat's requests' own noise, which run to
-    run counts: now counted (comparison.larger_suite; 57% -> 65% stated, the gap remains). The other
+    run counts: now counted (comparison.larger_suite; 57% -> 64% stated, the gap remains). The other
     likely cause: the run-to-run variance's posterior over 3-6 degrees of freedom leaves much weight on
     variances far above the truth, the more so where today's estimate ran high, which is where
     'unlikely' is said."""
