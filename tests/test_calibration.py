@@ -458,7 +458,7 @@ def test_unlikely_is_not_contradicted_under_the_sequential_design(runs):
     of them 32 repeats, many of a larger suite) decides at most what it states, plus 3 Monte-Carlo
     errors or 6 points. It does not. The statement took a larger suite to narrow only the prompt
     sample's part, while a larger suite also averages each repeat's requests' own noise, which run to
-    run counts: now counted (comparison.larger_suite; 57% -> 64% stated, the gap remains). The other
+    run counts: now counted (comparison.larger_suite; 64% stated, 95% decided: the gap remains). The other
     likely cause: the run-to-run variance's posterior over 3-6 degrees of freedom leaves much weight on
     variances far above the truth, the more so where today's estimate ran high, which is where
     'unlikely' is said."""
