@@ -40,7 +40,7 @@ from pathlib import Path
 from .. import steps
 from .analysis import Analysis, frozen_verdicts, primary_analysis
 from .reading.measurements import Settings
-from .verdicts.comparison import chance, compare, continues, frozen_for
+from .verdicts.comparison import chance_and_continues, compare, frozen_for
 from ..files import SpecmatchError, read_json, write_json
 from ..provenance import Recorder
 from ..records import Continuation, Decision, PlannedCell, RoundDecision, RoundPlan, Verdict
@@ -100,8 +100,7 @@ def _decisions(an: Analysis, design: Design, round_: int, share: float) -> tuple
             elif round_ >= design.max:
                 action = Continuation.AT_MAX
             else:
-                p = chance(cmp, design, an.settings, share)
-                go = continues(cmp, design, an.settings, share)
+                p, go = chance_and_continues(cmp, design, an.settings, share)
                 action = Continuation.CONTINUE if go else Continuation.UNLIKELY
             decisions.append(recorded(v, action, against=None, chance=p))
             if action == Continuation.CONTINUE:
@@ -163,9 +162,9 @@ def _k_choices(an: Analysis, design: Design, round_: int, share: float = 1.0) ->
                     action, p = Continuation.CONTINUE, 1.0
                 else:
                     cmp = compare(m, an.run_to_run, v.server, v.against, rec.suite, ch.concurrency, metric)
-                    go = cmp.estimate is not None and continues(cmp, design, an.settings, share)
+                    stated, go = (chance_and_continues(cmp, design, an.settings, share) if cmp.estimate is not None
+                                  else (None, False))
                     action = Continuation.CONTINUE if go else Continuation.UNLIKELY
-                    stated = chance(cmp, design, an.settings, share) if cmp.estimate is not None else None
                     p = stated if go else 0.0
                 out.append((recorded(v, action, against=v.against, chance=stated), p))
     return out

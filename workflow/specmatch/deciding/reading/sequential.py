@@ -256,7 +256,14 @@ def continues(estimate: float, w: float, run_to_run: float, repeats: int, design
     repeats decide it with probability at least the design's min_probability (chance_decided). Where
     the prompt sample's variance w dominates, more repeats barely narrow the interval and the
     probability is small: 'what would decide it' names a larger suite instead."""
+    return chance_and_continues(estimate, w, run_to_run, repeats, design, confidence, band, w_dof, b_dof, share)[1]
+
+
+def chance_and_continues(estimate: float, w: float, run_to_run: float, repeats: int, design: Design,
+                         confidence: float, band: float, w_dof: float, b_dof: float,
+                         share: float = 1.0) -> tuple[float, bool]:
+    """(chance_decided, continues) computed once: what a round records and what it does."""
     if repeats >= design.max or run_to_run <= 0:
-        return False
+        return 0.0, False
     p = chance_decided(estimate, w, run_to_run, repeats, design, confidence, band, w_dof, b_dof, share)
-    return p >= design.min_probability
+    return p, p >= design.min_probability

@@ -333,6 +333,12 @@ def continues(cmp: Comparison, design: sequential.Design, s: Settings, share: fl
     return sequential.continues(*_design_question(cmp, design, s, share))
 
 
+def chance_and_continues(cmp: Comparison, design: sequential.Design, s: Settings,
+                         share: float = 1.0) -> tuple[float, bool]:
+    """chance and continues for this comparison, computed once (what a round records and does)."""
+    return sequential.chance_and_continues(*_design_question(cmp, design, s, share))
+
+
 def candidate_designs(cmp: Comparison, s: Settings) -> list[tuple[int, float]]:
     """(repeats R', suite scale g) that could decide the comparison, cheapest first (cost R' x g: each
     repeat runs every cell again, a larger suite makes each cell longer): every R' up to MAX_REPEATS
