@@ -347,3 +347,51 @@ def test_the_check_agrees_at_its_level_when_right_and_catches_a_shifted_server()
     for (p, metric), v in wrong.items():
         assert v["agree"] < 0.3, (p, metric, v)
     assert all(0.15 < v["detectable"] < 0.45 for k, v in right.items() if k[0] != "family")
+
+
+@pytest.mark.slow   # 4 x 120 experiments at c=4 and c=16 (about 5 minutes on 2 cores)
+def test_a_same_prompt_check_agrees_when_right_and_catches_a_ten_percent_error():
+    """verify: same_prompts: each verifying suite drawn from the estimation suites' own prompts with its
+    mix (a stratum's few prompts sent more than once to keep the mix's shares), predicted from exactly
+    those prompts' requests. With the prediction right it agrees at about its 90% level at c=4 and c=16;
+    a speculative server 0.10 slower in log on the verifying suites (an error of the step model's
+    transfer into the mix's batches) is caught in most runs, which a fresh 16-prompt suite catches in
+    30-40% (its own prompt sample is as uncertain as that); its minimum detectable error is about 10%."""
+    from specmatch.calibration.traffic import check_calibration
+
+    for c in (4, 16):
+        right = check_calibration(120, c, 0.0, same=True, seed=5000)
+        for (p, metric), v in right.items():
+            top = 0.95 if p == "family" else 0.9
+            assert _gate(120) <= v["agree"] <= top + 2.5 * math.sqrt(top * (1 - top) / 120), (c, p, metric, v)
+        assert all(0.05 < v["detectable"] < 0.14 for k, v in right.items() if k[0] != "family")
+        wrong = check_calibration(120, c, 0.10, same=True, seed=5000)
+        for (p, metric), v in wrong.items():
+            assert v["agree"] < 0.4, (c, p, metric, v)
+
+
+def test_a_same_prompt_suite_is_predicted_from_its_own_requests():
+    """A verifying suite of the estimation prompts (ids kept) is recognised and predicted from exactly
+    its requests: its check has no prompt part, is marked same_prompts, is tighter than a fresh suite's,
+    and a shift on its cells moves the check's error by that shift; at c=1 it is not checked."""
+    from specmatch.calibration.traffic import traffic_cells as cells_of
+
+    def rows(suite, shift=0.0):
+        cells = cells_of(8, {"basis": {"agent": 5, "code": 6, "chat": 5}, "generic": {"generic": 16},
+                             "traffic_generic_heavy": suite}, concurrencies=(1, 4), repeats=2,
+                         shift={"traffic_generic_heavy": shift})
+        an = analyse(cells, "base", Settings(bootstrap=200))
+        profiles = traffic_profiles({"training_mix": PROFILES["training_mix"],
+                                     "generic_heavy": PROFILES["generic_heavy"]})
+        profiles.profiles[1].verify, profiles.profiles[1].suite = True, "traffic_generic_heavy"
+        return {r.concurrency: r for r in traffic_report(an, profiles, [], lines=False)
+                if r.profile == "generic_heavy" and r.metric == "output_throughput"}
+
+    alloc = {"agent": 3, "code": 5, "chat": 2, "generic": 6}
+    same, fresh = rows({"same_prompts": alloc}), rows(dict(alloc))
+    assert same[4].check.same_prompts and same[4].check.disjoint is False
+    assert "same_prompts" in same[4].note and same[1].check is None and "c > 1 only" in same[1].note
+    assert fresh[4].check.same_prompts is None and same[4].check.se < fresh[4].check.se / 2
+    moved = rows({"same_prompts": alloc}, 0.2)
+    assert math.log(1 + moved[4].check.error) - math.log(1 + same[4].check.error) == pytest.approx(-0.2, abs=0.03)
+    assert not moved[4].check.agree

@@ -81,7 +81,10 @@ def test_config_checks_what_the_config_alone_shows():
             ({"x": {"mix": {"generic": 1}, "verify": True, "size": 4}}, "traffic.x.size: 4 prompts"),
             ({"x": {"mix": {"generic": 1}, "verify": True, "concurrency": [2]}},
              r"traffic.x.concurrency: \[2\] not in concurrency \[1, 16\]"),
-            ({"x": {"mix": {"generic": -1}}}, "traffic.x.mix.generic")):
+            ({"x": {"mix": {"generic": -1}}}, "traffic.x.mix.generic"),
+            ({"x": {"mix": {"generic": 1}, "verify": "same_prompts", "concurrency": [1, 16]}},
+             "verify: same_prompts checks the step model, which only c > 1 uses"),
+            ({"x": {"mix": {"generic": 1}, "verify": "other"}}, "traffic.x.verify")):
         with pytest.raises(SpecmatchError, match=msg):
             validate({**cfg, "traffic": traffic})
 
@@ -109,6 +112,15 @@ def test_a_verified_profile_becomes_an_ordinary_suite_on_the_grid():
     unset = {**cfg, "traffic": {**cfg["traffic"], "gen": {k: v for k, v in cfg["traffic"]["gen"].items()
                                                           if k != "concurrency"}}}
     assert step_config(cfg) == step_config(unset)
+    # verify: same_prompts: drawn from the estimation suites' prompts, measured above c = 1 unless told
+    cfg["traffic"]["gen"] = {**cfg["traffic"]["gen"], "verify": "same_prompts"}
+    del cfg["traffic"]["gen"]["concurrency"]
+    sp = with_traffic_suites(cfg)["suites"]["traffic_gen"]
+    assert sp["same_prompts"] and sp["concurrency"] == [16] and sp["exclude"] == ["generic", "train_holdout"]
+    fresh = {**shipped_config(), "traffic": {"gen": {"mix": {"training_mix": 1}, "verify": "same_prompts"}}}
+    assert validate(fresh)["traffic"]["gen"]["verify"] == "same_prompts"
+    with pytest.raises(SpecmatchError, match="only c > 1 uses"):
+        validate({**fresh, "concurrency": [1]})
 
 
 def test_a_verifying_suite_is_drawn_with_the_mix(tmp_path, tok, tok_dir):
@@ -188,6 +200,23 @@ def test_a_verifying_suite_is_drawn_with_the_mix(tmp_path, tok, tok_dir):
                          "--out", str(out / "traffic.json")]) == 0
     got = TrafficProfiles.from_json(json.loads((out / "traffic.json").read_text()))
     assert [p.name for p in got.profiles] == ["training_mix", "p"]
+    # verify: same_prompts: the mix drawn from the estimation suites' own prompts, ids kept; a stratum
+    # allocated more than its suite holds sends each of its prompts as evenly often as it can
+    assert prompts_main(["--suite", "traffic_p", "--spec", json.dumps({**spec, "size": 16, "same_prompts": True,
+                                                                        "exclude": ["generic", "t"]}),
+                         "--out", str(out / "s.jsonl"), "--match", str(out / "s.match.json"), *common,
+                         "--exclude", str(out / "t.jsonl"), str(out / "generic.jsonl")]) == 0
+    same = [json.loads(x) for x in (out / "s.jsonl").read_text().splitlines()]
+    by_id = {r["id"]: r for r in est}
+    assert len(same) == 16 and all(r["id"] in by_id and r["text"] == by_id[r["id"]]["text"] for r in same)
+    assert Counter(r["source"] for r in same) == {"a": 8, "generic": 8} and all(r["suite"] == "traffic_p" for r in same)
+    a_est = [r["id"] for r in est if r["suite"] == "t" and r["source"] == "a"]
+    counts = Counter(r["id"] for r in same if r["source"] == "a")
+    assert set(counts) == set(a_est) and max(counts.values()) - min(counts.values()) <= 1
+    assert len({r["id"] for r in same if r["source"] == "generic"}) == 8   # enough: never twice
+    sm = SuiteMatch.from_json(json.loads((out / "s.match.json").read_text()))
+    assert sm.same_prompts == {"from": {"generic": 8, "t": 8}, "repeated": {"a": {"wanted": 8, "prompts": len(a_est)}}}
+    assert "from the estimation suites' own prompts" in sm.verdict and sm.disjoint_from is None
 
 
 def test_the_default_workflow_measures_a_verified_profile_on_the_whole_grid(tmp_path):

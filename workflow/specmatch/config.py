@@ -345,6 +345,18 @@ def traffic_basis(cfg: dict) -> str | None:
     return (listed or training or [None])[0]
 
 
+SAME_PROMPTS = "same_prompts"   # traffic.<name>.verify: the mix drawn from the estimation suites' own prompts
+
+
+def same_prompts_concurrency(cfg: dict, prof: dict) -> list | None:
+    """Where a same-prompt verifying suite is measured: the profile's `concurrency`, else the grid's
+    concurrencies above 1 (at c = 1 a mix of measured prompts is exact: nothing to check); None for any
+    other profile."""
+    if prof.get("verify") != SAME_PROMPTS:
+        return None
+    return sorted(prof.get("concurrency") or [c for c in cfg["concurrency"] if c > 1])
+
+
 def _traffic_checks(cfg: dict, source: str) -> None:
     """What the config alone says about `traffic` (the sources are checked against the manifest by the
     traffic step, specmatch.data.traffic): no reserved or clashing names, a mix of positive weight, a
@@ -375,6 +387,12 @@ def _traffic_checks(cfg: dict, source: str) -> None:
         derived = TRAFFIC_PREFIX + name
         if derived in suites:
             raise SpecmatchError(f"{where}.verify: its suite would be named '{derived}', which is a configured suite")
+        if prof["verify"] == SAME_PROMPTS:
+            at = prof.get("concurrency") or cfg["concurrency"]
+            if 1 in (prof.get("concurrency") or []) or not any(c > 1 for c in at):
+                raise SpecmatchError(f"{where}.concurrency: verify: {SAME_PROMPTS} checks the step model, which only "
+                                     "c > 1 uses (at c = 1 a mix of measured prompts is predicted exactly); name "
+                                     "concurrencies above 1")
         for key in mix:
             if key in files and suites[key].get("length_like") and mix[key] > 0:
                 raise SpecmatchError(f"{where}.mix: '{key}' composes its prompts to another suite's lengths "
@@ -384,7 +402,7 @@ def _traffic_checks(cfg: dict, source: str) -> None:
         size = prof.get("size") or (suites[basis]["size"] if basis else max(suites[k]["size"] for k in mix
                                                                              if k in suites))
         passes = requests_settings(cfg, basis)["passes"] if basis else cfg["requests"]["passes"]
-        highest = max(prof.get("concurrency") or cfg["concurrency"])
+        highest = max(same_prompts_concurrency(cfg, prof) or prof.get("concurrency") or cfg["concurrency"])
         if not keeps_busy(size, passes, highest):
             raise SpecmatchError(f"{where}.size: {size} prompts x {passes} pass(es) cannot keep concurrency "
                                  f"{highest} busy")

@@ -376,6 +376,9 @@ class SuiteMatch(Record):
     # a verifying traffic suite: the estimation suites whose prompts it never draws, and how many of the
     # pools' candidates that left out (suite -> candidates excluded)
     disjoint_from: Optional[dict] = None
+    # a verifying traffic suite drawn from the estimation suites' own prompts (`verify: same_prompts`):
+    # suite -> the prompts taken from it (ids kept)
+    same_prompts: Optional[dict] = None
 
     @property
     def training(self) -> bool:
@@ -1240,7 +1243,8 @@ class TrafficCheck(Record):
     off by more, at the interval's level), and `detectable`, the error the check would catch in 80% of
     runs (its minimum detectable error): a check whose `detectable` is 30% agrees with a prediction off
     by 20% most of the time. `disjoint`: the verifying suite drew none of the estimation prompts
-    (None: not recorded, an older suite that may share them, which makes the check agree too often)."""
+    (None: not recorded, an older suite that may share them, which makes the check agree too often);
+    `same_prompts`: it holds them on purpose, and the check is of the step model alone."""
     error: float
     lo: float
     hi: float
@@ -1254,6 +1258,9 @@ class TrafficCheck(Record):
     # and whether none misses at the family's level (traffic.report.pooled_checks)
     family: Optional[list] = None
     family_holds: Optional[bool] = None
+    # the verifying suite holds the estimation prompts (verify: same_prompts): predicted from exactly its
+    # requests, the prompt sample cancels, and the check tests the step model's transfer into the mix's batches
+    same_prompts: Optional[bool] = None
 
 
 @dataclass

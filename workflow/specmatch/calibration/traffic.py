@@ -26,6 +26,7 @@ import numpy as np
 import polars as pl
 
 from .. import metrics
+from ..data.prompts import repeated_draw
 from .des import Engine, serve
 from .grid import BASE
 from .pool import run_tasks
@@ -106,14 +107,17 @@ def traffic_cells(seed: int, suites: dict, concurrencies=(1, 4), repeats: int = 
     rng = np.random.default_rng(seed)
     base = engine or BASE
     engines = {"base": base, **(specs or {"spec": replace(base, k=3, rho=rho or _traffic_rho)})}
-    prompts = {u: traffic_prompts(rng, strata, counts, out_tokens) for u, counts in suites.items()}
+    prompts = {}
+    for u, counts in suites.items():
+        prompts[u] = (same_prompts(rng, u, counts["same_prompts"], prompts) if "same_prompts" in counts
+                      else (*traffic_prompts(rng, strata, counts, out_tokens), [f"{u}-{i:03d}" for i in range(sum(counts.values()))]))
     sessions = {(x, r): rng.normal(0, session_sd) for x in engines for r in range(1, repeats + 1)}
     out = []
-    for u, (names, tokens, alpha, match) in prompts.items():
+    for u, (names, tokens, alpha, match, pids) in prompts.items():
         n = len(names)
         for c in concurrencies:
             order = np.arange(n * passes_for(n, 1, min_requests_per_worker, c)) % n
-            ids = [f"{u}-{i:03d}" for i in order]
+            ids = [pids[i] for i in order]
             keys = [(x, r) for x in engines for r in range(1, repeats + 1)]
             m = len(keys)
             cached = resent_cached(tokens[order], n, cache_block)
@@ -145,6 +149,24 @@ def traffic_cells(seed: int, suites: dict, concurrencies=(1, 4), repeats: int = 
                 out.append((res, req.with_columns(pl.Series("pass_index", (np.arange(len(order)) // n).tolist()),
                                                   pl.Series("source", [names[j] for j in order]))))
     return out
+
+
+def same_prompts(rng, name: str, counts: dict, made: dict) -> tuple:
+    """A suite drawn from suites already made (`made`: suite -> traffic_prompts' tuple and ids), as a
+    `verify: same_prompts` suite is: per stratum, `counts[stratum]` of the prompts of the first suite that
+    holds that stratum, without replacement where it holds enough, else each of them as evenly often as
+    the count allows (repeated_draw), shuffled, their ids kept."""
+    picks = []
+    for st, k in counts.items():
+        u = next(v for v, got in made.items() if st in got[0])
+        idx = [i for i, s in enumerate(made[u][0]) if s == st]
+        picks += [(u, idx[j]) for j in repeated_draw(lambda m, n: list(rng.choice(m, n, replace=False)), len(idx), k)]
+    picks = [picks[j] for j in rng.permutation(len(picks))]
+    names = [made[u][0][i] for u, i in picks]
+    tokens = np.array([made[u][1][i] for u, i in picks])
+    alpha = np.array([made[u][2][i] for u, i in picks])
+    match = np.array([made[u][3][i] for u, i in picks])
+    return names, tokens, alpha, match, [made[u][4][i] for u, i in picks]
 
 
 def resent_cached(tokens: np.ndarray, n: int, block: int) -> np.ndarray | None:
@@ -281,13 +303,14 @@ def coverage(experiments: int, concurrencies=(1, 4), size: int = 16, seed: int =
 
 
 def _check_rows(a: tuple) -> list:
-    seed, c, size, shift, small = a
+    seed, c, size, shift, small, same = a
     from ..data.prompts import allocate
 
     verified = {p: m for p, m in PROFILES.items() if p != "training_mix"}
     suites = {"basis": basis_counts(size, small), "generic": {"generic": size}}
     for p, m in verified.items():
-        suites[f"traffic_{p}"] = {k: v for k, v in allocate(size, m).items() if v > 0}
+        alloc = {k: v for k, v in allocate(size, m).items() if v > 0}
+        suites[f"traffic_{p}"] = {"same_prompts": alloc} if same else alloc
     cells = traffic_cells(seed, suites, concurrencies=(c,) if c == 1 else (1, c),
                           shift={f"traffic_{p}": shift for p in verified})
     an = analyse(cells, "base", Settings(bootstrap=200))
@@ -300,14 +323,15 @@ def _check_rows(a: tuple) -> list:
 
 
 def check_calibration(experiments: int, c: int = 4, shift: float = 0.0, size: int = 16, seed: int = 3000,
-                      small: int | None = None) -> dict:
+                      small: int | None = None, same: bool = False) -> dict:
     """How often the check of a verified mix agrees (each verifying suite drawn afresh with its mix, as
-    the workflow draws it, disjoint from the estimation prompts): with `shift` 0 the prediction is right
+    the workflow draws it, disjoint from the estimation prompts; with `same`, drawn from the estimation
+    prompts as verify: same_prompts draws it, c > 1): with `shift` 0 the prediction is right
     and it should agree at the interval's level; with the speculative server `shift` (log) slower or
     faster on the verifying suites than the estimates say, it should miss. Per (profile, metric) the
     agreement rate with its Monte-Carlo error and the mean minimum detectable error; ("family", metric)
     for the verified mixes together (Bonferroni)."""
-    jobs = [(_check_rows, (seed + e, c, size, shift, small)) for e in range(experiments)]
+    jobs = [(_check_rows, (seed + e, c, size, shift, small, same)) for e in range(experiments)]
     flags: dict = {}    # (profile or "family", metric) -> one outcome per experiment
     mdes: dict = {}
     for rows in run_tasks(jobs):

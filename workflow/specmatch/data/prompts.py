@@ -331,6 +331,8 @@ def traffic_suite(name: str, spec: dict, manifest: Manifest, cuts: pl.DataFrame,
     (suite -> its prompts): the estimation suites, whose training rows (every turn of a row drawn) and
     file lines are never drawn again; what that leaves out is counted per suite (`disjoint_from`)."""
     exclude = exclude or {}
+    if spec.get("same_prompts"):
+        return same_prompt_suite(name, spec, manifest, exclude)
     rows_out: dict = {}    # (file, row) -> the estimation suite that drew it
     lines_out: dict = {}   # file -> {line: the estimation suite that drew it}
     for u, ps in exclude.items():
@@ -395,6 +397,68 @@ def traffic_suite(name: str, spec: dict, manifest: Manifest, cuts: pl.DataFrame,
         match.verdict += ("; disjoint from the prompts of " + ", ".join(sorted(exclude))
                           + (" (the rest of a pool fell short: " + ", ".join(sorted(shortfall)) + ")" if shortfall else ""))
     return prompts, match
+
+
+def same_prompt_suite(name: str, spec: dict, manifest: Manifest, estimation: dict) -> tuple[list[Prompt], SuiteMatch]:
+    """A verifying suite drawn from the estimation suites' own prompts (`verify: same_prompts`): the same
+    stratified allocation as a fresh draw, each stratum's prompts sampled (seeded, without replacement)
+    from those its estimation suite holds (a source's from the basis suite, a file suite's from that
+    suite), shuffled, their ids kept, so the analysis predicts the suite from exactly these prompts'
+    requests. A stratum allocated more prompts than its suite holds gets them all and the shortfall is
+    stated. `estimation`: suite -> its prompts."""
+    files = list(spec.get("files") or {})
+    sources = training_shares(manifest)
+    shares = resolve_mix(f"traffic.{spec['profile']}.mix", spec["mix"], sources, files)
+    size, seed = spec["size"], spec.get("seed", 1)
+    alloc = allocate(size, shares)
+    basis = spec.get("basis")
+    pools: dict = {}
+    for s_, k in alloc.items():
+        if k <= 0:
+            continue
+        suite = s_ if s_ in files else basis
+        if suite not in estimation:
+            raise SpecmatchError(f"suite {name}: verify: same_prompts draws stratum {s_} from suite {suite}, whose "
+                                 "prompts were not given (--exclude)")
+        have = [p for p in estimation[suite] if s_ in files or p.source == s_]
+        pools[s_] = (suite, have)
+    rng = random.Random(seed)
+    prompts, repeated, taken = [], {}, Counter()
+    for s_, (suite, have) in pools.items():
+        k = alloc[s_]
+        if not have:
+            raise SpecmatchError(f"suite {name}: verify: same_prompts: stratum {s_} has no prompt in suite {suite}")
+        got = [have[j] for j in repeated_draw(lambda m, n: rng.sample(range(m), n), len(have), k)]
+        if k > len(have):
+            repeated[s_] = {"wanted": k, "prompts": len(have)}
+        for p in got:
+            q = Prompt.from_json(p.to_json())
+            q.suite, q.source = name, s_   # the stratum: a file's rows are one stratum whatever their category
+            prompts.append(q)
+            taken[suite] += 1
+    rng.shuffle(prompts)
+    match = match_report(name, "traffic", prompts, manifest, shares, None)
+    got = Counter(p.source for p in prompts)
+    match.strata = {s_: {"kind": "file" if s_ in files else "source", "prompts": got.get(s_, 0), "share": share,
+                         "training_share": sources.get(s_, 0.0)} for s_, share in shares.items()}
+    match.allocation, match.shortfall, match.skipped = alloc, {}, {}
+    match.representative = None
+    match.same_prompts = {"from": dict(sorted(taken.items())), "repeated": repeated}
+    match.verdict = (f"drawn with traffic profile `{spec['profile']}` from the estimation suites' own prompts ("
+                     + ", ".join(f"{u} {n}" for u, n in sorted(taken.items())) + "): "
+                     + ", ".join(f"{s_} {share:.0%}" for s_, share in shares.items())
+                     + ("; sent more than once where a stratum holds fewer prompts than its share: "
+                        + ", ".join(f"{s_} {v['wanted']} requests of {v['prompts']} prompts"
+                                    for s_, v in sorted(repeated.items())) if repeated else ""))
+    return prompts, match
+
+
+def repeated_draw(sample, n: int, k: int) -> list[int]:
+    """k indices into n items: without replacement where k <= n, else every item k // n times and k % n of
+    them once more, so a same-prompt suite keeps its mix's shares and size where a stratum's suite holds
+    fewer prompts (a prompt then repeats within the cell, which the prefix cache serves: the analysis
+    reads each request's cached tokens). `sample(m, j)`: j distinct indices of range(m), seeded."""
+    return [i for _ in range(k // n) for i in range(n)] + list(sample(n, k % n)) if k > n else list(sample(n, k))
 
 
 LIST_HEAD = "Answer each of the following questions in turn, one paragraph each.\n"

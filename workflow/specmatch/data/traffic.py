@@ -19,7 +19,11 @@ the strata (prompts.allocate), the sources' prompts from the basis suite's eligi
 file (prompts.file_suite), shuffled together (prompts.traffic_suite). It never draws a prompt the
 prediction rests on: the basis suite's rows and the file suites' lines are excluded (`exclude`), so
 the check's two errors are independent; where the rest of a pool cannot supply a stratum's share,
-its match record says so (shortfall). Each prompt's `source` is its stratum (a file's rows
+its match record says so (shortfall). With `verify: same_prompts` the suite is drawn from the
+estimation suites' own prompts instead (the same allocation, each stratum's prompts sampled from the
+ones its estimation suite holds, their ids kept), so the analysis predicts it from exactly those
+prompts' requests and the check tests the step model's transfer into the mix's batches alone; it is
+measured at c > 1 only (config.same_prompts_concurrency). Each prompt's `source` is its stratum (a file's rows
 keep their suite's name, not their category), so the analysis reads a verifying suite's
 composition from its requests.
 
@@ -34,7 +38,7 @@ import sys
 from pathlib import Path
 
 from .. import steps
-from ..config import TRAFFIC_PREFIX, TRAINING_MIX, traffic_basis
+from ..config import SAME_PROMPTS, TRAFFIC_PREFIX, TRAINING_MIX, same_prompts_concurrency, traffic_basis
 from ..files import SpecmatchError, read_json, write_json
 from ..provenance import Recorder
 from ..records import Manifest, TrafficProfile, TrafficProfiles
@@ -106,12 +110,16 @@ def traffic_suite_spec(cfg: dict, name: str, prof: dict) -> dict:
     spec = {"kind": "traffic", "profile": name, "mix": dict(prof["mix"]), "size": size, "seed": prof.get("seed", 1),
             "basis": basis, "training": {k: b[k] for k in TRAINING_KEYS if k in b}, "files": files,
             # the suites whose prompts estimate the mix: never drawn again, so the check tests the prediction
-            # on prompts it did not see (their errors independent, as the check's variance assumes)
+            # on prompts it did not see (their errors independent, as the check's variance assumes); or, with
+            # verify: same_prompts, the only prompts drawn (the check then tests the step model alone)
             "exclude": sorted(([basis] if basis else []) + list(files))}
+    if prof.get("verify") == SAME_PROMPTS:
+        spec["same_prompts"] = True
     if b.get("passes"):
         spec["passes"] = b["passes"]
-    if prof.get("concurrency"):
-        spec["concurrency"] = sorted(prof["concurrency"])
+    at = same_prompts_concurrency(cfg, prof) or prof.get("concurrency")
+    if at:
+        spec["concurrency"] = sorted(at)
     return spec
 
 

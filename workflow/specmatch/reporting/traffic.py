@@ -89,7 +89,10 @@ def check_text(r: TrafficRow) -> str:
             how += f" (it would catch an error of {ck.detectable:.0%} in 80% of runs)"
     else:
         how = "**misses**: the prediction is off by more than its uncertainty allows"
-    if not ck.disjoint:
+    if ck.same_prompts:
+        how += ("; on the estimation suites' own prompts (verify: same_prompts): a check of how the step model "
+                "carries them into the mix's batches, not of whether they stand for their traffic")
+    elif not ck.disjoint:
         how += "; the suite may share prompts with the estimation suites (it then agrees too often)"
     return f"{_iv(r.measured)}: measured / predicted {ck.error:+.0%} [{ck.lo:+.0%}, {ck.hi:+.0%}], {how}"
 

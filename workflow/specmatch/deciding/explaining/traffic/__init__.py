@@ -70,5 +70,8 @@ confidence set for the crossing (test inversion), i.e. where the interval's verd
 
 **Check.** A verified profile's suite (`traffic_<name>`, never used by the prediction) is predicted at
 its drawn composition; `check` gives measured / predicted - 1 with its interval (the server sessions
-both share cancel in it) and whether it contains 0.
+both share cancel in it) and whether it contains 0. A suite drawn from the estimation prompts
+(verify: same_prompts) is predicted from exactly its requests instead (Predictor.exact), so the prompt
+sample cancels and the check, at c > 1, tests the step model's transfer into the mix's batches alone
+(report._same_prompt_check).
 """

@@ -193,6 +193,32 @@ class Predictor:
             point.append(float(np.nanmean(log_speedup(self.metric, figs[self.p.server], figs[self.p.baseline]))))
         return np.array(point)
 
+    def exact(self, sequences: dict, metric: str) -> Estimate | None:
+        """The predicted log speedup of a suite of these very prompts (c > 1): per server and repeat, its
+        requests in their sending order as (stratum, prompt index) with the prompt tokens the prefix cache
+        served each (`sequences[(server, repeat)] = (slots, cached)`), replayed through the step model with
+        each prompt's measured decode steps and speeds from the strata's cells. A verifying suite drawn
+        from the estimation prompts (verify: same_prompts) is predicted so: the prompt sample is the same
+        on both sides and has no variance here (var_w 0), and what differs is the mix's batches. The
+        cached tokens are the verifying cell's own (its prompts may have been sent before in the session;
+        which prompts the cache holds is the cell order's doing, not the step model's). None at c = 1 or
+        without step models."""
+        if self.p.concurrency == 1 or any(self.p.theta.get(x) is None for x in (self.p.server, self.p.baseline)):
+            return None
+        point = []
+        for r in self.p.repeats:
+            figs = {}
+            for x in (self.p.server, self.p.baseline):
+                slots, cached = sequences[(x, r)]
+                names = np.array([st for st, _ in slots])[None, :]
+                pick = np.array([i for _, i in slots])[None, :]
+                g = self._gather(x, r, names, pick)
+                e2e, ttft, _ = simulate(self.p.theta[x], self.p.concurrency, g["ptok"], g["out"], g["steps"],
+                                        g["m_dec"], g["m_adm"], np.asarray(cached, float)[None, :])
+                figs[x] = figures(metric, self.p.concurrency, g["out"], e2e, ttft, self.slo)
+            point.append(float(np.nanmean(log_speedup(metric, figs[self.p.server], figs[self.p.baseline]))))
+        return Estimate(float(np.mean(point)), 0.0, float("inf"), point)
+
     def prompt_variance(self, mix: dict, metric: str | None = None) -> tuple[float, float]:
         """The prompt sample's variance of the predicted log speedup and its dof: the post-stratified
         ratio linearised in each prompt's values averaged over the repeats (its influence psi_i: its

@@ -332,7 +332,22 @@ def _rows(rep: Report, pair: Pair, pred: Predictor, metric: str, lines: bool = T
             notes.append(f"the mix's context per sequence ({row.context:.0f} tokens) lies outside the measured "
                          f"suites' ({row.context_range[0]:.0f}-{row.context_range[1]:.0f}) at c={c}: the step model "
                          "extrapolates, and its error there is the misfit's slope in context carried that far")
-        if prof.suite and row.measured is not None:
+        seqs = same_prompt_sequences(rep, pair, prof.suite) if prof.suite and row.measured is not None else None
+        if seqs is not None:
+            comp = _composition(rep, x, prof.suite, c)
+            exact = pred.exact(seqs, metric) if comp and pair.usable(comp) is None else None
+            if exact is None:
+                notes.append("its suite holds the estimation prompts (verify: same_prompts): checked at c > 1 only, "
+                              "where the step model carries them into the mix's batches")
+            else:
+                model = [(k, v) for k, v in parts_for(exact, ("check", prof.name), comp).parts.items()
+                         if k[0] in ("model", "model-reach")]
+                row.check = _same_prompt_check(rep, pair, seqs, exact, model, metric, row.measured, ts, tb,
+                                               same_sessions(rep, prof.suite, (x, an.baseline), c))
+                notes.append(f"checked on {len(seqs[(x, pair.repeats[0])][0])} requests of the estimation suites' own "
+                             "prompts (verify: same_prompts): the prompt sample cancels, so the check tests how the "
+                             "step model carries these requests into the mix's batches")
+        elif prof.suite and row.measured is not None:
             comp = _composition(rep, x, prof.suite, c)
             at = interval(comp, ("check", prof.name)) if comp and pair.usable(comp) is None else None
             if at is not None:
@@ -468,6 +483,68 @@ def same_sessions(rep: Report, suite: str, servers: tuple, c: int) -> bool:
         if cell.server_session is None or not others or any(o.server_session != cell.server_session for o in others):
             return False
     return True
+
+
+def same_prompt_sequences(rep: Report, pair: Pair, suite: str) -> dict | None:
+    """A verifying suite drawn from the estimation prompts (verify: same_prompts), per (server, repeat):
+    its cell's requests in sending order as (stratum, prompt index) of the pair's strata, with the prompt
+    tokens the prefix cache served each; None where any request's prompt is not an estimation prompt
+    both servers measured in every repeat (a fresh suite), or a repeat lacks the suite's cell."""
+    where = {p: (st, i) for st, stratum in pair.strata.items() for i, p in enumerate(stratum.prompts)}
+    out = {}
+    for r in pair.repeats:
+        for x in (pair.server, pair.baseline):
+            cr = rep.reqs.get((x, suite, pair.concurrency, r))
+            if cr is None or not len(cr.prompts):
+                return None
+            order = np.argsort(cr.start, kind="stable")
+            ids = [cr.prompts[j] for j in order]
+            if any(p not in where for p in ids):
+                return None
+            cached = np.zeros(len(ids)) if cr.cached is None else np.asarray(cr.cached, float)[order]
+            out[(x, r)] = ([where[p] for p in ids], cached)
+    return out
+
+
+def _same_prompt_check(rep: Report, pair: Pair, seqs: dict, est: Estimate, model: list, metric: str,
+                       measured: Interval, ts: VarianceSum | None, tb: VarianceSum | None,
+                       shared_sessions: bool) -> TrafficCheck:
+    """A same-prompt verifying suite's measured speedup against the prediction of exactly its requests
+    (Predictor.exact). Both sides hold the same prompts, so the prompt sample cancels; what is left is
+    each side's cells. Per repeat and server, the prediction moves with the estimation cells it reads,
+    each suite u's cell by its own part (1 - pi) tau^2 weighted by a_u, that suite's share of the mix's
+    time (of its summed TPOT for TPOT), and the measured side with its own cell's; a server session moves
+    both alike and cancels where both ran in the same server processes (`shared_sessions`, else it counts
+    twice): Var = sum over servers tau^2 / R x ((1 - pi)(sum a_u^2 + 1) + (0 or 2 pi)), plus the model's
+    own error parts the prediction states (`model`), so a check agrees at its level when the model's error
+    is what the prediction says."""
+    an = rep.an
+    R = len(pair.repeats)
+    r0 = pair.repeats[0]
+    key = "tpot" if metric == "tpot" else "e2e"
+    by: dict = {}
+    for st, i in seqs[(pair.baseline, r0)][0]:
+        v = float(pair.strata[st].data[(pair.baseline, r0)][key][i])
+        by[pair.strata[st].suite] = by.get(pair.strata[st].suite, 0.0) + (v if math.isfinite(v) else 0.0)
+    tot = sum(by.values())
+    a2 = sum((v / tot) ** 2 for v in by.values()) if tot > 0 else 1.0
+    pi = an.run_to_run.session_share.get(metric, 0.0)
+    f = (1 - pi) * (a2 + 1) + (0.0 if shared_sessions else 2 * pi)
+    var = VarianceSum()
+    for v in (ts, tb):
+        if v is not None:
+            var.plus(v, f / R)
+    for k, (v, d) in model:
+        var.add(k, v, d)
+    d = math.log(measured.value) - est.value
+    se = math.sqrt(max(var.total, 1e-12))
+    dof = var.dof
+    t = t_ppf(0.5 + an.settings.confidence / 2, dof)
+    lo, hi = d - t * se, d + t * se
+    detect = (t + t_ppf(0.8, dof)) * se
+    return TrafficCheck(math.exp(d) - 1, math.exp(lo) - 1, math.exp(hi) - 1, lo <= 0 <= hi,
+                        bound=math.exp(max(abs(lo), abs(hi))) - 1, detectable=math.exp(detect) - 1,
+                        disjoint=False, se=se, dof=dof, same_prompts=True)
 
 
 def _check(an, suite: str, server: str, c: int, metric: str, predicted: tuple, measured: Interval,
