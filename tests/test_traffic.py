@@ -29,9 +29,11 @@ def _reference(theta, c, ptok, out, steps, m_dec, m_adm):
         act = [j for j in range(w) if slot[j] >= 0]
         dec, pre = [j for j in act if not fresh[j]], [j for j in act if fresh[j]]
         C = sum(ptok[slot[j]] + 1 + gen[j] for j in dec) / 1000
+        Q = sum(((ptok[slot[j]] + 1 + gen[j]) / 1000) ** 2 for j in dec)
         P = sum(ptok[slot[j]] for j in pre) / 1000
         mult = (sum(m_dec[slot[j]] for j in dec) + sum(m_adm[slot[j]] for j in pre)) / len(act)
-        t += (theta[0] + theta[1] * len(dec) + theta[2] * C + theta[3] * P) * mult
+        quad = theta[5] * Q if len(theta) > 5 else 0.0
+        t += (theta[0] + theta[1] * len(dec) + theta[2] * C + theta[3] * P + quad) * mult
         for j in pre:
             ttft[slot[j]] = t - start[slot[j]]
         for j in dec:
@@ -58,12 +60,30 @@ def test_the_simulated_closed_loop_is_the_step_by_step_one():
     steps = rng.integers(6, 24, (R, n)).astype(float)
     steps[:, 2] = 0      # a one-token answer: done with its prefill
     m_dec, m_adm = rng.uniform(0.8, 1.2, (R, n)), rng.uniform(0.8, 1.2, (R, n))
-    theta = np.array([0.01, 0.0005, 0.002, 0.02])
-    for c in (1, 3, 12, 16):
-        e2e, ttft, span = simulate(theta, c, ptok, out, steps, m_dec, m_adm)
-        for r in range(R):
-            e, t, s = _reference(theta, c, ptok[r], out[r], steps[r], m_dec[r], m_adm[r])
-            assert np.allclose(e2e[r], e) and np.allclose(ttft[r], t) and span[r] == pytest.approx(s)
+    # linear in context, and with a context cost that grows with its square (fit_step_model's quadratic)
+    for theta in (np.array([0.01, 0.0005, 0.002, 0.02]), np.array([0.01, 0.0005, 0.002, 0.02, 0.0, 0.004])):
+        for c in (1, 3, 12, 16):
+            e2e, ttft, span = simulate(theta, c, ptok, out, steps, m_dec, m_adm)
+            for r in range(R):
+                e, t, s = _reference(theta, c, ptok[r], out[r], steps[r], m_dec[r], m_adm[r])
+                assert np.allclose(e2e[r], e) and np.allclose(ttft[r], t) and span[r] == pytest.approx(s)
+
+
+def test_a_quadratic_fit_recovers_a_context_cost_that_grows_with_its_square():
+    """fit_step_model(quadratic=True) on a server whose step costs 4e-3 s per sequence per (thousand
+    tokens)^2 recovers that term and the linear ones beside it; on a server whose context cost is
+    linear it finds about none, so the model form's part of a prediction is about 0 there."""
+    from specmatch.calibration.traffic import WORLDS
+    from specmatch.deciding.explaining.traffic.report import Report
+
+    w = WORLDS["superlinear"]
+    for engine, t5 in ((w["engine"], 4e-3), (None, 0.0)):
+        cells = traffic_cells(1000, {"basis": w["basis"], "generic": {"generic": 16}}, concurrencies=(1, 16),
+                              repeats=2, engine=engine, strata=w["strata"])
+        an = analyse(cells, "base", Settings(bootstrap=100))
+        theta = Report(an, traffic_profiles(w["profiles"]), [], quadratic=True).theta["base"]
+        assert len(theta) == 6 and theta[4] == 0.0
+        assert theta[5] == pytest.approx(t5, abs=1e-3) and theta[0] == pytest.approx(0.010, rel=0.1)
 
 
 def test_at_c1_a_stratum_alone_is_its_measured_speedup():
@@ -298,6 +318,25 @@ def test_a_mix_beyond_the_measured_contexts_is_flagged_and_its_model_part_grows_
     assert not near.extrapolated and near.context_range[0] <= near.context <= near.context_range[1]
     assert abs(near.parts["context_shift"]) < abs(far.parts["context_shift"])
     assert got[("sessions_heavy", 1)].extrapolated is False and got[("sessions_heavy", 1)].context is None
+
+
+@pytest.mark.slow   # 300 experiments at c=16 (about 2 minutes on 2 cores)
+def test_a_superlinear_context_cost_inside_the_measured_range_is_covered_by_the_model_form():
+    """In a world whose context cost is super-linear, mixes inside the measured suites' contexts at c=16
+    are covered near the nominal 90% (>= 0.85 less 2.5 MC errors): two context levels cannot show the
+    curvature between them, and the prediction under a step model whose context cost may grow with its
+    square moves by about 0.04-0.07 in log, which joins the model's part; without it they covered
+    0.61-0.69. The mix beyond them stays flagged as extrapolated."""
+    from specmatch.calibration.traffic import coverage
+
+    got = coverage(300, (1, 16), 16, seed=2000, truth_suites=400, world="superlinear")["rows"]
+    for (p, c, metric), v in got.items():
+        if c != 16:
+            continue
+        if p == "sessions_heavy":
+            assert v["extrapolated"] == 1.0
+        else:
+            assert v["extrapolated"] == 0.0 and v["coverage"] >= 0.85 - 2.5 * v["mc_se"], (p, metric, v)
 
 
 def test_a_check_on_cells_of_a_later_invocation_does_not_cancel_the_session():

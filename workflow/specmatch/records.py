@@ -1271,7 +1271,9 @@ class TrafficRow(Record):
     of its `traffic_<profile>` suite where it is verified (and `check`), and the break-even share toward
     the first file suite (`break_even`; `break_evens`: toward every stratum, the training mix only).
     `strata`: each stratum's own predicted speedup (which sources carry the gain); `parts`: the
-    interval's variance by part (prompts, run_to_run, model) and the model check's size."""
+    interval's variance by part (prompts, run_to_run, model) and the model check's size; at c > 1
+    `curvature`, how far (log) the prediction moves under a step model whose context cost may grow
+    faster than the context (its square is in `model`), and `context_shift`."""
     profile: str
     mix: dict
     server: str

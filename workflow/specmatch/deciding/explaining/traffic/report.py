@@ -21,6 +21,8 @@ from .step_model import (calibrate, cell_requests, fit_step_model, model_error, 
                          timed, timeline)
 
 GRID = 11                 # points along a break-even line
+MODEL_PARTS = ("model", "model-reach", "model-form")   # the interval's parts that are the step model's error
+FORM_DOF = 30.0           # the model form's part: a shift between two fits of the same data, not a sample variance
 ON_LINE = 0.1             # a measured suite whose composition lies within this TVD of a line is drawn on it
 
 
@@ -61,7 +63,7 @@ def _crossing(xs: np.ndarray, ys: np.ndarray) -> float | None:
 class Report:
     """Everything traffic_report computes, by (server, concurrency)."""
 
-    def __init__(self, an, profiles: TrafficProfiles, matches: list[SuiteMatch]):
+    def __init__(self, an, profiles: TrafficProfiles, matches: list[SuiteMatch], quadratic: bool = False):
         self.an, self.s, self.m = an, an.settings, an.measurements
         self.profiles = profiles
         self.matches = {m.suite: m for m in matches}
@@ -73,7 +75,8 @@ class Report:
         self.theta = {}
         for x in dict.fromkeys(k[0] for k in self.reqs):
             mine = [cr for k, cr in self.reqs.items() if k[0] == x and k[1] in self.model_suites]
-            self.theta[x] = fit_step_model(mine) if any(k[2] > 1 for k in self.reqs if k[0] == x) else None
+            self.theta[x] = (fit_step_model(mine, quadratic=quadratic) if any(k[2] > 1 for k in self.reqs if k[0] == x)
+                             else None)
             if self.theta[x] is not None:
                 for cr in mine + [cr for k, cr in self.reqs.items() if k[0] == x and k[1] not in self.model_suites]:
                     if cr.steps is not None and cr.closed and cr.concurrency > 1:
@@ -147,6 +150,9 @@ def traffic_report(an, profiles: TrafficProfiles | None, matches: list[SuiteMatc
     if not profiles.profiles:
         return []
     rep = Report(an, profiles, matches)
+    # the same fit with a context cost that may grow faster than the context: how far the prediction
+    # moves with it is the model form's own uncertainty (_rows), which two context levels cannot settle
+    curved = Report(an, profiles, matches, quadratic=True) if any(c > 1 for c in an.concurrencies) else None
     s = an.settings
     metrics = list(dict.fromkeys([s.recommend_metric, "tpot"]))
     servers = [x for x in an.servers if x != an.baseline and not is_control(x)
@@ -162,8 +168,13 @@ def traffic_report(an, profiles: TrafficProfiles | None, matches: list[SuiteMatc
             # every metric (c > 1 only; at c = 1 there is no model)
             span = _span(rep, x, c) if c > 1 else {}
             misfit = _misfit(rep, pair, span) if c > 1 else None
+            form = None
+            if c > 1 and curved is not None:
+                alt = curved.pair(x, c)
+                form = Predictor(alt, s.slo, s.rng) if alt.theta and all(
+                    t is not None for t in alt.theta.values()) else None
             for metric in metrics:
-                rows += _rows(rep, pair, pred, metric, lines, span, misfit)
+                rows += _rows(rep, pair, pred, metric, lines, span, misfit, form)
     pooled_checks(rows, s.confidence)
     return rows
 
@@ -184,7 +195,12 @@ def _composition(rep: Report, server: str, suite: str, c: int) -> dict | None:
 
 
 def _rows(rep: Report, pair: Pair, pred: Predictor, metric: str, lines: bool = True, span: dict | None = None,
-          misfit: Misfit | None = None) -> list[TrafficRow]:
+          misfit: Misfit | None = None, form: Predictor | None = None) -> list[TrafficRow]:
+    """The rows of one (server, concurrency, metric). `form`: the same prediction under a step model whose
+    context cost may grow faster than the context (Report's `quadratic`): where the data give that
+    curvature, the two predictions differ, and the squared difference joins the model's part (the mix's
+    batches move along a curve the linear model reads as straight between the measured suites); where
+    they do not (a straight context cost), it is about 0."""
     an, s = rep.an, rep.an.settings
     x, c = pair.server, pair.concurrency
     R = len(pair.repeats)
@@ -216,6 +232,10 @@ def _rows(rep: Report, pair: Pair, pred: Predictor, metric: str, lines: bool = T
             v = misfit.variance(pair, mix)
             if v > 0:
                 out.add(("model-reach", x, c, metric) + key, v, misfit.dof)
+        if form is not None and pair.usable(mix) is None:
+            d = form.estimate(mix, metric).value - pred.estimate(mix, metric).value
+            if d:
+                out.add(("model-form", x, c, metric) + key, d * d, FORM_DOF)
         return out
 
     def interval(mix: dict, key) -> tuple[Interval, VarianceSum, Estimate] | None:
@@ -307,10 +327,10 @@ def _rows(rep: Report, pair: Pair, pred: Predictor, metric: str, lines: bool = T
         row.predicted = iv
         lo_l, hi_l = math.log(iv.lo), math.log(iv.hi)
         row.verdict = decision(lo_l, hi_l, math.log(1 + s.min_effect), run)
-        model = [v for k, (v, _) in parts.parts.items() if k[0] in ("model", "model-reach")]
+        model = [v for k, (v, _) in parts.parts.items() if k[0] in MODEL_PARTS]
         row.parts = {"prompts": next(v for k, (v, _) in parts.parts.items() if k[0] == "traffic-w"),
                      "run_to_run": sum(v for k, (v, _) in parts.parts.items()
-                                       if k[0] not in ("traffic-w", "model", "model-reach")),
+                                       if k[0] not in ("traffic-w",) + MODEL_PARTS),
                      "model": sum(model) if model else (0.0 if c == 1 else None),
                      "dof": parts.dof, "repeats": R, "run_to_run_measured": run}
         if span:
@@ -322,6 +342,9 @@ def _rows(rep: Report, pair: Pair, pred: Predictor, metric: str, lines: bool = T
             row.extrapolated = bool(x_mix < lo - REACH or x_mix > hi + REACH)
             if misfit is not None:
                 row.parts["context_shift"] = misfit.delta(pair, mix)
+        if form is not None:
+            # how far a context cost that may grow faster than the context moves the prediction (log)
+            row.parts["curvature"] = form.estimate(mix, metric).value - est.value
         if prof.name == TRAINING_MIX:
             row.break_evens = lines_tm
             row.break_even = next((b for b in lines_tm if b.toward == toward_file), None)
@@ -341,7 +364,7 @@ def _rows(rep: Report, pair: Pair, pred: Predictor, metric: str, lines: bool = T
                               "where the step model carries them into the mix's batches")
             else:
                 model = [(k, v) for k, v in parts_for(exact, ("check", prof.name), comp).parts.items()
-                         if k[0] in ("model", "model-reach")]
+                         if k[0] in MODEL_PARTS]
                 row.check = _same_prompt_check(rep, pair, seqs, exact, model, metric, row.measured, ts, tb,
                                                same_sessions(rep, prof.suite, (x, an.baseline), c))
                 notes.append(f"checked on {len(seqs[(x, pair.repeats[0])][0])} requests of the estimation suites' own "

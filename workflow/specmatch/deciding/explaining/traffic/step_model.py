@@ -88,10 +88,18 @@ class Scheduler:
 UNCHUNKED = Scheduler()
 
 
-def step_cost(theta: np.ndarray, b, C, P):
+def step_cost(theta: np.ndarray, b, C, P, Q=None):
     """T(b, C, P) in seconds: b decoding sequences holding C thousand tokens of context, P thousand prompt
-    tokens prefilled in the step (those the prefix cache did not serve), and t4 b^2 for a theta of five (arrays broadcast)."""
+    tokens prefilled in the step (those the prefix cache did not serve), and t4 b^2 for a theta of five
+    (arrays broadcast); for a theta of six also t5 Q, Q the sum over the decoding sequences of their
+    context squared (thousands of tokens; default C^2 / b, sequences of equal context): a context cost
+    that grows faster than the context (fit_step_model's `quadratic`)."""
     curve = theta[4] * b * b if len(theta) > 4 else 0.0
+    if len(theta) > 5 and theta[5]:
+        if Q is None:
+            with np.errstate(invalid="ignore", divide="ignore"):
+                Q = np.where(np.asarray(b) > 0, np.asarray(C) ** 2 / np.maximum(b, 1e-12), 0.0)
+        curve = curve + theta[5] * Q
     return theta[0] + theta[1] * b + theta[2] * C + theta[3] * P + curve
 
 
@@ -105,7 +113,8 @@ def timed(cr: CellRequests) -> np.ndarray:
 def timeline(cr: CellRequests, theta: np.ndarray, points: int = 400, sched: Scheduler = UNCHUNKED
              ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
     """Per request: its steps' mean features [1, b, C, P] (and b^2 for a theta of five: a step cost
-    that grows faster than the batch) over its decode (weighted by the steps T(theta) says were taken
+    that grows faster than the batch; and Q, the sum of the sequences' squared contexts, for a theta of
+    six) over its decode (weighted by the steps T(theta) says were taken
     at each moment) and the features at its first-token step, with that step's time; the batch at every
     moment read from the cell's timeline (who was prefilling, who decoding, how much context). Under a
     chunked scheduler a step computes what is waiting up to what the decodes leave of the budget, and a
@@ -125,7 +134,8 @@ def timeline(cr: CellRequests, theta: np.ndarray, points: int = 400, sched: Sche
         # takes ceil(tokens / budget) steps to its first token
         P = np.minimum(P, np.maximum(sched.budget - sched.per_sequence * b, 0.0) / 1000)
         waited = np.maximum(np.ceil(cr.fresh / sched.budget), 1.0)
-    F = np.stack([np.ones(points), b, ctx.sum(0) / 1000, P] + ([b ** 2] if len(theta) > 4 else []), 1)
+    F = np.stack([np.ones(points), b, ctx.sum(0) / 1000, P] + ([b ** 2] if len(theta) > 4 else [])
+                 + ([(ctx ** 2).sum(0) / 1e6] if len(theta) > 5 else []), 1)
     rate = dt / np.maximum(F @ theta, 1e-9)
     w = dec * rate[None, :]
     with np.errstate(invalid="ignore", divide="ignore"):
@@ -139,7 +149,8 @@ def timeline(cr: CellRequests, theta: np.ndarray, points: int = 400, sched: Sche
 
 def fit_step_model(cells: list[CellRequests], iterations: int = 3, curved: bool = False,
                    first_tokens_upto: int | None = None, support: np.ndarray | None = None,
-                   start: np.ndarray | None = None, sched: Scheduler = UNCHUNKED) -> np.ndarray | None:
+                   start: np.ndarray | None = None, sched: Scheduler = UNCHUNKED,
+                   quadratic: bool = False) -> np.ndarray | None:
     """theta of T(b, C, P) for one server from its cells (module docstring), or None without cells that
     count their decode steps. Relative least squares: every request's mean decode step and first-token
     step weigh alike whatever their length. `curved` adds t4 b^2 (non-negative: a step that grows
@@ -148,16 +159,22 @@ def fit_step_model(cells: list[CellRequests], iterations: int = 3, curved: bool 
     cells up to this concurrency (None: all; at c = 1 a first token is its prefill, with no queue).
     `support` (with `start`, the fit it perturbs): the coefficients left free, the others held at 0, by
     plain least squares: the fit's local sensitivity to its data, which a bound that switches on or off
-    would otherwise turn into a jump."""
+    would otherwise turn into a jump. `quadratic` adds t5 Q (non-negative; theta of six, t4 held at 0
+    unless `curved`): a context cost that grows faster than the context, which a linear model fitted on
+    suites of two context levels reads as a straight line between them (traffic.report: the model's form)."""
     from scipy.optimize import nnls
 
     use = [c for c in cells if c.steps is not None and c.closed and len(c.e2e) and np.isfinite(c.e2e).all()]
     if not use:
         return None
     per_step = np.concatenate([(c.e2e - c.ttft)[c.steps > 0] / c.steps[c.steps > 0] for c in use])
-    theta = np.array([float(np.median(per_step)) if per_step.size else 0.01] + [0.0] * (4 if curved else 3))
+    theta = np.array([float(np.median(per_step)) if per_step.size else 0.01]
+                     + [0.0] * (5 if quadratic else 4 if curved else 3))
     if start is not None:
         theta = np.array(start, float)
+    free = np.ones(len(theta), bool)
+    if quadratic and not curved:
+        free[4] = False
     for _ in range(iterations):
         xs, ys = [], []
         for c in use:
@@ -171,10 +188,10 @@ def fit_step_model(cells: list[CellRequests], iterations: int = 3, curved: bool 
             ys += [np.ones(int(keep.sum()))]
         X, y = np.concatenate(xs), np.concatenate(ys)
         scale = np.maximum(np.abs(X).max(0), 1e-12)
+        sol = np.zeros(X.shape[1])
         if support is None:
-            sol, _ = nnls(X / scale, y)
+            sol[free] = nnls((X / scale)[:, free], y)[0]
         else:
-            sol = np.zeros(X.shape[1])
             sol[support] = np.linalg.lstsq((X / scale)[:, support], y, rcond=None)[0]
         done = np.allclose(sol / scale, theta, rtol=1e-6, atol=1e-12)
         theta = sol / scale
@@ -241,11 +258,19 @@ def simulate(theta: np.ndarray, c: int, ptok: np.ndarray, out: np.ndarray, steps
         # waiting prompts nothing of the budget) every step up to the next completion
         k = np.where(part.any(1), 1.0, np.ceil(np.where(dec, left, np.inf).min(1) - 1e-9))
         k = np.where(live & np.isfinite(k), np.maximum(k, 1.0), 0.0)
-        C0 = ((p + 1 + gen) * dec).sum(1) / 1000
+        L0 = (p + 1 + gen) * dec / 1000
+        C0 = L0.sum(1)
         P = chunk.sum(1) / 1000
         mult = (np.where(dec, m_dec[rows, idx], 0.0) + np.where(part, m_adm[rows, idx], 0.0)).sum(1) / np.maximum(
             (dec | part).sum(1), 1)
-        cost = (k * step_cost(theta, b, C0, P) + theta[2] * g.sum(1) / 1000 * k * (k - 1) / 2) * mult
+        grow = theta[2] * g.sum(1) / 1000 * k * (k - 1) / 2
+        Q0 = None
+        if len(theta) > 5 and theta[5]:
+            # the squared contexts summed over the k steps, each sequence growing by g a step
+            Q0 = (L0 ** 2).sum(1)
+            grow = grow + theta[5] * ((L0 * g / 1000).sum(1) * k * (k - 1)
+                                      + ((g / 1000) ** 2).sum(1) * (k - 1) * k * (2 * k - 1) / 6)
+        cost = (k * step_cost(theta, b, C0, P, Q0) + grow) * mult
         t = t + cost
         ttft[rr[fin], idx[fin]] = (t[:, None] - start[rows, idx])[fin]
         kk = k[:, None]
