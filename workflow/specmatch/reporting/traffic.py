@@ -43,8 +43,11 @@ def answer(rows: list[TrafficRow], profile: str, server: str, metric: str) -> st
         if r.predicted is None:
             parts.append(f"not predicted at c={r.concurrency} ({r.note})")
         else:
-            flag = (f"; its context, {r.context:.0f} tokens a sequence, lies outside the measured "
-                    f"{r.context_range[0]:.0f}-{r.context_range[1]:.0f}: extrapolated" if r.extrapolated else "")
+            flag = ""
+            if r.extrapolated:
+                lo, hi = r.context_range
+                span = f"{lo:.0f} of the one measured suite" if round(lo) == round(hi) else f"measured {lo:.0f}-{hi:.0f}"
+                flag = f"; its context, {r.context:.0f} tokens a sequence, lies outside the {span}: extrapolated"
             parts.append(f"**{WORD[r.verdict]}** at c={r.concurrency} ({_iv(r.predicted)}{flag})")
     return ", ".join(parts)
 

@@ -352,9 +352,12 @@ def _rows(rep: Report, pair: Pair, pred: Predictor, metric: str, lines: bool = T
             row.break_even = line(mix, toward_file)
         notes = [n for n in (note_model,) if n]
         if row.extrapolated:
-            notes.append(f"the mix's context per sequence ({row.context:.0f} tokens) lies outside the measured "
-                         f"suites' ({row.context_range[0]:.0f}-{row.context_range[1]:.0f}) at c={c}: the step model "
-                         "extrapolates, and its error there is the misfit's slope in context carried that far")
+            lo_c, hi_c = row.context_range
+            where = (f"the one measured suite's ({lo_c:.0f})" if round(lo_c) == round(hi_c)
+                     else f"the measured suites' ({lo_c:.0f}-{hi_c:.0f})")
+            notes.append(f"the mix's context per sequence ({row.context:.0f} tokens) lies outside {where} at c={c}: "
+                         "the step model extrapolates, and its error there is the misfit's slope in context carried "
+                         "that far")
         seqs = same_prompt_sequences(rep, pair, prof.suite) if prof.suite and row.measured is not None else None
         if seqs is not None:
             comp = _composition(rep, x, prof.suite, c)
