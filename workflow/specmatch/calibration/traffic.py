@@ -303,7 +303,7 @@ def coverage(experiments: int, concurrencies=(1, 4), size: int = 16, seed: int =
 
 
 def _check_rows(a: tuple) -> list:
-    seed, c, size, shift, small, same = a
+    seed, c, size, shift, small, same, noise = a
     from ..data.prompts import allocate
 
     verified = {p: m for p, m in PROFILES.items() if p != "training_mix"}
@@ -312,7 +312,7 @@ def _check_rows(a: tuple) -> list:
         alloc = {k: v for k, v in allocate(size, m).items() if v > 0}
         suites[f"traffic_{p}"] = {"same_prompts": alloc} if same else alloc
     cells = traffic_cells(seed, suites, concurrencies=(c,) if c == 1 else (1, c),
-                          shift={f"traffic_{p}": shift for p in verified})
+                          shift={f"traffic_{p}": shift for p in verified}, **dict(noise))
     an = analyse(cells, "base", Settings(bootstrap=200))
     profiles = traffic_profiles()
     for p in profiles.profiles:
@@ -323,15 +323,17 @@ def _check_rows(a: tuple) -> list:
 
 
 def check_calibration(experiments: int, c: int = 4, shift: float = 0.0, size: int = 16, seed: int = 3000,
-                      small: int | None = None, same: bool = False) -> dict:
+                      small: int | None = None, same: bool = False, **noise) -> dict:
     """How often the check of a verified mix agrees (each verifying suite drawn afresh with its mix, as
     the workflow draws it, disjoint from the estimation prompts; with `same`, drawn from the estimation
-    prompts as verify: same_prompts draws it, c > 1): with `shift` 0 the prediction is right
+    prompts as verify: same_prompts draws it, c > 1; `noise`: traffic_cells' session_sd and cell_sd):
+    with `shift` 0 the prediction is right
     and it should agree at the interval's level; with the speculative server `shift` (log) slower or
     faster on the verifying suites than the estimates say, it should miss. Per (profile, metric) the
     agreement rate with its Monte-Carlo error and the mean minimum detectable error; ("family", metric)
     for the verified mixes together (Bonferroni)."""
-    jobs = [(_check_rows, (seed + e, c, size, shift, small, same)) for e in range(experiments)]
+    jobs = [(_check_rows, (seed + e, c, size, shift, small, same, tuple(sorted(noise.items()))))
+            for e in range(experiments)]
     flags: dict = {}    # (profile or "family", metric) -> one outcome per experiment
     mdes: dict = {}
     for rows in run_tasks(jobs):

@@ -4,7 +4,8 @@ a verifying suite. The method: specmatch.deciding.explaining.traffic."""
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from collections import Counter
+from dataclasses import dataclass, replace
 
 import numpy as np
 
@@ -22,7 +23,7 @@ from .step_model import (calibrate, cell_requests, fit_step_model, model_error, 
 
 GRID = 11                 # points along a break-even line
 MODEL_PARTS = ("model", "model-reach", "model-form")   # the interval's parts that are the step model's error
-FORM_DOF = 30.0           # the model form's part: a shift between two fits of the same data, not a sample variance
+FORM_DOF = 30.0           # the model form's part: a shift between two fits of the same data (its dof is left out: _dof)
 ON_LINE = 0.1             # a measured suite whose composition lies within this TVD of a line is drawn on it
 
 
@@ -42,9 +43,16 @@ def profiles_from_matches(matches: list[SuiteMatch]) -> TrafficProfiles:
     return TrafficProfiles(basis.suite, shares, files, [TrafficProfile(TRAINING_MIX, dict(shares), {TRAINING_MIX: 1.0})])
 
 
+def _dof(parts: VarianceSum) -> float:
+    """Satterthwaite's dof of the parts but the model's form: that part is a shift between two fits of the
+    same data, not an estimate with dof of its own, and counted as one (FORM_DOF) it raised the dof of a sum
+    it joined by more than it added to the variance, which narrowed the interval (audit of 6 Dec)."""
+    return VarianceSum({k: list(v) for k, v in parts.parts.items() if k[0] != "model-form"}).dof
+
+
 def _interval(est: float, parts: VarianceSum, confidence: float) -> Interval:
     se = math.sqrt(parts.total)
-    t = t_ppf(0.5 + confidence / 2, parts.dof)
+    t = t_ppf(0.5 + confidence / 2, _dof(parts))
     return Interval(math.exp(est), math.exp(est - t * se), math.exp(est + t * se))
 
 
@@ -72,6 +80,7 @@ class Report:
         self.measuring = [u for u in ([profiles.basis] if profiles.basis else []) + list(profiles.files)
                           if any(k[1] == u for k in self.reqs)]
         self.model_suites = [u for u in dict.fromkeys(k[1] for k in self.reqs) if not u.startswith(TRAFFIC_PREFIX)]
+        self.sensitivities: dict = {}   # (server, c, suite) -> same_prompt_sensitivities
         self.theta = {}
         for x in dict.fromkeys(k[0] for k in self.reqs):
             mine = [cr for k, cr in self.reqs.items() if k[0] == x and k[1] in self.model_suites]
@@ -222,7 +231,7 @@ def _rows(rep: Report, pair: Pair, pred: Predictor, metric: str, lines: bool = T
                 "no c=1 cells: the step model's batch dependence rests on the batched cells alone (a mix unlike "
                 "the measured suites may be mispredicted beyond its interval)")) if n)
 
-    def parts_for(est: Estimate, key, mix: dict) -> VarianceSum:
+    def parts_for(est: Estimate, key, mix: dict, form_part: bool = True) -> VarianceSum:
         out = VarianceSum().add(("traffic-w", x, c, metric) + key, est.var_w, est.dof_w)
         if run:
             out.plus(ts, 1 / R).plus(tb, 1 / R)
@@ -232,7 +241,7 @@ def _rows(rep: Report, pair: Pair, pred: Predictor, metric: str, lines: bool = T
             v = misfit.variance(pair, mix)
             if v > 0:
                 out.add(("model-reach", x, c, metric) + key, v, misfit.dof)
-        if form is not None and pair.usable(mix) is None:
+        if form_part and form is not None and pair.usable(mix) is None:
             d = form.estimate(mix, metric).value - pred.estimate(mix, metric).value
             if d:
                 out.add(("model-form", x, c, metric) + key, d * d, FORM_DOF)
@@ -332,7 +341,7 @@ def _rows(rep: Report, pair: Pair, pred: Predictor, metric: str, lines: bool = T
                      "run_to_run": sum(v for k, (v, _) in parts.parts.items()
                                        if k[0] not in ("traffic-w",) + MODEL_PARTS),
                      "model": sum(model) if model else (0.0 if c == 1 else None),
-                     "dof": parts.dof, "repeats": R, "run_to_run_measured": run}
+                     "dof": _dof(parts), "repeats": R, "run_to_run_measured": run}
         if span:
             lo, hi = min(span.values()), max(span.values())
             row.context, row.context_range = mix_context(pair, mix), [math.exp(lo), math.exp(hi)]
@@ -359,17 +368,31 @@ def _rows(rep: Report, pair: Pair, pred: Predictor, metric: str, lines: bool = T
                          "the step model extrapolates, and its error there is the misfit's slope in context carried "
                          "that far")
         seqs = same_prompt_sequences(rep, pair, prof.suite) if prof.suite and row.measured is not None else None
+        m_rec = rep.matches.get(prof.suite) if prof.suite else None
+        if seqs is None and m_rec is not None and m_rec.same_prompts and row.measured is not None:
+            notes.append("its suite holds the estimation prompts (verify: same_prompts), but not every request of "
+                         "it has an estimation request of its prompt in every repeat (a failed request?): checked "
+                         "as a fresh suite is, which counts the shared prompt sample on both sides and agrees too often")
         if seqs is not None:
-            comp = _composition(rep, x, prof.suite, c)
-            exact = pred.exact(seqs, metric) if comp and pair.usable(comp) is None else None
+            slots = seqs[(x, pair.repeats[0])][0]
+            comp = {st: n / len(slots) for st, n in Counter(st for st, _ in slots).items()}   # its requests'
+            exact = pred.exact(seqs, metric) if pair.usable(comp) is None else None
             if exact is None:
                 notes.append("its suite holds the estimation prompts (verify: same_prompts): checked at c > 1 only, "
                               "where the step model carries them into the mix's batches")
             else:
-                model = [(k, v) for k, v in parts_for(exact, ("check", prof.name), comp).parts.items()
+                model = [(k, v) for k, v in parts_for(exact, ("check", prof.name), comp, form_part=False).parts.items()
                          if k[0] in MODEL_PARTS]
-                row.check = _same_prompt_check(rep, pair, seqs, exact, model, metric, row.measured, ts, tb,
-                                               same_sessions(rep, prof.suite, (x, an.baseline), c))
+                if form is not None:
+                    shift = form.exact(seqs, metric).value - exact.value
+                    if shift:
+                        model.append((("model-form", x, c, metric, "check", prof.name), (shift * shift, FORM_DOF)))
+                key = (x, c, prof.suite)
+                if key not in rep.sensitivities:
+                    rep.sensitivities[key] = same_prompt_sensitivities(
+                        rep, pair, seqs, prof.suite, list(dict.fromkeys([s.recommend_metric, "tpot", metric])))
+                row.check = _same_prompt_check(rep, pair, exact, rep.sensitivities[key][metric], model, metric,
+                                               row.measured)
                 notes.append(f"checked on {len(seqs[(x, pair.repeats[0])][0])} requests of the estimation suites' own "
                              "prompts (verify: same_prompts): the prompt sample cancels, so the check tests how the "
                              "step model carries these requests into the mix's batches")
@@ -532,39 +555,107 @@ def same_prompt_sequences(rep: Report, pair: Pair, suite: str) -> dict | None:
     return out
 
 
-def _same_prompt_check(rep: Report, pair: Pair, seqs: dict, est: Estimate, model: list, metric: str,
-                       measured: Interval, ts: VarianceSum | None, tb: VarianceSum | None,
-                       shared_sessions: bool) -> TrafficCheck:
+STEP = 0.02   # log: how far a cell or a session is moved to read the check's sensitivity to it
+
+
+def _refitted_exact(rep: Report, pair: Pair, seqs: dict, scale: dict, metrics: list) -> dict:
+    """Predictor.exact of the pair with some cells' times multiplied (`scale`: cell key -> factor), each
+    moved server's step model fitted again and every one of its multipliers recalibrated, as a cell that
+    ran that much slower would have made them: metric -> the predicted log speedup."""
+    theta, data = dict(pair.theta), {}
+    for x in {k[0] for k in scale}:
+        copies = {}
+        for k, cr in rep.reqs.items():
+            if k[0] != x:
+                continue
+            f = scale.get(k, 1.0)
+            copies[k] = replace(cr, start=cr.start * f, ttft=cr.ttft * f, e2e=cr.e2e * f, m_dec=None, m_adm=None)
+        th = fit_step_model([cr for k, cr in copies.items() if k[1] in rep.model_suites], start=rep.theta[x])
+        for cr in copies.values():
+            if cr.steps is not None and cr.closed and cr.concurrency > 1:
+                calibrate(th, cr)
+        theta[x] = th
+        for st, stratum in pair.strata.items():
+            for r in pair.repeats:
+                data[(st, x, r)] = per_prompt(copies[(x, stratum.suite, pair.concurrency, r)], stratum.prompts)
+    strata = {st: Stratum(st, stratum.suite, stratum.prompts,
+                          {key: data.get((st,) + key, v) for key, v in stratum.data.items()})
+              for st, stratum in pair.strata.items()}
+    moved = Pair(pair.server, pair.baseline, pair.concurrency, pair.repeats, strata, pair.size, theta)
+    pred = Predictor(moved, rep.an.settings.slo, rep.an.settings.rng)
+    return {m: pred.exact(seqs, m).value for m in metrics}
+
+
+def same_prompt_sensitivities(rep: Report, pair: Pair, seqs: dict, suite: str, metrics: list) -> dict:
+    """How the same-prompt check's error (measured - predicted, log) moves per unit of log time of each
+    cell and each server session, by moving it STEP and reading the prediction again (_refitted_exact):
+    a cell of an estimation suite moves the prediction through its requests' speeds and through the step
+    model fitted on it (at every concurrency: the c = 1 cells set the batch dependence too); a verifying
+    cell moves the measured speedup by -1/R (the speculative server's) or +1/R (the baseline's) and not the
+    prediction. A session moves every cell it ran; where the verifying cells ran in other server
+    processes (a later invocation), they are sessions of their own. Returns metric -> {"cells": [(server,
+    c, s)], "sessions": [(server, s)]}."""
+    c, R = pair.concurrency, len(pair.repeats)
+    base = {m: pred for m, pred in _refitted_exact(rep, pair, seqs, {}, metrics).items()}
+    sign = {pair.server: -1.0, pair.baseline: 1.0}
+    out = {m: {"cells": [], "sessions": []} for m in metrics}
+    cell_sess = {k: cell.server_session for k, cell in rep.m.cells.items()}
+
+    def moved(scale: dict) -> dict:
+        got = _refitted_exact(rep, pair, seqs, scale, metrics)
+        return {m: (got[m] - base[m]) / STEP for m in metrics}
+
+    for x in (pair.server, pair.baseline):
+        own = [k for k in rep.reqs if k[0] == x and k[1] in rep.model_suites and k[3] in pair.repeats]
+        for k in own:
+            d = moved({k: math.exp(STEP)})
+            for m in metrics:
+                out[m]["cells"].append((x, k[2], -d[m]))
+        for r in pair.repeats:
+            v = (x, suite, c, r)
+            for m in metrics:
+                out[m]["cells"].append((x, c, sign[x] / R))
+            sess = [k for k in own if k[3] == r]
+            shared = cell_sess.get(v) is not None and all(cell_sess.get(k) == cell_sess.get(v) for k in sess)
+            d = moved({k: math.exp(STEP) for k in sess})
+            for m in metrics:
+                if shared:
+                    out[m]["sessions"].append((x, sign[x] / R - d[m]))
+                else:
+                    out[m]["sessions"] += [(x, -d[m]), (x, sign[x] / R)]
+    return out
+
+
+def _same_prompt_check(rep: Report, pair: Pair, est: Estimate, sens: dict, model: list, metric: str,
+                       measured: Interval) -> TrafficCheck:
     """A same-prompt verifying suite's measured speedup against the prediction of exactly its requests
     (Predictor.exact). Both sides hold the same prompts, so the prompt sample cancels; what is left is
-    each side's cells. Per repeat and server, the prediction moves with the estimation cells it reads,
-    each suite u's cell by its own part (1 - pi) tau^2 weighted by a_u, that suite's share of the mix's
-    time (of its summed TPOT for TPOT), and the measured side with its own cell's; a server session moves
-    both alike and cancels where both ran in the same server processes (`shared_sessions`, else it counts
-    twice): Var = sum over servers tau^2 / R x ((1 - pi)(sum a_u^2 + 1) + (0 or 2 pi)), plus the model's
-    own error parts the prediction states (`model`), so a check agrees at its level when the model's error
-    is what the prediction says."""
+    the cells and the server sessions, each moving the check by its sensitivity
+    (same_prompt_sensitivities: through the requests' speeds and the refitted step model, which a
+    cell's share of the mix's time alone understated by about a quarter in variance for an agentic mix,
+    audit of 6 Dec). With run to run tau^2 at (server, c) and its session share pi: each cell adds
+    s^2 (1 - pi) tau^2 at its concurrency, each session s^2 pi tau^2 at the check's (a session shared by
+    both sides nearly cancels, one that is not counts on each), with the sessions' dof (one per session
+    beyond the first of each server); plus the prediction's model parts (`model`), so a check agrees at
+    its level when the model's error is what the prediction says."""
     an = rep.an
-    R = len(pair.repeats)
-    r0 = pair.repeats[0]
-    key = "tpot" if metric == "tpot" else "e2e"
-    by: dict = {}
-    for st, i in seqs[(pair.baseline, r0)][0]:
-        v = float(pair.strata[st].data[(pair.baseline, r0)][key][i])
-        by[pair.strata[st].suite] = by.get(pair.strata[st].suite, 0.0) + (v if math.isfinite(v) else 0.0)
-    tot = sum(by.values())
-    a2 = sum((v / tot) ** 2 for v in by.values()) if tot > 0 else 1.0
-    pi = an.run_to_run.session_share.get(metric, 0.0)
-    f = (1 - pi) * (a2 + 1) + (0.0 if shared_sessions else 2 * pi)
+    rr = an.run_to_run
+    pi = rr.session_share.get(metric, 0.0)
     var = VarianceSum()
-    for v in (ts, tb):
-        if v is not None:
-            var.plus(v, f / R)
+    for x, c, s in sens["cells"]:
+        t2 = rr.at(metric, x, c)
+        if t2 is not None and s:
+            var.add(("cell", x, c), s * s * (1 - pi) * t2.total, t2.dof)
+    R = len(pair.repeats)
+    for x, s in sens["sessions"]:
+        t2 = rr.at(metric, x, pair.concurrency)
+        if t2 is not None and s:
+            var.add(("session", x), s * s * pi * t2.total, float(max(R - 1, 1)))
     for k, (v, d) in model:
         var.add(k, v, d)
     d = math.log(measured.value) - est.value
     se = math.sqrt(max(var.total, 1e-12))
-    dof = var.dof
+    dof = _dof(var)
     t = t_ppf(0.5 + an.settings.confidence / 2, dof)
     lo, hi = d - t * se, d + t * se
     detect = (t + t_ppf(0.8, dof)) * se
@@ -593,10 +684,10 @@ def _check(an, suite: str, server: str, c: int, metric: str, predicted: tuple, m
         meas = VarianceSum().add(("measured-w", server, suite, c, metric), own[0], own[1])
         for v in parts_run or []:
             meas.plus(v, 1 / max(repeats, 1))
-        v_meas, dof = meas.total, VarianceSum().plus(parts).plus(meas).dof
+        v_meas, dof = meas.total, _dof(VarianceSum().plus(parts).plus(meas))
     else:
         v_meas = cmp.se ** 2 if cmp is not None and cmp.se is not None else 0.0
-        dof = min(parts.dof, cmp.dof if cmp is not None else float("inf"))
+        dof = min(_dof(parts), cmp.dof if cmp is not None else float("inf"))
     var = max(parts.total + v_meas - 2 * shared, parts.total - shared, 1e-12)
     t = t_ppf(0.5 + s.confidence / 2, dof)
     lo, hi = d - t * math.sqrt(var), d + t * math.sqrt(var)
