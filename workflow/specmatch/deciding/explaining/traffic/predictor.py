@@ -171,10 +171,12 @@ class Predictor:
                 out[k][m] = v[k][pick[m]]
         return out
 
-    def _run(self, x: str, r: int, names: np.ndarray, pick: np.ndarray) -> tuple:
+    def _run(self, x: str, r: int, names: np.ndarray, pick: np.ndarray, cached: np.ndarray | None = None) -> tuple:
+        """Each row of slots replayed through x's step model (`cached`: the prompt tokens the prefix cache
+        served each request, instead of its prompt's measured share)."""
         g = self._gather(x, r, names, pick)
         e2e, ttft, _ = simulate(self.p.theta[x], self.p.concurrency, g["ptok"], g["out"], g["steps"],
-                                g["m_dec"], g["m_adm"], g["cached"])
+                                g["m_dec"], g["m_adm"], g["cached"] if cached is None else cached)
         return g["out"], e2e, ttft
 
     def _simulated(self, mix: dict) -> np.ndarray:
@@ -212,10 +214,8 @@ class Predictor:
                 slots, cached = sequences[(x, r)]
                 names = np.array([st for st, _ in slots])[None, :]
                 pick = np.array([i for _, i in slots])[None, :]
-                g = self._gather(x, r, names, pick)
-                e2e, ttft, _ = simulate(self.p.theta[x], self.p.concurrency, g["ptok"], g["out"], g["steps"],
-                                        g["m_dec"], g["m_adm"], np.asarray(cached, float)[None, :])
-                figs[x] = figures(metric, self.p.concurrency, g["out"], e2e, ttft, self.slo)
+                figs[x] = figures(metric, self.p.concurrency,
+                                  *self._run(x, r, names, pick, np.asarray(cached, float)[None, :]), self.slo)
             point.append(float(np.nanmean(log_speedup(metric, figs[self.p.server], figs[self.p.baseline]))))
         return Estimate(float(np.mean(point)), 0.0, float("inf"), point)
 

@@ -393,7 +393,7 @@ def _rows(rep: Report, pair: Pair, pred: Predictor, metric: str, lines: bool = T
                         rep, pair, seqs, prof.suite, list(dict.fromkeys([s.recommend_metric, "tpot", metric])))
                 row.check = _same_prompt_check(rep, pair, exact, rep.sensitivities[key][metric], model, metric,
                                                row.measured)
-                notes.append(f"checked on {len(seqs[(x, pair.repeats[0])][0])} requests of the estimation suites' own "
+                notes.append(f"checked on {len(slots)} requests of the estimation suites' own "
                              "prompts (verify: same_prompts): the prompt sample cancels, so the check tests how the "
                              "step model carries these requests into the mix's batches")
         elif prof.suite and row.measured is not None:
@@ -566,18 +566,17 @@ def _refitted_exact(rep: Report, pair: Pair, seqs: dict, scale: dict, metrics: l
     for x in {k[0] for k in scale}:
         copies = {}
         for k, cr in rep.reqs.items():
-            if k[0] != x:
-                continue
-            f = scale.get(k, 1.0)
-            copies[k] = replace(cr, start=cr.start * f, ttft=cr.ttft * f, e2e=cr.e2e * f, m_dec=None, m_adm=None)
-        th = fit_step_model([cr for k, cr in copies.items() if k[1] in rep.model_suites], start=rep.theta[x])
-        for cr in copies.values():
-            if cr.steps is not None and cr.closed and cr.concurrency > 1:
-                calibrate(th, cr)
+            if k[0] == x and k[1] in rep.model_suites:
+                f = scale.get(k, 1.0)
+                copies[k] = replace(cr, start=cr.start * f, ttft=cr.ttft * f, e2e=cr.e2e * f, m_dec=None, m_adm=None)
+        th = fit_step_model(list(copies.values()), start=rep.theta[x])
         theta[x] = th
         for st, stratum in pair.strata.items():
             for r in pair.repeats:
-                data[(st, x, r)] = per_prompt(copies[(x, stratum.suite, pair.concurrency, r)], stratum.prompts)
+                cr = copies[(x, stratum.suite, pair.concurrency, r)]
+                if cr.m_dec is None and cr.steps is not None and cr.closed and cr.concurrency > 1:
+                    calibrate(th, cr)   # only the cells the prediction reads: the fit needs no multipliers
+                data[(st, x, r)] = per_prompt(cr, stratum.prompts)
     strata = {st: Stratum(st, stratum.suite, stratum.prompts,
                           {key: data.get((st,) + key, v) for key, v in stratum.data.items()})
               for st, stratum in pair.strata.items()}
@@ -596,7 +595,7 @@ def same_prompt_sensitivities(rep: Report, pair: Pair, seqs: dict, suite: str, m
     processes (a later invocation), they are sessions of their own. Returns metric -> {"cells": [(server,
     c, s)], "sessions": [(server, s)]}."""
     c, R = pair.concurrency, len(pair.repeats)
-    base = {m: pred for m, pred in _refitted_exact(rep, pair, seqs, {}, metrics).items()}
+    base = _refitted_exact(rep, pair, seqs, {}, metrics)
     sign = {pair.server: -1.0, pair.baseline: 1.0}
     out = {m: {"cells": [], "sessions": []} for m in metrics}
     cell_sess = {k: cell.server_session for k, cell in rep.m.cells.items()}
@@ -653,15 +652,21 @@ def _same_prompt_check(rep: Report, pair: Pair, est: Estimate, sens: dict, model
             var.add(("session", x), s * s * pi * t2.total, float(max(R - 1, 1)))
     for k, (v, d) in model:
         var.add(k, v, d)
-    d = math.log(measured.value) - est.value
-    se = math.sqrt(max(var.total, 1e-12))
-    dof = _dof(var)
-    t = t_ppf(0.5 + an.settings.confidence / 2, dof)
+    return _check_of(math.log(measured.value) - est.value, max(var.total, 1e-12), _dof(var), an.settings.confidence,
+                     disjoint=False, same_prompts=True)
+
+
+def _check_of(d: float, var: float, dof: float, confidence: float, **more) -> TrafficCheck:
+    """The TrafficCheck of an error d (log) with its variance and dof: its interval, whether it contains 0,
+    its equivalence bound and the smallest error it catches in 80% of runs (its two-sided level's t plus
+    the 80th percentile)."""
+    se = math.sqrt(var)
+    t = t_ppf(0.5 + confidence / 2, dof)
     lo, hi = d - t * se, d + t * se
     detect = (t + t_ppf(0.8, dof)) * se
     return TrafficCheck(math.exp(d) - 1, math.exp(lo) - 1, math.exp(hi) - 1, lo <= 0 <= hi,
                         bound=math.exp(max(abs(lo), abs(hi))) - 1, detectable=math.exp(detect) - 1,
-                        disjoint=False, se=se, dof=dof, same_prompts=True)
+                        se=se, dof=dof, **more)
 
 
 def _check(an, suite: str, server: str, c: int, metric: str, predicted: tuple, measured: Interval,
@@ -689,13 +694,7 @@ def _check(an, suite: str, server: str, c: int, metric: str, predicted: tuple, m
         v_meas = cmp.se ** 2 if cmp is not None and cmp.se is not None else 0.0
         dof = min(_dof(parts), cmp.dof if cmp is not None else float("inf"))
     var = max(parts.total + v_meas - 2 * shared, parts.total - shared, 1e-12)
-    t = t_ppf(0.5 + s.confidence / 2, dof)
-    lo, hi = d - t * math.sqrt(var), d + t * math.sqrt(var)
-    # the smallest error the check catches in 80% of runs: its two-sided level's t plus the 80th percentile
-    detect = (t + t_ppf(0.8, dof)) * math.sqrt(var)
-    return TrafficCheck(math.exp(d) - 1, math.exp(lo) - 1, math.exp(hi) - 1, lo <= 0 <= hi,
-                        bound=math.exp(max(abs(lo), abs(hi))) - 1, detectable=math.exp(detect) - 1,
-                        se=math.sqrt(var), dof=dof)
+    return _check_of(d, var, dof, s.confidence)
 
 
 def pooled_checks(rows: list[TrafficRow], confidence: float) -> list[dict]:
