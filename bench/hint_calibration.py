@@ -145,6 +145,10 @@ def main(argv=None) -> int:
             st, dec, se, n = rate([r for r in rows if lo <= r[1] < hi])
             if n:
                 print(f"    stated in [{lo:.0%}, {min(hi, 1):.0%}): {st:5.1%} -> {dec:5.1%} ± {se:4.1%} ({n})")
+        for lo, hi in ((0, 9), (9, 17), (17, 65)):
+            st, dec, se, n = rate([r for r in rows if r[2] and lo <= r[4] < hi])
+            if n:
+                print(f"    statements naming {lo}-{hi - 1} repeats: {st:5.1%} -> {dec:5.1%} ± {se:4.1%} ({n})")
         if rows:
             rs = np.array([r[4] for r in rows])
             gs = np.array([r[5] for r in rows])

@@ -703,6 +703,67 @@ def test_what_would_decide_states_the_probability_its_design_decides():
     assert -0.07 <= gap <= 0.12, (np.mean(stated), np.mean(decided), len(stated))
 
 
+def _stated_and_decided(world_nu: float, tails: tuple, n: int = 300, seed: int = 7) -> tuple[float, float, int]:
+    """test_what_would_decide_states_the_probability_its_design_decides's known-truth world with run-to-run
+    effects of Student-t(world_nu) tails (inf: normal), unit variance scaled to the true run to run: the
+    repeats' noise, today's variance estimate over its dof and the design's new dof all drawn from it.
+    The comparisons carry `tails` (Comparison.tails). (mean stated, share decided, statements)."""
+    from specmatch.deciding.verdicts.noise import VarianceSum
+
+    rng = np.random.default_rng(seed)
+    w, b1, d, prior_sd = 1e-6, 0.05 ** 2, 4, 0.04
+
+    def draw(k):
+        if not math.isfinite(world_nu):
+            return rng.standard_normal(k)
+        return rng.standard_t(world_nu, k) / math.sqrt(world_nu / (world_nu - 2))
+
+    def comparison(est, b_hat, dof, repeats):
+        parts = VarianceSum().add(("w",), w, 31).add(("g", "s"), b_hat / repeats, dof)
+        cmp = Comparison("s", "b", "u", 4, "output_throughput", [est] * repeats, [w] * repeats, est,
+                         math.sqrt(parts.total), parts.dof, True)
+        cmp.parts, cmp.prompts, cmp.effect_prior, cmp.tails = parts, 32, (0.0, prior_sd ** 2), tails
+        return cmp
+
+    stated, decided = [], []
+    for _ in range(n):
+        theta = rng.normal(0.0, prior_sd)
+        noise = math.sqrt(b1) * draw(64)
+        b_hat = b1 * float((draw(d) ** 2).mean())
+        v = decide(comparison(theta + noise[:2].mean(), b_hat, d, 2), S)
+        if v.verdict != Decision.INCONCLUSIVE or not v.design or v.design["suite_scale"] != 1:
+            continue
+        Rn = v.design["repeats"]
+        d_n = d * (Rn - 1)
+        b_n = (d * b_hat + b1 * float((draw(d_n - d) ** 2).sum())) / d_n
+        stated.append(v.design["probability"])
+        decided.append(decide(comparison(theta + noise[:Rn].mean(), b_n, d_n, Rn), S).verdict != Decision.INCONCLUSIVE)
+    return float(np.mean(stated)), float(np.mean(decided)), len(stated)
+
+
+@pytest.mark.slow
+def test_what_would_decide_it_draws_the_tails_run_to_run_may_have():
+    """Issue 48: on heavy-tailed run to run (a shared machine's stalls) a sample of effects usually looks
+    tame and its variance estimate runs low (median 0.5 of the truth at 4-5 dof under Student-t(3), 0.86
+    under normal noise), and the new sessions bring the outliers it lacked. decides_probability draws
+    today's variance and the new sessions from the tails the comparison carries (Comparison.tails).
+    Known truth, this fixed-variance world (where the flat posterior of the variance is conservative,
+    measured 300 each): Student-t(3) effects drawn as normal, stated 83% and decided 87%; drawn with
+    their tails, 81% and 94%; normal effects drawn as normal 82% and 89%, with the prior the analysis
+    uses (noise.TAIL_PRIOR, which a few dozen residuals barely move) 83% and 91%. So drawing the tails
+    moves the statements as far as heavy tails moved the truth, and never makes them optimistic; the
+    prior costs normal noise a point or two. (Carried out through the rounds on the simulated server
+    the tails are a small part of the sequential design's gap: calibration.md.)"""
+    from specmatch.deciding.verdicts.noise import TAIL_PRIOR
+
+    st_t, dec_t, n_t = _stated_and_decided(3.0, ((3.0, 1.0),))
+    st_n, dec_n, n_n = _stated_and_decided(3.0, ((math.inf, 1.0),))
+    assert n_t > 100 and n_n > 100 and dec_t - st_t >= -0.03, ((st_t, dec_t), (st_n, dec_n))
+    assert (dec_t - st_t) - (dec_n - st_n) >= 0.03, ((st_t, dec_t), (st_n, dec_n))
+    st, dec, n = _stated_and_decided(math.inf, TAIL_PRIOR)
+    assert n > 100 and -0.03 <= dec - st <= 0.14, (st, dec, n)
+
+
 def test_what_would_decide_it_simulates_the_rounds_futility_stops():
     """Under the sequential design a named design is carried out through the rounds, which stop a
     configuration whose remaining repeats are unlikely to decide it (deciding.rounds.plan). The
@@ -780,3 +841,49 @@ def test_a_larger_suite_averages_the_requests_own_noise():
     assert C.larger_suite(0.002, 0.0015, 1) == 0.002
     noisy = C.decides_probability(c, fixed, [(2, 4.0), (4, 1.0)], np.random.default_rng(3), 4000)
     assert noisy[0] > base[0] + 0.05 and noisy[1] == pytest.approx(base[1])
+
+
+def test_a_statement_assumes_the_share_of_cells_the_rounds_would_measure_again():
+    """Issue 48 ("more data is unlikely to decide it" said 64% where 95% came true, under the sequential
+    design): the statement's run-to-run estimate gained dof only from the configuration's own two cells
+    (own_share), while the rounds measure again every configuration they continue. rounds_shares gives
+    each comparison, per design max, the share the rounds would measure (their fixpoint, as
+    deciding.rounds.plan): every undecided configuration that continues, and at least its own cells.
+    Known truth: six undecided configurations of twelve cells at two repeats, all continued under a long
+    design (share 1); a single undecided one gets its own share; a fixed design gets none; and the
+    larger share raises a long design's probability."""
+    from specmatch.deciding.verdicts import comparison as C
+    from specmatch.deciding.verdicts.noise import VarianceSum
+
+    seq = Settings.of({"bootstrap": 400, "repeats": {"min": 2, "max": 3}})
+    cells = {(sv, u, c): 2 for sv in ("s", "b") for u in ("u", "v", "x") for c in (1, 16)}
+
+    def cmp_of(u, c, est):
+        parts = VarianceSum().add(("w",), 2e-5, 15).add(("g", "s", c), 0.004 / 2, 6.0)
+        x = Comparison("s", "b", u, c, "output_throughput", [est, est], [2e-5] * 2, est, math.sqrt(parts.total),
+                       parts.dof, True)
+        x.parts, x.prompts = parts, 16
+        x.own_share = C.sequential.dof_share(cells, {("s", u, c), ("b", u, c)}, 2)
+        return x
+
+    open_ = [cmp_of(u, c, 0.01) for u in ("u", "v", "x") for c in (1, 16)]
+    assert all(C.undecided(x, seq) for x in open_)
+    C.rounds_shares(open_, seq, cells)
+    for x in open_:
+        assert x.own_share == pytest.approx(1 / 6)
+        assert x.round_shares[32] == 1.0 and min(x.round_shares.values()) >= x.own_share - 1e-12
+        assert x.round_shares[3] <= x.round_shares[32]
+    far = [cmp_of(u, c, 0.4) for u in ("u", "v", "x") for c in (1, 16)]
+    lone = [cmp_of("u", 1, 0.01)] + far[1:]
+    assert not any(C.undecided(x, seq) for x in far)
+    C.rounds_shares(lone, seq, cells)
+    assert lone[0].round_shares and all(v == pytest.approx(1 / 6) for v in lone[0].round_shares.values())
+    assert not any(x.round_shares for x in far)
+    fixed = cmp_of("u", 1, 0.01)
+    C.rounds_shares([fixed], Settings.of({"bootstrap": 400, "repeats": 2}), cells)
+    assert fixed.round_shares == {}
+    own = cmp_of("u", 1, 0.01)
+    designs = [(6, 1.0), (8, 1.0), (12, 1.0), (24, 1.0)]
+    p_own = C.decides_probability(own, seq, designs, np.random.default_rng(3), 4000)
+    p_all = C.decides_probability(open_[0], seq, designs, np.random.default_rng(3), 4000)
+    assert (p_all >= p_own - 0.01).all() and (p_all > p_own + 0.03).any(), (p_own, p_all)

@@ -88,3 +88,45 @@ def test_flagged_cells_stay_out_of_tau2_and_a_dominating_suite_is_named():
     assert rr.left_out == [] and rr.at("output_throughput", "spec", 4).total > 10 * at["clean"]
     suite, share_q, share_d = rr.dominant["output_throughput"]
     assert suite == "b" and share_q > 0.5 > share_d
+
+
+def test_tail_weights_read_heavy_tails_where_the_residuals_show_them():
+    """noise.tail_weights (issue 48): the posterior weight of normal and Student-t tails given
+    standardised run-to-run residuals, each model at its own best scale. Known truth: 400 residuals of
+    Student-t(3) effects put nearly all weight on heavy tails, 400 normal ones most on normal; a few
+    dozen (a default run's configurations at two repeats) move the prior only a little either way, which
+    is why the prior (TAIL_PRIOR) keeps heavy tails possible; fewer than three leave it as it is."""
+    from specmatch.deciding.verdicts.noise import TAIL_PRIOR, tail_weights
+
+    rng = np.random.default_rng(5)
+    heavy = [(float(x), 1.0) for x in rng.standard_t(3, 400) / math.sqrt(3)]
+    normal = [(float(x), 1.0) for x in rng.standard_normal(400)]
+    w_heavy, w_normal = dict(tail_weights(heavy)), dict(tail_weights(normal))
+    assert w_heavy[math.inf] < 0.01 and w_heavy[3.0] > 0.5, w_heavy
+    assert w_normal[math.inf] > 0.8, w_normal
+    # scale-free: the same residuals in other units, the same weights
+    scaled = dict(tail_weights([(10 * x, w) for x, w in heavy]))
+    assert all(scaled[nu] == pytest.approx(w_heavy[nu], abs=1e-3) for nu in w_heavy), (scaled, w_heavy)
+    small = [dict(tail_weights([(float(x), 1.0) for x in draw(18)]))[math.inf]
+             for draw in (rng.standard_normal, lambda k: rng.standard_t(3, k) / math.sqrt(3)) for _ in range(60)]
+    assert 0.3 < np.mean(small[:60]) < 0.9 and 0.2 < np.mean(small[60:]) < 0.9
+    assert tail_weights([(1.0, 1.0), (-0.5, 1.0)]) == TAIL_PRIOR
+    # out of any fixed scale grid, and a non-finite residual left out rather than poisoning the weights
+    far = dict(tail_weights([(1e-4 * x, w) for x, w in heavy] + [(float("nan"), 1.0)]))
+    assert all(far[nu] == pytest.approx(w_heavy[nu], abs=1e-3) for nu in w_heavy), far
+
+
+def test_run_to_run_carries_the_tails_its_residuals_give():
+    """run_to_run records, per metric, the tail weights of its configurations' residuals in units of
+    their concurrency's level (the comparisons carry them to 'what would decide it')."""
+    from specmatch.deciding.verdicts.noise import standardised
+    from specmatch.deciding.verdicts.noise import VarianceSum
+
+    cfgs = [(("s", "u", 1), 0.02, 1), (("s", "v", 1), 0.5, 2)]
+    resid = [("s", 1, 0.1, 2), ("s", 2, -0.1, 2), ("s", 1, 0.5, 3), ("s", 2, -0.3, 3), ("s", 3, -0.2, 3)]
+    levels = {("s", 1): VarianceSum({("g",): [0.04, 4.0]})}
+    got = standardised(cfgs, resid, levels)
+    # two repeats: |y1 - y2| / sqrt(2 tau^2), once; three: each residual over sqrt(tau^2 2 / 3), weight 2 / 3
+    assert got[0] == pytest.approx((0.2 / math.sqrt(0.08), 1.0))
+    assert [x for x, _ in got[1:]] == pytest.approx([e / math.sqrt(0.04 * 2 / 3) for e in (0.5, -0.3, -0.2)])
+    assert [w for _, w in got[1:]] == pytest.approx([2 / 3] * 3)

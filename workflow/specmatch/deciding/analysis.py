@@ -27,7 +27,7 @@ import polars as pl
 from .verdicts.acceptance import acceptance_summary
 from .explaining.attribution import (_interval, acceptance_run_to_run, both, decompose, length_model, median_prompt_tokens,
                           mixed_servers, session_variance)
-from .verdicts.comparison import Comparison, compare, crossovers, decide, effect_prior
+from .verdicts.comparison import Comparison, compare, crossovers, decide, effect_prior, rounds_shares
 from ..serving.controls import OFF, is_control
 from .recommending.deployment import RECOMMENDED, ServerInfo, engine_of, own_k, recommend, verification, verify_against
 from .reading.measurements import Measurements, Settings, drafted_nothing
@@ -80,8 +80,16 @@ def server_verdicts(m: Measurements, rr: RunToRun, server: str, baseline: str, s
                     ) -> tuple[list, dict, list]:
     """One server against the baseline wherever both were measured: its verdicts (every suite, metric
     and concurrency), the comparisons they rest on by (server, suite, metric) in concurrency order,
-    and the throughput verdicts of cells where it drafted nothing (configured but off)."""
-    verdicts, comparisons, off = [], {}, []
+    and the throughput verdicts of cells where it drafted nothing (configured but off). A server the
+    rounds do not run (one measured later) gets no round shares: its statements assume its own cells."""
+    return _decided(m, server, suites, server_comparisons(m, rr, server, baseline, suites, concurrencies))
+
+
+def server_comparisons(m: Measurements, rr: RunToRun, server: str, baseline: str, suites: list, concurrencies: list
+                       ) -> dict:
+    """One server's comparisons against the baseline by (server, suite, metric), in concurrency order, each
+    with its effect prior (the server's other comparisons on the metric)."""
+    comparisons = {}
     for suite in suites:
         for metric in m.settings.metrics:
             row = [compare(m, rr, server, baseline, suite, c, metric) for c in concurrencies
@@ -92,6 +100,28 @@ def server_verdicts(m: Measurements, rr: RunToRun, server: str, baseline: str, s
         cmps = [c for (sv, _, mt), row in comparisons.items() if mt == metric for c in row]
         for i, c in enumerate(cmps):
             c.effect_prior = effect_prior(cmps[:i] + cmps[i + 1:])
+    return comparisons
+
+
+def with_round_shares(m: Measurements, comparisons: dict) -> None:
+    """Comparison.round_shares for the comparisons of every server the rounds run together (what they would
+    measure again: comparison.rounds_shares, on the metric they decide by), the other metrics' comparisons
+    taking those of their configuration."""
+    if not m.settings.designs:
+        return
+    rm = m.settings.recommend_metric
+    cmps = [c for (_sv, _su, mt), row in comparisons.items() if mt == rm for c in row]
+    rounds_shares(cmps, m.settings, m.repeats_by_cell())
+    by = {(c.server, c.suite, c.concurrency): c.round_shares for c in cmps}
+    for (_sv, _su, mt), row in comparisons.items():
+        if mt != rm:
+            for c in row:
+                c.round_shares = dict(by.get((c.server, c.suite, c.concurrency), {}))
+
+
+def _decided(m: Measurements, server: str, suites: list, comparisons: dict) -> tuple[list, dict, list]:
+    """server_verdicts' verdicts from its comparisons."""
+    verdicts, off = [], []
     for suite in suites:
         for metric in m.settings.metrics:
             for cmp in comparisons.get((server, suite, metric), []):
@@ -99,7 +129,7 @@ def server_verdicts(m: Measurements, rr: RunToRun, server: str, baseline: str, s
                 verdicts.append(v)
                 if metric == "output_throughput" and drafted_nothing(m, server, suite, cmp.concurrency):
                     off.append(v)
-    return verdicts, comparisons, off
+    return verdicts, {k: v for k, v in comparisons.items() if k[0] == server}, off
 
 
 def frozen_verdicts(plans: list[RoundPlan], baseline: str) -> dict[tuple, Verdict]:
@@ -149,12 +179,15 @@ def analyse(cells: "Measurements | list[tuple[CellResult, pl.DataFrame]]", basel
     concurrencies = sorted({k[2] for k in m.cells})
     rr = run_to_run(m, primary)
     verdicts, comparisons, off = [], {}, []
-    for server in servers:
-        if server != baseline:
-            vs, cmps, offs = server_verdicts(m, rr, server, baseline, suites, concurrencies)
-            verdicts += vs
-            comparisons.update(cmps)
-            off += offs
+    others = [s_ for s_ in servers if s_ != baseline]
+    for server in others:
+        comparisons.update(server_comparisons(m, rr, server, baseline, suites, concurrencies))
+    # the rounds run the grid's servers together: what they would measure again, over all of them
+    with_round_shares(m, {k: v for k, v in comparisons.items() if primary is None or k[0] in primary})
+    for server in others:
+        vs, _cmps, offs = _decided(m, server, suites, comparisons)
+        verdicts += vs
+        off += offs
     cross = _crossovers(verdicts, comparisons, settings)
     acc = [acceptance_summary(m, s_, u) for s_ in servers if s_ != baseline for u in suites]
     acc = [a for a in acc if a.length is not None]

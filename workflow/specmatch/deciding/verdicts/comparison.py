@@ -68,9 +68,16 @@ class Comparison:
     # configuration's own two cells adds (sequential.dof_share): the least a round that continues it
     # measures, which 'what would decide it' assumes (decides_probability)
     own_share: float = 1.0
+    # {design max: share}: what a round under repeats {min, max} measures again of that dof, the cells of every
+    # configuration of the grid's servers the rounds would continue today and this one's own (rounds_shares): the
+    # share 'what would decide it' assumes for a sequential design of that max (own_share where absent)
+    round_shares: dict = field(default_factory=dict)
     # the variance one repeat's requests' own noise adds to its log speedup (request_variance), a part of run
     # to run that a suite g times larger averages over g times the requests ('what would decide it': larger_suite)
     request_noise: float = 0.0
+    # the tails run to run may have: ((Student-t dof, weight), ...), inf normal (noise.tail_weights), which
+    # 'what would decide it' draws today's run-to-run variance and the new sessions from
+    tails: tuple = ((math.inf, 1.0),)
 
     @property
     def repeats(self) -> int:
@@ -185,6 +192,7 @@ def compare(m: Measurements, rr: RunToRun, server: str, against: str, suite: str
         share = rr.session_share.get(metric, 0.0)
         cmp.session = {server: share * ts.total / R, against: share * ta.total / R}
         cmp.request_noise = unbias * request_variance(boot)
+        cmp.tails = rr.tails.get(metric, cmp.tails)
     else:
         w = w_full
         cmp.parts = VarianceSum().add(key, w, n - 1)
@@ -339,6 +347,48 @@ def chance_and_continues(cmp: Comparison, design: sequential.Design, s: Settings
     return sequential.chance_and_continues(*_design_question(cmp, design, s, share))
 
 
+def undecided(cmp: Comparison, s: Settings) -> bool:
+    """Whether the comparison is inconclusive today on data that could still move (not frozen by the
+    sequential design, run to run measured): decide's rule without 'what would decide it'."""
+    if cmp.frozen is not None or not cmp.run_to_run or cmp.estimate is None or cmp.se is None:
+        return False
+    t = t_ppf(0.5 + look_level(cmp, s) / 2, cmp.dof)
+    return decision(cmp.estimate - t * cmp.se, cmp.estimate + t * cmp.se, math.log(1 + s.min_effect),
+                    True) == Decision.INCONCLUSIVE
+
+
+def rounds_shares(cmps: list[Comparison], s: Settings, repeats_by_cell: dict) -> None:
+    """Comparison.round_shares for every comparison in `cmps` (of the servers the rounds run together,
+    on the metric they decide by) under the sequential design: for each design max a statement may
+    name, the share of the run-to-run dof that a round measures again, as deciding.rounds.plan finds it
+    (every undecided configuration the rounds would continue, their chance at the share assumed, until
+    the share assumed is no more than the share they measure), with the comparison's own cells added
+    (the statement simulates it continued). Assuming only its own cells (own_share: 2 cells of the
+    harness's 36) gave a long design about a tenth of the dof the rounds give it. Held at today's set
+    for every look: configurations decided on the way stop, so later looks get somewhat less. Not
+    modelled: the k sweeps' member-against-member pairs the rounds also continue, and a round budget."""
+    if not s.design.sequential:
+        return
+    open_ = [c for c in cmps if undecided(c, s)]
+    if not open_:
+        return
+    R = max(c.repeats for c in open_)
+    maxes = sorted({Rn for c in open_ for Rn, _g in candidate_designs(c, s)} | {s.design.max})
+    for mx in maxes:
+        design = sequential.Design(s.design.min, int(mx), s.design.min_probability)
+        share, again = 1.0, set()
+        for _ in range(len(open_) + 1):
+            again = {cell for c in open_ if c.repeats < mx and continues(c, design, s, share)
+                     for cell in ((c.server, c.suite, c.concurrency), (c.against, c.suite, c.concurrency))}
+            measured = sequential.dof_share(repeats_by_cell, again, R)
+            if measured >= share - 1e-12:
+                break
+            share = measured
+        for c in open_:
+            mine = {(c.server, c.suite, c.concurrency), (c.against, c.suite, c.concurrency)}
+            c.round_shares[int(mx)] = max(c.own_share, sequential.dof_share(repeats_by_cell, again | mine, c.repeats))
+
+
 def candidate_designs(cmp: Comparison, s: Settings) -> list[tuple[int, float]]:
     """(repeats R', suite scale g) that could decide the comparison, cheapest first (cost R' x g: each
     repeat runs every cell again, a larger suite makes each cell longer): every R' up to MAX_REPEATS
@@ -423,21 +473,62 @@ def _t_many(p, dof: np.ndarray) -> np.ndarray:
     return t_ppf_many(p, dof)
 
 
+def _dof_frame(dof, shape) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """dof broadcast to `shape` as (usable dof, 1 elsewhere; where it is usable: finite and positive; the
+    draw where it is not: 1 for an infinite dof, 0 for none)."""
+    dof = np.broadcast_to(np.asarray(dof, float), shape)
+    ok = np.isfinite(dof) & (dof > 0)
+    return np.where(ok, dof, 1.0), ok, np.where(np.isfinite(dof), 0.0, 1.0)
+
+
 def _chi2_over_dof(rng: np.random.Generator, dof, shape) -> np.ndarray:
     """chi-square(dof) / dof draws (1 where dof is infinite; 0 where it is 0: no new data): exact for
     one dof, Wilson-Hilferty's cube of a normal for a dof per column (many at once, cheaply)."""
-    dof = np.broadcast_to(np.asarray(dof, float), shape)
-    ok = np.isfinite(dof) & (dof > 0)
-    out = np.where(np.isfinite(dof), 0.0, 1.0)
+    d, ok, out = _dof_frame(dof, shape)
     if not ok.any():
         return out
-    d = np.where(ok, dof, 1.0)
     if d.size and np.all(d == d.flat[0]):
         x = rng.chisquare(float(d.flat[0]), shape) / d
     else:
         k = 2 / (9 * d)
         x = np.maximum(1 - k + np.sqrt(k) * rng.standard_normal(shape), 0.0) ** 3
     return np.where(ok, x, out)
+
+
+def _unit_mixing(rng: np.random.Generator, nu: np.ndarray, shape) -> np.ndarray:
+    """Draws of lambda, unit-mean inverse gamma (nu / 2, (nu - 2) / 2), one per element of `shape` with
+    nu broadcast to it (1 where nu is inf): sqrt(lambda) z is a Student-t(nu) of unit variance."""
+    nu = np.broadcast_to(np.asarray(nu, float), shape)
+    heavy = np.isfinite(nu)
+    if not heavy.any():
+        return np.ones(shape)
+    a = np.where(heavy, nu, 4.0) / 2
+    return np.where(heavy, (a - 1) / rng.gamma(a, 1.0, shape), 1.0)
+
+
+def _mixed_chi2_over_dof(rng: np.random.Generator, dof, shape, nu) -> np.ndarray:
+    """Like _chi2_over_dof, where each degree of freedom's squared effect is scaled by its own mixing
+    draw (_unit_mixing, nu broadcast to `shape`): the pooled variance estimate of effects with
+    Student-t(nu) tails over `dof` degrees of freedom, mean 1. A fractional dof is split into
+    ceil(dof) pieces of equal dof (at most MIX_PIECES: beyond, each piece holds several dof)."""
+    nu = np.broadcast_to(np.asarray(nu, float), shape)
+    if not np.isfinite(nu).any():
+        return _chi2_over_dof(rng, dof, shape)
+    d, ok, out = _dof_frame(dof, shape)
+    if not ok.any():
+        return out
+    pieces = int(min(MIX_PIECES, max(1, math.ceil(float(d.max())))))
+    k = np.minimum(np.ceil(d), pieces)                       # pieces this element uses
+    per = d / k                                              # dof of each
+    idx = np.arange(pieces).reshape((1,) * len(shape) + (pieces,))
+    use = idx < k[..., None]
+    x = rng.gamma(np.broadcast_to(per[..., None] / 2, (*shape, pieces)), 2.0)
+    lam = _unit_mixing(rng, nu[..., None], (*shape, pieces))
+    tot = np.where(use, lam * x, 0.0).sum(-1) / d
+    return np.where(ok, tot, out)
+
+
+MIX_PIECES = 48
 
 
 def effect_posterior(cmp: Comparison) -> tuple[float, float]:
@@ -508,7 +599,14 @@ def decides_probability(cmp: Comparison, s: Settings, designs: list, rng: np.ran
     small beside run to run on throughput) is taken at its estimate. Taken at today's estimate, the
     run-to-run variance made the statements optimistic exactly where today's estimate ran low (it names
     the shortest designs there): identical servers were told 83% and decided 68% (calibration harness,
-    tests/test_calibration.py); with the posterior 82% and 80% ± 2 of 657."""
+    tests/test_calibration.py); with the posterior 82% and 80% ± 2 of 657.
+
+    Run to run may have heavy tails (a shared machine's stalls and hiccups): each draw takes its tails
+    from Comparison.tails (noise.tail_weights: Student-t dof and their weights, normal among them), and
+    both today's variance estimate (a scale mixture of chi-squares over its dof: _mixed_chi2_over_dof)
+    and the new sessions and dof the design adds come from them. A sample of heavy-tailed effects usually
+    looks tame and its variance estimate runs low; drawn as normal, the statements on Student-t(3)
+    effects came true 74% where they said 85% (carried out through the rounds)."""
     R = cmp.repeats
     w, w_dof, b, rr_parts = _split(cmp)
     b_dof = _b_dof(rr_parts)
@@ -518,13 +616,18 @@ def decides_probability(cmp: Comparison, s: Settings, designs: list, rng: np.ran
     theta = mean + math.sqrt(max(var, 0.0)) * rng.standard_normal(n)
     e = cmp.estimate - theta
     # one repeat's true run-to-run variance per draw, from its posterior (docstring), and the repeat mean's
-    b1_true = b1 / np.maximum(_chi2_over_dof(rng, b_dof, (n,)), 1e-3) if math.isfinite(b_dof) else np.full(n, b1)
+    # the tails run to run has in this draw's world (Comparison.tails): today's estimate and the new data alike
+    nus, ws = zip(*cmp.tails)
+    nu = np.asarray(nus, float)[rng.choice(len(nus), n, p=np.asarray(ws) / sum(ws))] if len(nus) > 1 \
+        else np.full(n, float(nus[0]))
+    b1_true = (b1 / np.maximum(_mixed_chi2_over_dof(rng, b_dof, (n,), nu), 1e-3) if math.isfinite(b_dof)
+               else np.full(n, b1))
     b_true = b1_true / R
     V_true = w + b_true
     with np.errstate(divide="ignore", invalid="ignore"):
         p_now = np.where(V_true > 0, e * w / V_true + np.sqrt(np.maximum(w * b_true / V_true, 0.0))
                          * rng.standard_normal(n), 0.0)
-    today = (R, w, w_dof, b1, b_dof, theta, p_now, e - p_now, b1_true, cmp.own_share, cmp.request_noise)
+    today = (R, w, w_dof, b1, b_dof, theta, p_now, e - p_now, b1_true, cmp.request_noise, nu)
     out = np.zeros(len(designs))
     plan = [(i, *_looks(s, R, int(Rn), float(g))) for i, (Rn, g) in enumerate(designs)]
     one = [i for i, looks, lo in plan if len(looks) == 1 and looks[0] == lo]   # fixed: one look, at s.confidence
@@ -536,25 +639,28 @@ def decides_probability(cmp: Comparison, s: Settings, designs: list, rng: np.ran
             continue
         Rn, g = designs[i]
         stops = sequential.Design(lo, int(Rn), s.design.min_probability)
-        if g == 1 and lo <= R < Rn and not continues(cmp, stops, s, cmp.own_share):
+        share = cmp.round_shares.get(int(Rn), cmp.own_share)
+        if g == 1 and lo <= R < Rn and not continues(cmp, stops, s, share):
             continue   # the rounds would stop it at today's look (deciding.rounds): it is never carried out
         bg = larger_suite(b1, cmp.request_noise, g)
         q = (bg / Rn) / (w / g + bg / Rn) if (w / g + bg / Rn) > 0 else 1.0
         lv = sequential.design_levels(lo, int(Rn), round(q * 20) / 20, 1 - s.confidence)
         level = np.array([1 - lv[j - lo] for j in looks])[None, None, :]
-        out[i] = _decided_share(s, today, [designs[i]], [looks], level, rng, stops)[0]
+        out[i] = _decided_share(s, today, [designs[i]], [looks], level, rng, stops, share)[0]
     return out
 
 
 def _decided_share(s: Settings, today: tuple, designs: list, looks: list, level: np.ndarray,
-                   rng: np.random.Generator, stops: sequential.Design | None = None) -> np.ndarray:
+                   rng: np.random.Generator, stops: sequential.Design | None = None, share: float = 1.0
+                   ) -> np.ndarray:
     """decides_probability's steps 2-4 for designs that make the same number of looks (draws x designs x
     looks at once): the share of draws decided at some look. With `stops` (a sequential design), a draw
     undecided at a look before the last stops there undecided where the rounds would stop it
     (sequential.chance_decided_many below stops.min_probability, on the look's own estimate and
-    variances): the statement is what the workflow carries out, futility stops included."""
-    R, w, w_dof, b1, b_dof, theta, p_now, r_now, b1_true, own, requests = today
-    share = own if stops is not None else 1.0   # a fixed design measures every cell R' times
+    variances): the statement is what the workflow carries out, futility stops included. `share`: of the
+    run-to-run dof, the share each look under `stops` measures again (Comparison.round_shares)."""
+    R, w, w_dof, b1, b_dof, theta, p_now, r_now, b1_true, requests, nu = today
+    share = share if stops is not None else 1.0   # a fixed design measures every cell R' times
     n, m, k = len(theta), len(designs), len(looks[0])
     band = math.log(1 + s.min_effect)
     g = np.array([float(d[1]) for d in designs])[None, :, None]
@@ -564,6 +670,11 @@ def _decided_share(s: Settings, today: tuple, designs: list, looks: list, level:
     bt = larger_suite(b1_true[:, None, None], requests, g)
     start = np.where(nested[0, :, 0], R, 0)[:, None]
     steps = np.diff(np.concatenate([start, L[0]], axis=1), axis=1)[None]          # new sessions per look
+    # each new session's effect a unit-variance Student-t of this draw's tails (a normal's scale mixture)
+    top = int(steps.max()) if steps.size else 0
+    if np.isfinite(nu).any() and top > 0:
+        lam = _unit_mixing(rng, nu[:, None, None, None], (n, m, k, top))
+        steps = np.where(np.arange(top) < steps[..., None], lam, 0.0).sum(-1)
     sessions = np.cumsum(rng.standard_normal((n, m, k)) * np.sqrt(bt * steps), axis=2)
     fresh_prompts = np.sqrt(w / g) * rng.standard_normal((n, m, 1))
     x = theta[:, None, None] + np.where(nested, p_now[:, None, None] + (R * r_now[:, None, None] + sessions) / L,
@@ -576,7 +687,8 @@ def _decided_share(s: Settings, today: tuple, designs: list, looks: list, level:
                                   b_dof * (L - 1) / max(R - 1, 1)), 1e-9)
         d_prev = np.concatenate([np.where(nested, b_dof, 0.0), d_L[:, :, :-1]], axis=2)
         inc = np.maximum(d_L - d_prev, 0.0)
-        ss = np.where(nested, b_dof * b1, 0.0) + np.cumsum(bt * inc * _chi2_over_dof(rng, inc, (n, m, k)), axis=2)
+        ss = np.where(nested, b_dof * b1, 0.0) + np.cumsum(
+            bt * inc * _mixed_chi2_over_dof(rng, inc, (n, m, k), nu[:, None, None]), axis=2)
         b1_hat = ss / d_L
     else:
         d_L, b1_hat = np.full((1, m, k), np.inf), np.broadcast_to(bt, (n, m, k))
@@ -636,8 +748,8 @@ def _design(cmp: Comparison, repeats: int, g: float, p: float, reachable: bool) 
 
 def what_would_decide(cmp: Comparison, s: Settings) -> tuple[str, dict | None]:
     """The text and the design (deciding_design) of an inconclusive verdict: a statement of the design
-    and the probability that it decides, only where that probability reaches TARGET; else that more
-    data is unlikely to decide it."""
+    and the probability that it decides where that probability reaches TARGET; else the likeliest design
+    and its probability, said to be unlikely to decide it only below one half."""
     if not cmp.run_to_run:
         return ("repeats: 2 or more would measure run-to-run variation (with one repeat a verdict needs an effect "
                 f"beyond ±{s.min_effect:.0%})"), None
@@ -657,6 +769,10 @@ def what_would_decide(cmp: Comparison, s: Settings) -> tuple[str, dict | None]:
         return (f"{what}: decides it with probability {d['probability']:.0%} (carried out in simulation: the effect "
                 f"given today's data, new sessions, the variances re-estimated, each look at its level; "
                 f"{cmp.repeats} repeats measured)"), d
+    if d["probability"] >= 0.5:   # below the target, not unlikely: say what it is
+        return (f"no design reaches {TARGET:.0%}: the likeliest, {what}, decides it with probability "
+                f"{d['probability']:.0%} (the effect may sit near the edge of ±{s.min_effect:.0%}; {cmp.repeats} "
+                "repeats measured)"), d
     return (f"more data is unlikely to decide it: even {what} decide it with probability only "
             f"{d['probability']:.0%} (the effect may sit at the edge of ±{s.min_effect:.0%}; {cmp.repeats} repeats "
             "measured)"), d

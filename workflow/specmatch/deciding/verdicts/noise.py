@@ -103,6 +103,7 @@ class RunToRun:
     prior_dof: dict = field(default_factory=dict)       # metric -> {"groups": d0, "concurrencies": d0c}
     dominant: dict = field(default_factory=dict)        # metric -> dominant_suite (None: no suite dominates)
     left_out: list = field(default_factory=list)        # flagged cells, not in tau^2
+    tails: dict = field(default_factory=dict)           # metric -> ((nu, weight), ...): tail_weights
 
     def sd(self, metric: str) -> float | None:
         t = self.tau2.get(metric)
@@ -281,7 +282,7 @@ def _run_to_run(m: Measurements, servers: list[str] | None) -> RunToRun:
         if servers is None or key[0] in servers:
             configs.setdefault(key[:3], []).append(key)
     tau2, dofs, nconf, rmax = {}, {}, 0, 1
-    groups, levels, shares, priors, dominant = {}, {}, {}, {}, {}
+    groups, levels, shares, priors, dominant, tails = {}, {}, {}, {}, {}, {}
     # a cell measured beside another job (interference.flagged) says how busy the machine was, not how much
     # a configuration moves between sessions: it stays in its verdict (flagged there), and out of tau^2
     # where its configuration keeps two quiet repeats (else all its cells count: a busy machine's run to
@@ -311,7 +312,81 @@ def _run_to_run(m: Measurements, servers: list[str] | None) -> RunToRun:
         shares[metric] = session_share(s_all, resid)
         groups[metric], levels[metric], priors[metric] = _shrunk(metric, cfgs, shares[metric], resid)
         dominant[metric] = dominant_suite(cfgs)
-    return RunToRun(tau2, dofs, nconf, rmax, groups, levels, shares, priors, dominant, left_out)
+        tails[metric] = tail_weights(standardised(cfgs, resid, groups[metric]))
+    return RunToRun(tau2, dofs, nconf, rmax, groups, levels, shares, priors, dominant, left_out, tails)
+
+
+# -- the tails of run-to-run effects ----------------------------------------------------------------
+# Student-t degrees of freedom the run-to-run effects may have (inf: normal) and their prior weights. A
+# shared machine's stalls and hiccups give heavy tails (Student-t(3)-like cell effects); with two repeats
+# of a few dozen configurations the residuals can tell such tails from normal ones only when an outlier
+# shows, and where today's sample is tame its variance estimate runs low (about 0.6 of the truth in median
+# under t3, 0.87 under normal noise at 4-5 dof). The prior keeps that possibility open; the residuals
+# move it (tail_weights).
+TAIL_PRIOR = ((math.inf, 0.5), (5.0, 0.25), (3.0, 0.25))
+
+
+def standardised(cfgs: list, resid: list, groups: dict) -> list[tuple[float, float]]:
+    """The run-to-run residuals in units of their configuration group's shrunk sd, as (value, weight):
+    a configuration of R repeats has R residuals summing to zero, each of variance tau^2 (R - 1) / R,
+    which together carry R - 1 units of evidence (weight (R - 1) / R each; two repeats: their
+    difference over sqrt(2 tau^2), counted once)."""
+    out: list = []
+    i = 0   # `resid` holds each configuration's residuals in `cfgs`' order (_run_to_run): walk them alongside
+    for (server, _suite, c), _q, d in cfgs:
+        n = d + 1
+        mine = resid[i:i + n]
+        i += n
+        g = groups.get((server, c))
+        if g is None or g.total <= 0:
+            continue
+        sd = math.sqrt(g.total * (n - 1) / n)
+        if n == 2:
+            out.append((abs(mine[0][2]) / sd, 1.0))
+        else:
+            out += [(e / sd, (n - 1) / n) for _s, _r, e, _n in mine]
+    return out
+
+
+def _t_loglik(x: np.ndarray, wt: np.ndarray, nu: float) -> float:
+    """The weighted log likelihood of x under a zero-mean Student-t(nu) (normal where nu is inf), its
+    scale at its maximum (a grid over log scale, refined)."""
+    if not math.isfinite(nu):
+        s2 = float((wt * x * x).sum() / wt.sum())
+        return float(-0.5 * wt.sum() * (math.log(2 * math.pi * max(s2, 1e-300)) + 1))
+    c = math.lgamma((nu + 1) / 2) - math.lgamma(nu / 2) - 0.5 * math.log(nu * math.pi)
+
+    def ll(log_s):
+        s = math.exp(log_s)
+        return float((wt * (c - log_s - (nu + 1) / 2 * np.log1p((x / s) ** 2 / nu))).sum())
+
+    grid = np.linspace(-6.0, 3.0, 91)
+    best = max(grid, key=ll)
+    for step in (0.05, 0.01, 0.002):
+        best = max(np.arange(best - 5 * step, best + 5.5 * step, step), key=ll)
+    return ll(best)
+
+
+def tail_weights(values: list[tuple[float, float]], prior: tuple = TAIL_PRIOR) -> tuple:
+    """The posterior weight of each tail in `prior` given standardised residuals (value, weight): the
+    prior times each model's likelihood at its own best scale (one parameter each). The prior itself
+    where fewer than three finite residuals are measured. Residuals in units of their group's sd: a
+    concurrency's pooled sd read servers or suites of different noise as heavy tails (audit)."""
+    if len(values) < 3:
+        return tuple(prior)
+    x = np.array([v for v, _ in values], float)
+    wt = np.array([w for _, w in values], float)
+    keep = np.isfinite(x) & np.isfinite(wt) & (wt > 0)
+    x, wt = x[keep], wt[keep]
+    if len(x) < 3 or not np.any(x != 0):
+        return tuple(prior)
+    x = x / math.sqrt(float((wt * x * x).sum() / wt.sum()))   # unit scale: inside the likelihood's scale grid
+    ll = np.array([_t_loglik(x, wt, nu) for nu, _ in prior])
+    if not np.isfinite(ll).all():
+        return tuple(prior)
+    p = np.array([w for _, w in prior], float) * np.exp(ll - ll.max())
+    p /= p.sum()
+    return tuple((nu, float(q)) for (nu, _), q in zip(prior, p))
 
 
 def dominant_suite(cfgs: list) -> tuple[str, float, float] | None:
