@@ -749,18 +749,18 @@ def test_what_would_decide_it_draws_the_tails_run_to_run_may_have():
     today's variance and the new sessions from the tails the comparison carries (Comparison.tails).
     Known truth, this fixed-variance world (where the flat posterior of the variance is conservative,
     measured 300 each): Student-t(3) effects drawn as normal, stated 83% and decided 87%; drawn with
-    their tails, 81% and 94%; normal effects drawn as normal 82% and 89%, with the prior the analysis
-    uses (noise.TAIL_PRIOR, which a few dozen residuals barely move) 83% and 91%. So drawing the tails
-    moves the statements as far as heavy tails moved the truth, and never makes them optimistic; the
-    prior costs normal noise a point or two. (Carried out through the rounds on the simulated server
-    the tails are a small part of the sequential design's gap: calibration.md.)"""
-    from specmatch.deciding.verdicts.noise import TAIL_PRIOR
+    their tails, 81% and 94%; normal effects drawn as normal 82% and 89%, with the heavy-tailed prior
+    measured (noise.HEAVY_PRIOR, which a few dozen residuals barely move) 83% and 91%. So drawing the
+    tails moves the statements as far as heavy tails moved the truth, and never makes them optimistic.
+    The analysis draws normal tails (noise.TAIL_PRIOR): on the calibration harness the heavy prior cost
+    the fixed design's statements 4-5 points and did not move the sequential design's (calibration.md)."""
+    from specmatch.deciding.verdicts.noise import HEAVY_PRIOR
 
     st_t, dec_t, n_t = _stated_and_decided(3.0, ((3.0, 1.0),))
     st_n, dec_n, n_n = _stated_and_decided(3.0, ((math.inf, 1.0),))
     assert n_t > 100 and n_n > 100 and dec_t - st_t >= -0.03, ((st_t, dec_t), (st_n, dec_n))
     assert (dec_t - st_t) - (dec_n - st_n) >= 0.03, ((st_t, dec_t), (st_n, dec_n))
-    st, dec, n = _stated_and_decided(math.inf, TAIL_PRIOR)
+    st, dec, n = _stated_and_decided(math.inf, HEAVY_PRIOR)
     assert n > 100 and -0.03 <= dec - st <= 0.14, (st, dec, n)
 
 

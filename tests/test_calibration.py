@@ -447,28 +447,19 @@ def test_what_would_decide_it_comes_true_when_carried_out(runs, population):
 
 
 @long
-@pytest.mark.xfail(strict=True, reason="measured (20 experiments per population, sequential design, carried out "
-                                       "through the rounds): 'more data is unlikely to decide it' stated 63% / 65% "
-                                       "/ 61% and decided 98% / 92% / 93% (identical servers / speedups within "
-                                       "±12% / Student-t(3)); with a larger suite's request noise averaged, "
-                                       "Student-t(3) on 24 experiments 64% and 95% ± 2 of 84; drawing heavy tails and "
-                                       "the rounds' share of cells measured again, 67% and 93% ± 4 of 80 (identical "
-                                       "servers 65% and 96% ± 2 of 113): the statement's best design is pessimistic")
-def test_unlikely_is_not_contradicted_under_the_sequential_design(runs):
-    """'More data is unlikely to decide it' under the sequential design: the best design it names (most
-    of them 32 repeats, many of a larger suite) decides at most what it states, plus 3 Monte-Carlo
-    errors or 6 points. It does not. The statement took a larger suite to narrow only the prompt
-    sample's part, while a larger suite also averages each repeat's requests' own noise, which run to
-    run counts: now counted (comparison.larger_suite; 64% stated, 95% decided: the gap remains). Nor is it
-    the dof a long design gains (the rounds' share of cells measured again: comparison.rounds_shares) or
-    the noise's tails (Comparison.tails): with both, 67% and 93% (issue 48, calibration.md). The
-    statements that reach 80% run as many points high on designs of the same length, so what is left is
-    what today's data say about the effect (its place against the band's edge, the empirical-Bayes
-    prior the statement draws it from)."""
+def test_unlikely_is_never_optimistic_under_the_sequential_design(runs):
+    """A best design below 80% under the sequential design (named as the likeliest, or, below one half,
+    'more data is unlikely to decide it') decides at least what it states, less 3 Monte-Carlo errors or 6
+    points: it must never tell a team that more data would help where it would not. It is pessimistic,
+    far beyond that (issue 48, open; calibration.md): 24 experiments through the rounds (seed 58),
+    Student-t(3) 64% stated and 95% ± 2 of 84 decided; with the rounds' share of cells measured again
+    (comparison.rounds_shares) and heavy tails drawn, 67% and 93% ± 4 of 80, identical servers 65% and
+    96% ± 2 of 113. This module's 8 experiments (65.5% and 87.5% ± 8.3 of 32 on the last run) are too few
+    to gate that gap, which was an expected failure here until a run fell inside its bounds by chance."""
     rows = runs[("hints", "t3")]["rows"]
     st, dec, se, n = hints.hint_rates(rows, reachable=False)
-    print(f"\n'unlikely' (t3, sequential): stated {st:.1%}, decided {dec:.1%} ± {se:.1%} of {n}")
-    assert n >= 10 and dec <= st + max(3 * se, 0.06)
+    print(f"\nbest design below 80% (t3, sequential): stated {st:.1%}, decided {dec:.1%} ± {se:.1%} of {n}")
+    assert n >= 10 and dec >= st - max(3 * se, 0.06)
 
 
 @pytest.fixture(scope="module")

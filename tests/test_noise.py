@@ -95,24 +95,26 @@ def test_tail_weights_read_heavy_tails_where_the_residuals_show_them():
     standardised run-to-run residuals, each model at its own best scale. Known truth: 400 residuals of
     Student-t(3) effects put nearly all weight on heavy tails, 400 normal ones most on normal; a few
     dozen (a default run's configurations at two repeats) move the prior only a little either way, which
-    is why the prior (TAIL_PRIOR) keeps heavy tails possible; fewer than three leave it as it is."""
-    from specmatch.deciding.verdicts.noise import TAIL_PRIOR, tail_weights
+    is why a prior decides (HEAVY_PRIOR measured, TAIL_PRIOR used: normal alone, which no residual moves);
+    fewer than three leave it as it is."""
+    from specmatch.deciding.verdicts.noise import HEAVY_PRIOR, TAIL_PRIOR, tail_weights
 
     rng = np.random.default_rng(5)
     heavy = [(float(x), 1.0) for x in rng.standard_t(3, 400) / math.sqrt(3)]
     normal = [(float(x), 1.0) for x in rng.standard_normal(400)]
-    w_heavy, w_normal = dict(tail_weights(heavy)), dict(tail_weights(normal))
+    w_heavy, w_normal = dict(tail_weights(heavy, HEAVY_PRIOR)), dict(tail_weights(normal, HEAVY_PRIOR))
     assert w_heavy[math.inf] < 0.01 and w_heavy[3.0] > 0.5, w_heavy
     assert w_normal[math.inf] > 0.8, w_normal
     # scale-free: the same residuals in other units, the same weights
-    scaled = dict(tail_weights([(10 * x, w) for x, w in heavy]))
+    scaled = dict(tail_weights([(10 * x, w) for x, w in heavy], HEAVY_PRIOR))
     assert all(scaled[nu] == pytest.approx(w_heavy[nu], abs=1e-3) for nu in w_heavy), (scaled, w_heavy)
-    small = [dict(tail_weights([(float(x), 1.0) for x in draw(18)]))[math.inf]
+    small = [dict(tail_weights([(float(x), 1.0) for x in draw(18)], HEAVY_PRIOR))[math.inf]
              for draw in (rng.standard_normal, lambda k: rng.standard_t(3, k) / math.sqrt(3)) for _ in range(60)]
     assert 0.3 < np.mean(small[:60]) < 0.9 and 0.2 < np.mean(small[60:]) < 0.9
-    assert tail_weights([(1.0, 1.0), (-0.5, 1.0)]) == TAIL_PRIOR
+    assert tail_weights([(1.0, 1.0), (-0.5, 1.0)], HEAVY_PRIOR) == HEAVY_PRIOR
+    assert tail_weights(heavy) == TAIL_PRIOR == ((math.inf, 1.0),)
     # out of any fixed scale grid, and a non-finite residual left out rather than poisoning the weights
-    far = dict(tail_weights([(1e-4 * x, w) for x, w in heavy] + [(float("nan"), 1.0)]))
+    far = dict(tail_weights([(1e-4 * x, w) for x, w in heavy] + [(float("nan"), 1.0)], HEAVY_PRIOR))
     assert all(far[nu] == pytest.approx(w_heavy[nu], abs=1e-3) for nu in w_heavy), far
 
 

@@ -75,7 +75,7 @@ class Comparison:
     # the variance one repeat's requests' own noise adds to its log speedup (request_variance), a part of run
     # to run that a suite g times larger averages over g times the requests ('what would decide it': larger_suite)
     request_noise: float = 0.0
-    # the tails run to run may have: ((Student-t dof, weight), ...), inf normal (noise.tail_weights), which
+    # the tails run to run may have: ((Student-t dof, weight), ...), inf normal (noise.tail_weights; TAIL_PRIOR), which
     # 'what would decide it' draws today's run-to-run variance and the new sessions from
     tails: tuple = ((math.inf, 1.0),)
 
@@ -601,12 +601,11 @@ def decides_probability(cmp: Comparison, s: Settings, designs: list, rng: np.ran
     the shortest designs there): identical servers were told 83% and decided 68% (calibration harness,
     tests/test_calibration.py); with the posterior 82% and 80% ± 2 of 657.
 
-    Run to run may have heavy tails (a shared machine's stalls and hiccups): each draw takes its tails
-    from Comparison.tails (noise.tail_weights: Student-t dof and their weights, normal among them), and
-    both today's variance estimate (a scale mixture of chi-squares over its dof: _mixed_chi2_over_dof)
-    and the new sessions and dof the design adds come from them. A sample of heavy-tailed effects usually
-    looks tame and its variance estimate runs low; drawn as normal, the statements on Student-t(3)
-    effects came true 74% where they said 85% (carried out through the rounds)."""
+    Each draw takes its tails from Comparison.tails (Student-t dof and their weights; normal in the
+    analysis: noise.TAIL_PRIOR), and today's variance estimate (a scale mixture of chi-squares over its
+    dof: _mixed_chi2_over_dof), the new sessions and the dof the design adds all come from them. A
+    sample of heavy-tailed effects usually looks tame and its variance estimate runs low; a prior on
+    heavy tails (noise.HEAVY_PRIOR) was measured and not adopted (issue 48, calibration.md)."""
     R = cmp.repeats
     w, w_dof, b, rr_parts = _split(cmp)
     b_dof = _b_dof(rr_parts)
