@@ -170,7 +170,8 @@ def table(experiments: int = 300, power_experiments: int = 100, verify_experimen
     p(f"\n'What would decide it', carried out (R=2, throughput; every inconclusive verdict's named design run on "
       f"its experiment as the workflow would, the verdict read again; {hint_experiments} experiments each):")
     _stated_lines(p, res, "hints", HINT_POPULATIONS, lambda rows, x: hint_rates(rows, reachable=x),
-                  (("'decides it with probability p'", True), ("below 80% (the likeliest design, or 'more data is unlikely to decide it')", False)))
+                  (("'decides it with probability p'", True),
+                   ("below 80% (the likeliest design, or 'more data is unlikely to decide it')", False)))
     p(f"\nThe rounds' chance, carried out (repeats {{min: 2, max: 3}}; round 2's plan, then its cells of repeat 3; "
       f"{chance_experiments} experiments each; the configurations stopped as unlikely measured again on their own):")
     _stated_lines(p, res, "chances", CHANCE_POPULATIONS, chance_rates,

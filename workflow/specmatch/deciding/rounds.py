@@ -45,7 +45,7 @@ from ..files import SpecmatchError, read_json, write_json
 from ..provenance import Recorder
 from ..records import Continuation, Decision, PlannedCell, RoundDecision, RoundPlan, Verdict
 from .inputs import analysis_arguments, load, server_infos
-from .reading.sequential import Design, dof_share as sequential_dof_share
+from .reading.sequential import Design, dof_share as sequential_dof_share, settled_share
 from ..sweep import members as sweep_members
 
 
@@ -57,13 +57,11 @@ def plan(an: Analysis, design: Design, round_: int) -> RoundPlan:
     `share`), which is what the plan decides: the plan is made assuming every cell is measured again,
     then again with the share it measures, until the share it assumed is no more than the share it
     measures (the share only falls, so this ends). The plan records the share it used."""
-    share = 1.0
-    while True:
+    def step(share):
         decisions, nxt = _decisions(an, design, round_, share)
-        measured = dof_share(an, nxt, round_)
-        if measured >= share - 1e-12:
-            break
-        share = measured
+        return (decisions, nxt), dof_share(an, nxt, round_)
+
+    share, (decisions, nxt) = settled_share(step)
     cells = [PlannedCell(s, u, c, round_ + 1) for s, u, c in sorted(nxt)]
     return RoundPlan(round_, design.to_json(), an.settings.recommend_metric, decisions, cells, share=round(share, 4))
 

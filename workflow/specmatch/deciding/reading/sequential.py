@@ -193,6 +193,20 @@ def final_dof(w, w_dof, run_to_run_end, b_dof, repeats, rmax, share=1.0) -> np.n
         return np.where(den > 0, (w + b) ** 2 / np.where(den > 0, den, 1.0), np.inf)
 
 
+def settled_share(step) -> tuple[float, object]:
+    """The share of the run-to-run dof a round measures again, as a round finds it: `step(share)` decides
+    the round assuming that share and returns (what it decided, the share that measures); start from
+    every cell (1) and assume what was measured until it measures no less than assumed (the share only
+    falls, so this ends). Returns (the share assumed, what it decided there). deciding.rounds.plan's, and
+    what 'what would decide it' assumes the rounds measure (comparison.rounds_shares)."""
+    share = 1.0
+    while True:
+        got, measured = step(share)
+        if measured >= share - 1e-12:
+            return share, got
+        share = measured
+
+
 def dof_share(repeats_by_cell: dict, again: set, repeats: int) -> float:
     """final_dof's `share` from the cells themselves: what one more repeat of the cells `again` adds to a
     pooled run-to-run estimate that reads every cell with two repeats or more ((its repeats - 1) dof each),

@@ -75,8 +75,8 @@ class Comparison:
     # the variance one repeat's requests' own noise adds to its log speedup (request_variance), a part of run
     # to run that a suite g times larger averages over g times the requests ('what would decide it': larger_suite)
     request_noise: float = 0.0
-    # the tails run to run may have: ((Student-t dof, weight), ...), inf normal (noise.tail_weights; TAIL_PRIOR), which
-    # 'what would decide it' draws today's run-to-run variance and the new sessions from
+    # the tails run to run may have: ((Student-t dof, weight), ...), inf normal (noise.tail_weights; TAIL_PRIOR),
+    # which 'what would decide it' draws today's run-to-run variance and the new sessions from
     tails: tuple = ((math.inf, 1.0),)
 
     @property
@@ -251,14 +251,19 @@ def decide(cmp: Comparison, s: Settings) -> Verdict:
                 confidence=level, repeats=cmp.repeats, against=cmp.against, run_to_run=cmp.run_to_run)
     if cmp.estimate is None:
         return Verdict(verdict=Decision.INCONCLUSIVE, speedup=None, lo=None, hi=None, decide=cmp.note, **base)
-    t = t_ppf(0.5 + level / 2, cmp.dof)
-    lo_l, hi_l = cmp.estimate - t * cmp.se, cmp.estimate + t * cmp.se
+    lo_l, hi_l = _log_interval(cmp, level)
     d = decision(lo_l, hi_l, math.log(1 + s.min_effect), cmp.run_to_run)
     v = Verdict(verdict=d, speedup=math.exp(cmp.estimate), lo=math.exp(lo_l), hi=math.exp(hi_l),
                 dof=cmp.dof if math.isfinite(cmp.dof) else None, **base)
     if d == Decision.INCONCLUSIVE and s.designs:
         v.decide, v.design = what_would_decide(cmp, s)
     return v
+
+
+def _log_interval(cmp: Comparison, level: float) -> tuple[float, float]:
+    """The interval of the log speedup at `level` (Student t at the comparison's dof)."""
+    t = t_ppf(0.5 + level / 2, cmp.dof)
+    return cmp.estimate - t * cmp.se, cmp.estimate + t * cmp.se
 
 
 def look_level(cmp: Comparison, s: Settings) -> float:
@@ -352,9 +357,7 @@ def undecided(cmp: Comparison, s: Settings) -> bool:
     sequential design, run to run measured): decide's rule without 'what would decide it'."""
     if cmp.frozen is not None or not cmp.run_to_run or cmp.estimate is None or cmp.se is None:
         return False
-    t = t_ppf(0.5 + look_level(cmp, s) / 2, cmp.dof)
-    return decision(cmp.estimate - t * cmp.se, cmp.estimate + t * cmp.se, math.log(1 + s.min_effect),
-                    True) == Decision.INCONCLUSIVE
+    return decision(*_log_interval(cmp, look_level(cmp, s)), math.log(1 + s.min_effect), True) == Decision.INCONCLUSIVE
 
 
 def rounds_shares(cmps: list[Comparison], s: Settings, repeats_by_cell: dict) -> None:
@@ -376,14 +379,13 @@ def rounds_shares(cmps: list[Comparison], s: Settings, repeats_by_cell: dict) ->
     maxes = sorted({Rn for c in open_ for Rn, _g in candidate_designs(c, s)} | {s.design.max})
     for mx in maxes:
         design = sequential.Design(s.design.min, int(mx), s.design.min_probability)
-        share, again = 1.0, set()
-        for _ in range(len(open_) + 1):
-            again = {cell for c in open_ if c.repeats < mx and continues(c, design, s, share)
+
+        def step(share, design=design):
+            again = {cell for c in open_ if c.repeats < design.max and continues(c, design, s, share)
                      for cell in ((c.server, c.suite, c.concurrency), (c.against, c.suite, c.concurrency))}
-            measured = sequential.dof_share(repeats_by_cell, again, R)
-            if measured >= share - 1e-12:
-                break
-            share = measured
+            return again, sequential.dof_share(repeats_by_cell, again, R)
+
+        _share, again = sequential.settled_share(step)
         for c in open_:
             mine = {(c.server, c.suite, c.concurrency), (c.against, c.suite, c.concurrency)}
             c.round_shares[int(mx)] = max(c.own_share, sequential.dof_share(repeats_by_cell, again | mine, c.repeats))
