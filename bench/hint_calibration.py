@@ -16,7 +16,11 @@ same experiment, as the workflow would:
 
 and the same verdict is read again. Printed per population: the stated probability against the share
 decided, binned, with Monte-Carlo errors (ratio estimator over experiments), for statements ("decides
-it with probability p", p >= 80%) and for "more data is unlikely to decide it".
+it with probability p", p >= 80%) and for best designs below 80% ("the likeliest", "more data is
+unlikely to decide it"). With --split, also how the statement's simulation says the design ends
+(comparison.decides_probability(split=True): equivalent, pays or loses, stopped by the rounds as
+unlikely, undecided at its last look) against how it ended, and the effect posterior it drew from
+against the truth (where a population has one truth per experiment).
 
     nice -n 19 python bench/hint_calibration.py --experiments 60 --workers 2
 """
@@ -46,12 +50,14 @@ POPULATIONS = {
 SCENARIO = {"aa": "plain", "effects": "plain", "quiet": "quiet", "spec": "plain", "t3": "t3"}
 
 
-def engines(pop: str, rng: np.random.Generator) -> dict:
+def engines(pop: str, rng: np.random.Generator) -> tuple[dict, float]:
+    """The two servers and the true log speedup (nan where it varies with the concurrency)."""
     if pop == "effects":
-        return {"baseline": grid.BASE, "spec": grid.BASE.faster(math.exp(rng.uniform(-0.12, 0.12)))}
+        x = rng.uniform(-0.12, 0.12)
+        return {"baseline": grid.BASE, "spec": grid.BASE.faster(math.exp(x))}, x
     if pop == "spec":
-        return {"baseline": grid.BASE, "spec": grid.SPEC}
-    return {"baseline": grid.BASE, "spec": grid.BASE}
+        return {"baseline": grid.BASE, "spec": grid.SPEC}, float("nan")
+    return {"baseline": grid.BASE, "spec": grid.BASE}, 0.0
 
 
 def settings(bootstrap: int, repeats=None):
@@ -60,14 +66,39 @@ def settings(bootstrap: int, repeats=None):
     return Settings.of(vars(grid.settings(bootstrap, slo={}, designs=True)) | {"repeats": repeats})
 
 
-def carried_out(rng, pop, eng, work, eff, cells, d: dict, today: int, sequential: bool, bootstrap: int) -> dict:
-    """{(suite, c): decided} after carrying out design d on this experiment as the workflow would
-    (specmatch.calibration.hints.carry_out: the rounds' futility stops included)."""
+def carried_out(rng, pop, eng, work, eff, cells, d: dict, today: int, sequential: bool, bootstrap: int,
+                wanted: set) -> dict:
+    """{(suite, c): (decided, outcome, look)} after carrying out design d on this experiment as the
+    workflow would (specmatch.calibration.hints.carry_out: the rounds' futility stops included), the
+    outcome one of comparison.OUTCOMES."""
     from specmatch.calibration.hints import carry_out
 
     s = settings(bootstrap, {"min": 2, "max": 3} if sequential else None)
-    got = carry_out(rng, scenarios.SCENARIOS[SCENARIO[pop]], eng, work, eff, cells, d, today, s)
-    return {(u, c): v for (u, c, _), v in got.items()}
+    outcomes: dict = {}
+    got = carry_out(rng, scenarios.SCENARIOS[SCENARIO[pop]], eng, work, eff, cells, d, today, s,
+                    wanted={(u, c, "output_throughput") for u, c in wanted}, outcomes=outcomes)
+    return {(u, c): (bool(got.get((u, c, m))), *outcomes.get((u, c, m), ("open", None))) for u, c, m in
+            {(u, c, "output_throughput") for u, c in wanted}}
+
+
+def predicted(an, u: str, c: int, d: dict, seed: int, truth: float) -> tuple:
+    """What the statement's simulation says of design d (comparison.decides_probability's outcome split,
+    2000 draws) and the effect posterior it draws from (a mixture over the session share's draws):
+    (split by OUTCOMES, posterior mean, posterior sd, the truth's PIT, today's estimate, its se)."""
+    from scipy.special import ndtr
+
+    from specmatch.deciding.verdicts import comparison as C
+
+    cmp = next(x for x in an.comparisons[("spec", u, "output_throughput")] if x.concurrency == c)
+    split = C.decides_probability(cmp, an.settings, [(d["repeats"], d["suite_scale"])], np.random.default_rng(seed),
+                                  2000, split=True)
+    share = C.share_draws(cmp, np.random.default_rng(seed + 1), 2000) if C.DRAW_SESSION_SHARE else None
+    mean, var = C.effect_posterior(cmp, share)
+    mean, var = np.atleast_1d(mean), np.atleast_1d(var)
+    m = float(mean.mean())
+    sd = math.sqrt(float(var.mean() + mean.var()))
+    pit = float(np.mean(ndtr((truth - mean) / np.sqrt(var)))) if math.isfinite(truth) else float("nan")
+    return tuple(float(split[o][0]) for o in C.OUTCOMES), m, sd, pit, cmp.estimate, cmp.se
 
 
 def task(a: dict) -> list:
@@ -75,14 +106,18 @@ def task(a: dict) -> list:
     from specmatch.deciding.analysis import analyse
 
     measurements.Settings.metrics = property(lambda self: ("output_throughput",))
+    if a["draw_share"]:
+        from specmatch.deciding.verdicts import comparison
+
+        comparison.DRAW_SESSION_SHARE = True
     rng = np.random.default_rng(a["seed"])
     pop, n, today = a["population"], a["experiments"], 2
     sc = scenarios.SCENARIOS[SCENARIO[pop]]
     s = settings(a["bootstrap"], {"min": 2, "max": 3} if a["sequential"] else None)
-    rows = []   # (experiment, stated p, reachable, decided, repeats, suite scale)
+    rows = []   # (experiment, stated p, reachable, decided, repeats, suite scale, detail)
     for e in range(n):
         work = workload.Workload.draw(rng)
-        eng = engines(pop, rng)
+        eng, truth = engines(pop, rng)
         eff = scenarios.run_to_run(rng, sc, ["baseline", "spec"], grid.SUITES, grid.CONCURRENCIES, today)
         cells = workload.simulate_cells(rng, [work], eng, [eff], today)[0]
         an = analyse(cells, "baseline", s)
@@ -93,9 +128,16 @@ def task(a: dict) -> list:
         for u, c, d in hints:
             key = (d["repeats"], d["suite_scale"])
             if key not in done:
-                done[key] = carried_out(rng, pop, eng, work, eff, cells, d, today, a["sequential"], a["bootstrap"])
-            rows.append((a["offset"] + e, float(d["probability"]), bool(d["reachable"]), bool(done[key].get((u, c))),
-                         d["repeats"], d["suite_scale"]))
+                wanted = {(u2, c2) for u2, c2, d2 in hints if (d2["repeats"], d2["suite_scale"]) == key}
+                done[key] = carried_out(rng, pop, eng, work, eff, cells, d, today, a["sequential"], a["bootstrap"],
+                                        wanted)
+            ok, outcome, look = done[key][(u, c)]
+            detail = {"outcome": outcome, "look": look, "truth": truth}
+            if a["split"]:
+                split, mean, sd, pit, est, se = predicted(an, u, c, d, a["seed"] + e, truth)
+                detail |= {"split": split, "mean": mean, "sd": sd, "pit": pit, "estimate": est, "se": se}
+            rows.append((a["offset"] + e, float(d["probability"]), bool(d["reachable"]), ok,
+                         d["repeats"], d["suite_scale"], detail))
     return rows
 
 
@@ -113,6 +155,38 @@ def rate(rows: list) -> tuple[float, float, float, int]:
     return float(x[:, 1].mean()), p, se, len(rows)
 
 
+def split_lines(rows: list) -> None:
+    """The predicted outcome split against the carried-out one, per group of statements, and the effect
+    posterior against the truth (z = (truth - posterior mean) / sd: mean 0 and mean square 1 where the
+    posterior is right; PIT = Phi(z) uniform)."""
+    from specmatch.deciding.verdicts.comparison import OUTCOMES
+
+    for name, sel in (("statements", [r for r in rows if r[2]]),
+                      ("best designs below 80%", [r for r in rows if not r[2]])):
+        if not sel:
+            continue
+        sim = np.array([r[6]["split"] for r in sel]).mean(0)
+        got = []
+        for o in OUTCOMES:
+            _, share, se, _ = rate([(r[0], r[1], r[2], r[6]["outcome"] == o) for r in sel])
+            got.append(f"{share:5.1%} ± {se:4.1%}")
+        print(f"    {name} outcomes, predicted -> carried out: "
+              + "; ".join(f"{o} {p:5.1%} -> {g}" for o, p, g in zip(OUTCOMES, sim, got)))
+        looks = [r[6]["look"] for r in sel if r[6]["outcome"] in ("equivalent", "effect")]
+        if looks:
+            print(f"      decided at look median {np.median(looks):.0f}")
+        z = np.array([(r[6]["truth"] - r[6]["mean"]) / r[6]["sd"] for r in sel if math.isfinite(r[6]["truth"])])
+        if z.size:
+            pit = np.array([r[6]["pit"] for r in sel if math.isfinite(r[6]["truth"])])
+            est = np.array([r[6]["estimate"] / r[6]["se"] for r in sel])
+            print(f"      posterior vs truth: z mean {z.mean():+.2f}, mean square {np.mean(z ** 2):.2f}, PIT quartiles "
+                  f"{np.mean(pit < .25):.2f}/{np.mean((pit >= .25) & (pit < .5)):.2f}/"
+                  f"{np.mean((pit >= .5) & (pit < .75)):.2f}/{np.mean(pit >= .75):.2f}, outside the central 90% "
+                  f"{np.mean((pit < .05) | (pit > .95)):.2f}; |estimate/se| median "
+                  f"{np.median(np.abs(est)):.2f}; posterior sd / se median "
+                  f"{np.median([r[6]['sd'] / r[6]['se'] for r in sel]):.2f}")
+
+
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--experiments", type=int, default=60, help="per population")
@@ -122,13 +196,21 @@ def main(argv=None) -> int:
     p.add_argument("--chunk", type=int, default=5)
     p.add_argument("--bootstrap", type=int, default=200)
     p.add_argument("--seed", type=int, default=34)
+    p.add_argument("--draw-share", action="store_true",
+                   help="draw the session share from its posterior (comparison.DRAW_SESSION_SHARE), measured and "
+                        "not adopted")
+    p.add_argument("--split", action="store_true",
+                   help="also the outcomes (equivalent, pays or loses, stopped as unlikely, undecided at the end) "
+                        "the statement's simulation predicts against those carried out, and the effect posterior "
+                        "it draws from against the truth")
     a = p.parse_args(argv)
     t0 = time.time()
     jobs, owner = [], []
     for pop in a.populations:
         for i in range(0, a.experiments, a.chunk):
             jobs.append((task, {"population": pop, "experiments": min(a.chunk, a.experiments - i), "offset": i,
-                                "sequential": a.sequential, "bootstrap": a.bootstrap,
+                                "sequential": a.sequential, "bootstrap": a.bootstrap, "split": a.split,
+                                "draw_share": a.draw_share,
                                 "seed": pool.seed_of(a.seed, pop, i, a.sequential)}))
             owner.append(pop)
     res = pool.run_tasks(jobs, a.workers)
@@ -138,7 +220,7 @@ def main(argv=None) -> int:
         rows = [r for rr, o in zip(res, owner) if o == pop for r in rr]
         print(f"\n{pop}: {POPULATIONS[pop]}")
         for name, sel in (("all", rows), ("statements (reachable)", [r for r in rows if r[2]]),
-                          ("'unlikely'", [r for r in rows if not r[2]])):
+                          ("best designs below 80%", [r for r in rows if not r[2]])):
             st, dec, se, n = rate(sel)
             print(f"  {name:24} stated {st:5.1%} -> decided {dec:5.1%} ± {se:4.1%} ({n})")
         for lo, hi in ((0, 0.5), (0.5, 0.8), (0.8, 0.9), (0.9, 1.01)):
@@ -149,6 +231,8 @@ def main(argv=None) -> int:
             st, dec, se, n = rate([r for r in rows if r[2] and lo <= r[4] < hi])
             if n:
                 print(f"    statements naming {lo}-{hi - 1} repeats: {st:5.1%} -> {dec:5.1%} ± {se:4.1%} ({n})")
+        if a.split:
+            split_lines(rows)
         if rows:
             rs = np.array([r[4] for r in rows])
             gs = np.array([r[5] for r in rows])

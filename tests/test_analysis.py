@@ -797,6 +797,17 @@ def test_what_would_decide_it_simulates_the_rounds_futility_stops():
     assert not C.continues(c, Design(2, 4), seq)
     p = C.decides_probability(c, seq, [(4, 1.0), (4, 4.0)], np.random.default_rng(3), 4000)
     assert p[0] == 0.0 and p[1] > 0.0
+    # the outcomes it simulates (what bench/hint_calibration.py --split compares with the rounds'): they sum
+    # to one, the decided ones are the probability, and a design the rounds stop today is stopped as unlikely
+    split = C.decides_probability(c, seq, [(4, 1.0), (4, 4.0)], np.random.default_rng(3), 4000, split=True)
+    assert set(split) == set(C.OUTCOMES)
+    assert np.allclose(sum(split.values()), 1.0)
+    assert np.allclose(split["equivalent"] + split["effect"], p)
+    assert split["futile"][0] == 1.0 and split["futile"][1] > 0.0
+    fixed = Settings.of({"bootstrap": 400, "repeats": 2})
+    split = C.decides_probability(cmp_of(0.0, 0.00002, 0.004), fixed, [(8, 1.0)], np.random.default_rng(3), 4000,
+                                  split=True)
+    assert min(split["equivalent"][0], split["effect"][0]) > 0.0
 
 
 def test_a_named_design_leaves_the_round_budget_out():

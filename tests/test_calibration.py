@@ -435,7 +435,9 @@ def test_what_would_decide_it_comes_true_when_carried_out(runs, population):
     of 85. N_HINTS_SEQ experiments here (each carries out designs of up to 32 looks). Since the rounds
     measure again only the cells each plan names (the harness now too) and the statement assumes the
     configuration's own share of the run-to-run dof: t3 stated 85%, decided 65% ± 12 of 34 on these 8
-    experiments, where the earlier harness and rule read 84% and 53% ± 12 of 36 on the same ones."""
+    experiments, where the earlier harness and rule read 84% and 53% ± 12 of 36 on the same ones. With the
+    session share drawn from its posterior (comparison.DRAW_SESSION_SHARE, measured and not adopted):
+    84% -> 49% ± 7 of 35, outside this bound; with the share at its estimate, as shipped, 58% ± 10 of 36."""
     rows = runs[("hints", population)]["rows"]
     print(f"\n{population} ({hints.HINT_POPULATIONS[population][1]}): " + _hint_text(rows))
     st, dec, se, n = hints.hint_rates(rows, reachable=True)

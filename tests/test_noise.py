@@ -132,3 +132,97 @@ def test_run_to_run_carries_the_tails_its_residuals_give():
     assert got[0] == pytest.approx((0.2 / math.sqrt(0.08), 1.0))
     assert [x for x, _ in got[1:]] == pytest.approx([e / math.sqrt(0.04 * 2 / 3) for e in (0.5, -0.3, -0.2)])
     assert [w for _, w in got[1:]] == pytest.approx([2 / 3] * 3)
+
+
+def _session_world(rng, effect, servers=2, repeats=2, configs=9, session_sd=0.03, cell_sd=0.04, w=3e-4):
+    """One experiment of known truth: two servers (the second `effect` faster in log) in `repeats` fresh
+    sessions, `configs` configurations each, normal session and cell effects; the comparisons the
+    analysis would build (Comparison.session from the session share's fit, the effect prior over the
+    server's comparisons), and the residuals' SessionFit."""
+    from specmatch.deciding.verdicts import comparison as C
+    from specmatch.deciding.verdicts.noise import session_fit
+
+    s = rng.normal(0.0, session_sd, (servers, repeats))
+    y = s[:, None, :] + rng.normal(0.0, cell_sd, (servers, configs, repeats))
+    res = y - y.mean(2, keepdims=True)
+    t2 = float((res ** 2).sum() / (servers * configs * (repeats - 1)))
+    fit = session_fit(t2, [(i, r, float(res[i, k, r]), repeats) for i in range(servers) for k in range(configs)
+                           for r in range(repeats)])
+    est = effect + rng.normal(0.0, math.sqrt(w), configs) + (y[1] - y[0]).mean(1)
+    unit = 2 * t2 / repeats
+    cmps = []
+    for k in range(configs):
+        c = C.Comparison("s", "b", "u", k, "output_throughput", [float(est[k])] * repeats, [w] * repeats,
+                         float(est[k]), math.sqrt(w + unit), 30.0, True)
+        c.session = {"s": fit.share() * unit / 2, "b": fit.share() * unit / 2}
+        c.session_fit, c.session_unit = fit, unit
+        cmps.append(c)
+    for i, c in enumerate(cmps):
+        c.prior_pool = cmps[:i] + cmps[i + 1:]
+        c.effect_prior = C.effect_prior(c.prior_pool)
+    return cmps, fit
+
+
+def test_the_session_share_is_drawn_from_what_two_sessions_can_say():
+    """pi (the share of run to run a server session moves every cell of alike) from two repeats of two
+    servers rests on 2 dof: SessionFit carries them, and the point estimate falls below half the truth
+    often (0.36 here: 3% session, 4% cell). Its posterior (share_draws, a uniform prior) is right where
+    the truth is drawn from that prior: the truth lies in the draws' central 90% about 90% of the time
+    (run to run 5%, pi uniform in (0, 1); 800 experiments, MC error 1.1%; measured 88.6%; a likelihood
+    of v alone with tau^2 at its estimate gave 93.6%, 85% below pi = 0.2 and 78% above 0.8)."""
+    rng = np.random.default_rng(11)
+    truth = 0.03 ** 2 / (0.03 ** 2 + 0.04 ** 2)
+    low = []
+    for _ in range(400):
+        _cmps, fit = _session_world(rng, 0.0)
+        assert fit.dof == 2
+        low.append(fit.share() < truth / 2)
+    assert np.mean(low) > 0.25, np.mean(low)
+    inside = []
+    for _ in range(800):
+        pi = rng.uniform()
+        _cmps, fit = _session_world(rng, 0.0, session_sd=0.05 * math.sqrt(pi), cell_sd=0.05 * math.sqrt(1 - pi))
+        lo, hi = np.quantile(fit.share_draws(rng, 400), [0.05, 0.95])
+        inside.append(lo <= pi <= hi)
+    print(f"\npi's central 90%: holds the truth in {np.mean(inside):.3f}")
+    assert 0.86 <= np.mean(inside) <= 0.94, np.mean(inside)
+
+
+@pytest.mark.parametrize("population", ["identical", "effects", "sessions"])
+def test_the_effect_posterior_holds_the_truth_as_often_as_it_says(population):
+    """Issue 48: the effect posterior behind 'what would decide it' (comparison.effect_posterior) puts
+    today's shared session error back with the variance the session share gives it. Taken at the share's
+    estimate (2 dof), the posterior was too narrow wherever it ran low, and the common shift of every
+    comparison was read as the effect: the truth fell outside the posterior's central 90% in 16-17% of
+    comparisons. Drawn from the share's posterior (share_draws), the mixture holds it at about the rate
+    it states (measured 10.6% and 9.7%). Known truth: identical servers, or one speedup per experiment
+    log-uniform within ±12%, 3% session and 4% cell effects (pi = 0.36, the calibration harness's);
+    1,000 experiments of 9 comparisons (MC error about 1% on the 10%). `sessions`: pi = 0.9 (4.5% session,
+    1.5% cell), where both miss about 21% (tau^2 is taken at its estimate, which runs low there: left
+    open); the draws must not do worse than the point."""
+    from scipy.special import ndtr
+
+    from specmatch.deciding.verdicts import comparison as C
+
+    rng = np.random.default_rng({"identical": 12, "effects": 13, "sessions": 14}[population])
+    sd = {"session_sd": 0.045, "cell_sd": 0.015} if population == "sessions" else {}
+    cmps, fit = _session_world(rng, 0.0, **sd)
+    m, v = C.effect_posterior(cmps[0], np.array([fit.share()]))   # at the share's estimate: the point posterior
+    assert (float(m[0]), float(v[0])) == pytest.approx(C.effect_posterior(cmps[0]))
+    point, drawn = [], []
+    for _ in range(1000):
+        effect = rng.uniform(-0.12, 0.12) if population == "effects" else 0.0
+        cmps, _fit = _session_world(rng, effect, **sd)
+        for c in cmps:
+            m, v = C.effect_posterior(c)
+            pit = ndtr((effect - m) / math.sqrt(v))
+            point.append(pit < 0.05 or pit > 0.95)
+            m, v = C.effect_posterior(c, C.share_draws(c, rng, 400))
+            pit = float(np.mean(ndtr((effect - m) / np.sqrt(v))))
+            drawn.append(pit < 0.05 or pit > 0.95)
+    print(f"\n{population}: outside the central 90%: point {np.mean(point):.3f}, drawn {np.mean(drawn):.3f}")
+    if population == "sessions":
+        assert np.mean(drawn) <= np.mean(point) + 0.02
+        return
+    assert np.mean(point) > 0.13
+    assert 0.07 <= np.mean(drawn) <= 0.125

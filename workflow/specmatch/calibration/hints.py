@@ -18,7 +18,7 @@ import numpy as np
 from ..deciding.analysis import analyse
 from ..deciding.rounds import plan
 from ..deciding.reading.measurements import Settings
-from ..records import Continuation
+from ..records import Continuation, Decision
 from .grid import CONCURRENCIES, PROMPTS, SUITES, decided, settings, two_servers
 from .scenarios import SCENARIOS, Scenario, run_to_run
 from .tally import stated_and_decided
@@ -45,7 +45,8 @@ HINT_POPULATIONS = {
 
 
 def carry_out(rng: np.random.Generator, sc: Scenario, eng: dict, work: Workload, eff: dict, cells: list, design: dict,
-              today: int, s, metrics=("output_throughput",), wanted: set | None = None) -> dict:
+              today: int, s, metrics=("output_throughput",), wanted: set | None = None,
+              outcomes: dict | None = None) -> dict:
     """A verdict's named design (Verdict.design) carried out on its experiment as the workflow would:
     more repeats of today's suite (suite_scale 1) add fresh sessions' cells to today's; a larger suite
     reruns every cell with ceil(PROMPTS x g) new prompts in fresh sessions (today's data are not part
@@ -54,7 +55,8 @@ def carry_out(rng: np.random.Generator, sc: Scenario, eng: dict, work: Workload,
     round's plan names (deciding.rounds.plan), decided at the first look that decides, and a
     configuration the rounds stop as unlikely to be decided never decided). Returns
     {(suite, concurrency, metric): decided} of the second server; with `wanted` (such keys), the looks end
-    once each of them is decided or stopped."""
+    once each of them is decided or stopped. `outcomes`, where given, gets (outcome, look) per key, the
+    outcome one of comparison.OUTCOMES (what decides_probability(split=True) predicts)."""
     Rn, g = int(design["repeats"]), float(design["suite_scale"])
     servers = list(eng)
     if g == 1:
@@ -85,16 +87,24 @@ def carry_out(rng: np.random.Generator, sc: Scenario, eng: dict, work: Workload,
                 key = (v.suite, v.concurrency, v.metric)
                 if key not in out and decided(v):
                     out[key] = True
+                    if outcomes is not None:
+                        outcomes[key] = ("equivalent" if v.verdict == Decision.EQUIVALENT else "effect", R)
         if seq and R < Rn:
             p = plan(an, at.design, R)
             for d in p.decisions:
                 if d.server == "spec" and d.action == Continuation.UNLIKELY:
-                    out.setdefault((d.suite, d.concurrency, an.settings.recommend_metric), False)
+                    key = (d.suite, d.concurrency, an.settings.recommend_metric)
+                    if key not in out and outcomes is not None:
+                        outcomes[key] = ("futile", R)
+                    out.setdefault(key, False)
             again = {(c.server, c.suite, c.concurrency) for c in p.next}
             measured += [x for x in data if x[0].repeat == R + 1
                          and (x[0].server, x[0].suite, x[0].concurrency) in again]
         if wanted is not None and wanted <= set(out):
             break
+    if outcomes is not None:
+        for key in set(wanted or ()) - set(out):
+            outcomes[key] = ("open", looks[-1])
     return out
 
 

@@ -99,7 +99,8 @@ def server_comparisons(m: Measurements, rr: RunToRun, server: str, baseline: str
     for metric in m.settings.metrics:  # what an effect is expected to be before its own data: the others'
         cmps = [c for (sv, _, mt), row in comparisons.items() if mt == metric for c in row]
         for i, c in enumerate(cmps):
-            c.effect_prior = effect_prior(cmps[:i] + cmps[i + 1:])
+            c.prior_pool = cmps[:i] + cmps[i + 1:]
+            c.effect_prior = effect_prior(c.prior_pool)
     return comparisons
 
 

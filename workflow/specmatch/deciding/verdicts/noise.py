@@ -104,6 +104,7 @@ class RunToRun:
     dominant: dict = field(default_factory=dict)        # metric -> dominant_suite (None: no suite dominates)
     left_out: list = field(default_factory=list)        # flagged cells, not in tau^2
     tails: dict = field(default_factory=dict)           # metric -> ((nu, weight), ...): tail_weights
+    session_fits: dict = field(default_factory=dict)    # metric -> SessionFit: what session_share read
 
     def sd(self, metric: str) -> float | None:
         t = self.tau2.get(metric)
@@ -144,21 +145,74 @@ def fit_tau2(stats: list[tuple[float, int]]) -> float:
     return (lo + hi) / 2
 
 
-def session_share(t2: float, resid: list) -> float:
-    """pi: the share of tau^2 shared by every cell of a server session, from how much the residuals
-    (y_kr - mean_k) of one session move together. `resid`: (server, repeat, residual, R_k)."""
+_SHARE_GRID = 200    # pi's posterior on cells of 1/200 (SessionFit.share_draws)
+
+
+@dataclass(frozen=True)
+class SessionFit:
+    """What session_share reads: the variance of a session's mean residual `v` (cells per session `k`,
+    tau^2 `t2` over `total_dof` dof), with `dof` degrees of freedom (each server's sessions less one:
+    their residuals sum to zero). With two repeats of two servers that is 2 dof, so pi is known only
+    roughly: its estimate ranges from 0 to about twice the truth, and 'what would decide it' draws it
+    (share_draws)."""
+    v: float
+    dof: float
+    t2: float
+    k: float
+    total_dof: float = math.inf
+
+    def share(self, v=None):
+        """pi at a session-mean variance v (its estimate where None; arrays broadcast)."""
+        if self.t2 <= 0:
+            return 0.0 if v is None else np.zeros(np.shape(v))
+        if self.k <= 1:
+            return 1.0 if v is None else np.ones(np.shape(v))
+        x = self.v if v is None else np.asarray(v, float)
+        out = np.clip((x - self.t2 / self.k) / (1 - 1 / self.k), 0.0, self.t2) / self.t2
+        return float(out) if v is None else out
+
+    def share_draws(self, rng: np.random.Generator, n: int) -> np.ndarray:
+        """n draws of pi from its posterior given the data (a uniform prior on [0, 1]), read on a grid
+        of pi. The pivot needs no tau^2: v estimates tau^2 (pi + (1 - pi) / k) with `dof` dof, and t2 - v
+        (the cells' spread within their sessions) tau^2 (1 - pi) (1 - 1/k) with the rest of t2's, so
+        (k - 1) v / (t2 - v) is lambda F(dof, total_dof - dof), lambda = 1 + k pi / (1 - pi). Taken at its
+        estimate instead, pi's error made the effect's posterior too narrow where pi ran low: the
+        common shift of every comparison was read as the effect (issue 48). A likelihood of v alone
+        with tau^2 at its estimate held the truth too often near pi = 0.36 and too seldom near 0.9 (the
+        estimate of tau^2 moves with v)."""
+        d1, d2 = self.dof, self.total_dof - self.dof
+        if not (math.isfinite(d1) and math.isfinite(d2)) or d1 <= 0 or d2 <= 0 or self.t2 <= 0 or self.k <= 1:
+            return np.full(n, self.share())
+        grid = (np.arange(_SHARE_GRID) + 0.5) / _SHARE_GRID
+        lam = 1 + self.k * grid / (1 - grid)
+        r = (self.k - 1) * self.v / max(self.t2 - self.v, 1e-12 * self.t2)
+        x = r / lam
+        loglik = (d1 / 2 - 1) * np.log(x) - (d1 + d2) / 2 * np.log1p(d1 * x / d2) - np.log(lam)
+        p = np.exp(loglik - loglik.max())
+        pick = rng.choice(_SHARE_GRID, n, p=p / p.sum())
+        return (pick + rng.random(n)) / _SHARE_GRID
+
+
+def session_fit(t2: float, resid: list) -> SessionFit:
+    """SessionFit of the residuals (y_kr - mean_k) of the sessions, `resid`: (server, repeat, residual,
+    R_k)."""
     if t2 <= 0 or not resid:
-        return 0.0
+        return SessionFit(0.0, math.inf, 0.0, 1.0)
     by_session: dict = {}
     for server, r, e, n in resid:
         by_session.setdefault((server, r), []).append(e)
     k_bar = len(resid) / len(by_session)  # cells per session
-    if k_bar <= 1:
-        return 1.0
     shrink = float(np.mean([n / (n - 1) for _, _, _, n in resid]))
     v = float(np.mean([np.mean(x) ** 2 for x in by_session.values()])) * shrink
-    shared = min(t2, max(0.0, (v - t2 / k_bar) / (1 - 1 / k_bar)))
-    return shared / t2
+    dof = float(len(by_session) - len({server for server, _ in by_session}))
+    total = float(sum((n - 1) / n for _, _, _, n in resid))   # each configuration's R_k residuals: R_k - 1 dof
+    return SessionFit(v, dof if dof > 0 else math.inf, t2, k_bar, total)
+
+
+def session_share(t2: float, resid: list) -> float:
+    """pi: the share of tau^2 shared by every cell of a server session, from how much the residuals
+    (y_kr - mean_k) of one session move together. `resid`: (server, repeat, residual, R_k)."""
+    return session_fit(t2, resid).share()
 
 
 def _pooled_dof(resid: list, pi: float) -> float:
@@ -282,7 +336,7 @@ def _run_to_run(m: Measurements, servers: list[str] | None) -> RunToRun:
         if servers is None or key[0] in servers:
             configs.setdefault(key[:3], []).append(key)
     tau2, dofs, nconf, rmax = {}, {}, 0, 1
-    groups, levels, shares, priors, dominant, tails = {}, {}, {}, {}, {}, {}
+    groups, levels, shares, priors, dominant, tails, fits = {}, {}, {}, {}, {}, {}, {}
     # a cell measured beside another job (interference.flagged) says how busy the machine was, not how much
     # a configuration moves between sessions: it stays in its verdict (flagged there), and out of tau^2
     # where its configuration keeps two quiet repeats (else all its cells count: a busy machine's run to
@@ -309,11 +363,12 @@ def _run_to_run(m: Measurements, servers: list[str] | None) -> RunToRun:
         tau2[metric] = fit_tau2(stats)
         dofs[metric] = _tau2_dof(tau2[metric], stats, resid)
         s_all = sum(q for q, _ in stats) / sum(d for _, d in stats)
-        shares[metric] = session_share(s_all, resid)
+        fits[metric] = session_fit(s_all, resid)
+        shares[metric] = fits[metric].share()
         groups[metric], levels[metric], priors[metric] = _shrunk(metric, cfgs, shares[metric], resid)
         dominant[metric] = dominant_suite(cfgs)
         tails[metric] = tail_weights(standardised(cfgs, resid, groups[metric]))
-    return RunToRun(tau2, dofs, nconf, rmax, groups, levels, shares, priors, dominant, left_out, tails)
+    return RunToRun(tau2, dofs, nconf, rmax, groups, levels, shares, priors, dominant, left_out, tails, fits)
 
 
 # -- the tails of run-to-run effects ----------------------------------------------------------------
