@@ -153,8 +153,8 @@ class SessionFit:
     """What session_share reads: the variance of a session's mean residual `v` (cells per session `k`,
     tau^2 `t2` over `total_dof` dof), with `dof` degrees of freedom (each server's sessions less one:
     their residuals sum to zero). With two repeats of two servers that is 2 dof, so pi is known only
-    roughly: its estimate ranges from 0 to about twice the truth, and 'what would decide it' draws it
-    (share_draws)."""
+    roughly: its estimate ranges from 0 to about twice the truth; 'what would decide it' can draw it
+    (share_draws; comparison.DRAW_SESSION_SHARE, measured and not adopted)."""
     v: float
     dof: float
     t2: float
