@@ -77,7 +77,8 @@ def carried_out(rng, pop, eng, work, eff, cells, d: dict, today: int, sequential
     outcomes: dict = {}
     got = carry_out(rng, scenarios.SCENARIOS[SCENARIO[pop]], eng, work, eff, cells, d, today, s,
                     wanted={(u, c, "output_throughput") for u, c in wanted}, outcomes=outcomes)
-    return {(u, c): (bool(got.get((u, c, m))), *outcomes.get((u, c, m), ("open", None))) for u, c, m in
+    shares = outcomes.get("shares", [])
+    return {(u, c): (bool(got.get((u, c, m))), *outcomes.get((u, c, m), ("open", None)), shares) for u, c, m in
             {(u, c, "output_throughput") for u, c in wanted}}
 
 
@@ -131,8 +132,10 @@ def task(a: dict) -> list:
                 wanted = {(u2, c2) for u2, c2, d2 in hints if (d2["repeats"], d2["suite_scale"]) == key}
                 done[key] = carried_out(rng, pop, eng, work, eff, cells, d, today, a["sequential"], a["bootstrap"],
                                         wanted)
-            ok, outcome, look = done[key][(u, c)]
-            detail = {"outcome": outcome, "look": look, "truth": truth}
+            ok, outcome, look, shares = done[key][(u, c)]
+            cmp = next(x for x in an.comparisons[("spec", u, "output_throughput")] if x.concurrency == c)
+            detail = {"outcome": outcome, "look": look, "truth": truth, "plan_shares": shares,
+                      "assumed": cmp.round_shares.get(int(d["repeats"]), cmp.own_share)}
             if a["split"]:
                 split, mean, sd, pit, est, se = predicted(an, u, c, d, a["seed"] + e, truth)
                 detail |= {"split": split, "mean": mean, "sd": sd, "pit": pit, "estimate": est, "se": se}
@@ -175,6 +178,13 @@ def split_lines(rows: list) -> None:
         looks = [r[6]["look"] for r in sel if r[6]["outcome"] in ("equivalent", "effect")]
         if looks:
             print(f"      decided at look median {np.median(looks):.0f}")
+        nested = [r for r in sel if r[5] == 1 and r[6]["plan_shares"]]
+        if nested:
+            sh = [r[6]["plan_shares"] for r in nested]
+            print(f"      more repeats of today's suite ({len(nested)}): share of dof assumed, median "
+                  f"{np.median([r[6]['assumed'] for r in nested]):.2f}; the plans measured, median at the first "
+                  f"look {np.median([x[0] for x in sh]):.2f}, over every look "
+                  f"{np.median([v for x in sh for v in x]):.2f}, at the last {np.median([x[-1] for x in sh]):.2f}")
         z = np.array([(r[6]["truth"] - r[6]["mean"]) / r[6]["sd"] for r in sel if math.isfinite(r[6]["truth"])])
         if z.size:
             pit = np.array([r[6]["pit"] for r in sel if math.isfinite(r[6]["truth"])])

@@ -56,7 +56,8 @@ def carry_out(rng: np.random.Generator, sc: Scenario, eng: dict, work: Workload,
     configuration the rounds stop as unlikely to be decided never decided). Returns
     {(suite, concurrency, metric): decided} of the second server; with `wanted` (such keys), the looks end
     once each of them is decided or stopped. `outcomes`, where given, gets (outcome, look) per key, the
-    outcome one of comparison.OUTCOMES (what decides_probability(split=True) predicts)."""
+    outcome one of comparison.OUTCOMES (what decides_probability(split=True) predicts), and under "shares"
+    the share of run-to-run dof each round's plan measured again (RoundPlan.share), look by look."""
     Rn, g = int(design["repeats"]), float(design["suite_scale"])
     servers = list(eng)
     if g == 1:
@@ -91,6 +92,8 @@ def carry_out(rng: np.random.Generator, sc: Scenario, eng: dict, work: Workload,
                         outcomes[key] = ("equivalent" if v.verdict == Decision.EQUIVALENT else "effect", R)
         if seq and R < Rn:
             p = plan(an, at.design, R)
+            if outcomes is not None:
+                outcomes.setdefault("shares", []).append(p.share)
             for d in p.decisions:
                 if d.server == "spec" and d.action == Continuation.UNLIKELY:
                     key = (d.suite, d.concurrency, an.settings.recommend_metric)
