@@ -68,21 +68,21 @@ def settings(bootstrap: int, repeats=None):
 
 def carried_out(rng, pop, eng, work, eff, cells, d: dict, today: int, sequential: bool, bootstrap: int,
                 wanted: set) -> dict:
-    """{(suite, c): (decided, outcome, look)} after carrying out design d on this experiment as the
-    workflow would (specmatch.calibration.hints.carry_out: the rounds' futility stops included), the
-    outcome one of comparison.OUTCOMES."""
+    """{(suite, c): (decided, outcome, look, the plans' shares)} after carrying out design d on this
+    experiment as the workflow would (specmatch.calibration.hints.carry_out: the rounds' futility stops
+    included), the outcome one of comparison.OUTCOMES."""
     from specmatch.calibration.hints import carry_out
 
     s = settings(bootstrap, {"min": 2, "max": 3} if sequential else None)
     outcomes: dict = {}
-    got = carry_out(rng, scenarios.SCENARIOS[SCENARIO[pop]], eng, work, eff, cells, d, today, s,
-                    wanted={(u, c, "output_throughput") for u, c in wanted}, outcomes=outcomes)
-    shares = outcomes.get("shares", [])
-    return {(u, c): (bool(got.get((u, c, m))), *outcomes.get((u, c, m), ("open", None)), shares) for u, c, m in
-            {(u, c, "output_throughput") for u, c in wanted}}
+    shares: list = []
+    keys = {(u, c, "output_throughput") for u, c in wanted}
+    got = carry_out(rng, scenarios.SCENARIOS[SCENARIO[pop]], eng, work, eff, cells, d, today, s, wanted=keys,
+                    outcomes=outcomes, plan_shares=shares)
+    return {(u, c): (bool(got.get((u, c, m))), *outcomes[(u, c, m)], shares) for u, c, m in keys}
 
 
-def predicted(an, u: str, c: int, d: dict, seed: int, truth: float) -> tuple:
+def predicted(cmp, s, d: dict, seed: int, truth: float) -> tuple:
     """What the statement's simulation says of design d (comparison.decides_probability's outcome split,
     2000 draws) and the effect posterior it draws from (a mixture over the session share's draws):
     (split by OUTCOMES, posterior mean, posterior sd, the truth's PIT, today's estimate, its se)."""
@@ -90,9 +90,8 @@ def predicted(an, u: str, c: int, d: dict, seed: int, truth: float) -> tuple:
 
     from specmatch.deciding.verdicts import comparison as C
 
-    cmp = next(x for x in an.comparisons[("spec", u, "output_throughput")] if x.concurrency == c)
-    split = C.decides_probability(cmp, an.settings, [(d["repeats"], d["suite_scale"])], np.random.default_rng(seed),
-                                  2000, split=True)
+    split = C.decides_probability(cmp, s, [(d["repeats"], d["suite_scale"])], np.random.default_rng(seed), 2000,
+                                  split=True)
     share = C.share_draws(cmp, np.random.default_rng(seed + 1), 2000) if C.DRAW_SESSION_SHARE else None
     mean, var = C.effect_posterior(cmp, share)
     mean, var = np.atleast_1d(mean), np.atleast_1d(var)
@@ -137,7 +136,7 @@ def task(a: dict) -> list:
             detail = {"outcome": outcome, "look": look, "truth": truth, "plan_shares": shares,
                       "assumed": cmp.round_shares.get(int(d["repeats"]), cmp.own_share)}
             if a["split"]:
-                split, mean, sd, pit, est, se = predicted(an, u, c, d, a["seed"] + e, truth)
+                split, mean, sd, pit, est, se = predicted(cmp, an.settings, d, a["seed"] + e, truth)
                 detail |= {"split": split, "mean": mean, "sd": sd, "pit": pit, "estimate": est, "se": se}
             rows.append((a["offset"] + e, float(d["probability"]), bool(d["reachable"]), ok,
                          d["repeats"], d["suite_scale"], detail))

@@ -46,7 +46,7 @@ HINT_POPULATIONS = {
 
 def carry_out(rng: np.random.Generator, sc: Scenario, eng: dict, work: Workload, eff: dict, cells: list, design: dict,
               today: int, s, metrics=("output_throughput",), wanted: set | None = None,
-              outcomes: dict | None = None) -> dict:
+              outcomes: dict | None = None, plan_shares: list | None = None) -> dict:
     """A verdict's named design (Verdict.design) carried out on its experiment as the workflow would:
     more repeats of today's suite (suite_scale 1) add fresh sessions' cells to today's; a larger suite
     reruns every cell with ceil(PROMPTS x g) new prompts in fresh sessions (today's data are not part
@@ -56,8 +56,8 @@ def carry_out(rng: np.random.Generator, sc: Scenario, eng: dict, work: Workload,
     configuration the rounds stop as unlikely to be decided never decided). Returns
     {(suite, concurrency, metric): decided} of the second server; with `wanted` (such keys), the looks end
     once each of them is decided or stopped. `outcomes`, where given, gets (outcome, look) per key, the
-    outcome one of comparison.OUTCOMES (what decides_probability(split=True) predicts), and under "shares"
-    the share of run-to-run dof each round's plan measured again (RoundPlan.share), look by look."""
+    outcome one of comparison.OUTCOMES (what decides_probability(split=True) predicts); `plan_shares`, where
+    given, the share of run-to-run dof each round's plan measured again (RoundPlan.share), look by look."""
     Rn, g = int(design["repeats"]), float(design["suite_scale"])
     servers = list(eng)
     if g == 1:
@@ -92,8 +92,8 @@ def carry_out(rng: np.random.Generator, sc: Scenario, eng: dict, work: Workload,
                         outcomes[key] = ("equivalent" if v.verdict == Decision.EQUIVALENT else "effect", R)
         if seq and R < Rn:
             p = plan(an, at.design, R)
-            if outcomes is not None:
-                outcomes.setdefault("shares", []).append(p.share)
+            if plan_shares is not None:
+                plan_shares.append(p.share)
             for d in p.decisions:
                 if d.server == "spec" and d.action == Continuation.UNLIKELY:
                     key = (d.suite, d.concurrency, an.settings.recommend_metric)

@@ -99,12 +99,16 @@ class RunToRun:
     repeats: int          # the largest number of repeats of a configuration
     groups: dict = field(default_factory=dict)
     levels: dict = field(default_factory=dict)
-    session_share: dict = field(default_factory=dict)   # metric -> pi, the share of tau^2 a session holds
     prior_dof: dict = field(default_factory=dict)       # metric -> {"groups": d0, "concurrencies": d0c}
     dominant: dict = field(default_factory=dict)        # metric -> dominant_suite (None: no suite dominates)
     left_out: list = field(default_factory=list)        # flagged cells, not in tau^2
     tails: dict = field(default_factory=dict)           # metric -> ((nu, weight), ...): tail_weights
-    session_fits: dict = field(default_factory=dict)    # metric -> SessionFit: what session_share read
+    session_fits: dict = field(default_factory=dict)    # metric -> SessionFit: what session_share reads
+
+    @property
+    def session_share(self) -> dict:
+        """metric -> pi, the share of tau^2 a session holds (its fit's estimate)."""
+        return {metric: fit.share() for metric, fit in self.session_fits.items()}
 
     def sd(self, metric: str) -> float | None:
         t = self.tau2.get(metric)
@@ -161,15 +165,13 @@ class SessionFit:
     k: float
     total_dof: float = math.inf
 
-    def share(self, v=None):
-        """pi at a session-mean variance v (its estimate where None; arrays broadcast)."""
+    def share(self) -> float:
+        """pi's estimate."""
         if self.t2 <= 0:
-            return 0.0 if v is None else np.zeros(np.shape(v))
+            return 0.0
         if self.k <= 1:
-            return 1.0 if v is None else np.ones(np.shape(v))
-        x = self.v if v is None else np.asarray(v, float)
-        out = np.clip((x - self.t2 / self.k) / (1 - 1 / self.k), 0.0, self.t2) / self.t2
-        return float(out) if v is None else out
+            return 1.0
+        return min(self.t2, max(0.0, (self.v - self.t2 / self.k) / (1 - 1 / self.k))) / self.t2
 
     def share_draws(self, rng: np.random.Generator, n: int) -> np.ndarray:
         """n draws of pi from its posterior given the data (a uniform prior on [0, 1]), read on a grid
@@ -336,7 +338,7 @@ def _run_to_run(m: Measurements, servers: list[str] | None) -> RunToRun:
         if servers is None or key[0] in servers:
             configs.setdefault(key[:3], []).append(key)
     tau2, dofs, nconf, rmax = {}, {}, 0, 1
-    groups, levels, shares, priors, dominant, tails, fits = {}, {}, {}, {}, {}, {}, {}
+    groups, levels, priors, dominant, tails, fits = {}, {}, {}, {}, {}, {}
     # a cell measured beside another job (interference.flagged) says how busy the machine was, not how much
     # a configuration moves between sessions: it stays in its verdict (flagged there), and out of tau^2
     # where its configuration keeps two quiet repeats (else all its cells count: a busy machine's run to
@@ -364,11 +366,10 @@ def _run_to_run(m: Measurements, servers: list[str] | None) -> RunToRun:
         dofs[metric] = _tau2_dof(tau2[metric], stats, resid)
         s_all = sum(q for q, _ in stats) / sum(d for _, d in stats)
         fits[metric] = session_fit(s_all, resid)
-        shares[metric] = fits[metric].share()
-        groups[metric], levels[metric], priors[metric] = _shrunk(metric, cfgs, shares[metric], resid)
+        groups[metric], levels[metric], priors[metric] = _shrunk(metric, cfgs, fits[metric].share(), resid)
         dominant[metric] = dominant_suite(cfgs)
         tails[metric] = tail_weights(standardised(cfgs, resid, groups[metric]))
-    return RunToRun(tau2, dofs, nconf, rmax, groups, levels, shares, priors, dominant, left_out, tails, fits)
+    return RunToRun(tau2, dofs, nconf, rmax, groups, levels, priors, dominant, left_out, tails, fits)
 
 
 # -- the tails of run-to-run effects ----------------------------------------------------------------
