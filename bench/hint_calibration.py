@@ -20,7 +20,10 @@ it with probability p", p >= 80%) and for best designs below 80% ("the likeliest
 unlikely to decide it"). With --split, also how the statement's simulation says the design ends
 (comparison.decides_probability(split=True): equivalent, pays or loses, stopped by the rounds as
 unlikely, undecided at its last look) against how it ended, and the effect posterior it drew from
-against the truth (where a population has one truth per experiment).
+against the truth (where a population has one truth per experiment). With --null-spike the statements
+draw the effect from comparison.effect_mixture ("no difference" as a hypothesis of its own; measured, not
+adopted); --null-weight 1 makes that the truth for identical servers (the oracle: what remains is not
+the prior).
 
     nice -n 19 python bench/hint_calibration.py --experiments 60 --workers 2
 """
@@ -92,12 +95,21 @@ def predicted(cmp, s, d: dict, seed: int, truth: float) -> tuple:
 
     split = C.decides_probability(cmp, s, [(d["repeats"], d["suite_scale"])], np.random.default_rng(seed), 2000,
                                   split=True)
-    share = C.share_draws(cmp, np.random.default_rng(seed + 1), 2000) if C.DRAW_SESSION_SHARE else None
-    mean, var = C.effect_posterior(cmp, share)
-    mean, var = np.atleast_1d(mean), np.atleast_1d(var)
-    m = float(mean.mean())
-    sd = math.sqrt(float(var.mean() + mean.var()))
-    pit = float(np.mean(ndtr((truth - mean) / np.sqrt(var)))) if math.isfinite(truth) else float("nan")
+    mix = C.effect_mixture(cmp) if C.NULL_SPIKE else None
+    if mix is not None:
+        wt, mean, var, _null = mix
+    else:
+        share = C.share_draws(cmp, np.random.default_rng(seed + 1), 2000) if C.DRAW_SESSION_SHARE else None
+        mean, var = C.effect_posterior(cmp, share)
+        mean, var = np.atleast_1d(mean), np.atleast_1d(var)
+        wt = np.full(mean.shape, 1 / mean.size)
+    m = float(wt @ mean)
+    sd = math.sqrt(float(wt @ var + wt @ (mean - m) ** 2))
+    with np.errstate(divide="ignore", invalid="ignore"):
+        # a component of no spread (exactly no difference) holds the truth at its middle where they agree
+        cdf = np.where(var > 0, ndtr((truth - mean) / np.sqrt(np.where(var > 0, var, 1.0))),
+                       np.where(truth == mean, 0.5, (truth > mean) * 1.0))
+    pit = float(wt @ cdf) if math.isfinite(truth) else float("nan")
     return tuple(float(split[o][0]) for o in C.OUTCOMES), m, sd, pit, cmp.estimate, cmp.se
 
 
@@ -106,10 +118,16 @@ def task(a: dict) -> list:
     from specmatch.deciding.analysis import analyse
 
     measurements.Settings.metrics = property(lambda self: ("output_throughput",))
-    if a["draw_share"]:
-        from specmatch.deciding.verdicts import comparison
+    from specmatch.deciding.verdicts import comparison
 
-        comparison.DRAW_SESSION_SHARE = True
+    comparison.DRAW_SESSION_SHARE = comparison.DRAW_SESSION_SHARE or a["draw_share"]
+    comparison.NULL_SPIKE = comparison.NULL_SPIKE or a.get("null_spike", False)
+    if a.get("null_weight") is not None:
+        comparison.NULL_WEIGHT = a["null_weight"]
+    if a.get("tails") is not None:   # the statement's simulation draws run to run with these tails, whatever shows
+        from specmatch.deciding.verdicts import noise
+
+        noise.tail_weights.__defaults__ = (((a["tails"], 1.0),),)
     rng = np.random.default_rng(a["seed"])
     pop, n, today = a["population"], a["experiments"], 2
     sc = scenarios.SCENARIOS[SCENARIO[pop]]
@@ -184,7 +202,8 @@ def split_lines(rows: list) -> None:
                   f"{np.median([r[6]['assumed'] for r in nested]):.2f}; the plans measured, median at the first "
                   f"look {np.median([x[0] for x in sh]):.2f}, over every look "
                   f"{np.median([v for x in sh for v in x]):.2f}, at the last {np.median([x[-1] for x in sh]):.2f}")
-        z = np.array([(r[6]["truth"] - r[6]["mean"]) / r[6]["sd"] for r in sel if math.isfinite(r[6]["truth"])])
+        z = np.array([(r[6]["truth"] - r[6]["mean"]) / r[6]["sd"] for r in sel
+                      if math.isfinite(r[6]["truth"]) and r[6]["sd"] > 0])
         if z.size:
             pit = np.array([r[6]["pit"] for r in sel if math.isfinite(r[6]["truth"])])
             est = np.array([r[6]["estimate"] / r[6]["se"] for r in sel])
@@ -208,6 +227,15 @@ def main(argv=None) -> int:
     p.add_argument("--draw-share", action="store_true",
                    help="draw the session share from its posterior (comparison.DRAW_SESSION_SHARE), measured and "
                         "not adopted")
+    p.add_argument("--null-spike", action="store_true",
+                   help="draw the effect from the mixture over 'no difference' and a common level "
+                        "(comparison.effect_mixture; comparison.NULL_SPIKE)")
+    p.add_argument("--null-weight", type=float, default=None,
+                   help="with --null-spike, the prior weight of 'no difference' (comparison.NULL_WEIGHT); 1 is "
+                        "the oracle where the truth is no difference")
+    p.add_argument("--tails", type=float, default=None,
+                   help="the Student-t dof the statements draw run to run from (Comparison.tails; the analysis "
+                        "draws normal ones): 3 is the truth for t3")
     p.add_argument("--split", action="store_true",
                    help="also the outcomes (equivalent, pays or loses, stopped as unlikely, undecided at the end) "
                         "the statement's simulation predicts against those carried out, and the effect posterior "
@@ -219,7 +247,8 @@ def main(argv=None) -> int:
         for i in range(0, a.experiments, a.chunk):
             jobs.append((task, {"population": pop, "experiments": min(a.chunk, a.experiments - i), "offset": i,
                                 "sequential": a.sequential, "bootstrap": a.bootstrap, "split": a.split,
-                                "draw_share": a.draw_share,
+                                "draw_share": a.draw_share, "null_spike": a.null_spike, "null_weight": a.null_weight,
+                                "tails": a.tails,
                                 "seed": pool.seed_of(a.seed, pop, i, a.sequential)}))
             owner.append(pop)
     res = pool.run_tasks(jobs, a.workers)

@@ -182,17 +182,48 @@ class SessionFit:
         common shift of every comparison was read as the effect (issue 48). A likelihood of v alone
         with tau^2 at its estimate held the truth too often near pi = 0.36 and too seldom near 0.9 (the
         estimate of tau^2 moves with v)."""
-        d1, d2 = self.dof, self.total_dof - self.dof
-        if not (math.isfinite(d1) and math.isfinite(d2)) or d1 <= 0 or d2 <= 0 or self.t2 <= 0 or self.k <= 1:
+        post = self.posterior()
+        if post is None:
             return np.full(n, self.share())
+        pick = rng.choice(_SHARE_GRID, n, p=post[1])
+        return (pick + rng.random(n)) / _SHARE_GRID
+
+    def posterior(self) -> tuple[np.ndarray, np.ndarray] | None:
+        """pi's posterior on the grid (share_draws): (cell midpoints, probabilities); None where the fit
+        cannot say (its estimate holds)."""
+        d1, d2 = self.dof, self.total_dof - self.dof
+        if not (math.isfinite(d1) and math.isfinite(d2)) or d1 <= 0 or d2 <= 0 or self.t2 <= 0 or self.k <= 1 \
+                or self.v <= 0:   # sessions' means that agree exactly say nothing of pi: its estimate (0) holds
+            return None
         grid = (np.arange(_SHARE_GRID) + 0.5) / _SHARE_GRID
         lam = 1 + self.k * grid / (1 - grid)
         r = (self.k - 1) * self.v / max(self.t2 - self.v, 1e-12 * self.t2)
         x = r / lam
         loglik = (d1 / 2 - 1) * np.log(x) - (d1 + d2) / 2 * np.log1p(d1 * x / d2) - np.log(lam)
         p = np.exp(loglik - loglik.max())
-        pick = rng.choice(_SHARE_GRID, n, p=p / p.sum())
-        return (pick + rng.random(n)) / _SHARE_GRID
+        return grid, p / p.sum()
+
+
+    def joint(self, n_pi: int = 40, n_tau: int = 8) -> tuple[np.ndarray, np.ndarray, np.ndarray] | None:
+        """(pi, tau^2 / t2, probability) on a grid of their joint posterior (the prior uniform on pi, 1 / tau^2
+        on tau^2): pi's marginal (posterior) coarsened to n_pi cells, and given pi, tau^2 at n_tau equally
+        likely quantiles of its scaled inverse chi-square (v / (pi + (1 - pi) / k) and (t2 - v) / ((1 - pi) (k - 1)
+        / k) each estimate it, with `dof` and the rest of t2's dof). tau^2 rests on few dof too (18 with two
+        repeats of 9 configurations): at its estimate, where it ran low the sessions' error did as well, and
+        a common shift was read as an effect. None where the fit cannot say."""
+        post = self.posterior()
+        if post is None:
+            return None
+        pis, p = post
+        step = _SHARE_GRID // n_pi
+        p = p.reshape(n_pi, step).sum(1)
+        pis = pis.reshape(n_pi, step).mean(1)
+        d1, d2 = self.dof, self.total_dof - self.dof
+        u = max(self.t2 - self.v, 1e-12 * self.t2) / (self.k - 1)
+        q = d1 * self.v / (pis + (1 - pis) / self.k) + d2 * u / ((1 - pis) / self.k)
+        chi = chi2_ppf(1 - (np.arange(n_tau) + 0.5) / n_tau, d1 + d2)
+        lam = q[:, None] / chi[None, :] / self.t2
+        return np.repeat(pis, n_tau), lam.ravel(), np.repeat(p / n_tau, n_tau)
 
 
 def session_fit(t2: float, resid: list) -> SessionFit:
