@@ -265,44 +265,55 @@ def _mixture_pit(rng, mix, truth: float) -> float:
     return float(wt @ below + rng.uniform() * at)
 
 
-def test_the_effect_mixture_is_the_posterior_in_its_own_world():
-    """comparison.effect_mixture: "no difference" (prior weight one half) against a common level about 0,
-    each with its posterior for the effect. Where the truth is drawn from that prior (and the variances are
-    known), its weight on "no difference" is the probability that there is none (binned: the share of
-    worlds with none within 3 Monte-Carlo errors of the mean weight in every bin), and the mixture's mean
-    and the mixture holds the truth as often as it says: its central 80% (a randomised PIT, a point mass's
-    share at the truth drawn uniformly) in 80% of worlds, within 3.5 binomial errors (1,200 worlds: 4
-    points); z^2 = (truth - mean)^2 / variance is heavy-tailed (MC error 0.07-0.09), so its mean only
-    within 0.3 of 1 (measured 0.90; the central 80% 80.4%)."""
-    from specmatch.deciding.verdicts import comparison as C
+def _read(rng, mix, truth: float) -> tuple[float, float, bool]:
+    """What the tests read of a mixture against the truth: its weight on "no difference", z^2 = (truth - mean)^2
+    / variance, and whether its central 80% holds the truth (_mixture_pit)."""
+    wt, mean, var, none = mix
+    m = float(wt @ mean)
+    v = float(wt @ var + wt @ (mean - m) ** 2)
+    return float(wt[none].sum()), (truth - m) ** 2 / v, 0.1 <= _mixture_pit(rng, mix, truth) <= 0.9
 
-    rng = np.random.default_rng(21)
-    T = 0.08   # the common level's sd in this world: a few session errors, where weighing matters
-    weight, truth_null, z2, inside = [], [], [], []
-    for _ in range(1200):
-        null = bool(rng.uniform() < 0.5)
-        cmps, effects = _common_world(rng, null, T)
-        effect = effects[0]
-        mix = C.effect_mixture(cmps[0], 0.5, T)
-        wt, mean, var, none = mix
-        inside.append(0.1 <= _mixture_pit(rng, mix, effect) <= 0.9)
-        m = float(wt @ mean)
-        v = float(wt @ var + wt @ (mean - m) ** 2)
-        weight.append(float(wt[none].sum()))
-        truth_null.append(null)
-        z2.append((effect - m) ** 2 / v)
-    weight, truth_null = np.array(weight), np.array(truth_null)
-    print(f"\nmean weight on no difference {weight.mean():.3f}; mean z^2 {np.mean(z2):.3f}; the central 80% "
-          f"holds the truth in {np.mean(inside):.3f}")
+
+def _tally(rows: list, slack: float) -> tuple[bool, float, float]:
+    """rows of (weight on "no difference", z^2, the central 80% holds the truth, the truth is no difference):
+    (whether, in every bin of the weight with 30 worlds or more, the share of worlds with none is within 3
+    binomial errors and `slack` of the bin's mean weight; the central 80%'s coverage; the mean of z^2),
+    each bin printed."""
+    weight, z2, inside, truth_null = (np.array(x) for x in zip(*rows))
+    ok = True
     for lo, hi in ((0, 0.2), (0.2, 0.4), (0.4, 0.6), (0.6, 0.8), (0.8, 1.01)):
         sel = (weight >= lo) & (weight < hi)
         if sel.sum() < 30:
             continue
         p, q = truth_null[sel].mean(), weight[sel].mean()
         print(f"  weight in [{lo}, {hi}): {sel.sum()} worlds, none in {p:.3f}, weight {q:.3f}")
-        assert abs(p - q) <= 3 * math.sqrt(q * (1 - q) / sel.sum()) + 0.01
-    assert abs(np.mean(inside) - 0.8) <= 3.5 * math.sqrt(0.16 / len(inside))
-    assert 0.7 <= np.mean(z2) <= 1.3
+        ok = ok and abs(p - q) <= 3 * math.sqrt(q * (1 - q) / sel.sum()) + slack
+    print(f"  the central 80% holds the truth in {inside.mean():.3f}; mean z^2 {z2.mean():.3f}")
+    return ok, float(inside.mean()), float(z2.mean())
+
+
+def test_the_effect_mixture_is_the_posterior_in_its_own_world():
+    """comparison.effect_mixture: "no difference" (prior weight one half) against a common level about 0,
+    each with its posterior for the effect. Where the truth is drawn from that prior (and the variances are
+    known), its weight on "no difference" is the probability that there is none (binned: the share of
+    worlds with none within 3 Monte-Carlo errors of the mean weight in every bin), and the mixture holds
+    the truth as often as it says: its central 80% (a randomised PIT, a point mass's share at the truth
+    drawn uniformly) in 80% of worlds, within 3.5 binomial errors (1,200 worlds: 4 points; measured
+    80.4%). z^2 = (truth - mean)^2 / variance is heavy-tailed (its mean's MC error 0.07-0.14), so only
+    within 0.3 of 1 (measured 0.90)."""
+    from specmatch.deciding.verdicts import comparison as C
+
+    rng = np.random.default_rng(21)
+    T = 0.08   # the common level's sd in this world: a few session errors, where weighing matters
+    rows = []
+    for _ in range(1200):
+        null = bool(rng.uniform() < 0.5)
+        cmps, effects = _common_world(rng, null, T)
+        rows.append((*_read(rng, C.effect_mixture(cmps[0], 0.5, T), effects[0]), null))
+    ok, inside, z2 = _tally(rows, slack=0.01)
+    assert ok
+    assert abs(inside - 0.8) <= 3.5 * math.sqrt(0.16 / len(rows))
+    assert 0.7 <= z2 <= 1.3
 
 
 def test_the_effect_mixture_weighs_the_session_share_as_two_sessions_can_say():
@@ -311,48 +322,29 @@ def test_the_effect_mixture_weighs_the_session_share_as_two_sessions_can_say():
     drawn from its prior (uniform) and the truth from the mixture's (no difference at all, or a common
     level from N(0, 0.08^2) with a deviation per configuration), the weight on "no difference" is the
     probability there is none (binned, within 3 Monte-Carlo errors and 2 points), and the mixture's central
-    80% holds the truth in 80% (3.5 binomial errors; measured 78.5%; mean z^2 1.06, whose MC error is
-    0.07-0.13). At their estimates instead (the comparisons' Comparison.session), a common shift of the
-    sessions is read as an effect wherever pi or tau^2 ran low: mean z^2 1.74 (over pi alone, tau^2 at
-    its estimate: 1.31, and "no difference" in 14% where the weight said 5%)."""
+    80% holds the truth in 80% (3.5 binomial errors; 78-81% over six seeds; the mean of z^2 ranged 0.97-1.59
+    over them: heavy-tailed, printed only). At their estimates instead (the comparisons' Comparison.session),
+    a common shift of the sessions is read as an effect wherever pi or tau^2 ran low: the central 80% holds
+    the truth in 73.5-73.6% (three seeds; over pi alone, tau^2 at its estimate, "no difference" was found in
+    14% where the weight said 5%)."""
     from specmatch.deciding.verdicts import comparison as C
 
     rng = np.random.default_rng(23)
     T = 0.08
-    weight, truth_null, z2, z2_point, inside = [], [], [], [], []
+    rows, point = [], []
     for _ in range(1000):
         pi, null = rng.uniform(0.02, 0.98), bool(rng.uniform() < 0.5)
         effects = np.zeros(9) if null else rng.normal(0.0, T) + rng.normal(0.0, 1.0, 9) * rng.choice(C.SPREAD_SDS)
-        effect = effects[0]
         cmps, fit = _session_world(rng, effects, session_sd=0.05 * math.sqrt(pi), cell_sd=0.05 * math.sqrt(1 - pi))
-        for drawn in (True, False):
-            if not drawn:
-                for c in cmps:
-                    c.session_units = {}
-            mix = C.effect_mixture(cmps[0], 0.5, T)
-            wt, mean, var, none = mix
-            m = float(wt @ mean)
-            v = float(wt @ var + wt @ (mean - m) ** 2)
-            (z2 if drawn else z2_point).append((effect - m) ** 2 / v)
-            if drawn:
-                inside.append(0.1 <= _mixture_pit(rng, mix, effect) <= 0.9)
-                weight.append(float(wt[none].sum()))
-                truth_null.append(null)
-    weight, truth_null = np.array(weight), np.array(truth_null)
-    print(f"\nmean z^2: pi's posterior {np.mean(z2):.3f}, pi's estimate {np.mean(z2_point):.3f}; the central 80% "
-          f"holds the truth in {np.mean(inside):.3f}")
-    bad = False
-    for lo, hi in ((0, 0.2), (0.2, 0.4), (0.4, 0.6), (0.6, 0.8), (0.8, 1.01)):
-        sel = (weight >= lo) & (weight < hi)
-        if sel.sum() < 30:
-            continue
-        p, q = truth_null[sel].mean(), weight[sel].mean()
-        print(f"  weight in [{lo}, {hi}): {sel.sum()} worlds, none in {p:.3f}, weight {q:.3f}")
-        bad = bad or abs(p - q) > 3 * math.sqrt(q * (1 - q) / sel.sum()) + 0.02
-    assert not bad
-    assert abs(np.mean(inside) - 0.8) <= 3.5 * math.sqrt(0.16 / len(inside))
-    assert 0.7 <= np.mean(z2) <= 1.3
-    assert np.mean(z2_point) > np.mean(z2) + 0.3
+        rows.append((*_read(rng, C.effect_mixture(cmps[0], 0.5, T), effects[0]), null))
+        for c in cmps:
+            c.session_units = {}   # the session parts at their estimates
+        point.append(_read(rng, C.effect_mixture(cmps[0], 0.5, T), effects[0])[2])
+    ok, inside, _z2 = _tally(rows, slack=0.02)
+    print(f"  at the estimates: the central 80% holds the truth in {np.mean(point):.3f}")
+    assert ok
+    assert abs(inside - 0.8) <= 3.5 * math.sqrt(0.16 / len(rows))
+    assert np.mean(point) < inside - 0.02
 
 
 def test_identical_servers_are_read_as_no_difference():
