@@ -365,7 +365,8 @@ def test_identical_servers_are_read_as_no_difference():
                 c.estimate += shift
             wt, _m, _v, none = C.effect_mixture(cmps[0])
             got[shift].append(float(wt[none].sum()))
-    print("\nweight on no difference, median: " + ", ".join(f"{k:.0%} faster {np.median(v):.3f}" for k, v in got.items()))
+    print("\nweight on no difference, median: "
+          + ", ".join(f"{k:.0%} faster {np.median(v):.3f}" for k, v in got.items()))
     assert np.median(got[0.0]) > 0.85 and np.mean(np.array(got[0.0]) < 0.5) < 0.1
     assert np.median(got[0.10]) < 0.3
     assert np.median(got[0.20]) < 0.01

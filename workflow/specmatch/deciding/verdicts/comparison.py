@@ -613,15 +613,16 @@ SPREAD_SDS = (0.0, 0.005, 0.01, 0.02, 0.04, 0.08, 0.16, 0.32)
 def effect_mixture(cmp: Comparison, null_weight: float | None = None, common_sd: float | None = None
                    ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray] | None:
     """The effect's posterior as a normal mixture (weights, means, variances, whether the component is "no
-    difference") over two hypotheses of the
-    server's comparisons on this metric (this one and its prior_pool: its suites and concurrencies): "no
-    difference" (every effect exactly 0) with prior weight `null_weight`, and "a difference": a common
-    level mu ~ N(0, common_sd^2) and each configuration's deviation d_i from it (sd from SPREAD_SDS); and over the session share pi's posterior
-    (noise.SessionFit.posterior), where the comparisons carry it. Each estimate is effect + the shared
-    session error (one normal per server, the same in every cell of its sessions, variance pi x
-    Comparison.session_units) + its own error (the rest of se^2); the deviations' variance D is the
-    estimates' spread beyond their own errors (as effect_prior). Given pi and the hypothesis the K
-    estimates are joint normal, so each component's posterior and marginal likelihood are exact.
+    difference") over two hypotheses of the server's comparisons on this metric (this one and its
+    prior_pool: its suites and concurrencies): "no difference" (every effect exactly 0) with prior weight
+    `null_weight`, and "a difference": a common level mu ~ N(0, common_sd^2) and each configuration's
+    deviation from it (its sd one of SPREAD_SDS, each as likely); and over the joint posterior of the
+    session share pi and tau^2 (noise.SessionFit.joint), where the comparisons carry it (else at their
+    estimates, Comparison.session). Each estimate is effect + the shared session error (one normal per
+    server, the same in every cell of its sessions, variance pi x tau^2-scaled Comparison.session_units) +
+    its own error (the rest of se^2, whose run-to-run part scales with tau^2). Given (pi, tau^2) and the
+    hypothesis the K estimates are joint normal, so each component's posterior and marginal likelihood
+    are exact.
 
     Why: under a flat prior on the common level the shared session error cannot be told from a common
     effect, so identical servers whose sessions ran slow were predicted to differ. The flat posterior holds

@@ -203,7 +203,6 @@ class SessionFit:
         p = np.exp(loglik - loglik.max())
         return grid, p / p.sum()
 
-
     def joint(self, n_pi: int = 40, n_tau: int = 8) -> tuple[np.ndarray, np.ndarray, np.ndarray] | None:
         """(pi, tau^2 / t2, probability) on a grid of their joint posterior (the prior uniform on pi, 1 / tau^2
         on tau^2): pi's marginal (posterior) coarsened to n_pi cells, and given pi, tau^2 at n_tau equally
