@@ -600,8 +600,9 @@ def effect_posterior(cmp: Comparison, share=None):
 # one sd, as speculative decoding measures at low and high load). NULL_SPIKE: 'what would decide it' draws the
 # effect from that mixture instead of effect_posterior. Measured, not adopted (issue 48, calibration.md):
 # with no difference's weight at 1 (its truth) the statements on identical servers came true as stated on
-# normal noise (on Student-t(3) noise once those tails were drawn too): the rounds' simulation is right; at one half they came true no more often than with the flat prior, the
-# Student-t(3) ones less often, and the posterior missed speedups within ±12% (mean z^2 23)
+# normal noise (on Student-t(3) noise once those tails were drawn too): the rounds' simulation is right. At
+# one half they came true no more often than with the flat prior, the Student-t(3) ones less often, and the
+# posterior missed speedups within ±12% (mean z^2 23)
 NULL_WEIGHT = 0.5
 COMMON_SD = 0.5
 NULL_SPIKE = False
