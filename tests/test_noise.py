@@ -155,7 +155,7 @@ def _session_world(rng, effect, servers=2, repeats=2, configs=9, session_sd=0.03
         c = C.Comparison("s", "b", "u", k, "output_throughput", [float(est[k])] * repeats, [w] * repeats,
                          float(est[k]), math.sqrt(w + unit), 30.0, True)
         c.session = {"s": fit.share() * unit / 2, "b": fit.share() * unit / 2}
-        c.session_fit, c.session_unit, c.session_units = fit, unit, {"s": unit / 2, "b": unit / 2}
+        c.session_fit, c.session_units = fit, {"s": unit / 2, "b": unit / 2}
         cmps.append(c)
     for i, c in enumerate(cmps):
         c.prior_pool = cmps[:i] + cmps[i + 1:]

@@ -61,11 +61,10 @@ class Comparison:
     prompts: int = 0                   # prompts both servers answered in every repeat
     units: int = 0                     # their resampling units: the prompts, or a session suite's sessions
     session: dict = field(default_factory=dict)  # server -> the variance its server sessions add (shared across c)
-    # what those variances rest on: the session share's fit (noise.SessionFit), and tau^2 / R of both servers, which
-    # a share multiplies: 'what would decide it' draws the share (share_draws)
+    # what those variances rest on: the session share's fit (noise.SessionFit), and each server's tau^2 / R, which
+    # a share multiplies (session[server] is pi x this): 'what would decide it' can draw the share (share_draws)
     session_fit: object | None = None
-    session_unit: float = 0.0
-    session_units: dict = field(default_factory=dict)  # server -> tau^2 / R: session[server] is pi x this
+    session_units: dict = field(default_factory=dict)
     effect_prior: tuple | None = None  # (mean, variance) of the effect before this comparison's data (effect_prior)
     # the comparisons that prior is built from (effect_prior): each holds the others, so out of repr and ==
     prior_pool: list = field(default_factory=list, repr=False, compare=False)
@@ -89,6 +88,11 @@ class Comparison:
     @property
     def repeats(self) -> int:
         return len(self.logs)
+
+    @property
+    def session_unit(self) -> float:
+        """tau^2 / R of both servers: what the session share multiplies into today's shared session error."""
+        return float(sum(self.session_units.values()))
 
 
 def _bootstrap(m: Measurements, pairs: list, prompts: list, common: set, metric: str, sign: float,
@@ -198,8 +202,7 @@ def compare(m: Measurements, rr: RunToRun, server: str, against: str, suite: str
         cmp.run_to_run = True
         share = rr.session_share.get(metric, 0.0)
         cmp.session = {server: share * ts.total / R, against: share * ta.total / R}
-        cmp.session_fit, cmp.session_unit = rr.session_fits.get(metric), (ts.total + ta.total) / R
-        cmp.session_units = {server: ts.total / R, against: ta.total / R}
+        cmp.session_fit, cmp.session_units = rr.session_fits.get(metric), {server: ts.total / R, against: ta.total / R}
         cmp.request_noise = unbias * request_variance(boot)
         cmp.tails = rr.tails.get(metric, cmp.tails)
     else:
