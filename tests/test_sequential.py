@@ -206,7 +206,8 @@ def test_a_round_under_a_cell_budget_measures_the_likeliest_to_be_decided_first(
     be decided (comparison.chance) continue while their cells fit; the others stop over budget with
     the verdict they had, final like any stop."""
     from specmatch.deciding.analysis import frozen_verdicts
-    from specmatch.deciding.verdicts.comparison import chance, compare
+    from specmatch.deciding.verdicts.comparison import compare
+    from specmatch.deciding.verdicts.designs import chance
 
     an = analyse([x for x in simulated if x[0].repeat <= 2], "baseline", settings(0))
     free = plan(an, Design(2, 3, 0), 2)

@@ -797,9 +797,10 @@ class Verdict(Record):
     run_to_run: bool = True               # whether the interval includes run-to-run variation
     decide: Optional[str] = None          # for inconclusive: what would decide it
     dof: Optional[float] = None           # the Student t interval's degrees of freedom
-    # for inconclusive: the cheapest (repeats, suite size) whose data decide it with probability
-    # >= `probability` over the effect's current interval, or the best reachable: {repeats,
-    # suite_scale, prompts, probability, reachable} (deciding.verdicts.comparison.deciding_design)
+    # for inconclusive: what would decide it, two power statements (deciding.verdicts.designs): {"effect":
+    # the cheapest design deciding it (pays or loses, as the truth is) with probability 0.8 if the speedup is
+    # outside [lo, hi], "equivalence": the cheapest confirming no difference with `probability` if the
+    # speedup is 1.00}, each {repeats, suite_scale, prompts, probability, reachable} (effect: also lo, hi)
     design: Optional[dict] = None
 
 
@@ -1631,8 +1632,9 @@ RESULT_FILES: tuple[ResultFile, ...] = (
                "one row per cell (every repeat): the main {CellResult} figures, and `request_goodput` with an SLO"),
     ResultFile("summary/cells.parquet", "summary", "the same table as `cells.csv`, typed"),
     ResultFile("summary/speedups.csv", "summary",
-               "every {Verdict}, one row each, its `design` flattened into `design_repeats`, "
-               "`design_suite_scale`, `design_probability`"),
+               "every {Verdict}, one row each, its `design` flattened into `effect_repeats`, `effect_suite_scale`, "
+               "`effect_lo`, `effect_hi`, `equivalence_repeats`, `equivalence_suite_scale`, "
+               "`equivalence_probability`"),
     ResultFile("summary/plots/throughput.png", "summary",
                "output throughput against concurrency, one panel per suite (each repeat a dot, their mean a line)"),
     ResultFile("summary/plots/speedup.png", "summary",

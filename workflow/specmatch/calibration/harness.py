@@ -23,12 +23,12 @@ import numpy as np
 from .chances import CHANCE_POPULATIONS, chance_rates, chance_task
 from .external import external_rates, external_task
 from .grid import CONCURRENCIES, EFFECTS, METRICS, OUT_TOKENS, PROMPTS, SLO, SPEC_TRUTH, SUITES
-from .hints import HINT_POPULATIONS, hint_rates, hint_task
+from .hints import HINT_POPULATIONS, hint_gap, hint_task
 from .ksweeps import K_OUT_TOKENS, K_PROMPTS, K_SCENARIOS, k_rates, kcompare_task, ksweep_task
 from .pool import run_tasks, seed_of, workers
 from .scenarios import SCENARIOS
 from .tally import fmt, pct
-from .verdicts import claim_rates, experiment_task, hint_calibration
+from .verdicts import claim_rates, experiment_task
 from .verification import VERIFY_OUTCOMES, verified_shares, verify_task
 
 TASKS = {"experiment": experiment_task, "verify": verify_task, "hints": hint_task, "ksweep": ksweep_task,
@@ -53,7 +53,6 @@ def _merge(a: dict, b: dict) -> dict:
         if a[k] is not None:
             a[k] = a[k] + b[k]
     a["used"] = np.concatenate([a["used"], b["used"]])
-    a["hints"] += b["hints"]
     return a
 
 
@@ -101,10 +100,10 @@ def table(experiments: int = 300, power_experiments: int = 100, verify_experimen
         else:
             specs[(name, 0)] = dict(kind="experiment", name=name, effect=0.0, repeats=(1, 2, 3, 4),
                                     experiments=experiments, teeth=name == "plain", claims=name == "plain",
-                                    sequential=name == "plain", designs=name == "plain")
+                                    sequential=name == "plain")
     for e in EFFECTS:
         specs[("power", e)] = dict(kind="experiment", name="plain", effect=e, repeats=(2, 3, 4),
-                                   experiments=power_experiments, sequential=True, designs=True)
+                                   experiments=power_experiments, sequential=True)
     for name in ("plain", "quiet"):
         specs[("verify", name)] = dict(kind="verify", name=name, experiments=verify_experiments, repeats=2)
     hint_experiments = max(10, power_experiments // 2)
@@ -154,7 +153,6 @@ def table(experiments: int = 300, power_experiments: int = 100, verify_experimen
     for e in EFFECTS:
         pw = res[("power", e)]
         seq, used = pw["sequential"], pw["used"]
-        mp, dec, nh = hint_calibration(pw["hints"])
         power = seq.rate(('pays',), metric='output_throughput')
         mean_r = 4 * used[:, 0].sum() / used[:, 1].sum()
         equal = next((R for R in (2, 3, 4) if pw["tally"][R].rate(('pays',), metric='output_throughput')[0]
@@ -162,16 +160,16 @@ def table(experiments: int = 300, power_experiments: int = 100, verify_experimen
         vs = (f"a fixed design of equal power needs R={equal}: {1 - mean_r / equal:+.0%} repeats saved"
               if equal else "no fixed design up to R=4 has its power")
         p(f"  {e:.0%}: sequential 2..4 pays {fmt(power)} with {mean_r:.2f} repeats per cell on average "
-          f"({used[:, 0].sum() / used[:, 1].sum():.0%} of R=4's); {vs}; 'what would decide it' at R=2 (throughput): "
-          f"stated {mp:.0%}, decided {dec:.0%} of {nh}")
-    mp, dec, nh = hint_calibration(pl0["hints"])
-    p(f"  A/A: 'what would decide it' at R=2 (throughput), where it named 3 or 4 repeats: stated {mp:.0%}, "
-      f"decided {dec:.0%} of {nh}")
-    p(f"\n'What would decide it', carried out (R=2, throughput; every inconclusive verdict's named design run on "
-      f"its experiment as the workflow would, the verdict read again; {hint_experiments} experiments each):")
-    _stated_lines(p, res, "hints", HINT_POPULATIONS, lambda rows, x: hint_rates(rows, reachable=x),
-                  (("'decides it with probability p'", True),
-                   ("below 80% (the likeliest design, or 'more data is unlikely to decide it')", False)))
+          f"({used[:, 0].sum() / used[:, 1].sum():.0%} of R=4's); {vs}")
+    p(f"\n'What would decide it', carried out (R=2, throughput; each inconclusive verdict's two named designs run on "
+      f"its experiment as the workflow would, the verdict read again; {hint_experiments} experiments each): the "
+      "probability at the true effect (designs.power) against the share decided as the truth is")
+    for name, (_, about, _, _) in HINT_POPULATIONS.items():
+        parts = []
+        for kind in ("equivalence", "effect"):
+            st, dec, gap, se, n = hint_gap(res[("hints", name)]["rows"], kind)
+            parts.append(f"{kind}: {st:.0%} -> {dec:.0%} (gap {gap:+.0%} ± {se:.0%} of {n})" if n else f"{kind}: none")
+        p(f"  {name} ({about}): " + "; ".join(parts))
     p(f"\nThe rounds' chance, carried out (repeats {{min: 2, max: 3}}; round 2's plan, then its cells of repeat 3; "
       f"{chance_experiments} experiments each; the configurations stopped as unlikely measured again on their own):")
     _stated_lines(p, res, "chances", CHANCE_POPULATIONS, chance_rates,

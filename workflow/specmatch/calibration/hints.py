@@ -1,12 +1,14 @@
-"""'What would decide it', carried out: does the design a verdict names decide as often as it says?
+"""'What would decide it', carried out: does a named design decide as often as its power says?
 
-An inconclusive verdict names a design (more repeats, or a larger suite) and the probability it
-decides. The only honest check is to run it: each named design is carried out on its own experiment
-as the workflow would (more repeats add fresh sessions to today's cells; a larger suite reruns every
-cell with new prompts in fresh sessions), the verdict read again, and the share decided compared with
-the probability stated. Carried-out designs are the calibration's dearest part (they name up to 64
-repeats of suites up to 32 times the default's), so only the throughput verdicts they were named for
-are read.
+An inconclusive verdict names two designs (verdicts.designs): one that decides an effect (pays or
+loses) with probability 80% outside stated bounds, one that confirms no difference with a stated
+probability if the speedup is 1.00. Each is a power statement: a probability at a named effect, given
+today's data. It can be checked wherever the truth is known: the statement's own simulation evaluated at
+the true effect (`designs.power`) states the probability that the design decides as the truth is, and the
+design carried out on its experiment as the workflow would (more repeats add fresh sessions to today's
+cells through the rounds; a larger suite reruns every cell with new prompts in fresh sessions) says
+whether it did. On identical servers the equivalence design's stated probability is exactly that; on
+effects near the stated bounds the effect design's is near 80%.
 """
 from __future__ import annotations
 
@@ -18,10 +20,12 @@ import numpy as np
 from ..deciding.analysis import analyse
 from ..deciding.rounds import plan
 from ..deciding.reading.measurements import Settings
-from ..records import Continuation, Decision
-from .grid import CONCURRENCIES, PROMPTS, SUITES, decided, settings, two_servers
+from ..deciding.verdicts.designs import CONFIRM_DRAWS, decided_as_true, power
+from ..records import Continuation
+from .des import Engine
+from .grid import BASE, CONCURRENCIES, PROMPTS, SUITES, decided, settings
 from .scenarios import SCENARIOS, Scenario, run_to_run
-from .tally import stated_and_decided
+from .tally import stated_gap
 from .workload import Workload, simulate_cells
 
 @dataclass
@@ -36,12 +40,27 @@ class Reading(Settings):
         return tuple(m for m in Settings.metrics.fget(self) if not self.only or m in self.only)
 
 
+STALLED = Engine(hiccup_p=0.01, hiccup_s=0.1)   # 1% of steps stall, 100 ms on average (5-8 steps at c=16)
+
+# name -> (run-to-run scenario, what it is, the true log speedup: a number or (lo, hi) drawn per experiment,
+# the servers' engine)
 HINT_POPULATIONS = {
-    "aa": ("plain", "identical servers"),
-    "effects": ("plain", "a uniform speedup per experiment, log-uniform within ±12%"),
-    "quiet": ("quiet", "identical servers on a quiet machine"),
-    "t3": ("t3", "identical servers, Student-t(3) session and cell effects (heavy tails)"),
+    "aa": ("plain", "identical servers", 0.0, BASE),
+    "near": ("plain", "a speedup of 1.06-1.10x (log-uniform), near the effect design's bounds",
+             (math.log(1.06), math.log(1.10)), BASE),
+    "spread": ("plain", "a speedup log-uniform within ±20%", (-0.2, 0.2), BASE),
+    "t3": ("t3", "identical servers, Student-t(3) session and cell effects", 0.0, BASE),
+    "t3near": ("t3", "a speedup of 1.06-1.10x, Student-t(3) session and cell effects",
+               (math.log(1.06), math.log(1.10)), BASE),
+    "stalls": ("plain", "identical servers, 1% of engine steps stalled (100 ms)", 0.0, STALLED),
 }
+
+
+def servers(population: str, rng: np.random.Generator) -> tuple[dict, float]:
+    """The baseline and `spec` of a population, and the true log speedup (throughput's exactly: des.Engine.faster)."""
+    _, _, truth, engine = HINT_POPULATIONS[population]
+    theta = float(rng.uniform(*truth)) if isinstance(truth, tuple) else float(truth)
+    return {"baseline": engine, "spec": engine.faster(math.exp(theta))}, theta
 
 
 def carry_out(rng: np.random.Generator, sc: Scenario, eng: dict, work: Workload, eff: dict, cells: list, design: dict,
@@ -56,7 +75,7 @@ def carry_out(rng: np.random.Generator, sc: Scenario, eng: dict, work: Workload,
     configuration the rounds stop as unlikely to be decided never decided). Returns
     {(suite, concurrency, metric): decided} of the second server; with `wanted` (such keys), the looks end
     once each of them is decided or stopped. `outcomes`, where given, gets (outcome, look) per key, the
-    outcome one of comparison.OUTCOMES (what decides_probability(split=True) predicts); `plan_shares`, where
+    outcome one of designs.OUTCOMES (what designs.power predicts); `plan_shares`, where
     given, the share of run-to-run dof each round's plan measured again (RoundPlan.share), look by look."""
     Rn, g = int(design["repeats"]), float(design["suite_scale"])
     servers = list(eng)
@@ -89,7 +108,7 @@ def carry_out(rng: np.random.Generator, sc: Scenario, eng: dict, work: Workload,
                 if key not in out and decided(v):
                     out[key] = True
                     if outcomes is not None:
-                        outcomes[key] = ("equivalent" if v.verdict == Decision.EQUIVALENT else "effect", R)
+                        outcomes[key] = (v.verdict.value, R)
         if seq and R < Rn:
             p = plan(an, at.design, R)
             if plan_shares is not None:
@@ -111,42 +130,61 @@ def carry_out(rng: np.random.Generator, sc: Scenario, eng: dict, work: Workload,
     return out
 
 
+TRUTH_OUTCOME = {0: "equivalent", 1: "pays", -1: "loses"}
+
+
 def hint_task(a: dict) -> dict:
     """'What would decide it', checked by carrying it out: `experiments` experiments of
     HINT_POPULATIONS[`name`], analysed at R = 2 (fixed design, or `sequential`: repeats {min: 2, max: 3}),
-    throughput only; for every inconclusive verdict, its named design carried out on the same
-    experiment (carry_out) and the verdict read again. Returns {"rows": [(experiment, stated
-    probability, reachable, decided, repeats, suite scale)]}, the experiment (seed, index) so that
-    rows of every chunk keep their experiments apart."""
-    scenario, _ = HINT_POPULATIONS[a["name"]]
+    throughput only. For every inconclusive verdict, both named designs carried out on the same experiment
+    (carry_out, once per distinct design) and the verdict read again. Returns {"rows": [(experiment,
+    statement ("effect" or "equivalence"), probability at the truth (designs.power at the true effect:
+    what the statement's simulation says of this truth), probability stated, decided as the truth is,
+    repeats, suite scale, concurrency, reachable)]}, the experiment (seed, index) so that rows of every
+    chunk keep their experiments apart."""
+    scenario, _, _, _ = HINT_POPULATIONS[a["name"]]
     sc = SCENARIOS[scenario]
     rng = np.random.default_rng(a["seed"])
-    s = Settings.of(vars(settings(a.get("bootstrap", 250), slo={}, designs=True))
-                    | {"repeats": {"min": 2, "max": 3} if a.get("sequential") else 2})
+    s = Reading.of(vars(settings(a.get("bootstrap", 250), slo={}, designs=True))
+                   | {"repeats": {"min": 2, "max": 3} if a.get("sequential") else 2, "only": ("output_throughput",)})
     rows = []
     for e in range(a["experiments"]):
-        work, eng = Workload.draw(rng), two_servers(a["name"], rng)
+        work = Workload.draw(rng)
+        eng, theta = servers(a["name"], rng)
         eff = run_to_run(rng, sc, list(eng), SUITES, CONCURRENCIES, 2)
         cells = simulate_cells(rng, [work], eng, [eff], 2)[0]
         an = analyse(cells, "baseline", s)
         named = [v for v in an.verdicts if v.server == "spec" and v.metric == "output_throughput"
                  and v.speedup is not None and not decided(v) and v.design]
-        done: dict = {}
+        todo = {}
         for v in named:
-            d = v.design
-            key = (d["repeats"], d["suite_scale"])
-            if key not in done:
-                wanted = {(x.suite, x.concurrency, x.metric) for x in named
-                          if (x.design["repeats"], x.design["suite_scale"]) == key}
-                done[key] = carry_out(rng, sc, eng, work, eff, cells, d, 2, s, wanted=wanted)
-            rows.append(((a["seed"], e), float(d["probability"]), bool(d["reachable"]),
-                         bool(done[key].get((v.suite, v.concurrency, v.metric))), d["repeats"], d["suite_scale"]))
+            for kind in ("effect", "equivalence"):
+                d = v.design[kind]
+                todo.setdefault((d["repeats"], d["suite_scale"]), set()).add((v.suite, v.concurrency, v.metric))
+        ends: dict = {}
+        for (Rn, g), wanted in todo.items():
+            outcomes: dict = {}
+            carry_out(rng, sc, eng, work, eff, cells, {"repeats": Rn, "suite_scale": g}, 2, s, wanted=wanted,
+                      outcomes=outcomes)
+            ends[(Rn, g)] = outcomes
+        truth = TRUTH_OUTCOME[int(np.sign(theta))]
+        for v in named:
+            cmp = next(x for x in an.comparisons[("spec", v.suite, "output_throughput")]
+                       if x.concurrency == v.concurrency)
+            for kind in ("effect", "equivalence"):
+                d = v.design[kind]
+                design = (d["repeats"], d["suite_scale"])
+                at = power(cmp, s, [design], theta, np.random.default_rng([a["seed"], e, SUITES.index(v.suite), v.concurrency]), CONFIRM_DRAWS)
+                got = ends[design][(v.suite, v.concurrency, v.metric)][0]
+                rows.append(((a["seed"], e), kind, float(decided_as_true(at, theta)[0]), float(d["probability"]),
+                             got == truth, d["repeats"], d["suite_scale"], v.concurrency, bool(d["reachable"])))
     return {"rows": rows}
 
 
-def hint_rates(rows: list, lo: float = 0.0, hi: float = 1.01, reachable: bool | None = None
-               ) -> tuple[float, float, float, int]:
-    """(mean stated probability, share decided, its Monte-Carlo error, n) of carried-out hints whose
-    stated probability is in [lo, hi) (and reachable, where given). The error is a ratio estimator's
-    over experiments (rows carry their experiment; hints of one experiment share its sessions)."""
-    return stated_and_decided([r for r in rows if lo <= r[1] < hi and (reachable is None or r[2] == reachable)], 1, 3)
+def hint_gap(rows: list, kind: str | None = None, at_truth: bool = True, keep=None) -> tuple:
+    """(mean probability at the truth (or as stated), share decided as the truth is, decided - stated and its
+    Monte-Carlo error, n) of the carried-out statements of `kind` (both where None) that `keep(row)` keeps:
+    tally.stated_gap, a ratio estimator's error over experiments (hints of one experiment share its
+    sessions)."""
+    sel = [r for r in rows if (kind is None or r[1] == kind) and (keep is None or keep(r))]
+    return stated_gap(sel, 2 if at_truth else 3, 4)

@@ -37,6 +37,21 @@ def stated_and_decided(rows: list, stated: int, decided: int) -> tuple[float, fl
     return float(np.mean([r[stated] for r in rows])), p, se, len(rows)
 
 
+def stated_gap(rows: list, stated: int, decided: int) -> tuple[float, float, float, float, int]:
+    """(mean stated probability, share decided, decided - stated, its Monte-Carlo error, n) of rows whose first
+    field is their experiment: the gap's error is a ratio estimator's over experiments, paired (each row's
+    decided less its own stated), so it is smaller than the share's own where statements vary."""
+    if not rows:
+        return float("nan"), float("nan"), float("nan"), float("nan"), 0
+    ids: dict = {}
+    e = np.array([ids.setdefault(r[0], len(ids)) for r in rows])
+    n = np.bincount(e).astype(float)
+    st = np.array([float(r[stated]) for r in rows])
+    dec = np.array([float(r[decided]) for r in rows])
+    gap, se = ratio_rate(np.bincount(e, dec - st), n)
+    return float(st.mean()), float(dec.mean()), gap, se, len(rows)
+
+
 def share(flags: list) -> tuple[float, float, int]:
     """(share, binomial Monte-Carlo se, n): experiments are independent, one outcome each."""
     n = len(flags)

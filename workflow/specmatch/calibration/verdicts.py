@@ -34,10 +34,8 @@ def experiment_task(a: dict) -> dict:
     - sequential (needs R = 2, 3, 4): per (suite, concurrency), stop at the first R whose throughput
       verdict is decided, else go on to 4, analysed under the sequential design (repeats {min: 2,
       max: 4}: alpha spent per look, specmatch.deciding.reading.sequential); its verdicts' Tally and the repeats it
-      used; `naive`: the same stopping with the fixed design's level at every look (the error it fixes);
-    - hints (needs `designs`: "what would decide it" is worked out only then): for every inconclusive
-      verdict at the smallest R whose `design` names a number of repeats that was analysed here (suite
-      unchanged): (stated probability, decided there, reachable)."""
+      used; `naive`: the same stopping with the fixed design's level at every look (the error it fixes).
+    'What would decide it' is calibrated by carrying its designs out (calibration.hints)."""
     name, effect, n, rs = a["name"], a["effect"], a["experiments"], tuple(sorted(a["repeats"]))
     sc = SCENARIOS[name]
     rng = np.random.default_rng(a["seed"])
@@ -45,15 +43,14 @@ def experiment_task(a: dict) -> dict:
     work = [Workload.draw(rng, prompt_sd=sc.prompt_sd) for _ in range(n)]
     eff = [run_to_run(rng, sc, ["baseline", "spec"], SUITES, CONCURRENCIES, rmax) for _ in range(n)]
     cells = simulate_cells(rng, work, {"baseline": BASE, "spec": BASE.faster(1 + effect)}, eff, rmax)
-    s = settings(a.get("bootstrap", 250), designs=bool(a.get("designs")))
+    s = settings(a.get("bootstrap", 250))
     # the sequential design (repeats 2..rmax, alpha spent per look) is analysed beside the fixed one
     s_seq = Settings.of(vars(s) | {"repeats": {"min": 2, "max": rmax}}) if a.get("sequential") else None
     infos = {"spec": ServerInfo("spec", "vllm", "vllm", SPEC_INFO, 256)} if a.get("claims") else None
     out = {"tally": {R: Tally.empty(n) for R in rs}, "teeth": Tally.empty(n) if a.get("teeth") else None,
            "claims": {R: np.zeros((n, 3), np.int64) for R in rs} if a.get("claims") else None,
            "sequential": Tally.empty(n) if a.get("sequential") else None,
-           "naive": Tally.empty(n) if a.get("sequential") else None, "used": np.zeros((n, 2), np.int64),
-           "hints": []}
+           "naive": Tally.empty(n) if a.get("sequential") else None, "used": np.zeros((n, 2), np.int64)}
     for e, cs in enumerate(cells):
         got = {}
         for R in rs:
@@ -82,14 +79,7 @@ def experiment_task(a: dict) -> dict:
                         if count:
                             out["used"][e] += (stop, rmax)
                 tally.add(e, final)
-        for key, v in (got[looks[0]] if looks else {}).items():
-            d = getattr(v, "design", None)
-            if v.speedup is None or decided(v) or not d or d.get("suite_scale", 1) != 1 or d.get("repeats") not in rs:
-                continue
-            later = got[d["repeats"]].get(key)
-            out["hints"].append((key[2], float(d["probability"]), decided(later), bool(d.get("reachable"))))
     return out
-
 
 
 def claim_rates(claims: np.ndarray) -> dict:
@@ -97,12 +87,3 @@ def claim_rates(claims: np.ndarray) -> dict:
     recs = claims[:, 0].sum()
     return {"recommendations": int(recs), "crossover": claims[:, 1].sum() / recs if recs else float("nan"),
             "speculate": claims[:, 2].sum() / recs if recs else float("nan")}
-
-
-def hint_calibration(hints: list, metric: str | None = "output_throughput") -> tuple[float, float, int]:
-    """(mean stated probability, share decided, n) of the 'what would decide it' designs checked at a
-    larger R of the same experiment (experiment_task's `hints`)."""
-    h = [x for x in hints if metric is None or x[0] == metric]
-    if not h:
-        return float("nan"), float("nan"), 0
-    return float(np.mean([x[1] for x in h])), float(np.mean([x[2] for x in h])), len(h)

@@ -27,7 +27,8 @@ import polars as pl
 from .verdicts.acceptance import acceptance_summary
 from .explaining.attribution import (_interval, acceptance_run_to_run, both, decompose, length_model, median_prompt_tokens,
                           mixed_servers, session_variance)
-from .verdicts.comparison import Comparison, compare, crossovers, decide, effect_prior, rounds_shares
+from .verdicts.comparison import Comparison, compare, crossovers, decide
+from .verdicts.designs import rounds_shares, with_design
 from ..serving.controls import OFF, is_control
 from .recommending.deployment import RECOMMENDED, ServerInfo, engine_of, own_k, recommend, verification, verify_against
 from .reading.measurements import Measurements, Settings, drafted_nothing
@@ -87,8 +88,7 @@ def server_verdicts(m: Measurements, rr: RunToRun, server: str, baseline: str, s
 
 def server_comparisons(m: Measurements, rr: RunToRun, server: str, baseline: str, suites: list, concurrencies: list
                        ) -> dict:
-    """One server's comparisons against the baseline by (server, suite, metric), in concurrency order, each
-    with its effect prior (the server's other comparisons on the metric)."""
+    """One server's comparisons against the baseline by (server, suite, metric), in concurrency order."""
     comparisons = {}
     for suite in suites:
         for metric in m.settings.metrics:
@@ -96,11 +96,6 @@ def server_comparisons(m: Measurements, rr: RunToRun, server: str, baseline: str
                    if m.repeats(server, suite, c) and m.repeats(baseline, suite, c)]
             if row:
                 comparisons[(server, suite, metric)] = row
-    for metric in m.settings.metrics:  # what an effect is expected to be before its own data: the others'
-        cmps = [c for (sv, _, mt), row in comparisons.items() if mt == metric for c in row]
-        for i, c in enumerate(cmps):
-            c.prior_pool = cmps[:i] + cmps[i + 1:]
-            c.effect_prior = effect_prior(c.prior_pool)
     return comparisons
 
 
@@ -126,7 +121,7 @@ def _decided(m: Measurements, server: str, suites: list, comparisons: dict) -> t
     for suite in suites:
         for metric in m.settings.metrics:
             for cmp in comparisons.get((server, suite, metric), []):
-                v = decide(cmp, m.settings)
+                v = with_design(decide(cmp, m.settings), cmp, m.settings)
                 verdicts.append(v)
                 if metric == "output_throughput" and drafted_nothing(m, server, suite, cmp.concurrency):
                     off.append(v)

@@ -40,7 +40,8 @@ from pathlib import Path
 from .. import steps
 from .analysis import Analysis, frozen_verdicts, primary_analysis
 from .reading.measurements import Settings
-from .verdicts.comparison import chance_and_continues, compare, frozen_for
+from .verdicts.comparison import compare, frozen_for
+from .verdicts.designs import chance_and_continues
 from ..files import SpecmatchError, read_json, write_json
 from ..provenance import Recorder
 from ..records import Continuation, Decision, PlannedCell, RoundDecision, RoundPlan, Verdict

@@ -58,8 +58,9 @@ def sequential_lines(d: Decided, plans: list[RoundPlan]) -> list[str]:
             "then, round by round, only the configurations whose "
             f"{LABEL[s.recommend_metric]} verdict was still inconclusive "
             "(and a k sweep's undecided choices: the best k against each candidate it could not be told from), "
-            f"and that the remaining repeats would decide with probability at least {design.min_probability:.0%} "
-            "(predicted from the data so far), were measured again (the baseline, or the other k, beside them)"
+            f"and whose chance of being decided by the remaining repeats was at least {design.min_probability:.0%} "
+            "(the rounds' chance: from the data so far under a flat prior on the effect, a ranking and a futility bar, "
+            "not a forecast at any one effect), were measured again (the baseline, or the other k, beside them)"
             + (f", at most {design.max_cells} cells a round, the likeliest to be decided first (the others stop "
                "*over budget*, with the verdict they had; `repeats.max_cells`)" if design.max_cells else "") + ": "
             + ("; ".join(rounds) if rounds else "no round ran") + f". {len(primary)} cells measured against "
@@ -78,4 +79,4 @@ def _chances(p: RoundPlan) -> str:
     stop = [d.chance for d in p.decisions if d.chance is not None and d.action != Continuation.CONTINUE]
     parts = ([f"continued at {', '.join(f'{x:.0%}' for x in go)}"] if go else []) + (
         [f"the others at most {max(stop):.0%}"] if stop else [])
-    return f" (the chance the remaining repeats decide it: {'; '.join(parts)})" if parts else ""
+    return f" (the rounds' chance: {'; '.join(parts)})" if parts else ""

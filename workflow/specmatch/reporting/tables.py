@@ -31,15 +31,18 @@ def cells_frame(d: Decided) -> pl.DataFrame:
 
 
 def verdicts_frame(d: Decided) -> pl.DataFrame:
-    """Every verdict, its design (what would decide an inconclusive one) flattened into columns."""
+    """Every verdict, its designs (what would decide an inconclusive one) flattened into columns: the effect
+    design's `effect_*` (repeats, suite scale, the bounds outside which it decides with 80%) and the
+    equivalence design's `equivalence_*` (repeats, suite scale, probability if the speedup is 1.00)."""
     if not d.verdicts:
         return pl.DataFrame({"server": []})
     rows = []
     for v in d.verdicts:
         j = {k: x for k, x in v.to_json().items() if k != "design"}
-        g = v.design or {}
-        rows.append({**j, "speedup": v.speedup, **{f"design_{k}": g.get(k) for k in ("repeats", "suite_scale",
-                                                                                       "probability")}})
+        eff, eq = ((v.design or {}).get(k) or {} for k in ("effect", "equivalence"))
+        rows.append({**j, "speedup": v.speedup,
+                     **{f"effect_{k}": eff.get(k) for k in ("repeats", "suite_scale", "lo", "hi")},
+                     **{f"equivalence_{k}": eq.get(k) for k in ("repeats", "suite_scale", "probability")}})
     return pl.DataFrame(rows, infer_schema_length=None)
 
 

@@ -37,7 +37,7 @@ import numpy as np
 
 from ..verdicts.comparison import compare, decide, repeat_mean_variance, shared_variance
 from ..reading.measurements import Arrays, Measurements, plain_steps, take, unit_draw, units
-from ..verdicts.noise import RunToRun, VarianceSum, _tau2_dof, fit_tau2
+from ..verdicts.noise import RunToRun, VarianceSum, tau2_dof, fit_tau2
 from ...serving.engines import adapters, definitions
 from ...records import Interval
 from ...stats import t_ppf
@@ -165,7 +165,7 @@ def _acceptance_run_to_run(m: Measurements, servers: list[str] | None) -> tuple[
     if not stats:
         return None, float("inf")
     t2 = fit_tau2(stats)
-    return t2, _tau2_dof(t2, stats, resid)
+    return t2, tau2_dof(t2, stats, resid)
 
 
 def cell_tau(m: Measurements, key) -> float | None:

@@ -62,7 +62,7 @@ class Settings:
     recommend_metric: str = "output_throughput"
     seed: int = 0
     repeats: object = None   # config `repeats`: an int (fixed design) or {min, max} (sequential: alpha spent per look)
-    # work out "what would decide it" for inconclusive verdicts (comparison.what_would_decide): a report the
+    # work out "what would decide it" for inconclusive verdicts (verdicts.designs.what_would_decide): a report the
     # verdicts do not depend on, and by far the analysis's dearest part (a simulation per design); the
     # calibration of the verdicts themselves turns it off, the calibration of the hints keeps it
     designs: bool = True

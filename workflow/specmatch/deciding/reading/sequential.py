@@ -220,12 +220,13 @@ def dof_share(repeats_by_cell: dict, again: set, repeats: int) -> float:
 
 
 def chance_decided_many(estimate, w, run_to_run, repeats: int, design: Design, confidence: float, band: float,
-                        w_dof, b_dof, share=1.0) -> np.ndarray:
+                        w_dof, b_dof, share=1.0, quantile=t_ppf_many) -> np.ndarray:
     """chance_decided for many comparisons at once (arrays broadcast; `repeats` one number): what the
     rounds compute for each configuration, and what 'what would decide it' simulates at every look a
     design makes (comparison.decides_probability), so the statement and the workflow's futility stops
     are one rule. `share`: of the cells the run-to-run estimate reads, the share the remaining repeats
-    measure again (final_dof)."""
+    measure again (final_dof). `quantile(p, dof)`: the t quantiles (a table's, where a simulation asks for
+    millions: verdicts.designs)."""
     est, w, rr = (np.asarray(x, float) for x in (estimate, w, run_to_run))
     shape = np.broadcast_shapes(est.shape, w.shape, rr.shape, np.shape(w_dof), np.shape(b_dof))
     if repeats >= design.max:
@@ -239,7 +240,7 @@ def chance_decided_many(estimate, w, run_to_run, repeats: int, design: Design, c
     for u in np.unique(qr):
         level[qr == u] = 1 - design_levels(design.min, design.max, float(u), 1 - confidence)[-1]
     dof = np.broadcast_to(final_dof(w, w_dof, b1 / design.max, b_dof, repeats, design.max, share), shape)
-    h = t_ppf_many(0.5 + level / 2, dof) * np.sqrt(np.maximum(v_end, 0.0))
+    h = quantile(0.5 + level / 2, dof) * np.sqrt(np.maximum(v_end, 0.0))
     sd = np.sqrt(np.maximum(v_now - v_end, 1e-300))
     prob = ndtr((est - h) / sd) + ndtr((-h - est) / sd)
     inner = np.minimum(np.maximum(band - h, 0.0), h)   # where band > 2h every estimate decides: the union is 1

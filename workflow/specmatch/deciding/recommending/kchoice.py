@@ -36,6 +36,7 @@ from __future__ import annotations
 import dataclasses
 
 from ..verdicts.comparison import compare, decide
+from ..verdicts.designs import with_design
 from .kmodel import KChoice
 from ..reading.measurements import Measurements, Settings
 from ..verdicts.noise import RunToRun
@@ -83,7 +84,11 @@ def best_k(m: Measurements, rr: RunToRun, parent: str, ks: dict[int, str], basel
             continue
         # the best k against off at the level deploying speculation needs (its comparison with the
         # baseline, as above); any other pair at alpha
-        v = vs_off[best] if j == 0 else decide(compare(m, rr, servers[best], servers[j], suite, c, metric), s)
+        if j == 0:
+            v = with_design(vs_off[best], cmps[best], strict)
+        else:
+            pair = compare(m, rr, servers[best], servers[j], suite, c, metric)
+            v = with_design(decide(pair, s), pair, s)
         choice.pairwise.append(v)
         if v.verdict == Decision.EQUIVALENT:
             equivalent.append(j)

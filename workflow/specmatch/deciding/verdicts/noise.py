@@ -102,7 +102,6 @@ class RunToRun:
     prior_dof: dict = field(default_factory=dict)       # metric -> {"groups": d0, "concurrencies": d0c}
     dominant: dict = field(default_factory=dict)        # metric -> dominant_suite (None: no suite dominates)
     left_out: list = field(default_factory=list)        # flagged cells, not in tau^2
-    tails: dict = field(default_factory=dict)           # metric -> ((nu, weight), ...): tail_weights
     session_fits: dict = field(default_factory=dict)    # metric -> SessionFit: what session_share reads
 
     @property
@@ -149,16 +148,12 @@ def fit_tau2(stats: list[tuple[float, int]]) -> float:
     return (lo + hi) / 2
 
 
-_SHARE_GRID = 200    # pi's posterior on cells of 1/200 (SessionFit.share_draws)
-
-
 @dataclass(frozen=True)
 class SessionFit:
     """What session_share reads: the variance of a session's mean residual `v` (cells per session `k`,
     tau^2 `t2` over `total_dof` dof), with `dof` degrees of freedom (each server's sessions less one:
     their residuals sum to zero). With two repeats of two servers that is 2 dof, so pi is known only
-    roughly: its estimate ranges from 0 to about twice the truth; 'what would decide it' can draw it
-    (share_draws; comparison.DRAW_SESSION_SHARE, measured and not adopted)."""
+    roughly: its estimate ranges from 0 to about twice the truth."""
     v: float
     dof: float
     t2: float
@@ -172,57 +167,6 @@ class SessionFit:
         if self.k <= 1:
             return 1.0
         return min(self.t2, max(0.0, (self.v - self.t2 / self.k) / (1 - 1 / self.k))) / self.t2
-
-    def share_draws(self, rng: np.random.Generator, n: int) -> np.ndarray:
-        """n draws of pi from its posterior given the data (a uniform prior on [0, 1]), read on a grid
-        of pi. The pivot needs no tau^2: v estimates tau^2 (pi + (1 - pi) / k) with `dof` dof, and t2 - v
-        (the cells' spread within their sessions) tau^2 (1 - pi) (1 - 1/k) with the rest of t2's, so
-        (k - 1) v / (t2 - v) is lambda F(dof, total_dof - dof), lambda = 1 + k pi / (1 - pi). Taken at its
-        estimate instead, pi's error made the effect's posterior too narrow where pi ran low: the
-        common shift of every comparison was read as the effect (issue 48). A likelihood of v alone
-        with tau^2 at its estimate held the truth too often near pi = 0.36 and too seldom near 0.9 (the
-        estimate of tau^2 moves with v)."""
-        post = self.posterior()
-        if post is None:
-            return np.full(n, self.share())
-        pick = rng.choice(_SHARE_GRID, n, p=post[1])
-        return (pick + rng.random(n)) / _SHARE_GRID
-
-    def posterior(self) -> tuple[np.ndarray, np.ndarray] | None:
-        """pi's posterior on the grid (share_draws): (cell midpoints, probabilities); None where the fit
-        cannot say (its estimate holds)."""
-        d1, d2 = self.dof, self.total_dof - self.dof
-        if not (math.isfinite(d1) and math.isfinite(d2)) or d1 <= 0 or d2 <= 0 or self.t2 <= 0 or self.k <= 1 \
-                or self.v <= 0:   # sessions' means that agree exactly say nothing of pi: its estimate (0) holds
-            return None
-        grid = (np.arange(_SHARE_GRID) + 0.5) / _SHARE_GRID
-        lam = 1 + self.k * grid / (1 - grid)
-        r = (self.k - 1) * self.v / max(self.t2 - self.v, 1e-12 * self.t2)
-        x = r / lam
-        loglik = (d1 / 2 - 1) * np.log(x) - (d1 + d2) / 2 * np.log1p(d1 * x / d2) - np.log(lam)
-        p = np.exp(loglik - loglik.max())
-        return grid, p / p.sum()
-
-    def joint(self, n_pi: int = 40, n_tau: int = 8) -> tuple[np.ndarray, np.ndarray, np.ndarray] | None:
-        """(pi, tau^2 / t2, probability) on a grid of their joint posterior (the prior uniform on pi, 1 / tau^2
-        on tau^2): pi's marginal (posterior) coarsened to n_pi cells, and given pi, tau^2 at n_tau equally
-        likely quantiles of its scaled inverse chi-square (v / (pi + (1 - pi) / k) and (t2 - v) / ((1 - pi) (k - 1)
-        / k) each estimate it, with `dof` and the rest of t2's dof). tau^2 rests on few dof too (18 with two
-        repeats of 9 configurations): at its estimate, where it ran low the sessions' error did as well, and
-        a common shift was read as an effect. None where the fit cannot say."""
-        post = self.posterior()
-        if post is None:
-            return None
-        pis, p = post
-        step = _SHARE_GRID // n_pi
-        p = p.reshape(n_pi, step).sum(1)
-        pis = pis.reshape(n_pi, step).mean(1)
-        d1, d2 = self.dof, self.total_dof - self.dof
-        u = max(self.t2 - self.v, 1e-12 * self.t2) / (self.k - 1)
-        q = d1 * self.v / (pis + (1 - pis) / self.k) + d2 * u / ((1 - pis) / self.k)
-        chi = chi2_ppf(1 - (np.arange(n_tau) + 0.5) / n_tau, d1 + d2)
-        lam = q[:, None] / chi[None, :] / self.t2
-        return np.repeat(pis, n_tau), lam.ravel(), np.repeat(p / n_tau, n_tau)
 
 
 def session_fit(t2: float, resid: list) -> SessionFit:
@@ -263,7 +207,7 @@ def _pooled_dof(resid: list, pi: float) -> float:
     return out
 
 
-def _tau2_dof(t2: float, stats: list, resid: list) -> float:
+def tau2_dof(t2: float, stats: list, resid: list) -> float:
     """Degrees of freedom of the median fit: what the mean of the Q's would have, given that the
     cells of one session share its part of the variance (_pooled_dof), times the median's
     efficiency against the mean (stats.median_fit_dof: 0.37 for two repeats, not the 2/pi of a
@@ -368,7 +312,7 @@ def _run_to_run(m: Measurements, servers: list[str] | None) -> RunToRun:
         if servers is None or key[0] in servers:
             configs.setdefault(key[:3], []).append(key)
     tau2, dofs, nconf, rmax = {}, {}, 0, 1
-    groups, levels, priors, dominant, tails, fits = {}, {}, {}, {}, {}, {}
+    groups, levels, priors, dominant, fits = {}, {}, {}, {}, {}
     # a cell measured beside another job (interference.flagged) says how busy the machine was, not how much
     # a configuration moves between sessions: it stays in its verdict (flagged there), and out of tau^2
     # where its configuration keeps two quiet repeats (else all its cells count: a busy machine's run to
@@ -393,90 +337,12 @@ def _run_to_run(m: Measurements, servers: list[str] | None) -> RunToRun:
             continue
         nconf = max(nconf, len(stats))
         tau2[metric] = fit_tau2(stats)
-        dofs[metric] = _tau2_dof(tau2[metric], stats, resid)
+        dofs[metric] = tau2_dof(tau2[metric], stats, resid)
         s_all = sum(q for q, _ in stats) / sum(d for _, d in stats)
         fits[metric] = session_fit(s_all, resid)
         groups[metric], levels[metric], priors[metric] = _shrunk(metric, cfgs, fits[metric].share(), resid)
         dominant[metric] = dominant_suite(cfgs)
-        tails[metric] = tail_weights(standardised(cfgs, resid, groups[metric]))
-    return RunToRun(tau2, dofs, nconf, rmax, groups, levels, priors, dominant, left_out, tails, fits)
-
-
-# -- the tails of run-to-run effects ----------------------------------------------------------------
-# Student-t degrees of freedom the run-to-run effects may have (inf: normal) and their prior weights. A
-# shared machine's stalls and hiccups give heavy tails (Student-t(3)-like cell effects), whose samples
-# usually look tame, with variance estimates that run low (about 0.6 of the truth in median under t3, 0.87
-# under normal noise at 4-5 dof); with two repeats of a few dozen configurations the residuals tell such
-# tails from normal ones only when an outlier shows (tail_weights), so the prior decides. HEAVY_PRIOR (one
-# half on normal) was measured and is not the one used: carried out through the rounds it left the
-# sequential design's statements as far from true as before, and it made the fixed design's statements
-# conservative by 9-10 points on normal noise (issue 48, calibration.md). TAIL_PRIOR, the one used, is
-# normal alone; the machinery draws whatever tails a comparison carries (Comparison.tails).
-HEAVY_PRIOR = ((math.inf, 0.5), (5.0, 0.25), (3.0, 0.25))
-TAIL_PRIOR = ((math.inf, 1.0),)
-
-
-def standardised(cfgs: list, resid: list, groups: dict) -> list[tuple[float, float]]:
-    """The run-to-run residuals in units of their configuration group's shrunk sd, as (value, weight):
-    a configuration of R repeats has R residuals summing to zero, each of variance tau^2 (R - 1) / R,
-    which together carry R - 1 units of evidence (weight (R - 1) / R each; two repeats: their
-    difference over sqrt(2 tau^2), counted once)."""
-    out: list = []
-    i = 0   # `resid` holds each configuration's residuals in `cfgs`' order (_run_to_run): walk them alongside
-    for (server, _suite, c), _q, d in cfgs:
-        n = d + 1
-        mine = resid[i:i + n]
-        i += n
-        g = groups.get((server, c))
-        if g is None or g.total <= 0:
-            continue
-        sd = math.sqrt(g.total * (n - 1) / n)
-        if n == 2:
-            out.append((abs(mine[0][2]) / sd, 1.0))
-        else:
-            out += [(e / sd, (n - 1) / n) for _s, _r, e, _n in mine]
-    return out
-
-
-def _t_loglik(x: np.ndarray, wt: np.ndarray, nu: float) -> float:
-    """The weighted log likelihood of x under a zero-mean Student-t(nu) (normal where nu is inf), its
-    scale at its maximum (a grid over log scale, refined)."""
-    if not math.isfinite(nu):
-        s2 = float((wt * x * x).sum() / wt.sum())
-        return float(-0.5 * wt.sum() * (math.log(2 * math.pi * max(s2, 1e-300)) + 1))
-    c = math.lgamma((nu + 1) / 2) - math.lgamma(nu / 2) - 0.5 * math.log(nu * math.pi)
-
-    def ll(log_s):
-        s = math.exp(log_s)
-        return float((wt * (c - log_s - (nu + 1) / 2 * np.log1p((x / s) ** 2 / nu))).sum())
-
-    grid = np.linspace(-6.0, 3.0, 91)
-    best = max(grid, key=ll)
-    for step in (0.05, 0.01, 0.002):
-        best = max(np.arange(best - 5 * step, best + 5.5 * step, step), key=ll)
-    return ll(best)
-
-
-def tail_weights(values: list[tuple[float, float]], prior: tuple = TAIL_PRIOR) -> tuple:
-    """The posterior weight of each tail in `prior` given standardised residuals (value, weight): the
-    prior times each model's likelihood at its own best scale (one parameter each). The prior itself
-    where fewer than three finite residuals are measured. Residuals in units of their group's sd: a
-    concurrency's pooled sd read servers or suites of different noise as heavy tails (audit)."""
-    if len(values) < 3 or len(prior) < 2:
-        return tuple(prior)
-    x = np.array([v for v, _ in values], float)
-    wt = np.array([w for _, w in values], float)
-    keep = np.isfinite(x) & np.isfinite(wt) & (wt > 0)
-    x, wt = x[keep], wt[keep]
-    if len(x) < 3 or not np.any(x != 0):
-        return tuple(prior)
-    x = x / math.sqrt(float((wt * x * x).sum() / wt.sum()))   # unit scale: inside the likelihood's scale grid
-    ll = np.array([_t_loglik(x, wt, nu) for nu, _ in prior])
-    if not np.isfinite(ll).all():
-        return tuple(prior)
-    p = np.array([w for _, w in prior], float) * np.exp(ll - ll.max())
-    p /= p.sum()
-    return tuple((nu, float(q)) for (nu, _), q in zip(prior, p))
+    return RunToRun(tau2, dofs, nconf, rmax, groups, levels, priors, dominant, left_out, fits)
 
 
 def dominant_suite(cfgs: list) -> tuple[str, float, float] | None:
