@@ -7,8 +7,9 @@ servers. The questions live in folders, each importing only the ones below it:
 - reading/: the measurements (every cell read once) and the design of repeats;
 - verdicts/: run to run, one comparison and its typed verdict (pays, loses, equivalent,
   inconclusive), crossovers, acceptance per suite;
-- explaining/: tokens per step x step cost, the context axis, natural stopping and sessions, traffic
-  mixes, claims resting on flagged cells;
+- explaining/: tokens per step x step cost, the context axis, natural stopping and sessions, claims
+  resting on flagged cells;
+- predicting/: the step model, traffic mixes predicted from per-source measurements, the step-cost map;
 - recommending/: what to deploy (on/off and k schedules) and its verification.
 
 This module joins them into an Analysis (the primary grid's verdicts and recommendations, the

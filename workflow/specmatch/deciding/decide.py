@@ -20,7 +20,7 @@ the primary grid's analysis, joins the recommended servers' cells and verifies e
   natural stop, the session suites' sessions);
 - `traffic.json`: records.TrafficRow per traffic profile, speculative server, concurrency and metric:
   the mix's predicted speedup, the measured one where it is verified, the break-even share
-  (specmatch.deciding.explaining.traffic).
+  (specmatch.deciding.predicting.traffic).
 
 The summary step (specmatch.reporting.summary) reads these and renders them; it decides nothing.
 
@@ -55,7 +55,7 @@ from .explaining.interference import flagged_claims
 from .explaining.context import ContextAxis, ContextRow, ContextTrend, context_report
 from .recommending.kmodel import KSweeps
 from .explaining.stopping import StoppingReport, stopping_report
-from .explaining.traffic.report import traffic_report
+from .predicting.traffic.report import traffic_report
 from .inputs import analysis_arguments, load, server_infos
 
 # the decision records, by name: the files the decide step writes into its folder and the summary reads

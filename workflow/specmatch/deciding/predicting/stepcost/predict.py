@@ -1,6 +1,6 @@
 """Predictions from the map and the measured acceptance at any concurrency, their check against the
 cells, the break-even acceptance and every stratum's tau beside it (the method:
-specmatch.deciding.explaining.stepcost)."""
+specmatch.deciding.predicting.stepcost)."""
 from __future__ import annotations
 
 import math

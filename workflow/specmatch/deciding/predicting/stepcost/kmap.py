@@ -1,6 +1,6 @@
 """The map in k: what a speculative step costs at a k no server ran, and every k's speedup at every load,
 from the maps of a k sweep's members and the per-position acceptance of its largest k (the method:
-specmatch.deciding.explaining.stepcost).
+specmatch.deciding.predicting.stepcost).
 
 **rho in k.** A speculative step drafts k tokens (k passes of the drafter over the batch) and verifies
 k + 1 tokens a sequence in one pass of the target, so its cost at a given batch and context is linear in
@@ -48,7 +48,7 @@ from ...reading.measurements import Measurements, Settings
 from ...verdicts.acceptance import per_position_rates
 from ...verdicts.comparison import decision
 from ...verdicts.noise import VarianceSum
-from ..attribution import acceptance_run_to_run
+from ...explaining.attribution import acceptance_run_to_run
 from ..traffic.step_model import Scheduler
 from .map import Model, StepMap, bounded_exp
 from .predict import as_prediction, check_rows, predict_suite, suite_prompts

@@ -1,6 +1,6 @@
 """The traffic report: every profile's predicted speedup for every speculative server and concurrency,
 its interval (prompt sample, run to run, the model's error), the break-even lines and the check against
-a verifying suite. The method: specmatch.deciding.explaining.traffic."""
+a verifying suite. The method: specmatch.deciding.predicting.traffic."""
 from __future__ import annotations
 
 import math

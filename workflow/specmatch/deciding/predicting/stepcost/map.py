@@ -1,5 +1,5 @@
 """The map itself: both servers' step cost T(b, C, P) fitted on the map's cells, rho(b, L) with its
-error, and whether rho moves with tau (the method: specmatch.deciding.explaining.stepcost)."""
+error, and whether rho moves with tau (the method: specmatch.deciding.predicting.stepcost)."""
 from __future__ import annotations
 
 import math
