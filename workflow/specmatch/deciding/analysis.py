@@ -29,7 +29,7 @@ from .verdicts.acceptance import acceptance_summary
 from .explaining.attribution import (_interval, acceptance_run_to_run, both, decompose, length_model, median_prompt_tokens,
                           mixed_servers, session_variance)
 from .verdicts.comparison import Comparison, compare, crossovers, decide, effect_prior, rounds_shares
-from ..serving.controls import OFF, is_control
+from ..controls import OFF, is_control
 from .recommending.deployment import RECOMMENDED, ServerInfo, engine_of, own_k, recommend, verification, verify_against
 from .reading.measurements import Measurements, Settings, drafted_nothing
 from .verdicts.noise import RunToRun, VarianceSum, run_to_run

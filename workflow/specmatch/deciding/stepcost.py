@@ -22,10 +22,10 @@ from .predicting.traffic.step_model import Scheduler
 from .reading.measurements import Settings
 from .. import steps
 from ..config import TRAFFIC_PREFIX
+from ..controls import is_control
 from ..files import read_json, write_json
 from ..provenance import Recorder
 from ..records import StepCosts, TrafficProfiles
-from ..serving.controls import is_control
 from ..serving.engines import get_engine
 from ..sweep import members, parents
 

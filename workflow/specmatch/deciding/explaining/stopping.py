@@ -35,8 +35,8 @@ from .ledger import SessionLedger, session_ledger
 from ..verdicts.comparison import decision, repeat_mean_variance
 from ..reading.measurements import Measurements, Settings
 from ..verdicts.noise import RunToRun, VarianceSum
+from ...controls import is_cache_arm, parent
 from ...measuring.summary import PAST_STOP_WARNING
-from ...serving.controls import is_cache_arm, parent
 from ...records import Decision, Interval, Record
 from ...stats import describe, t_ppf
 

@@ -12,9 +12,9 @@ import numpy as np
 from ...verdicts.comparison import decision
 from ...verdicts.noise import VarianceSum
 from ....config import TRAFFIC_PREFIX, TRAINING_MIX
+from ....controls import is_control
 from ....records import (BreakEven, Decision, Direction, Interval, SuiteMatch, TrafficCheck, TrafficProfile,
                         TrafficProfiles, TrafficRow)
-from ....serving.controls import is_control
 from ....stats import t_ppf
 
 from .predictor import Estimate, Pair, Predictor, Stratum, per_prompt
