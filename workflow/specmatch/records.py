@@ -48,7 +48,7 @@ class Record:
     """Shared (de)serialisation for the records below."""
 
     def to_json(self) -> dict:
-        return {f.name: _plain(getattr(self, f.name)) for f in _written(self)}
+        return {f.name: plain_json(getattr(self, f.name)) for f in _written(self)}
 
     @classmethod
     def from_json(cls, obj: dict):
@@ -99,15 +99,17 @@ def _typed(kind, v):
     return kind.from_json(v) if isinstance(v, dict) else v
 
 
-def _plain(v: Any) -> Any:
+def plain_json(v: Any) -> Any:
+    """A field's value as its JSON holds it: an enum by its value, a record by its to_json, containers
+    element by element (what to_json writes, and what the reference pages print as a default)."""
     if isinstance(v, enum.Enum):
         return v.value
     if isinstance(v, Record):
         return v.to_json()
     if isinstance(v, dict):
-        return {k: _plain(x) for k, x in v.items()}
+        return {k: plain_json(x) for k, x in v.items()}
     if isinstance(v, (list, tuple)):
-        return [_plain(x) for x in v]
+        return [plain_json(x) for x in v]
     return v
 
 

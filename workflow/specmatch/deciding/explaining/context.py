@@ -42,8 +42,8 @@ from typing import Optional
 
 import numpy as np
 
-from .attribution import PerPrompt, _interval, _per_decode_step, _tau, acceptance_run_to_run, common_prompts, \
-    mixed_servers
+from .attribution import (PerPrompt, _interval, acceptance_length, acceptance_run_to_run, common_prompts, mixed_servers,
+                          tokens_per_decode_step)
 from ..verdicts.comparison import Comparison, crossovers, decision, repeat_mean_variance
 from ..reading.measurements import Measurements, Settings
 from ..verdicts.noise import RunToRun, VarianceSum
@@ -186,11 +186,11 @@ def bin_figures(m: Measurements, rr: RunToRun, acc_rr: tuple, server: str, basel
                              - np.log(sums["ts"][draw].sum(1) / sums["tn"][draw].sum(1)))
         per_request &= ps.per_request
         if mixed:
-            t = _per_decode_step(sums["dec"].sum(), sums["ds"].sum())[0]
-            bt = _per_decode_step(sums["dec"][draw].sum(1), sums["ds"][draw].sum(1))
+            t = tokens_per_decode_step(sums["dec"].sum(), sums["ds"].sum())[0]
+            bt = tokens_per_decode_step(sums["dec"][draw].sum(1), sums["ds"][draw].sum(1))
         else:
-            t = _tau(flavor, sums["st"].sum(), sums["dr"].sum(), sums["ac"].sum(), sums["out"].sum())[0]
-            bt = _tau(flavor, sums["st"][draw].sum(1), sums["dr"][draw].sum(1), sums["ac"][draw].sum(1),
+            t = acceptance_length(flavor, sums["st"].sum(), sums["dr"].sum(), sums["ac"].sum(), sums["out"].sum())[0]
+            bt = acceptance_length(flavor, sums["st"][draw].sum(1), sums["dr"][draw].sum(1), sums["ac"][draw].sum(1),
                       sums["out"][draw].sum(1))
         log_tau.append(math.log(t) if t and math.isfinite(t) and t > 0 else float("nan"))
         with np.errstate(invalid="ignore", divide="ignore"):
@@ -249,7 +249,7 @@ def acceptance_slope(m: Measurements, server: str, suite: str, c: int, reps: lis
         part = np.stack([ps.steps, ps.drafted, ps.accepted, ps.out, ps.decoded, ps.decode_steps])
         tot = part if tot is None else tot + part
     steps, drafted, accepted, out, decoded, dsteps = tot
-    tau = _per_decode_step(decoded, dsteps) if mixed else _tau(flavor, steps, drafted, accepted, out)
+    tau = tokens_per_decode_step(decoded, dsteps) if mixed else acceptance_length(flavor, steps, drafted, accepted, out)
     weight = dsteps if mixed else steps
     keep = np.isfinite(tau) & (tau > 0) & (weight > 0) & np.isfinite(context) & (context > 0)
     if keep.sum() < 3:
