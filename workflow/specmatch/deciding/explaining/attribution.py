@@ -40,7 +40,7 @@ from ..reading.measurements import Arrays, Measurements, plain_steps, take, unit
 from ..verdicts.noise import RunToRun, VarianceSum, _tau2_dof, fit_tau2
 from ...serving.engines import adapters, definitions
 from ...records import Interval
-from ...stats import t_ppf
+from ...stats import log_t_interval
 
 SPEC = ("num_spec_steps", "num_draft_tokens", "num_accepted_tokens")
 
@@ -185,11 +185,6 @@ def cell_tau(m: Measurements, key) -> float | None:
 
 
 # -- the decomposition of one comparison ----------------------------------------------------------
-def _interval(est: float, se: float, dof: float, confidence: float) -> Interval:
-    t = t_ppf(0.5 + confidence / 2, dof)
-    return Interval(math.exp(est), math.exp(est - t * se), math.exp(est + t * se))
-
-
 @dataclass
 class Decomposition:
     tau: Interval | None
@@ -242,7 +237,8 @@ def decompose(m: Measurements, rr: RunToRun, acc_rr: tuple, server: str, baselin
                 sources.add("cell counters, tokens per decode step")
                 dec = float(np.maximum(a.out - 1, 0).sum())
                 drafts = float(cell.spec_decode_num_drafts)
-                t = tokens_per_decode_step(dec, drafts + plain_steps(dec, drafts, cell.spec_decode_num_accepted_tokens))[0]
+                plain = plain_steps(dec, drafts, cell.spec_decode_num_accepted_tokens)
+                t = tokens_per_decode_step(dec, drafts + plain)[0]
                 bt = np.full(s.bootstrap, t)
             else:   # neither every request's steps nor the cell's counters: the plain steps are unknown
                 t, bt = float("nan"), np.full(s.bootstrap, np.nan)
@@ -287,8 +283,8 @@ def decompose(m: Measurements, rr: RunToRun, acc_rr: tuple, server: str, baselin
         rho_parts.add(("w", "rho"), repeat_mean_variance(boot_rho), P)
     se_tau, dof_tau = math.sqrt(tau_parts.total), tau_parts.dof
     se_rho, dof_rho = math.sqrt(rho_parts.total), rho_parts.dof
-    tau = _interval(est_tau, se_tau, dof_tau, s.confidence)
-    rho = _interval(est_rho, se_rho, dof_rho, s.confidence)
+    tau = Interval(math.exp(est_tau), *log_t_interval(est_tau, se_tau, dof_tau, s.confidence))
+    rho = Interval(math.exp(est_rho), *log_t_interval(est_rho, se_rho, dof_rho, s.confidence))
     return Decomposition(tau, rho, tpot, explained(rho, s.min_effect, run), R, run, ", ".join(sorted(sources)))
 
 
@@ -354,7 +350,8 @@ def per_prompt_speedups(m: Measurements, server: str, baseline: str, suite: str,
     with np.errstate(invalid="ignore", divide="ignore"):
         y = np.nanmean(np.stack(ys), axis=0) if len(ys) > 1 else ys[0]
         ell = np.log(np.nanmean(np.stack(ls), axis=0))
-        tau = np.log(acceptance_length(flavor, *sums)) if sums is not None and sums[0].any() else np.full(len(prompts), np.nan)
+        tau = (np.log(acceptance_length(flavor, *sums)) if sums is not None and sums[0].any()
+               else np.full(len(prompts), np.nan))
     return y, ell, tau, len(reps)
 
 

@@ -42,13 +42,13 @@ from typing import Optional
 
 import numpy as np
 
-from .attribution import (PerPrompt, _interval, acceptance_length, acceptance_run_to_run, common_prompts, mixed_servers,
+from .attribution import (PerPrompt, acceptance_length, acceptance_run_to_run, common_prompts, mixed_servers,
                           tokens_per_decode_step)
 from ..verdicts.comparison import Comparison, crossovers, decision, repeat_mean_variance
 from ..reading.measurements import Measurements, Settings
 from ..verdicts.noise import RunToRun, VarianceSum
 from ...records import Crossover, Decision, Interval, Record, Verdict
-from ...stats import t_ppf
+from ...stats import log_t_interval, t_interval
 
 WAVES = ("a session suite at c > 1: its bins' TPOT and step cost are not compared (each server's batch around "
          "a turn follows its own sessions' pace, not the context); acceptance by context is kept, the TPOT "
@@ -209,7 +209,7 @@ def bin_figures(m: Measurements, rr: RunToRun, acc_rr: tuple, server: str, basel
         tpot_parts.plus(ts, 1 / R).plus(tb, 1 / R)
         share = rr.session_share.get("tpot", 0.0)
         session = {server: share * ts.total / R, baseline: share * tb.total / R}
-    tpot_iv = _interval(est, math.sqrt(tpot_parts.total), tpot_parts.dof, s.confidence)
+    tpot_iv = Interval(math.exp(est), *log_t_interval(est, math.sqrt(tpot_parts.total), tpot_parts.dof, s.confidence))
     verdict = decision(math.log(tpot_iv.lo), math.log(tpot_iv.hi), math.log(1 + s.min_effect), run)
     tau = rho = None
     source = None
@@ -226,8 +226,11 @@ def bin_figures(m: Measurements, rr: RunToRun, acc_rr: tuple, server: str, basel
                 tau_parts.add(("acceptance",), t2_acc / R, dof_acc)
                 rho_parts.add(("acceptance",), t2_acc / R, dof_acc)
         est_tau = float(np.mean(log_tau))
-        tau = _interval(est_tau, math.sqrt(tau_parts.total), tau_parts.dof, s.confidence)
-        rho = _interval(est_tau - est, math.sqrt(rho_parts.total), rho_parts.dof, s.confidence)
+        tau = Interval(math.exp(est_tau), *log_t_interval(est_tau, math.sqrt(tau_parts.total), tau_parts.dof,
+                                                          s.confidence))
+        est_rho = est_tau - est
+        rho = Interval(math.exp(est_rho), *log_t_interval(est_rho, math.sqrt(rho_parts.total), rho_parts.dof,
+                                                          s.confidence))
     return BinFigures(tau, rho, tpot_iv, verdict, est, math.sqrt(tpot_parts.total), tpot_parts.dof, session, run,
                       source, G)
 
@@ -283,8 +286,7 @@ def acceptance_slope(m: Measurements, server: str, suite: str, c: int, reps: lis
         return None
     # Student t with the bootstrap's standard error and units - 2 dof: the percentile interval of a
     # slope over a few dozen prompts called a flat truth falling or rising in 12.5% +- 2.3% at 90%
-    half = t_ppf(0.5 + s.confidence / 2, max(len(units) - 2, 1)) * float(boots.std(ddof=1))
-    lo, hi = b - half, b + half
+    lo, hi = t_interval(b, float(boots.std(ddof=1)), max(len(units) - 2, 1), s.confidence)
     ln2 = math.log(2)
     return Interval(math.exp(b * ln2), math.exp(lo * ln2), math.exp(hi * ln2))
 

@@ -38,7 +38,7 @@ from ..verdicts.noise import RunToRun, VarianceSum
 from ...controls import is_cache_arm, parent
 from ...measuring.summary import PAST_STOP_WARNING
 from ...records import Decision, Interval, Record
-from ...stats import describe, t_ppf
+from ...stats import describe, t_interval
 
 EXAMPLES = 5
 
@@ -325,7 +325,7 @@ def session_speedup(out: SessionSummary, by: dict, keys: list, baseline: str, s:
     if run:
         parts.plus(ts, 1 / R).plus(tb, 1 / R)
     est, se = float(np.mean(logs)), math.sqrt(parts.total)
-    t = t_ppf(0.5 + s.confidence / 2, parts.dof)
-    out.session_throughput = Interval(math.exp(est), math.exp(est - t * se), math.exp(est + t * se))
-    out.verdict = decision(est - t * se, est + t * se, math.log(1 + s.min_effect), run)
+    lo, hi = t_interval(est, se, parts.dof, s.confidence)
+    out.session_throughput = Interval(math.exp(est), math.exp(lo), math.exp(hi))
+    out.verdict = decision(lo, hi, math.log(1 + s.min_effect), run)
     out.run_to_run = run

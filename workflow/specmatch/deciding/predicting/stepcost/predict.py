@@ -15,7 +15,7 @@ from .map import StepMap, bounded_exp
 from ....config import passes_for
 from ....metrics import log_speedup
 from ....records import Decision, Interval, StepCostPrediction, StratumTau
-from ....stats import t_ppf
+from ....stats import t_half_width
 
 REQUESTS_PER_WORKER = 2     # the default requests.min_requests_per_worker: a predicted cell sends whole passes
                             # of the suite, at least this many requests per worker, as a cell does
@@ -215,7 +215,7 @@ def as_prediction(suite: str, c: int, metric: str, est: float, var: VarianceSum,
                   extrapolated: bool, run_to_run: bool) -> StepCostPrediction:
     """A prediction's interval and verdict by the verdicts' rule (without a measure of run-to-run variation,
     one repeat, only an effect beyond the band is trusted, as comparison.decision does for the cells)."""
-    h = t_ppf(0.5 + s.confidence / 2, var.dof) * math.sqrt(var.total) if var.total > 0 else float("inf")
+    h = t_half_width(math.sqrt(var.total), var.dof, s.confidence) if var.total > 0 else float("inf")
     d = (decision(est - h, est + h, math.log(1 + s.min_effect), run_to_run) if math.isfinite(h)
          else Decision.INCONCLUSIVE)
     iv = Interval(math.exp(est), bounded_exp(est - h) if math.isfinite(h) else None,
@@ -254,7 +254,7 @@ def check_rows(sm: StepMap, m: Measurements, pred: StepCostPrediction, est: floa
     d = value - est
     pred.measured = math.exp(value)
     if diff.total > 0:
-        h = t_ppf(0.5 + s.confidence / 2, diff.dof) * math.sqrt(diff.total)
+        h = t_half_width(math.sqrt(diff.total), diff.dof, s.confidence)
         pred.difference = Interval(math.exp(d), bounded_exp(d - h), bounded_exp(d + h))
         pred.agrees = bool(d - h <= 0 <= d + h)
     else:
@@ -269,7 +269,7 @@ def map_holds(diffs: list[tuple[float, VarianceSum]], confidence: float) -> bool
     if not usable:
         return None
     level = 1 - (1 - confidence) / len(usable)
-    return all(abs(d) <= t_ppf(0.5 + level / 2, v.dof) * math.sqrt(v.total) for d, v in usable)
+    return all(abs(d) <= t_half_width(math.sqrt(v.total), v.dof, level) for d, v in usable)
 
 
 def stratum_taus(reqs: dict, server: str, suites: list[str], s: Settings) -> list[StratumTau]:
@@ -298,7 +298,7 @@ def stratum_taus(reqs: dict, server: str, suites: list[str], s: Settings) -> lis
             boot = np.log(v[idx, 0].sum(1) / v[idx, 1].sum(1))
         boot = boot[np.isfinite(boot)]
         se = float(boot.std(ddof=1)) * math.sqrt(n / (n - 1)) if boot.size > 2 else 0.0
-        h = t_ppf(0.5 + s.confidence / 2, n - 1) * se
+        h = t_half_width(se, n - 1, s.confidence)
         out.append(StratumTau(st, Interval(tau, tau * math.exp(-h), tau * math.exp(h)), n))
     return out
 

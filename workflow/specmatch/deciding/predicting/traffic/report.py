@@ -15,7 +15,7 @@ from ....config import TRAFFIC_PREFIX, TRAINING_MIX
 from ....controls import is_control
 from ....records import (BreakEven, Decision, Direction, Interval, SuiteMatch, TrafficCheck, TrafficProfile,
                         TrafficProfiles, TrafficRow)
-from ....stats import t_ppf
+from ....stats import log_t_interval, t_critical, t_interval, t_ppf
 
 from .predictor import Estimate, Pair, Predictor, Stratum, per_prompt
 from .step_model import (calibrate, cell_requests, fit_step_model, model_error, model_residuals, stratum_function,
@@ -48,12 +48,6 @@ def _dof(parts: VarianceSum) -> float:
     same data, not an estimate with dof of its own, and counted as one (FORM_DOF) it raised the dof of a sum
     it joined by more than it added to the variance, which narrowed the interval (audit of 6 Dec)."""
     return VarianceSum({k: list(v) for k, v in parts.parts.items() if k[0] != "model-form"}).dof
-
-
-def _interval(est: float, parts: VarianceSum, confidence: float) -> Interval:
-    se = math.sqrt(parts.total)
-    t = t_ppf(0.5 + confidence / 2, _dof(parts))
-    return Interval(math.exp(est), math.exp(est - t * se), math.exp(est + t * se))
 
 
 def _crossing(xs: np.ndarray, ys: np.ndarray) -> float | None:
@@ -270,7 +264,8 @@ class MetricRows:
             return None
         est = self.pred.estimate(mix, self.metric)
         parts = self.parts(est, key, mix)
-        return _interval(est.value, parts, self.rep.an.settings.confidence), parts, est
+        iv = log_t_interval(est.value, math.sqrt(parts.total), _dof(parts), self.rep.an.settings.confidence)
+        return Interval(math.exp(est.value), *iv), parts, est
 
     # -- break-even lines -------------------------------------------------------------------------------
     def line(self, start: dict, toward: str) -> BreakEven | None:
@@ -761,9 +756,8 @@ def _check_of(d: float, var: float, dof: float, confidence: float, **more) -> Tr
     its equivalence bound and the smallest error it catches in 80% of runs (its two-sided level's t plus
     the 80th percentile)."""
     se = math.sqrt(var)
-    t = t_ppf(0.5 + confidence / 2, dof)
-    lo, hi = d - t * se, d + t * se
-    detect = (t + t_ppf(0.8, dof)) * se
+    lo, hi = t_interval(d, se, dof, confidence)
+    detect = (t_critical(dof, confidence) + t_ppf(0.8, dof)) * se
     return TrafficCheck(math.exp(d) - 1, math.exp(lo) - 1, math.exp(hi) - 1, lo <= 0 <= hi,
                         bound=math.exp(max(abs(lo), abs(hi))) - 1, detectable=math.exp(detect) - 1,
                         se=se, dof=dof, **more)
@@ -814,7 +808,7 @@ def pooled_checks(rows: list[TrafficRow], confidence: float) -> list[dict]:
             continue
         level = 1 - (1 - confidence) / len(rs)
         z = {r.profile: math.log(1 + r.check.error) / r.check.se for r in rs}
-        holds = all(abs(z[r.profile]) <= t_ppf(0.5 + level / 2, r.check.dof if r.check.dof is not None else float("inf"))
+        holds = all(abs(z[r.profile]) <= t_critical(r.check.dof if r.check.dof is not None else float("inf"), level)
                     for r in rs)
         for r in rs:
             r.check.family, r.check.family_holds = sorted(z), holds
