@@ -40,6 +40,7 @@ from ..reading.measurements import Arrays, Measurements, plain_steps, take, unit
 from ..verdicts.noise import RunToRun, VarianceSum, _tau2_dof, fit_tau2
 from ...serving.engines import adapters, definitions
 from ...records import Interval
+from ...resample import draws
 from ...stats import log_t_interval
 
 SPEC = ("num_spec_steps", "num_draft_tokens", "num_accepted_tokens")
@@ -409,7 +410,7 @@ def length_model(m: Measurements, server: str, baseline: str, c: int, suites: li
     boot_raw = {u: [] for u in names}
     boot_adj = {u: [] for u in names}
     for _ in range(m.settings.bootstrap):
-        got = fit({u: rng.integers(0, len(data[u][0]), len(data[u][0])) for u in names})
+        got = fit({u: draws(rng, len(data[u][0])) for u in names})
         if got is None:
             continue
         for u in names:

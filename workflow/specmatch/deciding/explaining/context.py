@@ -48,6 +48,7 @@ from ..verdicts.comparison import Comparison, crossovers, decision, repeat_mean_
 from ..reading.measurements import Measurements, Settings
 from ..verdicts.noise import RunToRun, VarianceSum
 from ...records import Crossover, Decision, Interval, Record, Verdict
+from ...resample import Clusters, draws
 from ...stats import log_t_interval, t_interval
 
 WAVES = ("a session suite at c > 1: its bins' TPOT and step cost are not compared (each server's batch around "
@@ -164,12 +165,9 @@ def bin_figures(m: Measurements, rr: RunToRun, acc_rr: tuple, server: str, basel
     """tau, rho and the TPOT speedup of `server` against `baseline` over the requests of `prompts` (one
     bin), resampling units (`unit_of`: prompt -> its unit) with one draw for every repeat."""
     s: Settings = m.settings
-    units = sorted({unit_of[p] for p in prompts})
-    uidx = {u: i for i, u in enumerate(units)}
-    g = np.array([uidx[unit_of[p]] for p in prompts], dtype=int)
-    G = len(units)
-    draw = s.rng("context", server, baseline, suite, c, tuple(prompts[:3]), len(prompts)).integers(
-        0, G, size=(s.bootstrap, G))
+    clusters = Clusters.of([unit_of[p] for p in prompts])
+    g, G = clusters.index, len(clusters)
+    draw = draws(s.rng("context", server, baseline, suite, c, tuple(prompts[:3]), len(prompts)), G, s.bootstrap)
     flavor = m.arrays[(server, suite, c, reps[0])].flavor
     log_tpot, boot_tpot, log_tau, boot_tau, per_request = [], [], [], [], True
     for r in reps:
@@ -261,9 +259,7 @@ def acceptance_slope(m: Measurements, server: str, suite: str, c: int, reps: lis
     if np.ptp(x) < 0.5:      # less than a factor 1.4 of context: no slope to speak of
         return None
     kept = [p for p, k in zip(prompts, keep) if k]
-    units = sorted({unit_of[p] for p in kept})
-    uidx = {u: i for i, u in enumerate(units)}
-    g = np.array([uidx[unit_of[p]] for p in kept])
+    clusters = Clusters.of([unit_of[p] for p in kept])
 
     def fit(idx_rows: np.ndarray) -> float:
         ww = w[idx_rows]
@@ -273,20 +269,17 @@ def acceptance_slope(m: Measurements, server: str, suite: str, c: int, reps: lis
         return float((ww * (x[idx_rows] - xm) * (y[idx_rows] - ym)).sum() / sxx) if sxx > 0 else float("nan")
 
     b = fit(np.arange(len(y)))
-    members = [np.flatnonzero(g == i) for i in range(len(units))]
     rng = s.rng("context-slope", server, suite, c)
     boots = []
-    for _ in range(s.bootstrap):
-        pick = rng.integers(0, len(units), len(units))
-        rows = np.concatenate([members[i] for i in pick])
-        boots.append(fit(rows))
+    for _ in range(s.bootstrap):   # one resample at a time: each is fitted before the next is drawn
+        boots.append(fit(clusters.items(draws(rng, len(clusters)))))
     boots = np.array(boots)
     boots = boots[np.isfinite(boots)]
     if boots.size < 10 or not math.isfinite(b):
         return None
     # Student t with the bootstrap's standard error and units - 2 dof: the percentile interval of a
     # slope over a few dozen prompts called a flat truth falling or rising in 12.5% +- 2.3% at 90%
-    lo, hi = t_interval(b, float(boots.std(ddof=1)), max(len(units) - 2, 1), s.confidence)
+    lo, hi = t_interval(b, float(boots.std(ddof=1)), max(len(clusters) - 2, 1), s.confidence)
     ln2 = math.log(2)
     return Interval(math.exp(b * ln2), math.exp(lo * ln2), math.exp(hi * ln2))
 

@@ -38,6 +38,7 @@ from ..verdicts.noise import RunToRun, VarianceSum
 from ...controls import is_cache_arm, parent
 from ...measuring.summary import PAST_STOP_WARNING
 from ...records import Decision, Interval, Record
+from ...resample import draws
 from ...stats import describe, t_interval
 
 EXAMPLES = 5
@@ -303,7 +304,7 @@ def session_speedup(out: SessionSummary, by: dict, keys: list, baseline: str, s:
     out.paired_sessions = len(common)
     if len(common) < 2:
         return
-    draw = s.rng("sessions", server, baseline, suite, c).integers(0, len(common), size=(s.bootstrap, len(common)))
+    draw = draws(s.rng("sessions", server, baseline, suite, c), len(common), s.bootstrap)
     logs, boots = [], []
     for p in pairs:
         tok_s = np.array([p[x][0][0] for x in common])

@@ -15,6 +15,7 @@ from .map import StepMap, bounded_exp
 from ....config import passes_for
 from ....metrics import log_speedup
 from ....records import Decision, Interval, StepCostPrediction, StratumTau
+from ....resample import draws
 from ....stats import t_half_width
 
 REQUESTS_PER_WORKER = 2     # the default requests.min_requests_per_worker: a predicted cell sends whole passes
@@ -72,7 +73,7 @@ def _draws(s: Settings, server: str, suite: str, n: int) -> np.ndarray:
     """Row 0 the prompts as measured, then resamples by prompt; the same for every concurrency and
     metric (a prediction's curve is smooth in c) and both servers (paired)."""
     rng = s.rng("stepcost", server, suite, n)
-    return np.vstack([np.arange(n)[None, :], rng.integers(0, n, (ROWS, n))])
+    return draws(rng, n, ROWS, keep_original=True)
 
 
 def predict_suite(sm: StepMap, data: dict, suite: str, c: int, metric_names: list[str], s: Settings,
@@ -177,7 +178,7 @@ def predict_profile(sm: StepMap, strata: dict, mix: dict, size_of: int, c: int, 
     picks = []
     for n in counts:
         pick = np.floor(v * n).astype(int)
-        picks.append(np.where(rep[:, None], rng.integers(0, n, (PROFILE_RESAMPLES, n))[r_of, pick], pick))
+        picks.append(np.where(rep[:, None], draws(rng, n, PROFILE_RESAMPLES)[r_of, pick], pick))
     rows = {}
     for x in (sm.server, sm.baseline):
         cols = {f: np.zeros((total, size)) for f in ("ptok", "out", "steps", "cached")}
@@ -293,7 +294,7 @@ def stratum_taus(reqs: dict, server: str, suites: list[str], s: Settings) -> lis
         if n < 2:
             out.append(StratumTau(st, Interval(tau, None, None), n))
             continue
-        idx = s.rng("stepcost-tau", server, st).integers(0, n, (ROWS, n))
+        idx = draws(s.rng("stepcost-tau", server, st), n, ROWS)
         with np.errstate(divide="ignore", invalid="ignore"):
             boot = np.log(v[idx, 0].sum(1) / v[idx, 1].sum(1))
         boot = boot[np.isfinite(boot)]
