@@ -8,7 +8,7 @@ import yaml
 
 from builders import KSWEEP_CONFIG, copy_workflow, job_counts, run, shipped_config, snakemake_cmd
 from specmatch.config import recommendation_suites, validate
-from specmatch.serving.controls import CACHE, OFF, cache_arm_plan, control_plan, with_controls
+from specmatch.controls import CACHE, OFF, cache_arm_plan, control_plan, with_controls
 from specmatch.files import SpecmatchError
 from specmatch.data.prompts import LIST_HEAD, file_suite
 from specmatch.records import Prompt

@@ -121,7 +121,7 @@ def test_unregistered_it_is_unknown():
 
 def test_its_sweep_launch_environment_and_control_are_the_adapters(fake):
     from specmatch import pipeline
-    from specmatch.serving.controls import control_plan, why_no_control
+    from specmatch.controls import control_plan, why_no_control
     from specmatch.sweep import sweeps
 
     cfg = config(base=fake_server(), spec=fake_server(method="ngram", drafts=[1, 2, 4]))

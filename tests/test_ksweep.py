@@ -10,7 +10,7 @@ from builders import decided, sweep_cells
 from specmatch.deciding.decide import records_of
 from specmatch.deciding.analysis import analyse
 from specmatch.config import validate
-from specmatch.serving.controls import with_controls
+from specmatch.controls import with_controls
 from specmatch.deciding.recommending.deployment import ServerInfo
 from specmatch.files import SpecmatchError
 from specmatch.deciding.recommending.kmodel import KRecommendation, KSweeps

@@ -126,7 +126,7 @@ def test_imports_point_down_the_stages_or_to_the_root():
 
 # the deciding stage by question, in order: a module may import its own floor or a lower one; the steps
 # and the analysis that joins every question (modules directly in deciding/) sit on top
-DECIDING = ("reading", "verdicts", "explaining", "recommending")
+DECIDING = ("reading", "verdicts", "explaining", "predicting", "recommending")
 STEPS_MODULES = {"decide", "recommend", "rounds", "stepcost"}
 
 

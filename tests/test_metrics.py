@@ -13,7 +13,7 @@ from specmatch import metrics
 from specmatch.calibration.des import Engine, serve
 from specmatch.calibration.simulate import cell
 from specmatch.deciding.reading.measurements import Arrays, Settings
-from specmatch.deciding.explaining.traffic.step_model import figures
+from specmatch.deciding.predicting.traffic.step_model import figures
 
 PKG = REPO / "workflow" / "specmatch"
 SLO = {"ttft_ms": 60.0, "tpot_ms": 9.0, "e2el_ms": 400.0}

@@ -76,6 +76,22 @@ def test_a_draw_takes_whole_sessions_and_a_suite_of_single_prompts_draws_as_befo
     assert take(np.array([1.0, 2.0]), np.array([[0, 1, -1]])).tolist() == [[1.0, 2.0, 0.0]]
 
 
+def test_the_resampling_helper_draws_what_the_bootstraps_drew_by_hand():
+    """resample.draws is one rng.integers call of the caller's shape (a seeded bootstrap keeps its numbers),
+    with the sample itself as row 0 when asked; Clusters takes each drawn unit's items in order."""
+    from specmatch.resample import Clusters, draws
+
+    assert (draws(np.random.default_rng(4), 7, 30) == np.random.default_rng(4).integers(0, 7, (30, 7))).all()
+    assert (draws(np.random.default_rng(4), 7) == np.random.default_rng(4).integers(0, 7, 7)).all()
+    kept = draws(np.random.default_rng(4), 7, 30, keep_original=True)
+    assert kept.shape == (31, 7) and kept[0].tolist() == list(range(7))
+    assert (kept[1:] == np.random.default_rng(4).integers(0, 7, (30, 7))).all()
+    cl = Clusters.of(["b", "a", "b", "c", "a"])
+    assert cl.units == ["a", "b", "c"] and cl.index.tolist() == [1, 0, 1, 2, 0] and len(cl) == 3
+    assert cl.items(np.array([1, 1, 2])).tolist() == [0, 2, 0, 2, 3]
+    assert cl.padded(np.array([[2, 2, 2], [0, 1, 0]])).tolist() == [[3, 3, 3, -1, -1, -1], [1, 4, 0, 2, 1, 4]]
+
+
 @pytest.mark.parametrize("closed", [True, False])
 def test_padding_counts_for_nothing_in_any_metric(closed):
     rng = np.random.default_rng(3)

@@ -142,3 +142,19 @@ def test_median_fit_dof_adds_up_over_configurations():
     one = stats.median_fit_dof([3])
     assert stats.median_fit_dof([3] * 7) == pytest.approx(7 * one, rel=1e-14)
     assert stats.median_fit_dof(np.array([3.0] * 7)) == stats.median_fit_dof([3] * 7)
+
+
+@pytest.mark.parametrize("dof", [0.05, 1, 2.5, 30, INF])
+@pytest.mark.parametrize("confidence", [0.8, 0.9, 0.95])
+def test_the_interval_helpers_are_the_two_sided_t_interval_to_the_last_bit(dof, confidence):
+    """Every interval of the decisions is t_interval or its log form: the t quantile at 0.5 + confidence / 2
+    (capped, as t_ppf), estimate -+ t se, the log form exponentiated after; equal, not approximately, to
+    the arithmetic the call sites once wrote by hand."""
+    est, se = 0.137, 0.0421
+    t = stats.t_ppf(0.5 + confidence / 2, dof)
+    assert stats.t_critical(dof, confidence) == t
+    assert stats.t_half_width(se, dof, confidence) == t * se
+    assert stats.t_interval(est, se, dof, confidence) == (est - t * se, est + t * se)
+    assert stats.log_t_interval(est, se, dof, confidence) == (math.exp(est - t * se), math.exp(est + t * se))
+    lo, hi = stats.t_interval(est, se, dof, confidence)
+    assert lo < est < hi and stats.t_interval(est, 0.0, dof, confidence) == (est, est)

@@ -17,9 +17,9 @@ from specmatch.calibration.des import serve
 from specmatch.calibration.traffic import traffic_cells, traffic_profiles
 from specmatch.config import validate
 from specmatch.deciding.analysis import map_predictions
-from specmatch.deciding.explaining.stepcost import build_map, requests_of
-from specmatch.deciding.explaining.stepcost.map import map_cells
-from specmatch.deciding.explaining.traffic.step_model import Scheduler, fit_step_model, simulate
+from specmatch.deciding.predicting.stepcost import build_map, requests_of
+from specmatch.deciding.predicting.stepcost.map import map_cells
+from specmatch.deciding.predicting.traffic.step_model import Scheduler, fit_step_model, simulate
 from specmatch.deciding.reading.measurements import Measurements, Settings
 from specmatch.deciding.recommending.deployment import ServerInfo, recommend
 from specmatch.files import SpecmatchError
@@ -175,7 +175,7 @@ def test_the_fit_is_its_own_fixed_point_so_the_jacobian_measures_the_data_not_th
     """The batch features T is fitted on depend on T; the fit iterates to its fixed point, and a refit that
     starts there with the same data and its bounds held returns it (the error's Jacobian is then the
     data's effect alone); moving one concurrency's cells 2% moves the map smoothly."""
-    from specmatch.deciding.explaining.stepcost.map import H, _slower, fit_model, map_cells
+    from specmatch.deciding.predicting.stepcost.map import H, _slower, fit_model, map_cells
 
     cells = traffic_cells(3, {"basis": cal.COUNTS}, (1, 2, 8, 16), rho=lambda b: 1.4,
                           min_requests_per_worker=cal.REQUESTS_PER_WORKER)
@@ -194,12 +194,12 @@ def test_a_refit_that_extrapolates_below_zero_widens_the_map_instead_of_failing(
     """The Jacobian's refits have coefficients free in sign; far beyond the fitted batches one can give
     a step cost below zero (seen on a two-concurrency fit in CI). The map's error there is its relative
     move, so the interval is unbounded, never a crash."""
-    from specmatch.deciding.explaining.stepcost.map import Model
+    from specmatch.deciding.predicting.stepcost.map import Model
 
     mp_cells = traffic_cells(2, {"basis": cal.COUNTS}, (1, 2, 4), rho=lambda b: 1.4,
                              min_requests_per_worker=cal.REQUESTS_PER_WORKER)
     m = Measurements.of(mp_cells, Settings(bootstrap=50))
-    from specmatch.deciding.explaining.stepcost.map import fit_map
+    from specmatch.deciding.predicting.stepcost.map import fit_map
 
     sm = fit_map(requests_of(m), m, "spec", "base", "basis", ["basis"], [1, 2, 4])
     ok = sm.rho(256, 300, 0.9)
@@ -354,7 +354,7 @@ def test_a_budget_must_be_positive_and_decodes_that_take_it_all_do_not_stall_the
 def test_a_profiles_predicted_cells_resend_one_drawn_suite_in_whole_passes(monkeypatch):
     """Each predicted cell sends whole passes over one suite of the basis suite's size (as a cell and the
     truth do), so a later pass resends the first pass's prompts (and may hit the cache)."""
-    from specmatch.deciding.explaining.stepcost import predict
+    from specmatch.deciding.predicting.stepcost import predict
 
     seen = []
     real = predict.simulate
@@ -378,7 +378,7 @@ def test_a_profiles_predicted_cells_resend_one_drawn_suite_in_whole_passes(monke
 
 # -- the map in k --------------------------------------------------------------------------------------
 def k_sweep(seed=9001, shape="linear", mapped=(1, 3, 5)):
-    from specmatch.deciding.explaining.stepcost.kmap import build_kmap
+    from specmatch.deciding.predicting.stepcost.kmap import build_kmap
 
     specs = cal.k_engines(mapped, shape)
     cells = traffic_cells(seed, {"basis": cal.COUNTS}, cal.MEASURED, min_requests_per_worker=cal.REQUESTS_PER_WORKER,
@@ -414,7 +414,7 @@ def test_the_simulated_engine_reports_vllms_per_position_acceptance():
 
 
 def test_a_k_between_two_mapped_k_is_their_line_and_none_is_drawn_beyond_them():
-    from specmatch.deciding.explaining.stepcost.kmap import at_k
+    from specmatch.deciding.predicting.stepcost.kmap import at_k
 
     _, fitted, _ = k_sweep(mapped=(1, 5))
     maps = {1: fitted["spec@k=1"], 5: fitted["spec@k=5"]}
@@ -430,7 +430,7 @@ def test_a_k_between_two_mapped_k_is_their_line_and_none_is_drawn_beyond_them():
 
 
 def test_a_prompts_steps_at_another_k_follow_the_per_position_acceptance():
-    from specmatch.deciding.explaining.stepcost.kmap import steps_at
+    from specmatch.deciding.predicting.stepcost.kmap import steps_at
 
     # prompts that accept every draft with their own probability a (geometric): whatever the suite's mix,
     # a prompt's tau at k is 1 + a + ... + a^k, read back from its tau at K = 5 through the suite's shape

@@ -12,8 +12,8 @@ from specmatch.calibration.traffic import PROFILES, break_even_truth, coverage
 from specmatch.config import TRAINING_MIX
 from specmatch.deciding.analysis import analyse
 from specmatch.deciding.reading.measurements import Settings
-from specmatch.deciding.explaining.traffic.report import traffic_report
-from specmatch.deciding.explaining.traffic.step_model import simulate
+from specmatch.deciding.predicting.traffic.report import traffic_report
+from specmatch.deciding.predicting.traffic.step_model import simulate
 from specmatch.records import Decision, TrafficRow
 from specmatch.reporting import traffic as section
 
@@ -74,7 +74,7 @@ def test_a_quadratic_fit_recovers_a_context_cost_that_grows_with_its_square():
     tokens)^2 recovers that term and the linear ones beside it; on a server whose context cost is
     linear it finds about none, so the model form's part of a prediction is about 0 there."""
     from specmatch.calibration.traffic import WORLDS
-    from specmatch.deciding.explaining.traffic.report import Report
+    from specmatch.deciding.predicting.traffic.report import Report
 
     w = WORLDS["superlinear"]
     for engine, t5 in ((w["engine"], 4e-3), (None, 0.0)):
@@ -272,7 +272,7 @@ def test_pooled_checks_hold_at_the_familys_level_and_catch_a_shared_error():
     """The verified mixes of one (server, concurrency, metric) as a family (Bonferroni): with every
     prediction right, the family misses in at most 1 - confidence of runs; an error of 3 standard errors
     in every mix is caught in most."""
-    from specmatch.deciding.explaining.traffic.report import pooled_checks
+    from specmatch.deciding.predicting.traffic.report import pooled_checks
     from specmatch.records import TrafficCheck
 
     rng = np.random.default_rng(3)

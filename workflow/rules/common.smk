@@ -16,7 +16,7 @@ from specmatch import pipeline
 from specmatch.config import validate as _validate_config
 from specmatch.pipeline import CELL_JSON, CELL_REQUESTS, DECISION_FILES, LAUNCH, SUMMARY
 from specmatch.config import recommendation_suites, step_cost_suite, suite_concurrency
-from specmatch.serving.controls import is_control, with_controls
+from specmatch.controls import is_control, with_controls
 from specmatch.data.traffic import (
     step_config as traffic_step_config,
     with_traffic_suites,

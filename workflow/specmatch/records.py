@@ -48,7 +48,7 @@ class Record:
     """Shared (de)serialisation for the records below."""
 
     def to_json(self) -> dict:
-        return {f.name: _plain(getattr(self, f.name)) for f in _written(self)}
+        return {f.name: plain_json(getattr(self, f.name)) for f in _written(self)}
 
     @classmethod
     def from_json(cls, obj: dict):
@@ -99,15 +99,17 @@ def _typed(kind, v):
     return kind.from_json(v) if isinstance(v, dict) else v
 
 
-def _plain(v: Any) -> Any:
+def plain_json(v: Any) -> Any:
+    """A field's value as its JSON holds it: an enum by its value, a record by its to_json, containers
+    element by element (what to_json writes, and what the reference pages print as a default)."""
     if isinstance(v, enum.Enum):
         return v.value
     if isinstance(v, Record):
         return v.to_json()
     if isinstance(v, dict):
-        return {k: _plain(x) for k, x in v.items()}
+        return {k: plain_json(x) for k, x in v.items()}
     if isinstance(v, (list, tuple)):
-        return [_plain(x) for x in v]
+        return [plain_json(x) for x in v]
     return v
 
 
@@ -363,7 +365,7 @@ class SuiteMatch(Record):
     training_prompt_tokens_by_source: Optional[dict] = None
     length_like: Optional[str] = None
     length_match: Optional[dict] = None
-    # the suite as strata of a traffic mix (specmatch.deciding.explaining.traffic): stratum -> {kind: source | file,
+    # the suite as strata of a traffic mix (specmatch.deciding.predicting.traffic): stratum -> {kind: source | file,
     # prompts, training_share (post-stratification weight of the training mix), share (a traffic suite's
     # drawn share)}; and the per-source floor of a stratified training suite
     strata: Optional[dict] = None
@@ -1220,7 +1222,7 @@ class BreakEven(Record):
     bounds cross 1): the shares whose interval contains 1, a confidence set for the crossing (test
     inversion). `direction`: whether it stops or starts paying as the share grows. `curve`: [share,
     predicted, lo, hi] along the line; `measured`: [share, speedup, lo, hi, suite] of measured suites
-    whose mix lies on it (specmatch.deciding.explaining.traffic)."""
+    whose mix lies on it (specmatch.deciding.predicting.traffic)."""
     toward: str
     share: Optional[float]
     lo: Optional[float]
@@ -1413,7 +1415,7 @@ class StratumTau(Record):
 @dataclass
 class StepCostMap(Record):
     """`results/stepcost/stepcost.json`, one per speculative server: its step cost against the baseline's
-    at every batch size and context (specmatch.deciding.explaining.stepcost)."""
+    at every batch size and context (specmatch.deciding.predicting.stepcost)."""
     server: str
     baseline: str
     suite: str                            # the map suite (contexts short and long)
@@ -1495,7 +1497,7 @@ class StepCostKBand(Record):
 
 @dataclass
 class StepCostKMap(Record):
-    """One k sweep's map in k (specmatch.deciding.explaining.stepcost.kmap): rho at every k from 1 to the
+    """One k sweep's map in k (specmatch.deciding.predicting.stepcost.kmap): rho at every k from 1 to the
     largest mapped, each k's speedup on the grid from the largest k's per-position acceptance, the checks
     (linear in k; held-out members against their cells) and the k schedule."""
     parent: str

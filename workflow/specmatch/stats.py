@@ -7,6 +7,8 @@ number (and returns a Python float) or an array (and returns an array).
 """
 from __future__ import annotations
 
+import math
+
 import numpy as np
 from scipy import special
 from scipy import stats as distributions
@@ -90,6 +92,33 @@ def t_ppf_many(p, dof):
     with np.errstate(invalid="ignore"):
         return np.where(np.isfinite(dof), special.stdtrit(np.maximum(np.where(np.isfinite(dof), dof, 1.0), 1.0), p),
                         special.ndtri(p))
+
+
+# -- Student t intervals: every two-sided interval of the decisions is built here, so its level is read
+# one way everywhere (the quantile at 0.5 + confidence / 2) and a log-scale one is exponentiated one way
+def t_critical(dof, confidence: float) -> float:
+    """The multiplier of a two-sided Student t interval at `confidence` with `dof`: the quantile at
+    0.5 + confidence / 2 (t_ppf: held within +-T_MAX)."""
+    return t_ppf(0.5 + confidence / 2, dof)
+
+
+def t_half_width(se: float, dof, confidence: float) -> float:
+    """Half the width of a two-sided Student t interval at `confidence`: t_critical x se."""
+    return t_critical(dof, confidence) * se
+
+
+def t_interval(estimate: float, se: float, dof, confidence: float) -> tuple[float, float]:
+    """(lo, hi) = estimate -+ t se, the two-sided Student t interval at `confidence` with `dof`."""
+    t = t_critical(dof, confidence)
+    return estimate - t * se, estimate + t * se
+
+
+def log_t_interval(log_estimate: float, se: float, dof, confidence: float) -> tuple[float, float]:
+    """A ratio's (lo, hi) from its log estimate and the log's standard error: exp(log_estimate -+ t se),
+    the Student t interval taken on the log scale (where a speedup's estimate is near normal and its
+    parts add) and carried back to the ratio."""
+    lo, hi = t_interval(log_estimate, se, dof, confidence)
+    return math.exp(lo), math.exp(hi)
 
 
 def chi2_cdf(x, dof):

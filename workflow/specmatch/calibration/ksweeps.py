@@ -24,7 +24,7 @@ from ..deciding.recommending.krecommend import recommend
 from ..deciding.reading.measurements import Measurements
 from ..deciding.verdicts.noise import run_to_run as rr_of
 from ..deciding.rounds import plan
-from ..stats import t_ppf
+from ..stats import t_interval, t_ppf
 from .des import Engine, serve
 from .grid import BASE, settings
 from .pool import seed_of
@@ -140,9 +140,8 @@ def _paying(m, rr, s, ks: dict, c: int) -> list[int]:
     strict = replace(s, confidence=1 - (1 - s.confidence) / max(len(cmps), 1))
     out = []
     for k, x in cmps.items():   # the verdict's interval at the strict look's level (comparison.decide's)
-        t = t_ppf(0.5 + look_level(x, strict) / 2, x.dof)
-        if decision(x.estimate - t * x.se, x.estimate + t * x.se, math.log(1 + s.min_effect),
-                    x.run_to_run).value == "pays":
+        lo, hi = t_interval(x.estimate, x.se, x.dof, look_level(x, strict))
+        if decision(lo, hi, math.log(1 + s.min_effect), x.run_to_run).value == "pays":
             out.append(k)
     return sorted(out)
 

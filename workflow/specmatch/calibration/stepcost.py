@@ -1,6 +1,6 @@
 """The step-cost map against a server whose step cost and acceptance are known: the discrete-event
 server (specmatch.calibration.des) serving a stratified suite at map concurrencies in repeated sessions
-(calibration.traffic.traffic_cells, whole passes as a workflow cell sends), the map (specmatch.deciding.explaining.stepcost) fitted on some
+(calibration.traffic.traffic_cells, whole passes as a workflow cell sends), the map (specmatch.deciding.predicting.stepcost) fitted on some
 of them and checked at one held out, and how often its intervals hold the truth.
 
 The truth of rho at batch b is the simulated engine's own rho(b) (a speculative step costs rho(b)
@@ -17,7 +17,7 @@ blocks); the map is fitted and replays with the engine's budget (Scheduler), as 
 with the budget each engine states. The `long` world: prompts longer than its 256-token budget (2.5
 times the strata's lengths), a prefix cache of 64-token blocks.
 
-`--k linear|curved|identical`: the map in k (specmatch.deciding.explaining.stepcost.kmap) on a sweep of k = 1, 3, 5
+`--k linear|curved|identical`: the map in k (specmatch.deciding.predicting.stepcost.kmap) on a sweep of k = 1, 3, 5
 whose step cost is linear in k (or curved: k squared; or identical: every k exactly off, no draft right
 and a step as dear as a plain one), every k from 1 to 5 predicted: the coverage of
 rho at every k and of every k's throughput speedup (the truth: a suite drawn like the measured one served
@@ -38,9 +38,9 @@ from .des import serve
 from .grid import BASE
 from .pool import run_tasks
 from .traffic import PROFILES, TRAFFIC_STRATA, resent_cached, traffic_cells, traffic_profiles, traffic_prompts
-from ..deciding.explaining.stepcost import build_map, requests_of
-from ..deciding.explaining.stepcost.predict import REQUESTS_PER_WORKER
-from ..deciding.explaining.traffic.step_model import Scheduler, figures
+from ..deciding.predicting.stepcost import build_map, requests_of
+from ..deciding.predicting.stepcost.predict import REQUESTS_PER_WORKER
+from ..deciding.predicting.traffic.step_model import Scheduler, figures
 from ..config import passes_for
 from ..deciding.reading.measurements import Measurements, Settings
 
@@ -250,7 +250,7 @@ def k_truth(k: int, c: int, seed: int, suites: int = 200, metric: str = "output_
 def k_experiment(a: tuple) -> dict:
     """One k sweep (K_MAPPED) measured at MEASURED: its members' maps, the map in k, rho at every k and
     BATCHES, every k's predictions at PREDICTED, the checks and the schedule."""
-    from ..deciding.explaining.stepcost.kmap import build_kmap
+    from ..deciding.predicting.stepcost.kmap import build_kmap
     seed, mapped, shape = a
     specs = k_engines(mapped, shape)
     cells = traffic_cells(seed, {"basis": COUNTS}, MEASURED, min_requests_per_worker=REQUESTS_PER_WORKER,

@@ -1,6 +1,6 @@
 """Traffic mixes whose truth is known: a discrete-event server (specmatch.calibration.des) serving
 batches that mix sources of different acceptance and prompt length, and the coverage of the traffic
-predictions (specmatch.deciding.explaining.traffic) against it.
+predictions (specmatch.deciding.predicting.traffic) against it.
 
 An experiment measures a baseline and a speculative server (k=3, a step cost that grows with the
 batch) on a stratified basis suite of three sources and a file suite (`generic`), at c = 1 and a
@@ -35,8 +35,8 @@ from .tally import share
 from ..deciding.analysis import analyse
 from ..deciding.reading.measurements import Settings
 from ..config import passes_for
-from ..deciding.explaining.traffic.report import traffic_report
-from ..deciding.explaining.traffic.step_model import figures
+from ..deciding.predicting.traffic.report import traffic_report
+from ..deciding.predicting.traffic.step_model import figures
 from ..records import TrafficProfile, TrafficProfiles
 
 # Strata of a synthetic deployment: per-token acceptance Beta(a, b) and prompt length (median tokens,

@@ -7,8 +7,9 @@ servers. The questions live in folders, each importing only the ones below it:
 - reading/: the measurements (every cell read once) and the design of repeats;
 - verdicts/: run to run, one comparison and its typed verdict (pays, loses, equivalent,
   inconclusive), crossovers, acceptance per suite;
-- explaining/: tokens per step x step cost, the context axis, natural stopping and sessions, traffic
-  mixes, claims resting on flagged cells;
+- explaining/: tokens per step x step cost, the context axis, natural stopping and sessions, claims
+  resting on flagged cells;
+- predicting/: the step model, traffic mixes predicted from per-source measurements, the step-cost map;
 - recommending/: what to deploy (on/off and k schedules) and its verification.
 
 This module joins them into an Analysis (the primary grid's verdicts and recommendations, the
@@ -25,17 +26,18 @@ from dataclasses import dataclass, field
 import polars as pl
 
 from .verdicts.acceptance import acceptance_summary
-from .explaining.attribution import (_interval, acceptance_run_to_run, both, decompose, length_model, median_prompt_tokens,
+from .explaining.attribution import (acceptance_run_to_run, both, decompose, length_model, median_prompt_tokens,
                           mixed_servers, session_variance)
 from .verdicts.comparison import Comparison, compare, crossovers, decide
 from .verdicts.designs import rounds_shares, with_design
-from ..serving.controls import OFF, is_control
+from ..controls import OFF, is_control
 from .recommending.deployment import RECOMMENDED, ServerInfo, engine_of, own_k, recommend, verification, verify_against
 from .reading.measurements import Measurements, Settings, drafted_nothing
 from .verdicts.noise import RunToRun, VarianceSum, run_to_run
 from .recommending.krecommend import references, sweep_report
 from ..records import (AdjustedSpeedup, Attribution, CellResult, Contrast, Decision, DerivedServer, Effect, Interval,
                        Outcome, Recommendation, RoundPlan, StepCosts, Verdict, Verification)
+from ..stats import log_t_interval
 from ..sweep import members as sweep_members, parents as sweep_parents, sweep_of
 
 __all__ = ["Analysis", "analyse", "attribute", "crossover", "frozen_verdicts", "join_derived", "primary_analysis",
@@ -400,9 +402,9 @@ def attribute(an: Analysis, reference_suite: str | None = None) -> list[Attribut
                     R = lm.repeats[u]
                     sessions = session_variance(rr, server, an.baseline, c, R)
                     parts = VarianceSum().add(("w",), lm.var_adj[u], float("inf")).plus(sessions)
-                    iv = _interval(lm.adjusted[u], math.sqrt(parts.total), parts.dof, s.confidence)
+                    lo, hi = log_t_interval(lm.adjusted[u], math.sqrt(parts.total), parts.dof, s.confidence)
                     a.length_adjusted_speedup = AdjustedSpeedup(
-                        iv.value, iv.lo, iv.hi, math.exp(lm.raw[u]), ref, lm.reference_tokens, lm.slope,
+                        math.exp(lm.adjusted[u]), lo, hi, math.exp(lm.raw[u]), ref, lm.reference_tokens, lm.slope,
                         list(lm.ranges[u]), not (lm.ranges[u][0] <= lm.reference_tokens <= lm.ranges[u][1]))
                     if ref in lm.adjusted and u != ref:
                         def contrast(est: dict, boot: dict) -> Interval:
@@ -410,7 +412,8 @@ def attribute(an: Analysis, reference_suite: str | None = None) -> list[Attribut
                             w = float(diff.var(ddof=1)) if diff.size > 2 else 0.0
                             # two suites' cells, each with its sessions' variation
                             p2 = VarianceSum().add(("w",), w, float("inf")).plus(sessions, 2.0)
-                            return _interval(est[u] - est[ref], math.sqrt(p2.total), p2.dof, s.confidence)
+                            d = est[u] - est[ref]
+                            return Interval(math.exp(d), *log_t_interval(d, math.sqrt(p2.total), p2.dof, s.confidence))
 
                         a.contrast = Contrast(ref, contrast(lm.raw, lm.boot_raw), contrast(lm.adjusted, lm.boot_adj))
                 out.append(a)

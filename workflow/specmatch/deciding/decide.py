@@ -20,7 +20,7 @@ the primary grid's analysis, joins the recommended servers' cells and verifies e
   natural stop, the session suites' sessions);
 - `traffic.json`: records.TrafficRow per traffic profile, speculative server, concurrency and metric:
   the mix's predicted speedup, the measured one where it is verified, the break-even share
-  (specmatch.deciding.explaining.traffic).
+  (specmatch.deciding.predicting.traffic).
 
 The summary step (specmatch.reporting.summary) reads these and renders them; it decides nothing.
 
@@ -44,7 +44,7 @@ from ..provenance import Recorder
 from ..records import (AnalysisRecord, Attribution, CellGoodput, CrossoverSet, DerivedServers, Recommendation,
                        RoundPlan, RunToRunFigure, RunToRunSummary, ServerFacts, SuiteMatch, TrafficProfiles, TrafficRow,
                        Verdict)
-from ..serving.controls import OFF, cache_arm_plan, is_control, why_no_control
+from ..controls import OFF, cache_arm_plan, is_control, why_no_control
 from .verdicts.acceptance import pooled_acceptance
 from .analysis import Analysis, attribute, frozen_verdicts, verified_analysis
 from .reading.measurements import Settings
@@ -55,7 +55,7 @@ from .explaining.interference import flagged_claims
 from .explaining.context import ContextAxis, ContextRow, ContextTrend, context_report
 from .recommending.kmodel import KSweeps
 from .explaining.stopping import StoppingReport, stopping_report
-from .explaining.traffic.report import traffic_report
+from .predicting.traffic.report import traffic_report
 from .inputs import analysis_arguments, load, server_infos
 
 # the decision records, by name: the files the decide step writes into its folder and the summary reads
@@ -150,7 +150,7 @@ def uncontrolled(settings: dict, configs: dict, baseline: str) -> dict[str, str]
 
 def without_cache_arm(settings: dict, configs: dict, kinds: dict[str, str]) -> dict[str, str]:
     """Speculative servers whose cache arm was asked for (summary.controls.prefix_cache) but that have
-    none, and why: the plan's own reasons (serving.controls.cache_arm_plan) for the configured servers
+    none, and why: the plan's own reasons (controls.cache_arm_plan) for the configured servers
     and the suites' kinds."""
     cfg = {"summary": settings, "suites": {u: {"kind": k} for u, k in kinds.items()},
            "servers": {n: c for n, c in configs.items() if not is_control(n)}}

@@ -1,7 +1,7 @@
 """The step-cost map: what a speculative step costs at every batch size and context against the
 baseline's plain step, the acceptance a drafter needs at each batch size, and every suite's speedup
 predicted on a concurrency grid up to the largest batch, checked against the cells
-(specmatch.deciding.explaining.stepcost).
+(specmatch.deciding.predicting.stepcost).
 
     python -m specmatch stepcost --baseline B --settings JSON --servers JSON --cells c*.json
         --requests c*.requests.parquet --launches launch.json... --step-cost JSON [--traffic traffic.json]
@@ -16,16 +16,16 @@ from pathlib import Path
 
 from . import inputs
 from .explaining.attribution import mixed_schedule
-from .explaining.stepcost import build_map, requests_of
-from .explaining.stepcost.kmap import build_kmap
-from .explaining.traffic.step_model import Scheduler
+from .predicting.stepcost import build_map, requests_of
+from .predicting.stepcost.kmap import build_kmap
+from .predicting.traffic.step_model import Scheduler
 from .reading.measurements import Settings
 from .. import steps
 from ..config import TRAFFIC_PREFIX
+from ..controls import is_control
 from ..files import read_json, write_json
 from ..provenance import Recorder
 from ..records import StepCosts, TrafficProfiles
-from ..serving.controls import is_control
 from ..serving.engines import get_engine
 from ..sweep import members, parents
 

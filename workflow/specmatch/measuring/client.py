@@ -160,8 +160,12 @@ def natural_stop(ids: list[int], stop_ids: frozenset | None, output_tokens: int 
     return None, 0
 
 
-async def _one(conn: Connection, req: Request, protocol: Protocol, parse_acc, timeout: float, t_origin: float,
-               pass_index: int = 0) -> RequestRecord:
+async def send_request(conn: Connection, req: Request, protocol: Protocol, parse_acc, timeout: float,
+                       t_origin: float, pass_index: int = 0) -> RequestRecord:
+    """Send one request on an open keep-alive connection and read its stream to the end: its record, with
+    times relative to `t_origin`. A timeout, an HTTP error, a broken connection or an unreadable stream is
+    the record's `error`, not an exception: one failed request does not end a load run or a session
+    replay (sessions.py)."""
     run = RequestRun(req, protocol, parse_acc)
     body = json.dumps(req.payload).encode()
     start = time.perf_counter()
@@ -230,7 +234,7 @@ async def run_load(base_url: str, requests: list[Request], concurrency: int, pro
             async def warm(conn):
                 while wq:
                     r = wq.pop()
-                    await _one(conn, r, protocol, parse_acceptance, timeout, 0.0)
+                    await send_request(conn, r, protocol, parse_acceptance, timeout, 0.0)
 
             await asyncio.gather(*(warm(c) for c in conns[:max(1, min(len(warmup), concurrency))]))
         # No garbage-collector pauses inside the measured phase (they land on random tokens' ITL).
@@ -246,7 +250,7 @@ async def run_load(base_url: str, requests: list[Request], concurrency: int, pro
                 while next_i < len(requests):
                     i = next_i
                     next_i += 1
-                    results[i] = await _one(conn, requests[i], protocol, parse_acceptance, timeout, t_origin,
+                    results[i] = await send_request(conn, requests[i], protocol, parse_acceptance, timeout, t_origin,
                                             requests[i].pass_index)
 
             await asyncio.gather(*(worker(c) for c in conns))
@@ -259,7 +263,7 @@ async def run_load(base_url: str, requests: list[Request], concurrency: int, pro
             async def fire(i):
                 conn = await free.get()
                 try:
-                    results[i] = await _one(conn, requests[i], protocol, parse_acceptance, timeout, t_origin,
+                    results[i] = await send_request(conn, requests[i], protocol, parse_acceptance, timeout, t_origin,
                                             requests[i].pass_index)
                 finally:
                     free.put_nowait(conn)

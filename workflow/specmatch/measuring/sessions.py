@@ -33,7 +33,7 @@ import requests as http
 from ..config import keeps_busy, passes_for
 from ..files import SpecmatchError
 from ..records import Acceptance, Prompt, RequestRecord, RequestSettings, Session, SessionsOutcome
-from .client import Request, _one
+from .client import Request, send_request
 from .protocols import max_tokens, protocol as protocol_of
 from .transport import Connection
 
@@ -219,7 +219,8 @@ async def run_sessions(base_url: str, runs: list[tuple[Session, int]], concurren
                 req = Request(run.first_index + t, prompt.id, s.source, s.holdout,
                               proto.body(prompt, model, settings, fields), run.pass_index,
                               collect=record_outputs or live, stop_ids=stop_ids, session_id=s.id, turn=turn.turn)
-                rec = await _one(conn, req, proto, parse_acceptance, settings.timeout_s, t_origin, run.pass_index)
+                rec = await send_request(conn, req, proto, parse_acceptance, settings.timeout_s, t_origin,
+                                         run.pass_index)
                 results.append(rec)
                 tally.out.turns_sent += 1
                 if not rec.ok:

@@ -11,7 +11,7 @@ from ..config import TRAINING_MIX
 from ..metrics import LABEL
 from ..deciding.recommending.deployment import RECOMMENDED
 from ..records import Decision, Outcome, Verdict
-from ..serving.controls import OFF, is_control
+from ..controls import OFF, is_control
 from . import interference
 from .decided import Decided
 from .formats import concurrencies, number

@@ -12,7 +12,7 @@ from pathlib import Path
 from ..deciding.explaining.context import ContextAxis
 from ..deciding.explaining.ledger import SessionLedger
 from ..deciding.explaining.stopping import StoppingReport
-from ..serving.controls import is_cache_arm, parent
+from ..controls import is_cache_arm, parent
 from .formats import save_figure
 from ..records import Decision, Interval
 from .decided import Decided

@@ -11,7 +11,7 @@ import numpy as np
 
 from ..deciding.recommending.deployment import RECOMMENDED
 from .formats import save_figure
-from ..serving.controls import is_control, is_off, parent
+from ..controls import is_control, is_off, parent
 from . import context, kreport, stepcost, traffic
 from .decided import Decided
 

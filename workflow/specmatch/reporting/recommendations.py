@@ -3,9 +3,9 @@ engine's adapter rendered: records.Deployment), its evidence and its measured ve
 (records.Verification), rendered."""
 from __future__ import annotations
 
+from ..controls import CACHE, OFF
 from ..metrics import LABEL
 from ..records import Decision, Deployment, Outcome, Recommendation, Verification
-from ..serving.controls import CACHE, OFF
 from .context import answers_kept, flag_keys
 from .decided import Decided
 from .formats import concurrencies, number

@@ -431,7 +431,7 @@ def default_text(f: dataclasses.Field) -> str:
         value = f.default_factory()
     else:
         return "—"
-    return code(json.dumps(records._plain(value), ensure_ascii=False))
+    return code(json.dumps(records.plain_json(value), ensure_ascii=False))
 
 
 def linked(text: str) -> str:

@@ -1,4 +1,4 @@
-"""Render the step-cost maps (specmatch.deciding.explaining.stepcost): the summary's "What a speculative
+"""Render the step-cost maps (specmatch.deciding.predicting.stepcost): the summary's "What a speculative
 step costs" section (the acceptance a drafter needs at each batch size with every source's beside it,
 the predictions by concurrency against the cells, whether the map holds) and plots/break_even.png.
 Nothing here decides anything."""

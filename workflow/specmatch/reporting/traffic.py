@@ -1,4 +1,4 @@
-"""Render the traffic predictions (specmatch.deciding.explaining.traffic): the summary's "Your traffic" section,
+"""Render the traffic predictions (specmatch.deciding.predicting.traffic): the summary's "Your traffic" section,
 which answers first ("At your mix X: pays / loses / no difference / undecided at c=..."), and the
 break-even plot (predicted speedup against a stratum's share, one line per concurrency, measured
 suites on it). Nothing here decides anything."""

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from ..deciding.recommending.deployment import RECOMMENDED
 from ..records import Attribution, Decision, Direction
-from ..serving.controls import OFF, is_cache_arm, is_control, is_off, parent
+from ..controls import OFF, is_cache_arm, is_control, is_off, parent
 from .decided import Decided
 from . import interference
 from .formats import concurrencies, number

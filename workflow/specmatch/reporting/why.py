@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import math
 
+from ..controls import is_control
 from ..records import Decision
-from ..serving.controls import is_control
 from .decided import Decided
 from .formats import number, of, speedup
 

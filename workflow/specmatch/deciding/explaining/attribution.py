@@ -40,7 +40,8 @@ from ..reading.measurements import Arrays, Measurements, plain_steps, take, unit
 from ..verdicts.noise import RunToRun, VarianceSum, tau2_dof, fit_tau2
 from ...serving.engines import adapters, definitions
 from ...records import Interval
-from ...stats import t_ppf
+from ...resample import draws
+from ...stats import log_t_interval
 
 SPEC = ("num_spec_steps", "num_draft_tokens", "num_accepted_tokens")
 
@@ -94,8 +95,10 @@ def common_prompts(m: Measurements, server: str, baseline: str, suite: str, c: i
     return sorted({k.split("#", 1)[0] for k in common})
 
 
-def _tau(flavor: str, steps, drafted, accepted, out) -> np.ndarray:
-    """The engine's acceptance length (engines/*: figures) for summed counts, element-wise."""
+def acceptance_length(flavor: str, steps, drafted, accepted, out) -> np.ndarray:
+    """The engine's acceptance length (engines/*: figures) for summed counts, element-wise: tau, tokens
+    per speculative step, as each engine's own counters define it (what it counts as drafted and accepted
+    differs by engine)."""
     eng = definitions(flavor)
     steps, drafted, accepted, out = (np.atleast_1d(np.asarray(x, float)) for x in (steps, drafted, accepted, out))
     res = np.full(steps.shape, np.nan)
@@ -131,7 +134,7 @@ def every_request_counted(a: Arrays, cell) -> bool:
     return cell.spec_decode_num_drafts is not None and float(np.nansum(steps)) == float(cell.spec_decode_num_drafts)
 
 
-def _per_decode_step(decoded, decode_steps) -> np.ndarray:
+def tokens_per_decode_step(decoded, decode_steps) -> np.ndarray:
     """Tokens per decode step, plain steps included: what TPOT = step time / tokens per step divides by."""
     decoded, decode_steps = np.atleast_1d(np.asarray(decoded, float)), np.atleast_1d(np.asarray(decode_steps, float))
     with np.errstate(invalid="ignore", divide="ignore"):
@@ -174,7 +177,7 @@ def cell_tau(m: Measurements, key) -> float | None:
     steps = np.nan_to_num(a.spec.get("num_spec_steps", np.array([])), nan=0.0)
     ok = steps > 0
     if ok.any():
-        t = _tau(a.flavor, steps[ok].sum(), np.nan_to_num(a.spec["num_draft_tokens"][ok]).sum(),
+        t = acceptance_length(a.flavor, steps[ok].sum(), np.nan_to_num(a.spec["num_draft_tokens"][ok]).sum(),
                  np.nan_to_num(a.spec["num_accepted_tokens"][ok]).sum(), a.out[ok].sum())[0]
         return float(t) if math.isfinite(t) else None
     if cell.spec_decode_num_drafts:
@@ -183,11 +186,6 @@ def cell_tau(m: Measurements, key) -> float | None:
 
 
 # -- the decomposition of one comparison ----------------------------------------------------------
-def _interval(est: float, se: float, dof: float, confidence: float) -> Interval:
-    t = t_ppf(0.5 + confidence / 2, dof)
-    return Interval(math.exp(est), math.exp(est - t * se), math.exp(est + t * se))
-
-
 @dataclass
 class Decomposition:
     tau: Interval | None
@@ -234,20 +232,21 @@ def decompose(m: Measurements, rr: RunToRun, acc_rr: tuple, server: str, baselin
             cell, a = m.cells[(server, suite, c, r)], m.arrays[(server, suite, c, r)]
             if ps.per_request and every_request_counted(a, cell):
                 sources.add("per-request metrics, tokens per decode step")
-                t = _per_decode_step(ps.decoded.sum(), ps.decode_steps.sum())[0]
-                bt = _per_decode_step(take(ps.decoded, draw).sum(1), take(ps.decode_steps, draw).sum(1))
+                t = tokens_per_decode_step(ps.decoded.sum(), ps.decode_steps.sum())[0]
+                bt = tokens_per_decode_step(take(ps.decoded, draw).sum(1), take(ps.decode_steps, draw).sum(1))
             elif cell.spec_decode_num_drafts is not None and cell.spec_decode_num_accepted_tokens is not None:
                 sources.add("cell counters, tokens per decode step")
                 dec = float(np.maximum(a.out - 1, 0).sum())
                 drafts = float(cell.spec_decode_num_drafts)
-                t = _per_decode_step(dec, drafts + plain_steps(dec, drafts, cell.spec_decode_num_accepted_tokens))[0]
+                plain = plain_steps(dec, drafts, cell.spec_decode_num_accepted_tokens)
+                t = tokens_per_decode_step(dec, drafts + plain)[0]
                 bt = np.full(s.bootstrap, t)
             else:   # neither every request's steps nor the cell's counters: the plain steps are unknown
                 t, bt = float("nan"), np.full(s.bootstrap, np.nan)
         elif ps.per_request:
             sources.add("per-request metrics")
-            t = _tau(flavor, ps.steps.sum(), ps.drafted.sum(), ps.accepted.sum(), ps.out.sum())[0]
-            bt = _tau(flavor, *(take(x, draw).sum(1) for x in (ps.steps, ps.drafted, ps.accepted, ps.out)))
+            t = acceptance_length(flavor, ps.steps.sum(), ps.drafted.sum(), ps.accepted.sum(), ps.out.sum())[0]
+            bt = acceptance_length(flavor, *(take(x, draw).sum(1) for x in (ps.steps, ps.drafted, ps.accepted, ps.out)))
         else:
             cell = m.cells[(server, suite, c, r)]
             t = cell.spec_decode_acceptance_length if cell.spec_decode_num_drafts else None
@@ -285,8 +284,8 @@ def decompose(m: Measurements, rr: RunToRun, acc_rr: tuple, server: str, baselin
         rho_parts.add(("w", "rho"), repeat_mean_variance(boot_rho), P)
     se_tau, dof_tau = math.sqrt(tau_parts.total), tau_parts.dof
     se_rho, dof_rho = math.sqrt(rho_parts.total), rho_parts.dof
-    tau = _interval(est_tau, se_tau, dof_tau, s.confidence)
-    rho = _interval(est_rho, se_rho, dof_rho, s.confidence)
+    tau = Interval(math.exp(est_tau), *log_t_interval(est_tau, se_tau, dof_tau, s.confidence))
+    rho = Interval(math.exp(est_rho), *log_t_interval(est_rho, se_rho, dof_rho, s.confidence))
     return Decomposition(tau, rho, tpot, explained(rho, s.min_effect, run), R, run, ", ".join(sorted(sources)))
 
 
@@ -352,7 +351,8 @@ def per_prompt_speedups(m: Measurements, server: str, baseline: str, suite: str,
     with np.errstate(invalid="ignore", divide="ignore"):
         y = np.nanmean(np.stack(ys), axis=0) if len(ys) > 1 else ys[0]
         ell = np.log(np.nanmean(np.stack(ls), axis=0))
-        tau = np.log(_tau(flavor, *sums)) if sums is not None and sums[0].any() else np.full(len(prompts), np.nan)
+        tau = (np.log(acceptance_length(flavor, *sums)) if sums is not None and sums[0].any()
+               else np.full(len(prompts), np.nan))
     return y, ell, tau, len(reps)
 
 
@@ -410,7 +410,7 @@ def length_model(m: Measurements, server: str, baseline: str, c: int, suites: li
     boot_raw = {u: [] for u in names}
     boot_adj = {u: [] for u in names}
     for _ in range(m.settings.bootstrap):
-        got = fit({u: rng.integers(0, len(data[u][0]), len(data[u][0])) for u in names})
+        got = fit({u: draws(rng, len(data[u][0])) for u in names})
         if got is None:
             continue
         for u in names:

@@ -42,13 +42,14 @@ from typing import Optional
 
 import numpy as np
 
-from .attribution import PerPrompt, _interval, _per_decode_step, _tau, acceptance_run_to_run, common_prompts, \
-    mixed_servers
+from .attribution import (PerPrompt, acceptance_length, acceptance_run_to_run, common_prompts, mixed_servers,
+                          tokens_per_decode_step)
 from ..verdicts.comparison import Comparison, crossovers, decision, repeat_mean_variance
 from ..reading.measurements import Measurements, Settings
 from ..verdicts.noise import RunToRun, VarianceSum
 from ...records import Crossover, Decision, Interval, Record, Verdict
-from ...stats import t_ppf
+from ...resample import Clusters, draws
+from ...stats import log_t_interval, t_interval
 
 WAVES = ("a session suite at c > 1: its bins' TPOT and step cost are not compared (each server's batch around "
          "a turn follows its own sessions' pace, not the context); acceptance by context is kept, the TPOT "
@@ -164,12 +165,9 @@ def bin_figures(m: Measurements, rr: RunToRun, acc_rr: tuple, server: str, basel
     """tau, rho and the TPOT speedup of `server` against `baseline` over the requests of `prompts` (one
     bin), resampling units (`unit_of`: prompt -> its unit) with one draw for every repeat."""
     s: Settings = m.settings
-    units = sorted({unit_of[p] for p in prompts})
-    uidx = {u: i for i, u in enumerate(units)}
-    g = np.array([uidx[unit_of[p]] for p in prompts], dtype=int)
-    G = len(units)
-    draw = s.rng("context", server, baseline, suite, c, tuple(prompts[:3]), len(prompts)).integers(
-        0, G, size=(s.bootstrap, G))
+    clusters = Clusters.of([unit_of[p] for p in prompts])
+    g, G = clusters.index, len(clusters)
+    draw = draws(s.rng("context", server, baseline, suite, c, tuple(prompts[:3]), len(prompts)), G, s.bootstrap)
     flavor = m.arrays[(server, suite, c, reps[0])].flavor
     log_tpot, boot_tpot, log_tau, boot_tau, per_request = [], [], [], [], True
     for r in reps:
@@ -186,11 +184,11 @@ def bin_figures(m: Measurements, rr: RunToRun, acc_rr: tuple, server: str, basel
                              - np.log(sums["ts"][draw].sum(1) / sums["tn"][draw].sum(1)))
         per_request &= ps.per_request
         if mixed:
-            t = _per_decode_step(sums["dec"].sum(), sums["ds"].sum())[0]
-            bt = _per_decode_step(sums["dec"][draw].sum(1), sums["ds"][draw].sum(1))
+            t = tokens_per_decode_step(sums["dec"].sum(), sums["ds"].sum())[0]
+            bt = tokens_per_decode_step(sums["dec"][draw].sum(1), sums["ds"][draw].sum(1))
         else:
-            t = _tau(flavor, sums["st"].sum(), sums["dr"].sum(), sums["ac"].sum(), sums["out"].sum())[0]
-            bt = _tau(flavor, sums["st"][draw].sum(1), sums["dr"][draw].sum(1), sums["ac"][draw].sum(1),
+            t = acceptance_length(flavor, sums["st"].sum(), sums["dr"].sum(), sums["ac"].sum(), sums["out"].sum())[0]
+            bt = acceptance_length(flavor, sums["st"][draw].sum(1), sums["dr"][draw].sum(1), sums["ac"][draw].sum(1),
                       sums["out"][draw].sum(1))
         log_tau.append(math.log(t) if t and math.isfinite(t) and t > 0 else float("nan"))
         with np.errstate(invalid="ignore", divide="ignore"):
@@ -209,7 +207,7 @@ def bin_figures(m: Measurements, rr: RunToRun, acc_rr: tuple, server: str, basel
         tpot_parts.plus(ts, 1 / R).plus(tb, 1 / R)
         share = rr.session_share.get("tpot", 0.0)
         session = {server: share * ts.total / R, baseline: share * tb.total / R}
-    tpot_iv = _interval(est, math.sqrt(tpot_parts.total), tpot_parts.dof, s.confidence)
+    tpot_iv = Interval(math.exp(est), *log_t_interval(est, math.sqrt(tpot_parts.total), tpot_parts.dof, s.confidence))
     verdict = decision(math.log(tpot_iv.lo), math.log(tpot_iv.hi), math.log(1 + s.min_effect), run)
     tau = rho = None
     source = None
@@ -226,8 +224,11 @@ def bin_figures(m: Measurements, rr: RunToRun, acc_rr: tuple, server: str, basel
                 tau_parts.add(("acceptance",), t2_acc / R, dof_acc)
                 rho_parts.add(("acceptance",), t2_acc / R, dof_acc)
         est_tau = float(np.mean(log_tau))
-        tau = _interval(est_tau, math.sqrt(tau_parts.total), tau_parts.dof, s.confidence)
-        rho = _interval(est_tau - est, math.sqrt(rho_parts.total), rho_parts.dof, s.confidence)
+        tau = Interval(math.exp(est_tau), *log_t_interval(est_tau, math.sqrt(tau_parts.total), tau_parts.dof,
+                                                          s.confidence))
+        est_rho = est_tau - est
+        rho = Interval(math.exp(est_rho), *log_t_interval(est_rho, math.sqrt(rho_parts.total), rho_parts.dof,
+                                                          s.confidence))
     return BinFigures(tau, rho, tpot_iv, verdict, est, math.sqrt(tpot_parts.total), tpot_parts.dof, session, run,
                       source, G)
 
@@ -249,7 +250,7 @@ def acceptance_slope(m: Measurements, server: str, suite: str, c: int, reps: lis
         part = np.stack([ps.steps, ps.drafted, ps.accepted, ps.out, ps.decoded, ps.decode_steps])
         tot = part if tot is None else tot + part
     steps, drafted, accepted, out, decoded, dsteps = tot
-    tau = _per_decode_step(decoded, dsteps) if mixed else _tau(flavor, steps, drafted, accepted, out)
+    tau = tokens_per_decode_step(decoded, dsteps) if mixed else acceptance_length(flavor, steps, drafted, accepted, out)
     weight = dsteps if mixed else steps
     keep = np.isfinite(tau) & (tau > 0) & (weight > 0) & np.isfinite(context) & (context > 0)
     if keep.sum() < 3:
@@ -258,9 +259,7 @@ def acceptance_slope(m: Measurements, server: str, suite: str, c: int, reps: lis
     if np.ptp(x) < 0.5:      # less than a factor 1.4 of context: no slope to speak of
         return None
     kept = [p for p, k in zip(prompts, keep) if k]
-    units = sorted({unit_of[p] for p in kept})
-    uidx = {u: i for i, u in enumerate(units)}
-    g = np.array([uidx[unit_of[p]] for p in kept])
+    clusters = Clusters.of([unit_of[p] for p in kept])
 
     def fit(idx_rows: np.ndarray) -> float:
         ww = w[idx_rows]
@@ -270,21 +269,17 @@ def acceptance_slope(m: Measurements, server: str, suite: str, c: int, reps: lis
         return float((ww * (x[idx_rows] - xm) * (y[idx_rows] - ym)).sum() / sxx) if sxx > 0 else float("nan")
 
     b = fit(np.arange(len(y)))
-    members = [np.flatnonzero(g == i) for i in range(len(units))]
     rng = s.rng("context-slope", server, suite, c)
     boots = []
-    for _ in range(s.bootstrap):
-        pick = rng.integers(0, len(units), len(units))
-        rows = np.concatenate([members[i] for i in pick])
-        boots.append(fit(rows))
+    for _ in range(s.bootstrap):   # one resample at a time: each is fitted before the next is drawn
+        boots.append(fit(clusters.items(draws(rng, len(clusters)))))
     boots = np.array(boots)
     boots = boots[np.isfinite(boots)]
     if boots.size < 10 or not math.isfinite(b):
         return None
     # Student t with the bootstrap's standard error and units - 2 dof: the percentile interval of a
     # slope over a few dozen prompts called a flat truth falling or rising in 12.5% +- 2.3% at 90%
-    half = t_ppf(0.5 + s.confidence / 2, max(len(units) - 2, 1)) * float(boots.std(ddof=1))
-    lo, hi = b - half, b + half
+    lo, hi = t_interval(b, float(boots.std(ddof=1)), max(len(clusters) - 2, 1), s.confidence)
     ln2 = math.log(2)
     return Interval(math.exp(b * ln2), math.exp(lo * ln2), math.exp(hi * ln2))
 

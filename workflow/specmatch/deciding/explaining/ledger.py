@@ -37,7 +37,7 @@ import numpy as np
 
 from ..verdicts.noise import VarianceSum
 from ...records import Decision, Interval, Record
-from ...stats import t_ppf
+from ...stats import t_interval
 
 
 @dataclass
@@ -141,8 +141,7 @@ def _interval(got: tuple[float, float, float] | None, confidence: float) -> Inte
     if got is None:
         return None
     est, se, dof = got
-    t = t_ppf(0.5 + confidence / 2, dof)
-    return Interval(est, est - t * se, est + t * se)
+    return Interval(est, *t_interval(est, se, dof, confidence))
 
 
 def _slope(xs: list[float], ys: list[float]) -> tuple[float, float] | None:

@@ -35,10 +35,11 @@ from .ledger import SessionLedger, session_ledger
 from ..verdicts.comparison import decision, repeat_mean_variance
 from ..reading.measurements import Measurements, Settings
 from ..verdicts.noise import RunToRun, VarianceSum
+from ...controls import is_cache_arm, parent
 from ...measuring.summary import PAST_STOP_WARNING
-from ...serving.controls import is_cache_arm, parent
 from ...records import Decision, Interval, Record
-from ...stats import describe, t_ppf
+from ...resample import draws
+from ...stats import describe, t_interval
 
 EXAMPLES = 5
 
@@ -303,7 +304,7 @@ def session_speedup(out: SessionSummary, by: dict, keys: list, baseline: str, s:
     out.paired_sessions = len(common)
     if len(common) < 2:
         return
-    draw = s.rng("sessions", server, baseline, suite, c).integers(0, len(common), size=(s.bootstrap, len(common)))
+    draw = draws(s.rng("sessions", server, baseline, suite, c), len(common), s.bootstrap)
     logs, boots = [], []
     for p in pairs:
         tok_s = np.array([p[x][0][0] for x in common])
@@ -325,7 +326,7 @@ def session_speedup(out: SessionSummary, by: dict, keys: list, baseline: str, s:
     if run:
         parts.plus(ts, 1 / R).plus(tb, 1 / R)
     est, se = float(np.mean(logs)), math.sqrt(parts.total)
-    t = t_ppf(0.5 + s.confidence / 2, parts.dof)
-    out.session_throughput = Interval(math.exp(est), math.exp(est - t * se), math.exp(est + t * se))
-    out.verdict = decision(est - t * se, est + t * se, math.log(1 + s.min_effect), run)
+    lo, hi = t_interval(est, se, parts.dof, s.confidence)
+    out.session_throughput = Interval(math.exp(est), math.exp(lo), math.exp(hi))
+    out.verdict = decision(lo, hi, math.log(1 + s.min_effect), run)
     out.run_to_run = run

@@ -46,6 +46,7 @@ import polars as pl
 from ... import metrics
 from ...metrics import LABEL, LATENCY
 from ...records import CellResult
+from ...resample import Clusters, draws
 from .sequential import Design
 
 __all__ = ["LABEL", "LATENCY", "Arrays", "Measurements", "Settings", "plain_steps", "rows_of", "take", "unit_draw", "units"]
@@ -343,23 +344,10 @@ def unit_draw(rng: np.random.Generator, prompts: list[str], unit_of: dict, resam
 
     Where every unit is a single prompt the draw is rng.integers(0, n, (resamples, n)): the same draw,
     from the same random source, as a bootstrap by prompt."""
-    n = len(prompts)
-    units = [unit_of.get(p, p) for p in prompts]
-    order = list(dict.fromkeys(sorted(units)))
-    if len(order) == n:
-        return rng.integers(0, n, size=(resamples, n))
-    where = {u: i for i, u in enumerate(order)}
-    members = [[] for _ in order]
-    for pos, u in enumerate(units):
-        members[where[u]].append(pos)
-    members = [np.array(x, dtype=np.int64) for x in members]
-    sizes = np.array([len(x) for x in members])
-    d = rng.integers(0, len(order), size=(resamples, len(order)))
-    out = np.full((resamples, int(sizes[d].sum(1).max())), -1, dtype=np.int64)
-    for i, row in enumerate(d):
-        got = np.concatenate([members[g] for g in row])
-        out[i, :got.size] = got
-    return out
+    clusters = Clusters.of([unit_of.get(p, p) for p in prompts])
+    if len(clusters) == len(prompts):
+        return draws(rng, len(prompts), resamples)
+    return clusters.padded(draws(rng, len(clusters), resamples))
 
 
 def units(prompts: list[str], unit_of: dict) -> int:

@@ -5,7 +5,7 @@ reference the schedule fixes in advance (verification). This module names no eng
 what a server's `speculative` block drafts at a batch size is its adapter's answer (server_k).
 
 Concurrency stands in for batch size (a closed loop of C workers keeps about C requests running).
-Where a step-cost map predicts the concurrencies the verdict grid lacks (specmatch.deciding.explaining.stepcost,
+Where a step-cost map predicts the concurrencies the verdict grid lacks (specmatch.deciding.predicting.stepcost,
 and its checks agree with the cells), its predicted verdicts decide them, marked as predicted
 (`Recommendation.predicted`); else batch sizes above the largest measured concurrency only extend the
 verdict there: the record flags them (`Recommendation.extrapolated_above`) and the text says so. A server whose largest batch is not

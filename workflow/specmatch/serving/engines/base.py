@@ -124,7 +124,7 @@ class Engine:
         raise SpecmatchError(f"{where}.{listed[0]}: a list (a sweep) is not supported for engine {cls.name}")
 
     def configured_off(self, max_batch: int) -> tuple[dict | None, str | None]:
-        """The configured-off control's `speculative` block (serving/controls): this server's own
+        """The configured-off control's `speculative` block (controls.py): this server's own
         configuration, drafting nothing at every batch size 1..max_batch; or None and why the engine
         cannot express it."""
         return None, (f"engine {self.name} has no setting specmatch knows that keeps the drafter configured while "
@@ -132,7 +132,7 @@ class Engine:
 
     def prefix_cache_kept(self) -> tuple[dict | None, str | None]:
         """The `speculative` block of this server with the engine's own opt-out of what its drafter costs
-        the prefix cache (the session suites' cache arm, serving/controls), the drafter still drafting;
+        the prefix cache (the session suites' cache arm, controls.py), the drafter still drafting;
         or None and why there is none."""
         return None, f"engine {self.name} has no setting specmatch knows that keeps the drafter's prefix-cache loss off"
 

@@ -1,7 +1,7 @@
 """Predictions of any mix for one speculative server against the baseline at one concurrency: the
 strata both measured, a post-stratified closed form at c = 1, simulated suites through the step model
 at c > 1, with the prompt sample's variance (the post-stratified ratio linearised in each prompt's values).
-The method: specmatch.deciding.explaining.traffic."""
+The method: specmatch.deciding.predicting.traffic."""
 from __future__ import annotations
 
 from dataclasses import dataclass, field

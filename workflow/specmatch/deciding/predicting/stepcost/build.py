@@ -1,12 +1,12 @@
 """One speculative server's map record: the map, its points, the break-even acceptance, the strata's
 tau, the predictions on the concurrency grid and their check (the method:
-specmatch.deciding.explaining.stepcost)."""
+specmatch.deciding.predicting.stepcost)."""
 from __future__ import annotations
 
 import numpy as np
 
 from ...reading.measurements import Measurements, Settings
-from ..attribution import acceptance_run_to_run
+from ...explaining.attribution import acceptance_run_to_run
 from ..traffic.step_model import cell_requests
 from .map import fit_map, rho_points, tau_slope
 from .predict import (as_prediction, check_rows, grid, map_holds, measured_log_speedup, predict_profile, predict_suite,

@@ -1,6 +1,6 @@
 """The map in k: what a speculative step costs at a k no server ran, and every k's speedup at every load,
 from the maps of a k sweep's members and the per-position acceptance of its largest k (the method:
-specmatch.deciding.explaining.stepcost).
+specmatch.deciding.predicting.stepcost).
 
 **rho in k.** A speculative step drafts k tokens (k passes of the drafter over the batch) and verifies
 k + 1 tokens a sequence in one pass of the target, so its cost at a given batch and context is linear in
@@ -48,13 +48,13 @@ from ...reading.measurements import Measurements, Settings
 from ...verdicts.acceptance import per_position_rates
 from ...verdicts.comparison import decision
 from ...verdicts.noise import VarianceSum
-from ..attribution import acceptance_run_to_run
+from ...explaining.attribution import acceptance_run_to_run
 from ..traffic.step_model import Scheduler
 from .map import Model, StepMap, bounded_exp
 from .predict import as_prediction, check_rows, predict_suite, suite_prompts
 from ....records import (Decision, Interval, StepCostKBand, StepCostKCheck, StepCostKMap, StepCostKPoint,
                          StepCostKPrediction)
-from ....stats import t_ppf
+from ....stats import t_critical, t_half_width
 
 
 @dataclass
@@ -192,7 +192,7 @@ def _ratio_check(own: StepMap, line: KStepMap, b: int, L: float, s: Settings, le
     var = VarianceSum().plus(own.part(own.server, b, L)).plus(line.part(line.server, b, L))
     d = mine - theirs
     if var.total > 0:
-        h = t_ppf(0.5 + level / 2, var.dof) * math.sqrt(var.total)
+        h = t_half_width(math.sqrt(var.total), var.dof, level)
         diff = Interval(math.exp(d), bounded_exp(d - h), bounded_exp(d + h))
         agrees = bool(d - h <= 0 <= d + h)
     else:
@@ -289,7 +289,7 @@ def build_kmap(m: Measurements, reqs: dict, parent: str, members: dict[int, str]
                             rec.checks.append(kp)
     if checks:
         level = 1 - (1 - s.confidence) / len(checks)
-        rec.holds = all(abs(d) <= t_ppf(0.5 + level / 2, v.dof) * math.sqrt(v.total) for d, v in checks if v.total > 0)
+        rec.holds = all(abs(d) <= t_half_width(math.sqrt(v.total), v.dof, level) for d, v in checks if v.total > 0)
     lo, hi = min(maps), max(maps)
     outside = [k for k in range(1, max(K, hi) + 1) if not lo <= k <= hi or k > K]
     if outside:
@@ -370,5 +370,5 @@ def _at_level(p: StepCostKPrediction, confidence: float, level: float, band: flo
     if iv.lo is None or iv.hi is None or not iv.value:
         return Decision.INCONCLUSIVE
     est = math.log(iv.value)
-    h = (math.log(iv.hi) - math.log(iv.lo)) / 2 * t_ppf(0.5 + level / 2, p.dof) / t_ppf(0.5 + confidence / 2, p.dof)
+    h = (math.log(iv.hi) - math.log(iv.lo)) / 2 * t_critical(p.dof, level) / t_critical(p.dof, confidence)
     return decision(est - h, est + h, band, noise)

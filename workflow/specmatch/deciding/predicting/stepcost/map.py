@@ -1,5 +1,5 @@
 """The map itself: both servers' step cost T(b, C, P) fitted on the map's cells, rho(b, L) with its
-error, and whether rho moves with tau (the method: specmatch.deciding.explaining.stepcost)."""
+error, and whether rho moves with tau (the method: specmatch.deciding.predicting.stepcost)."""
 from __future__ import annotations
 
 import math
@@ -12,7 +12,7 @@ from ...verdicts.noise import RunToRun, VarianceSum, run_to_run
 from ..traffic.step_model import (UNCHUNKED, CellRequests, Scheduler, fit_step_model, simulate, step_cost, timed,
                                   timeline)
 from ....records import Interval, StepCostPoint
-from ....stats import t_ppf
+from ....stats import t_half_width, t_interval
 
 H = 0.02   # the finite difference a cell's times are moved by (log scale)
 ITERATIONS = 30   # the fit's iterations at most (it stops at its fixed point: the Jacobian's refits start there)
@@ -117,7 +117,7 @@ class StepMap:
         var = self.error(b, L)
         if not var.total > 0:
             return Interval(math.exp(est), None, None)
-        h = t_ppf(0.5 + confidence / 2, var.dof) * math.sqrt(var.total)
+        h = t_half_width(math.sqrt(var.total), var.dof, confidence)
         return Interval(math.exp(est), bounded_exp(est - h), bounded_exp(est + h))
 
 
@@ -234,5 +234,4 @@ def tau_slope(sm: StepMap, reqs: dict, suites: list[str], confidence: float) -> 
     if G < 3:
         return None
     var = max(vp + vc - vb, vp, vc) / sxx ** 2
-    h = t_ppf(0.5 + confidence / 2, G - 1) * math.sqrt(var)
-    return Interval(slope, slope - h, slope + h)
+    return Interval(slope, *t_interval(slope, math.sqrt(var), G - 1, confidence))

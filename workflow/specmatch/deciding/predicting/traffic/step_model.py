@@ -1,4 +1,4 @@
-"""The step model (docs: specmatch.deciding.explaining.traffic): what it reads of a cell, T(b, C, P) fitted to a
+"""The step model (docs: specmatch.deciding.predicting.traffic): what it reads of a cell, T(b, C, P) fitted to a
 server's cells from their timelines, the closed loop it simulates, each request's own speed against
 the model's replay of its cell, and the model's own error from every measured suite's residual."""
 from __future__ import annotations

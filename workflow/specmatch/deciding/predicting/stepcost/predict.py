@@ -1,6 +1,6 @@
 """Predictions from the map and the measured acceptance at any concurrency, their check against the
 cells, the break-even acceptance and every stratum's tau beside it (the method:
-specmatch.deciding.explaining.stepcost)."""
+specmatch.deciding.predicting.stepcost)."""
 from __future__ import annotations
 
 import math
@@ -15,7 +15,8 @@ from .map import StepMap, bounded_exp
 from ....config import passes_for
 from ....metrics import log_speedup
 from ....records import Decision, Interval, StepCostPrediction, StratumTau
-from ....stats import t_ppf
+from ....resample import draws
+from ....stats import t_half_width
 
 REQUESTS_PER_WORKER = 2     # the default requests.min_requests_per_worker: a predicted cell sends whole passes
                             # of the suite, at least this many requests per worker, as a cell does
@@ -72,7 +73,7 @@ def _draws(s: Settings, server: str, suite: str, n: int) -> np.ndarray:
     """Row 0 the prompts as measured, then resamples by prompt; the same for every concurrency and
     metric (a prediction's curve is smooth in c) and both servers (paired)."""
     rng = s.rng("stepcost", server, suite, n)
-    return np.vstack([np.arange(n)[None, :], rng.integers(0, n, (ROWS, n))])
+    return draws(rng, n, ROWS, keep_original=True)
 
 
 def predict_suite(sm: StepMap, data: dict, suite: str, c: int, metric_names: list[str], s: Settings,
@@ -177,7 +178,7 @@ def predict_profile(sm: StepMap, strata: dict, mix: dict, size_of: int, c: int, 
     picks = []
     for n in counts:
         pick = np.floor(v * n).astype(int)
-        picks.append(np.where(rep[:, None], rng.integers(0, n, (PROFILE_RESAMPLES, n))[r_of, pick], pick))
+        picks.append(np.where(rep[:, None], draws(rng, n, PROFILE_RESAMPLES)[r_of, pick], pick))
     rows = {}
     for x in (sm.server, sm.baseline):
         cols = {f: np.zeros((total, size)) for f in ("ptok", "out", "steps", "cached")}
@@ -215,7 +216,7 @@ def as_prediction(suite: str, c: int, metric: str, est: float, var: VarianceSum,
                   extrapolated: bool, run_to_run: bool) -> StepCostPrediction:
     """A prediction's interval and verdict by the verdicts' rule (without a measure of run-to-run variation,
     one repeat, only an effect beyond the band is trusted, as comparison.decision does for the cells)."""
-    h = t_ppf(0.5 + s.confidence / 2, var.dof) * math.sqrt(var.total) if var.total > 0 else float("inf")
+    h = t_half_width(math.sqrt(var.total), var.dof, s.confidence) if var.total > 0 else float("inf")
     d = (decision(est - h, est + h, math.log(1 + s.min_effect), run_to_run) if math.isfinite(h)
          else Decision.INCONCLUSIVE)
     iv = Interval(math.exp(est), bounded_exp(est - h) if math.isfinite(h) else None,
@@ -254,7 +255,7 @@ def check_rows(sm: StepMap, m: Measurements, pred: StepCostPrediction, est: floa
     d = value - est
     pred.measured = math.exp(value)
     if diff.total > 0:
-        h = t_ppf(0.5 + s.confidence / 2, diff.dof) * math.sqrt(diff.total)
+        h = t_half_width(math.sqrt(diff.total), diff.dof, s.confidence)
         pred.difference = Interval(math.exp(d), bounded_exp(d - h), bounded_exp(d + h))
         pred.agrees = bool(d - h <= 0 <= d + h)
     else:
@@ -269,7 +270,7 @@ def map_holds(diffs: list[tuple[float, VarianceSum]], confidence: float) -> bool
     if not usable:
         return None
     level = 1 - (1 - confidence) / len(usable)
-    return all(abs(d) <= t_ppf(0.5 + level / 2, v.dof) * math.sqrt(v.total) for d, v in usable)
+    return all(abs(d) <= t_half_width(math.sqrt(v.total), v.dof, level) for d, v in usable)
 
 
 def stratum_taus(reqs: dict, server: str, suites: list[str], s: Settings) -> list[StratumTau]:
@@ -293,12 +294,12 @@ def stratum_taus(reqs: dict, server: str, suites: list[str], s: Settings) -> lis
         if n < 2:
             out.append(StratumTau(st, Interval(tau, None, None), n))
             continue
-        idx = s.rng("stepcost-tau", server, st).integers(0, n, (ROWS, n))
+        idx = draws(s.rng("stepcost-tau", server, st), n, ROWS)
         with np.errstate(divide="ignore", invalid="ignore"):
             boot = np.log(v[idx, 0].sum(1) / v[idx, 1].sum(1))
         boot = boot[np.isfinite(boot)]
         se = float(boot.std(ddof=1)) * math.sqrt(n / (n - 1)) if boot.size > 2 else 0.0
-        h = t_ppf(0.5 + s.confidence / 2, n - 1) * se
+        h = t_half_width(se, n - 1, s.confidence)
         out.append(StratumTau(st, Interval(tau, tau * math.exp(-h), tau * math.exp(h)), n))
     return out
 

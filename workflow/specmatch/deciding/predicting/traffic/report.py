@@ -1,6 +1,6 @@
 """The traffic report: every profile's predicted speedup for every speculative server and concurrency,
 its interval (prompt sample, run to run, the model's error), the break-even lines and the check against
-a verifying suite. The method: specmatch.deciding.explaining.traffic."""
+a verifying suite. The method: specmatch.deciding.predicting.traffic."""
 from __future__ import annotations
 
 import math
@@ -12,10 +12,10 @@ import numpy as np
 from ...verdicts.comparison import decision
 from ...verdicts.noise import VarianceSum
 from ....config import TRAFFIC_PREFIX, TRAINING_MIX
+from ....controls import is_control
 from ....records import (BreakEven, Decision, Direction, Interval, SuiteMatch, TrafficCheck, TrafficProfile,
                         TrafficProfiles, TrafficRow)
-from ....serving.controls import is_control
-from ....stats import t_ppf
+from ....stats import log_t_interval, t_critical, t_interval, t_ppf
 
 from .predictor import Estimate, Pair, Predictor, Stratum, per_prompt
 from .step_model import (calibrate, cell_requests, fit_step_model, model_error, model_residuals, stratum_function,
@@ -48,12 +48,6 @@ def _dof(parts: VarianceSum) -> float:
     same data, not an estimate with dof of its own, and counted as one (FORM_DOF) it raised the dof of a sum
     it joined by more than it added to the variance, which narrowed the interval (audit of 6 Dec)."""
     return VarianceSum({k: list(v) for k, v in parts.parts.items() if k[0] != "model-form"}).dof
-
-
-def _interval(est: float, parts: VarianceSum, confidence: float) -> Interval:
-    se = math.sqrt(parts.total)
-    t = t_ppf(0.5 + confidence / 2, _dof(parts))
-    return Interval(math.exp(est), math.exp(est - t * se), math.exp(est + t * se))
 
 
 def _crossing(xs: np.ndarray, ys: np.ndarray) -> float | None:
@@ -160,7 +154,7 @@ def traffic_report(an, profiles: TrafficProfiles | None, matches: list[SuiteMatc
         return []
     rep = Report(an, profiles, matches)
     # the same fit with a context cost that may grow faster than the context: how far the prediction
-    # moves with it is the model form's own uncertainty (_rows), which two context levels cannot settle
+    # moves with it is the model form's own uncertainty (MetricRows), which two context levels cannot settle
     curved = Report(an, profiles, matches, quadratic=True) if any(c > 1 for c in an.concurrencies) else None
     s = an.settings
     metrics = list(dict.fromkeys([s.recommend_metric, "tpot"]))
@@ -183,7 +177,7 @@ def traffic_report(an, profiles: TrafficProfiles | None, matches: list[SuiteMatc
                 form = Predictor(alt, s.slo, s.rng) if alt.theta and all(
                     t is not None for t in alt.theta.values()) else None
             for metric in metrics:
-                rows += _rows(rep, pair, pred, metric, lines, span, misfit, form)
+                rows += MetricRows.of(rep, pair, pred, metric, span, misfit, form).rows(lines)
     pooled_checks(rows, s.confidence)
     return rows
 
@@ -203,58 +197,81 @@ def _composition(rep: Report, server: str, suite: str, c: int) -> dict | None:
     return {k: v / total for k, v in counts.items()}
 
 
-def _rows(rep: Report, pair: Pair, pred: Predictor, metric: str, lines: bool = True, span: dict | None = None,
-          misfit: Misfit | None = None, form: Predictor | None = None) -> list[TrafficRow]:
-    """The rows of one (server, concurrency, metric). `form`: the same prediction under a step model whose
-    context cost may grow faster than the context (Report's `quadratic`): where the data give that
-    curvature, the two predictions differ, and the squared difference joins the model's part (the mix's
-    batches move along a curve the linear model reads as straight between the measured suites); where
-    they do not (a straight context cost), it is about 0."""
-    an, s = rep.an, rep.an.settings
-    x, c = pair.server, pair.concurrency
-    R = len(pair.repeats)
-    rr = an.run_to_run
-    ts, tb = rr.at(metric, x, c), rr.at(metric, an.baseline, c)
-    run = ts is not None and tb is not None
-    merr = None
-    note_model = None
-    if c > 1:
-        res = model_residuals(rep.reqs, rep.m, rep.theta, x, an.baseline, c, metric, rep.model_suites)
-        # a residual's own noise: each suite's cells move by their own conditions (the session's part of
-        # run to run is shared by every suite of a session, and cancels in the spread)
-        cell_part = (1 - rr.session_share.get(metric, 0.0)) * (ts.total + tb.total) / R if run else 0.0
-        merr = model_error(res, cell_part)
-        if merr is None:
-            note_model = "the model's error at c > 1 is unchecked (fewer than two measured suites)"
-        if not any(k[2] == 1 and k[0] in (x, an.baseline) for k in rep.reqs):
-            note_model = "; ".join(n for n in (note_model, (
-                "no c=1 cells: the step model's batch dependence rests on the batched cells alone (a mix unlike "
-                "the measured suites may be mispredicted beyond its interval)")) if n)
+@dataclass
+class MetricRows:
+    """The rows of one (server, concurrency, metric) and what they share: the prediction, both servers'
+    run to run at c, the step model's error there, and how a mix is read (its variance parts, its
+    interval, a break-even line). `form`: the same prediction under a step model whose context cost may
+    grow faster than the context (Report's `quadratic`): where the data give that curvature, the two
+    predictions differ, and the squared difference joins the model's part (the mix's batches move along
+    a curve the linear model reads as straight between the measured suites); where they do not (a
+    straight context cost), it is about 0."""
+    rep: Report
+    pair: Pair
+    pred: Predictor
+    metric: str
+    span: dict
+    misfit: Misfit | None
+    form: Predictor | None
+    ts: VarianceSum | None          # the server's run to run at c (None: not measured)
+    tb: VarianceSum | None          # the baseline's
+    merr: tuple | None              # the step model's error at c > 1: (variance, dof)
+    note_model: str | None          # what every row of this concurrency says of the step model
 
-    def parts_for(est: Estimate, key, mix: dict, form_part: bool = True) -> VarianceSum:
+    @classmethod
+    def of(cls, rep: Report, pair: Pair, pred: Predictor, metric: str, span: dict | None = None,
+           misfit: Misfit | None = None, form: Predictor | None = None) -> MetricRows:
+        an = rep.an
+        rr = an.run_to_run
+        ts, tb = rr.at(metric, pair.server, pair.concurrency), rr.at(metric, an.baseline, pair.concurrency)
+        merr, note_model = _step_model_error(rep, pair, metric, ts, tb)
+        return cls(rep, pair, pred, metric, span or {}, misfit, form, ts, tb, merr, note_model)
+
+    @property
+    def run(self) -> bool:
+        """Whether both servers' run to run at c was measured."""
+        return self.ts is not None and self.tb is not None
+
+    def rows(self, lines: bool = True) -> list[TrafficRow]:
+        """Every declared mix's row (`lines`: False skips the break-even lines)."""
+        toward_file = next((f for f in self.rep.profiles.files if f in self.pair.strata), None)
+        lines_tm, strata_iv = self.training_mix_lines(lines)
+        return [self.mix_row(prof, lines, lines_tm, strata_iv, toward_file) for prof in self.rep.profiles.profiles]
+
+    # -- how a mix is read ------------------------------------------------------------------------------
+    def parts(self, est: Estimate, key, mix: dict, form_part: bool = True) -> VarianceSum:
+        """A mix's variance parts: its prompt sample, both servers' run to run, and the step model's
+        error (its misfit across suites, its reach in context, its form: `form_part`)."""
+        x, c, metric, R = self.pair.server, self.pair.concurrency, self.metric, len(self.pair.repeats)
         out = VarianceSum().add(("traffic-w", x, c, metric) + key, est.var_w, est.dof_w)
-        if run:
-            out.plus(ts, 1 / R).plus(tb, 1 / R)
-        if merr is not None:
-            out.add(("model", x, c, metric), merr[0], merr[1])
-        if misfit is not None:
-            v = misfit.variance(pair, mix)
+        if self.run:
+            out.plus(self.ts, 1 / R).plus(self.tb, 1 / R)
+        if self.merr is not None:
+            out.add(("model", x, c, metric), self.merr[0], self.merr[1])
+        if self.misfit is not None:
+            v = self.misfit.variance(self.pair, mix)
             if v > 0:
-                out.add(("model-reach", x, c, metric) + key, v, misfit.dof)
-        if form_part and form is not None and pair.usable(mix) is None:
-            d = form.estimate(mix, metric).value - pred.estimate(mix, metric).value
+                out.add(("model-reach", x, c, metric) + key, v, self.misfit.dof)
+        if form_part and self.form is not None and self.pair.usable(mix) is None:
+            d = self.form.estimate(mix, metric).value - self.pred.estimate(mix, metric).value
             if d:
                 out.add(("model-form", x, c, metric) + key, d * d, FORM_DOF)
         return out
 
-    def interval(mix: dict, key) -> tuple[Interval, VarianceSum, Estimate] | None:
-        if pair.usable(mix) is not None:
+    def interval(self, mix: dict, key) -> tuple[Interval, VarianceSum, Estimate] | None:
+        """A mix's predicted speedup with its interval and parts; None where it cannot be predicted."""
+        if self.pair.usable(mix) is not None:
             return None
-        est = pred.estimate(mix, metric)
-        parts = parts_for(est, key, mix)
-        return _interval(est.value, parts, s.confidence), parts, est
+        est = self.pred.estimate(mix, self.metric)
+        parts = self.parts(est, key, mix)
+        iv = log_t_interval(est.value, math.sqrt(parts.total), _dof(parts), self.rep.an.settings.confidence)
+        return Interval(math.exp(est.value), *iv), parts, est
 
-    def line(start: dict, toward: str) -> BreakEven | None:
+    # -- break-even lines -------------------------------------------------------------------------------
+    def line(self, start: dict, toward: str) -> BreakEven | None:
+        """The break-even line from the mix `start` toward the stratum `toward` alone: the predicted
+        speedup and its interval along it, where they cross 1, and whether a crossing is established."""
+        pair = self.pair
         if pair.usable({toward: 1.0}) is not None or pair.usable(start) is not None:
             return None
         s0 = start.get(toward, 0.0)
@@ -264,7 +281,7 @@ def _rows(rep: Report, pair: Pair, pred: Predictor, metric: str, lines: bool = T
         for l in lam:
             mix = {k: (1 - l) * v for k, v in start.items()}
             mix[toward] = mix.get(toward, 0.0) + l
-            got = interval(mix, ("line", toward, round(float(l), 6)))
+            got = self.interval(mix, ("line", toward, round(float(l), 6)))
             iv = got[0]
             curve.append([s0 + l * (1 - s0), iv.value, iv.lo, iv.hi])
         shares = np.array([p[0] for p in curve])
@@ -291,9 +308,17 @@ def _rows(rep: Report, pair: Pair, pred: Predictor, metric: str, lines: bool = T
         else:
             established = True
         be = BreakEven(toward, point, lo, hi, direction, s0, curve, [], note, established)
+        be.measured += self.measured_on_line(start, toward, s0)
+        return be
+
+    def measured_on_line(self, start: dict, toward: str, s0: float) -> list[list]:
+        """The measured suites whose composition lies on the line from `start` toward `toward` (within
+        ON_LINE of it in total variation), each as [its share of `toward`, speedup, lo, hi, suite]."""
+        rep, an, x, c = self.rep, self.rep.an, self.pair.server, self.pair.concurrency
+        out = []
         for u in rep.measuring + [p.suite for p in rep.profiles.profiles if p.suite]:
             comp = _composition(rep, x, u, c)
-            v = an.verdict(x, u, c, metric)
+            v = an.verdict(x, u, c, self.metric)
             if comp is None or v is None or v.speedup is None:
                 continue
             l = (comp.get(toward, 0.0) - s0) / (1 - s0)
@@ -303,22 +328,32 @@ def _rows(rep: Report, pair: Pair, pred: Predictor, metric: str, lines: bool = T
             on[toward] = on.get(toward, 0.0) + l
             tvd = 0.5 * sum(abs(comp.get(k, 0.0) - on.get(k, 0.0)) for k in set(comp) | set(on))
             if tvd <= ON_LINE:
-                be.measured.append([comp.get(toward, 0.0), v.speedup, v.lo, v.hi, u])
-        return be
+                out.append([comp.get(toward, 0.0), v.speedup, v.lo, v.hi, u])
+        return out
 
-    toward_file = next((f for f in rep.profiles.files if f in pair.strata), None)
-    strata_iv: dict = {}
-    training = rep.profiles.profile(TRAINING_MIX)
-    lines_tm: list = []
-    if lines and training is not None and pair.usable(training.mix) is None:
-        for st in sorted(pair.strata):
-            be = line(training.mix, st)
-            if be is not None:
-                lines_tm.append(be)
-                end = be.curve[-1]
-                strata_iv[st] = Interval(end[1], end[2], end[3])
-    out = []
-    for prof in rep.profiles.profiles:
+    def training_mix_lines(self, lines: bool) -> tuple[list[BreakEven], dict]:
+        """The training mix's break-even lines, one toward each stratum, and each stratum alone's
+        interval (the end of its line), which every row carries; none without `lines`."""
+        strata_iv: dict = {}
+        training = self.rep.profiles.profile(TRAINING_MIX)
+        lines_tm: list = []
+        if lines and training is not None and self.pair.usable(training.mix) is None:
+            for st in sorted(self.pair.strata):
+                be = self.line(training.mix, st)
+                if be is not None:
+                    lines_tm.append(be)
+                    end = be.curve[-1]
+                    strata_iv[st] = Interval(end[1], end[2], end[3])
+        return lines_tm, strata_iv
+
+    # -- a declared mix's row ---------------------------------------------------------------------------
+    def mix_row(self, prof: TrafficProfile, lines: bool, lines_tm: list[BreakEven], strata_iv: dict,
+                toward_file: str | None) -> TrafficRow:
+        """One declared mix's row: its measured suite's speedup beside the prediction, the interval's
+        parts, the break-even line (toward the first file suite; the training mix carries every line of
+        its own), what it says of the model's reach, and the check against its verifying suite."""
+        an, s, pair = self.rep.an, self.rep.an.settings, self.pair
+        x, c, metric = pair.server, pair.concurrency, self.metric
         mix = prof.mix
         why = pair.note or pair.usable(mix)
         row = TrafficRow(prof.name, dict(mix), x, c, metric, None, None, Decision.INCONCLUSIVE,
@@ -329,91 +364,151 @@ def _rows(rep: Report, pair: Pair, pred: Predictor, metric: str, lines: bool = T
                 row.measured = Interval(v.speedup, v.lo, v.hi)
         if why is not None:
             row.note = f"not predicted: {why}"
-            out.append(row)
-            continue
-        got = interval(mix, ("profile", prof.name))
-        iv, parts, est = got
+            return row
+        self.predict_into(row, mix)
+        if prof.name == TRAINING_MIX:
+            row.break_evens = lines_tm
+            row.break_even = next((b for b in lines_tm if b.toward == toward_file), None)
+        elif lines and toward_file is not None:
+            row.break_even = self.line(mix, toward_file)
+        notes = [n for n in (self.note_model,) if n]
+        if row.extrapolated:
+            notes.append(_extrapolation_note(row))
+        notes += self.check_into(row, prof, mix)
+        row.note = "; ".join(notes) or None
+        return row
+
+    def predict_into(self, row: TrafficRow, mix: dict) -> None:
+        """A predictable mix's prediction on its row: the interval and its verdict, the parts (prompts,
+        run to run, the model's error, dof), the mix's context against the measured suites' and how far
+        the model's form moves it."""
+        s, pair, c = self.rep.an.settings, self.pair, self.pair.concurrency
+        iv, parts, est = self.interval(mix, ("profile", row.profile))
         row.predicted = iv
         lo_l, hi_l = math.log(iv.lo), math.log(iv.hi)
-        row.verdict = decision(lo_l, hi_l, math.log(1 + s.min_effect), run)
+        row.verdict = decision(lo_l, hi_l, math.log(1 + s.min_effect), self.run)
         model = [v for k, (v, _) in parts.parts.items() if k[0] in MODEL_PARTS]
         row.parts = {"prompts": next(v for k, (v, _) in parts.parts.items() if k[0] == "traffic-w"),
                      "run_to_run": sum(v for k, (v, _) in parts.parts.items()
                                        if k[0] not in ("traffic-w",) + MODEL_PARTS),
                      "model": sum(model) if model else (0.0 if c == 1 else None),
-                     "dof": _dof(parts), "repeats": R, "run_to_run_measured": run}
-        if span:
-            lo, hi = min(span.values()), max(span.values())
+                     "dof": _dof(parts), "repeats": len(pair.repeats), "run_to_run_measured": self.run}
+        if self.span:
+            lo, hi = min(self.span.values()), max(self.span.values())
             row.context, row.context_range = mix_context(pair, mix), [math.exp(lo), math.exp(hi)]
             x_mix = math.log(max(row.context, 1e-9))
             # flagged beyond 10% past the range (the context shift's variance grows from 0 continuously; the
             # flag says where the model's reach itself is in question, not a hair past a suite's mean)
             row.extrapolated = bool(x_mix < lo - REACH or x_mix > hi + REACH)
-            if misfit is not None:
-                row.parts["context_shift"] = misfit.delta(pair, mix)
-        if form is not None:
+            if self.misfit is not None:
+                row.parts["context_shift"] = self.misfit.delta(pair, mix)
+        if self.form is not None:
             # how far a context cost that may grow faster than the context moves the prediction (log)
-            row.parts["curvature"] = form.estimate(mix, metric).value - est.value
-        if prof.name == TRAINING_MIX:
-            row.break_evens = lines_tm
-            row.break_even = next((b for b in lines_tm if b.toward == toward_file), None)
-        elif lines and toward_file is not None:
-            row.break_even = line(mix, toward_file)
-        notes = [n for n in (note_model,) if n]
-        if row.extrapolated:
-            lo_c, hi_c = row.context_range
-            where = (f"the one measured suite's ({lo_c:.0f})" if round(lo_c) == round(hi_c)
-                     else f"the measured suites' ({lo_c:.0f}-{hi_c:.0f})")
-            notes.append(f"the mix's context per sequence ({row.context:.0f} tokens) lies outside {where} at c={c}: "
-                         "the step model extrapolates, and its error there is the misfit's slope in context carried "
-                         "that far")
-        seqs = same_prompt_sequences(rep, pair, prof.suite) if prof.suite and row.measured is not None else None
-        m_rec = rep.matches.get(prof.suite) if prof.suite else None
+            row.parts["curvature"] = self.form.estimate(mix, self.metric).value - est.value
+
+    # -- checks against a verifying suite ---------------------------------------------------------------
+    def check_into(self, row: TrafficRow, prof: TrafficProfile, mix: dict) -> list[str]:
+        """The check of a verified mix against its measured suite, on its row; returns what the row's note
+        says of it. A suite of the estimation prompts is checked on exactly its requests
+        (same_prompt_check), any other at its drawn composition (fresh_suite_check)."""
+        notes = []
+        measured = prof.suite and row.measured is not None
+        seqs = same_prompt_sequences(self.rep, self.pair, prof.suite) if measured else None
+        m_rec = self.rep.matches.get(prof.suite) if prof.suite else None
         if seqs is None and m_rec is not None and m_rec.same_prompts and row.measured is not None:
             notes.append("its suite holds the estimation prompts (verify: same_prompts), but not every request of "
                          "it has an estimation request of its prompt in every repeat (a failed request?): checked "
                          "as a fresh suite is, which counts the shared prompt sample on both sides and agrees too often")
         if seqs is not None:
-            slots = seqs[(x, pair.repeats[0])][0]
-            comp = {st: n / len(slots) for st, n in Counter(st for st, _ in slots).items()}   # its requests'
-            exact = pred.exact(seqs, metric) if pair.usable(comp) is None else None
-            if exact is None:
-                notes.append("its suite holds the estimation prompts (verify: same_prompts): checked at c > 1 only, "
-                              "where the step model carries them into the mix's batches")
-            else:
-                model = [(k, v) for k, v in parts_for(exact, ("check", prof.name), comp, form_part=False).parts.items()
-                         if k[0] in MODEL_PARTS]
-                if form is not None:
-                    shift = form.exact(seqs, metric).value - exact.value
-                    if shift:
-                        model.append((("model-form", x, c, metric, "check", prof.name), (shift * shift, FORM_DOF)))
-                key = (x, c, prof.suite)
-                if key not in rep.sensitivities:
-                    rep.sensitivities[key] = same_prompt_sensitivities(
-                        rep, pair, seqs, prof.suite, list(dict.fromkeys([s.recommend_metric, "tpot", metric])))
-                row.check = _same_prompt_check(rep, pair, exact, rep.sensitivities[key][metric], model, metric,
-                                               row.measured)
-                notes.append(f"checked on {len(slots)} requests of the estimation suites' own "
-                             "prompts (verify: same_prompts): the prompt sample cancels, so the check tests how the "
-                             "step model carries these requests into the mix's batches")
-        elif prof.suite and row.measured is not None:
-            comp = _composition(rep, x, prof.suite, c)
-            at = interval(comp, ("check", prof.name)) if comp and pair.usable(comp) is None else None
-            if at is not None:
-                vp = suite_pair(rep, x, prof.suite, c)
-                own = (Predictor(vp, s.slo, s.rng).prompt_variance(comp, metric)
-                       if vp is not None and all(st.n >= 2 for st in vp.strata.values()) else None)
-                row.check = _check(an, prof.suite, x, c, metric, at, row.measured,
-                                   same_sessions(rep, prof.suite, (x, an.baseline), c), own,
-                                   parts_run=[v for v in (ts, tb) if v is not None], repeats=R)
-                m = rep.matches.get(prof.suite)
-                row.check.disjoint = (m.disjoint_from is not None) if m is not None else None
-                if any(abs(comp.get(k, 0) - mix.get(k, 0)) > 1e-9 for k in set(comp) | set(mix)):
-                    notes.append("checked at the verifying suite's drawn composition: "
-                                 + ", ".join(f"{k} {v:.0%}" for k, v in sorted(comp.items())))
-        row.note = "; ".join(notes) or None
-        out.append(row)
-    return out
+            notes += self.same_prompt_check(row, prof, seqs)
+        elif measured:
+            notes += self.fresh_suite_check(row, prof, mix)
+        return notes
+
+    def same_prompt_check(self, row: TrafficRow, prof: TrafficProfile, seqs: dict) -> list[str]:
+        """A verifying suite of the estimation prompts, predicted from exactly its requests (Predictor.exact):
+        the prompt sample cancels, so the check (c > 1 only) tests how the step model carries these
+        requests into the mix's batches. Returns the row's notes on it."""
+        rep, pair, metric = self.rep, self.pair, self.metric
+        x, c, s = pair.server, pair.concurrency, rep.an.settings
+        slots = seqs[(x, pair.repeats[0])][0]
+        comp = {st: n / len(slots) for st, n in Counter(st for st, _ in slots).items()}   # its requests'
+        exact = self.pred.exact(seqs, metric) if pair.usable(comp) is None else None
+        if exact is None:
+            return ["its suite holds the estimation prompts (verify: same_prompts): checked at c > 1 only, "
+                    "where the step model carries them into the mix's batches"]
+        model = [(k, v) for k, v in self.parts(exact, ("check", prof.name), comp, form_part=False).parts.items()
+                 if k[0] in MODEL_PARTS]
+        if self.form is not None:
+            shift = self.form.exact(seqs, metric).value - exact.value
+            if shift:
+                model.append((("model-form", x, c, metric, "check", prof.name), (shift * shift, FORM_DOF)))
+        key = (x, c, prof.suite)
+        if key not in rep.sensitivities:
+            rep.sensitivities[key] = same_prompt_sensitivities(
+                rep, pair, seqs, prof.suite, list(dict.fromkeys([s.recommend_metric, "tpot", metric])))
+        row.check = _same_prompt_check(rep, pair, exact, rep.sensitivities[key][metric], model, metric, row.measured)
+        return [f"checked on {len(slots)} requests of the estimation suites' own "
+                "prompts (verify: same_prompts): the prompt sample cancels, so the check tests how the "
+                "step model carries these requests into the mix's batches"]
+
+    def fresh_suite_check(self, row: TrafficRow, prof: TrafficProfile, mix: dict) -> list[str]:
+        """A verifying suite drawn apart from the estimation prompts, checked at its drawn composition:
+        measured against predicted there, its own prompt sample counted on the measured side (_check).
+        Returns the row's notes on it."""
+        rep, an, pair, metric = self.rep, self.rep.an, self.pair, self.metric
+        x, c, s = pair.server, pair.concurrency, an.settings
+        comp = _composition(rep, x, prof.suite, c)
+        at = self.interval(comp, ("check", prof.name)) if comp and pair.usable(comp) is None else None
+        if at is None:
+            return []
+        vp = suite_pair(rep, x, prof.suite, c)
+        own = (Predictor(vp, s.slo, s.rng).prompt_variance(comp, metric)
+               if vp is not None and all(st.n >= 2 for st in vp.strata.values()) else None)
+        row.check = _check(an, prof.suite, x, c, metric, at, row.measured,
+                           same_sessions(rep, prof.suite, (x, an.baseline), c), own,
+                           parts_run=[v for v in (self.ts, self.tb) if v is not None], repeats=len(pair.repeats))
+        m = rep.matches.get(prof.suite)
+        row.check.disjoint = (m.disjoint_from is not None) if m is not None else None
+        if any(abs(comp.get(k, 0) - mix.get(k, 0)) > 1e-9 for k in set(comp) | set(mix)):
+            return ["checked at the verifying suite's drawn composition: "
+                    + ", ".join(f"{k} {v:.0%}" for k, v in sorted(comp.items()))]
+        return []
+
+
+def _step_model_error(rep: Report, pair: Pair, metric: str, ts: VarianceSum | None, tb: VarianceSum | None
+                      ) -> tuple[tuple | None, str | None]:
+    """The step model's error at c > 1 (model_error: its residuals' spread across the measured suites,
+    less the cells' own noise), and what the rows say of it: unchecked with fewer than two suites,
+    resting on the batched cells alone without c = 1 cells. (None, None) at c = 1: no model."""
+    an, x, c = rep.an, pair.server, pair.concurrency
+    if c <= 1:
+        return None, None
+    R = len(pair.repeats)
+    rr = an.run_to_run
+    run = ts is not None and tb is not None
+    note_model = None
+    res = model_residuals(rep.reqs, rep.m, rep.theta, x, an.baseline, c, metric, rep.model_suites)
+    # a residual's own noise: each suite's cells move by their own conditions (the session's part of
+    # run to run is shared by every suite of a session, and cancels in the spread)
+    cell_part = (1 - rr.session_share.get(metric, 0.0)) * (ts.total + tb.total) / R if run else 0.0
+    merr = model_error(res, cell_part)
+    if merr is None:
+        note_model = "the model's error at c > 1 is unchecked (fewer than two measured suites)"
+    if not any(k[2] == 1 and k[0] in (x, an.baseline) for k in rep.reqs):
+        note_model = "; ".join(n for n in (note_model, (
+            "no c=1 cells: the step model's batch dependence rests on the batched cells alone (a mix unlike "
+            "the measured suites may be mispredicted beyond its interval)")) if n)
+    return merr, note_model
+
+
+def _extrapolation_note(row: TrafficRow) -> str:
+    """What a row says when its mix's context per sequence lies beyond the measured suites'."""
+    lo_c, hi_c = row.context_range
+    where = (f"the one measured suite's ({lo_c:.0f})" if round(lo_c) == round(hi_c)
+             else f"the measured suites' ({lo_c:.0f}-{hi_c:.0f})")
+    return (f"the mix's context per sequence ({row.context:.0f} tokens) lies outside {where} at c={row.concurrency}: "
+            "the step model extrapolates, and its error there is the misfit's slope in context carried that far")
 
 
 def mix_context(pair: Pair, mix: dict) -> float:
@@ -661,9 +756,8 @@ def _check_of(d: float, var: float, dof: float, confidence: float, **more) -> Tr
     its equivalence bound and the smallest error it catches in 80% of runs (its two-sided level's t plus
     the 80th percentile)."""
     se = math.sqrt(var)
-    t = t_ppf(0.5 + confidence / 2, dof)
-    lo, hi = d - t * se, d + t * se
-    detect = (t + t_ppf(0.8, dof)) * se
+    lo, hi = t_interval(d, se, dof, confidence)
+    detect = (t_critical(dof, confidence) + t_ppf(0.8, dof)) * se
     return TrafficCheck(math.exp(d) - 1, math.exp(lo) - 1, math.exp(hi) - 1, lo <= 0 <= hi,
                         bound=math.exp(max(abs(lo), abs(hi))) - 1, detectable=math.exp(detect) - 1,
                         se=se, dof=dof, **more)
@@ -714,7 +808,7 @@ def pooled_checks(rows: list[TrafficRow], confidence: float) -> list[dict]:
             continue
         level = 1 - (1 - confidence) / len(rs)
         z = {r.profile: math.log(1 + r.check.error) / r.check.se for r in rs}
-        holds = all(abs(z[r.profile]) <= t_ppf(0.5 + level / 2, r.check.dof if r.check.dof is not None else float("inf"))
+        holds = all(abs(z[r.profile]) <= t_critical(r.check.dof if r.check.dof is not None else float("inf"), level)
                     for r in rs)
         for r in rs:
             r.check.family, r.check.family_holds = sorted(z), holds

@@ -9,9 +9,9 @@ every batch size, so
     server / baseline  =  (server__off / baseline)  x  (server / server__off)
                           configuration effect         drafting effect
 
-and each factor gets its own verdict (attribution.py). Whether an engine can say "configured but
-drafting nothing", and how, is its adapter's (Engine.configured_off: vLLM's one schedule range of
-k = 0); where it cannot (SGLang, an external endpoint nothing here restarts) the control is reported
+and each factor gets its own verdict (deciding/explaining/attribution.py). Whether an engine can say
+"configured but drafting nothing", and how, is its adapter's (Engine.configured_off: vLLM's one
+schedule range of k = 0); where it cannot (SGLang, an external endpoint nothing here restarts) the control is reported
 as not expressible, with the adapter's reason.
 
 **The cache arm** `<server>__keepcache` (`summary.controls.prefix_cache`) answers another question
@@ -30,10 +30,10 @@ from __future__ import annotations
 
 import copy
 
-from .engines import ENGINES, get_engine
-from ..config import recommendation_suites
-from ..files import SpecmatchError
-from ..sweep import members as swept, sweep_of
+from .config import recommendation_suites
+from .files import SpecmatchError
+from .serving.engines import ENGINES, get_engine
+from .sweep import members as swept, sweep_of
 
 OFF = "__off"
 CACHE = "__keepcache"
