@@ -15,6 +15,10 @@ sys.path.insert(0, str(REPO / "workflow"))
 sys.path.insert(0, str(REPO / "tests"))
 SHARED = REPO.parent / "shared" / "data"
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
+# Under xdist (scripts/test.sh: two test processes on the two cores CI has) a simulation's own process pool
+# would put four busy processes on two cores: each test process runs its simulations in itself instead.
+if os.environ.get("PYTEST_XDIST_WORKER"):
+    os.environ.setdefault("SPECMATCH_CALIBRATION_WORKERS", "1")
 
 
 # Under pytest-xdist (scripts/test.sh: -n 2 --dist loadscope --no-loadscope-reorder) every module goes

@@ -10,22 +10,20 @@ Every metric: output throughput, TPOT, end-to-end latency and goodput (SLO e2el 
 
 Nominal: 90% confidence, so identical servers may be called pays or loses in at most 10% of verdicts.
 
-**The pooled gate: Monte-Carlo error small enough that 1.3x nominal fails.** Per scenario, the rate
-over every metric, concurrency and suite at R = 2 and 3 must be at most T = 11.5%, midway between
-10% and 13%. Verdicts of one experiment move together (shared sessions, shared noise estimates): the
-measured design effect is D = 4-8 over an experiment's ~35 verdicts (take D = 7), so an experiment
-is worth ~5 independent verdicts, and N = 120 experiments at each R (240 per scenario, ~8,300
-verdicts) give n_eff = 8300 / 7 ~ 1,190. Then
-    true 10%: sd = sqrt(0.10 * 0.90 / 1190) = 0.87%, P(rate > 11.5%) = P(z > 1.72) ~ 4%: passes w.p. ~96%;
-    true 13%: sd = sqrt(0.13 * 0.87 / 1190) = 0.97%, P(rate <= 11.5%) = P(z < -1.54) ~ 6%: fails w.p. ~94%.
-The Monte-Carlo error is measured (a ratio estimator's over experiments, whatever the correlation),
-and the test checks it stayed within the plan (<= 1.2%), so a change that correlates verdicts more
-cannot quietly weaken the gate.
+**These are CI's gates, sized to fail on the defects they were built for**; the calibration's own figures,
+with Monte-Carlo errors small enough to tell 13% from 10%, come from `python -m specmatch calibrate`
+(docs/methods/calibration.md), which runs the same experiments at 300 per scenario.
 
-**The per-cell gate.** No (metric, concurrency) may exceed 15% (R = 2 and 3 pooled: ~720 verdicts,
-n_eff ~ 360, sd ~ 1.6% at 10%): a true 10% passes (z ~ 3), a true 20% fails (z ~ 2.4). It exists
-because a pooled rate hides a failure at one concurrency (22.8% at c=16, 9.3%
-overall).
+**The pooled gate: twice nominal fails.** Per scenario, the rate over every metric, concurrency and suite
+at R = 2 must be at most T = 15%. Verdicts of one experiment move together (shared sessions, shared
+noise estimates): the design effect is 4-8 over an experiment's ~36 verdicts, so N = 40 experiments
+(~1,440 verdicts) are worth ~240 independent ones: sd 1.9% at a true 10% (passes, z = 2.6) and 2.6% at
+20% (fails, z = -1.9 or worse: the defects it guards were 23% and more). The Monte-Carlo error is measured
+(a ratio estimator's over experiments, whatever the correlation) and must stay within the plan (<= 2.5%).
+
+**The per-cell gate.** No (metric, concurrency) may exceed 20% (120 verdicts each, sd ~3.5% at 10%): it
+exists because a pooled rate hides a failure at one concurrency (goodput at c=16 was 23-41% while the
+pool read 9%); goodput at c=16 pooled over every scenario (~840 verdicts) must stay at 15%.
 
 Power: the second server uniformly faster (every step's cost / (1 + e): the truth is 1 + e for
 throughput, TPOT and e2el at every concurrency), e = 5%, 15%, 30%. Verification: a speculative
@@ -33,13 +31,10 @@ server that pays 1.4x at c=1, breaks even at c=4 and loses 0.6x at c=16; its rec
 measured as the workflow measures it, with a free switch and with one whose switched-off steps cost
 15% more. A/A crossovers, and repeats added while verdicts are inconclusive (optional stopping).
 
-Runtime: ~2,300 analyses (the sequential design analysed beside the fixed one), without 'what would
-decide it' (Settings.designs) except where the hints are checked, in SPECMATCH_CALIBRATION_WORKERS
-processes (default 2) at the lowest priority (calibration.pool): about 13 CPU-minutes, 45% of it the
-hints' carried-out designs (each read for throughput alone, hints.Reading), one experiment a job so
-the few that name 64 repeats of a 32-times suite do not hold up the rest. `python -m specmatch
-calibrate` prints the full table (R = 1..4, hints, sequential). Findings are xfail(strict=True) with
-the measured rate, so they flip when the analysis is fixed.
+Runtime: about 700 analyses, without 'what would decide it' (Settings.designs) except where the hints
+are checked, in SPECMATCH_CALIBRATION_WORKERS processes (tests/conftest.py: one under xdist, whose two
+test processes already hold the two cores) at the lowest priority (calibration.pool). Findings are
+xfail(strict=True) with the measured rate, so they flip when the analysis is fixed.
 """
 from __future__ import annotations
 
@@ -57,16 +52,17 @@ from specmatch.deciding.analysis import analyse
 from specmatch.deciding.reading.measurements import Settings
 
 NOMINAL = 0.10
-T_POOLED = 0.115            # midway between nominal and 1.3x nominal
-T_CELL = 0.15
-SE_PLAN = 0.012             # the pooled rate's Monte-Carlo error the design promises (near 13%)
-N_NULL = 120                # experiments per scenario and R
-N_QUIET = 50                # quiet machine, analysed at R=1 and R=3
-N_POWER = 16                # per effect (analysed at R=2, 3 and 4, fixed and sequential)
-N_VERIFY = 40               # per machine (plain, quiet)
-N_HINTS = 24                # per population ('what would decide it' carried out: the slowest experiments)
-N_HINTS_SEQ = 8             # the sequential design's, carried out through the rounds (6x dearer each)
-N_CHANCES = 150             # per population: the rounds' chance carried out (0.3 CPU-s each)
+T_POOLED = 0.15             # midway between nominal and twice nominal
+T_CELL = 0.20
+T_GOODPUT = 0.15            # goodput at c=16 pooled over every scenario
+SE_PLAN = 0.025             # the pooled rate's Monte-Carlo error the design promises
+N_NULL = 40                 # experiments per scenario (R = 2; plain also 3 and 4)
+N_QUIET = 25                # quiet machine, analysed at R=1 and R=3
+N_POWER = 10                # per effect (analysed at R=2, 3 and 4, fixed and sequential)
+N_VERIFY = 20               # per machine (plain, quiet)
+N_HINTS = 3                 # per population ('what would decide it' carried out: the dearest experiments)
+N_HINTS_SEQ = 2             # the sequential design's, carried out through the rounds
+N_CHANCES = 60              # the rounds' chance carried out (0.3 CPU-s each)
 LONG = (pytest.mark.calibration, pytest.mark.slow)   # scripts/test.sh --quick leaves them out
 CALIBRATED = ("plain", "hetero", "t3", "drift", "outlier", "prompts15", "prompts30")
 TIMING = ("output_throughput", "tpot", "e2el")   # metrics whose truth is exactly 1 + effect
@@ -108,6 +104,31 @@ def test_a_uniformly_faster_server_is_exactly_faster_and_speculation_is_geometri
     small = replace(spec, on=lambda n: n <= 2)
     assert (serve(small, 2, np.full((5, 8), 100.0), np.full((5, 8), 50), rng, 0.6).steps > 0).all()
     assert (serve(small, 4, np.full((5, 8), 100.0), np.full((5, 8), 50), rng, 0.6).steps == 0).all()
+
+
+def test_one_worker_serves_a_long_suite_request_by_request_in_the_same_distribution(monkeypatch):
+    """des.serve at c=1 with more than SERIAL_SPLIT requests simulates each request as a cell of its own and
+    lays them end to end (nothing of one request reaches the next with one worker): the same cells in
+    distribution as the step-by-step loop, speculative or not. Known truth: 300 cells of 34 requests
+    each way; the mean duration and its sd, the drafting steps and the accepted tokens agree within 4%."""
+    import specmatch.calibration.des as des
+
+    rng = np.random.default_rng(5)
+    pt = rng.integers(16, 400, (300, 34)).astype(float)
+    out = np.full((300, 34), 16)
+    spec = replace(Engine(), k=3, rho=1.4)
+    for eng in (Engine(), spec):
+        fast = serve(eng, 1, pt, out, rng, alpha=0.6)
+        assert np.allclose(fast.start[:, 1:], fast.start[:, :-1] + fast.e2e[:, :-1])
+        assert np.allclose(fast.duration, (fast.start + fast.e2e).max(1)) and (fast.ttft < fast.e2e).all()
+        monkeypatch.setattr(des, "SERIAL_SPLIT", 10 ** 6)
+        slow = serve(eng, 1, pt, out, rng, alpha=0.6)
+        monkeypatch.undo()
+        for x, y in ((fast.duration, slow.duration), (fast.steps.sum(1), slow.steps.sum(1)),
+                     (fast.accepted.sum(1), slow.accepted.sum(1))):
+            if y.mean() > 0:
+                assert x.mean() == pytest.approx(y.mean(), rel=0.04) and x.std() == pytest.approx(y.std(), rel=0.15)
+        assert fast.positions.sum() == pytest.approx(slow.positions.sum(), rel=0.04)
 
 
 def test_simulated_cells_are_cells_the_analysis_reads():
@@ -185,14 +206,13 @@ def runs():
     on the run's length are simulated once at the largest R and analysed at each R on its first
     repeats (nested, as when a repeat is added to a run); drift and outlier get one run per R."""
     specs = {("plain", 0): experiments("plain", (2, 3, 4), N_NULL, teeth=True, claims=True, sequential=True),
-             ("hetero", 0): experiments("hetero", (2, 3), N_NULL),
-             ("t3", 0): experiments("t3", (2, 3), N_NULL),
+             ("hetero", 0): experiments("hetero", (2,), N_NULL),
+             ("t3", 0): experiments("t3", (2,), N_NULL),
              ("quiet", 0): experiments("quiet", (1, 3), N_QUIET),
-             ("prompts15", 0): experiments("prompts15", (2, 3), N_NULL),
-             ("prompts30", 0): experiments("prompts30", (2, 3), N_NULL)}
+             ("prompts15", 0): experiments("prompts15", (2,), N_NULL),
+             ("prompts30", 0): experiments("prompts30", (2,), N_NULL)}
     for name in ("drift", "outlier"):
-        for R in (2, 3):
-            specs[(name, R)] = experiments(name, (R,), N_NULL)
+        specs[(name, 2)] = experiments(name, (2,), N_NULL)
     for e in grid.EFFECTS:
         specs[("power", e)] = experiments("plain", (2, 3, 4), N_POWER, effect=e, sequential=True)
     for name in ("plain", "quiet"):
@@ -209,12 +229,12 @@ def tally(runs, name, R) -> Tally:
 
 
 def pooled(runs, name) -> Tally:
-    return tally(runs, name, 2) + tally(runs, name, 3)
+    return tally(runs, name, 2)
 
 
 def report(runs, name) -> str:
     lines = [f"\n{name}: {scenarios.SCENARIOS[name].about}; false calls, rate ± MC se [c=1/4/16]"]
-    for R in (2, 3):
+    for R in (2,):
         t = tally(runs, name, R)
         lines.append(f"  R={R}: " + "; ".join(
             f"{m} {fmt(t.rate(metric=m))} [" + "/".join(pct(t.rate(metric=m, c=c)) for c in grid.CONCURRENCIES)
@@ -246,11 +266,11 @@ def _mark(table: dict):
 @long
 @pytest.mark.parametrize("name", _mark(XFAIL_POOLED))
 def test_identical_servers_are_called_different_at_most_nominally(runs, name):
-    """Pooled over metrics, concurrencies, suites and R = 2, 3: at most T = 11.5% (see the module's
-    docstring: a true 10% passes and a true 13% fails, each with probability above 90%)."""
+    """Pooled over metrics, concurrencies and suites at R = 2: at most T = 15% (see the module's docstring:
+    a true 10% passes and twice nominal fails)."""
     print(report(runs, name))
     p, se, n = pooled(runs, name).rate()
-    assert n >= 2 * N_NULL * 30
+    assert n >= N_NULL * 30
     assert se <= SE_PLAN, f"Monte-Carlo error {se:.2%} above the plan's {SE_PLAN:.1%}: more experiments needed"
     assert p <= T_POOLED, f"{name}: identical servers called different in {p:.1%} ± {se:.1%} of verdicts"
 
@@ -272,7 +292,7 @@ def test_goodput_at_the_highest_concurrency_keeps_the_per_cell_gate(runs):
     t = sum((pooled(runs, n) for n in CALIBRATED[1:]), pooled(runs, CALIBRATED[0]))
     p, se, n = t.rate(metric="goodput", c=16)
     print(f"\ngoodput at c=16, every scenario: {p:.1%} ± {se:.1%} over {n} verdicts")
-    assert p <= T_CELL
+    assert p <= T_GOODPUT
 
 
 @long
@@ -385,13 +405,13 @@ def test_a_speedup_that_varies_by_prompt_is_not_called_different_in_one_burst(ru
     0.30; each server's pace per prompt drawn independently, so every estimand's truth is 1) at c = 16
     with 16 prompts, one burst. The makespan is then the slowest request and a bootstrap of a maximum
     understated the prompt sample's variance: 12-18% and 24-31% false calls at nominal 10%. Throughput
-    there, R = 2 and 3 pooled, must be within nominal plus two Monte-Carlo errors. Measured (seed 18):
-    prompts15 9.2% ± 1.1%, prompts30 11.9% ± 1.2% of 720 (12.5% before TPOT and latency carried their
-    drain influence too and the bootstrap's (n - 1) / n was put back; 10.0-10.8% ± 1.1 in 240 experiments
-    of bench/burst_variance.py)."""
+    there, at R = 2, must be within nominal plus two Monte-Carlo errors (120 verdicts: about 15%, which the
+    defect's 24-31% fails). The full figures (`python -m specmatch calibrate`, 300 experiments): prompts15
+    9.2% ± 1.1%, prompts30 11.9% ± 1.2% of 720 at R = 2 and 3 (10.0-10.8% ± 1.1 in 240 experiments of
+    bench/burst_variance.py)."""
     p, se, n = pooled(runs, name).rate(metric="output_throughput", c=16)
     print(f"\n{name}: throughput at c=16 called different in {p:.1%} ± {se:.1%} of {n} verdicts")
-    assert n >= 2 * N_NULL * 3
+    assert n >= N_NULL * 3
     assert p <= NOMINAL + 2 * se, f"{name}: {p:.1%} ± {se:.1%}"
 
 
@@ -448,7 +468,7 @@ def test_the_rounds_chance_comes_true_near_the_band(chance_runs):
     print("\nnear: " + _chance_text(rows))
     st, dec, se, n = chances.chance_rates(rows, continued=True)
     us, ud, use, un = chances.chance_rates(rows, continued=False)
-    assert n >= 100 and un >= 100
+    assert n >= 60 and un >= 60
     assert abs(dec - st) <= max(3 * se, 0.06) and ud <= us + max(3 * use, 0.06)
 
 
@@ -492,9 +512,9 @@ def test_verification_decides_on_a_quiet_machine(runs):
 
 
 # -- k sweeps and external endpoints -----------------------------------------------------
-N_K = 150               # simulated k sweeps per scenario: binomial Monte-Carlo se 2.4% at 10%, 1.8% at 5%
-N_K_NULL = 300          # the null: se 1.3% at 5%
-N_EXT = 40
+N_K = 60                # simulated k sweeps per scenario: binomial Monte-Carlo se 3.9% at 10%
+N_K_NULL = 120          # the null: se 2.0% at 5% (its defect, a k with no support at all, is exact: 0)
+N_EXT = 20
 
 
 def k_scenarios(n: int, *names) -> dict:

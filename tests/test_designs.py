@@ -17,7 +17,8 @@ import pytest
 from specmatch.deciding.reading.measurements import Settings
 from specmatch.deciding.reading.sequential import Design, dof_share
 from specmatch.deciding.verdicts import designs as D
-from specmatch.deciding.verdicts.comparison import Comparison, decide, request_variance
+from specmatch.deciding.verdicts.comparison import Comparison, decide
+from specmatch.deciding.verdicts.noise import request_variance
 from specmatch.deciding.verdicts.noise import VarianceSum
 from specmatch.records import Decision
 from specmatch.stats import t_ppf

@@ -111,6 +111,26 @@ def _table(engines: list[Engine], c: int, what: str) -> np.ndarray:
     return out
 
 
+SERIAL_SPLIT = 32   # one worker serving more requests than this is simulated request by request (serve)
+
+
+def _one_by_one(engines: list, pt: np.ndarray, ot: np.ndarray, rng: np.random.Generator, alpha, match, pace,
+                cached) -> Served:
+    """serve at c=1 of M cells of n requests as M x n cells of one request each, laid end to end."""
+    M, n = pt.shape
+
+    def flat(x, tail=()):
+        return None if x is None else np.broadcast_to(np.asarray(x), (M, n) + tail).reshape((M * n, 1) + tail)
+
+    one = serve([e for e in engines for _ in range(n)], 1, pt.reshape(-1, 1), ot.reshape(-1, 1), rng,
+                flat(alpha, ()), None if match is None else flat(match, np.shape(match)[-1:]), flat(pace, ()),
+                None, flat(cached, ()))
+    e2e = one.e2e.reshape(M, n)
+    end = np.cumsum(e2e, axis=1)
+    return Served(end - e2e, one.ttft.reshape(M, n), e2e, one.steps.reshape(M, n), one.accepted.reshape(M, n),
+                  one.drafted.reshape(M, n), end[:, -1], one.positions.reshape(M, n, -1).sum(1))
+
+
 def serve(engines: Engine | list[Engine], c: int, prompt_tokens: np.ndarray, out_tokens: np.ndarray,
           rng: np.random.Generator, alpha: np.ndarray | None = None, match: np.ndarray | None = None,
           pace: np.ndarray | None = None, session: np.ndarray | None = None,
@@ -134,12 +154,19 @@ def serve(engines: Engine | list[Engine], c: int, prompt_tokens: np.ndarray, out
     next turn is sent when the previous one ends) and only then takes the next session, so a suite of
     as many sessions as workers is one wave whose batch shrinks as sessions end.
 
-    `cached` (cells x requests): prompt tokens the prefix cache serves (not prefilled)."""
+    `cached` (cells x requests): prompt tokens the prefix cache serves (not prefilled).
+
+    One worker and no sessions: a cell's requests run one after another and nothing of one reaches the
+    next, so a cell of many requests is served as that many cells of one request each and laid end to
+    end (the same distribution; the loop runs a request's steps, not a suite's: a 512-prompt suite's c=1
+    cells took minutes)."""
     pt = np.atleast_2d(np.asarray(prompt_tokens, float))
     ot = np.atleast_2d(np.asarray(out_tokens, np.int64))
     M, n = pt.shape
     if isinstance(engines, Engine):
         engines = [engines] * M
+    if c == 1 and session is None and n > SERIAL_SPLIT and len(engines) == M and ot.shape == (M, n):
+        return _one_by_one(engines, pt, ot, rng, alpha, match, pace, cached)
     if len(engines) != M or ot.shape != (M, n) or (ot < 1).any():
         raise ValueError("serve: one engine per cell and output lengths of at least one token")
     if any(not e.budget > 0 for e in engines):

@@ -35,9 +35,9 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ..verdicts.comparison import compare, decide, repeat_mean_variance, shared_variance
+from ..verdicts.comparison import compare, decide
 from ..reading.measurements import Arrays, Measurements, plain_steps, take, unit_draw, units
-from ..verdicts.noise import RunToRun, VarianceSum, tau2_dof, fit_tau2
+from ..verdicts.noise import RunToRun, VarianceSum, fit_tau2, repeat_mean_variance, shared_variance, tau2_dof
 from ...serving.engines import adapters, definitions
 from ...records import Interval
 from ...resample import draws

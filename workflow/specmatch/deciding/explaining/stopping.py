@@ -32,7 +32,8 @@ from typing import Optional
 import numpy as np
 
 from .ledger import SessionLedger, session_ledger
-from ..verdicts.comparison import decision, repeat_mean_variance
+from ..verdicts.comparison import decision
+from ..verdicts.noise import repeat_mean_variance
 from ..reading.measurements import Measurements, Settings
 from ..verdicts.noise import RunToRun, VarianceSum
 from ...controls import is_cache_arm, parent

@@ -95,6 +95,11 @@ def _reported(v: np.ndarray) -> np.ndarray | None:
 
 
 # -- one cell's requests, as arrays -----------------------------------------------------------
+# the request records' numeric columns Arrays.of reads
+NUMERIC = ("output_tokens", "e2e_s", "ttft_s", "num_spec_steps", "num_draft_tokens", "num_accepted_tokens", "start_s",
+           "prompt_tokens", "cached_tokens")
+
+
 @dataclass
 class Arrays:
     """A cell's successful requests as numpy arrays, keyed by (prompt, pass) for pairing."""
@@ -132,10 +137,14 @@ class Arrays:
     @classmethod
     def of(cls, cell: CellResult, requests: pl.DataFrame, slo: dict) -> "Arrays":
         ok = requests.filter(pl.col("ok"))
+        # every numeric column in one conversion (a cell's columns one by one cost most of reading a run's cells)
+        wanted = [c for c in NUMERIC if c in ok.columns]
+        table = (ok.select(pl.col(c).cast(pl.Float64).fill_null(np.nan) for c in wanted).to_numpy()
+                 if wanted else np.empty((ok.height, 0)))
+        at = {c: i for i, c in enumerate(wanted)}
 
         def col(name: str) -> np.ndarray:
-            return (ok[name].cast(pl.Float64).fill_null(np.nan).to_numpy() if name in ok.columns
-                    else np.full(ok.height, np.nan))
+            return table[:, at[name]].copy() if name in at else np.full(ok.height, np.nan)
 
         out, e2e, ttft = col("output_tokens"), col("e2e_s"), col("ttft_s")
         tpot = metrics.tpot(e2e, ttft, out)
@@ -348,6 +357,24 @@ def unit_draw(rng: np.random.Generator, prompts: list[str], unit_of: dict, resam
     if len(clusters) == len(prompts):
         return draws(rng, len(prompts), resamples)
     return clusters.padded(draws(rng, len(clusters), resamples))
+
+
+def resampled_log_stat(m: "Measurements", key, metric: str, prompts: list, common: list, draw: np.ndarray
+                       ) -> np.ndarray:
+    """One cell's log figure on each resample of `draw` (rows: positions into `prompts`, -1 padding):
+    every request of a drawn prompt (all its passes among `common`, the request keys read, in order) goes
+    in together."""
+    a = m.arrays[key]
+    pos = {k: i for i, k in enumerate(a.keys)}
+    by: dict = {}
+    for k in common:
+        by.setdefault(k.split("#", 1)[0], []).append(pos[k])
+    rows = [by[p] for p in prompts]
+    width = max(len(x) for x in rows)
+    table = np.array([x + [x[0]] * (width - len(x)) for x in rows])  # passes are equal in practice
+    idx = np.where((draw < 0)[..., None], -1, table[draw]).reshape(draw.shape[0], -1)  # -1: padding
+    with np.errstate(divide="ignore", invalid="ignore"):
+        return np.log(a.stat(metric, idx))
 
 
 def units(prompts: list[str], unit_of: dict) -> int:

@@ -34,11 +34,11 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from ..reading.measurements import LATENCY, Measurements, Settings, unit_draw, units
-from .noise import RunToRun, VarianceSum
+from ..reading.measurements import LATENCY, Measurements, Settings, resampled_log_stat, unit_draw, units
+from .noise import RunToRun, VarianceSum, repeat_mean_variance, request_variance, shared_variance
 from ...records import Crossover, Decision, Direction, Verdict
 from ..reading import sequential
-from ...stats import t_ppf
+from ...stats import t_critical, t_interval
 
 
 @dataclass
@@ -81,53 +81,10 @@ class Comparison:
 def _bootstrap(m: Measurements, pairs: list, prompts: list, common: set, metric: str, sign: float,
                draw: np.ndarray) -> np.ndarray:
     """Per repeat, the resampled log speedup (rows: repeats, columns: resamples)."""
-    rows_out = []
     ordered = sorted(common)
-    for ks, kb in pairs:
-        one = []
-        for key in (ks, kb):
-            a = m.arrays[key]
-            pos = {k: i for i, k in enumerate(a.keys)}
-            # every request of a drawn prompt (all its passes) goes in together
-            by: dict = {}
-            for k in ordered:
-                by.setdefault(k.split("#", 1)[0], []).append(pos[k])
-            rows = [by[p] for p in prompts]
-            width = max(len(x) for x in rows)
-            table = np.array([x + [x[0]] * (width - len(x)) for x in rows])  # passes are equal in practice
-            idx = np.where((draw < 0)[..., None], -1, table[draw]).reshape(draw.shape[0], -1)  # -1: padding
-            with np.errstate(divide="ignore", invalid="ignore"):
-                one.append(np.log(a.stat(metric, idx)))
-        rows_out.append(sign * (one[0] - one[1]))
-    return np.array(rows_out)
-
-
-def repeat_mean_variance(boot: np.ndarray) -> float:
-    """Variance over the resamples (columns) of the repeats' (rows') mean."""
-    return float(boot.mean(0).var(ddof=1)) if boot.shape[1] > 2 else 0.0
-
-
-def shared_variance(boot: np.ndarray) -> float:
-    """The part of `repeat_mean_variance` the repeats share (their covariance across resamples), in
-    [0, the whole]: the prompt sample, the same in every repeat, which does not average out. Each
-    repeat's own request noise is the rest; the repeats' spread (run to run) already holds it."""
-    R = boot.shape[0]
-    if R < 2 or boot.shape[1] <= 2:
-        return repeat_mean_variance(boot) if R < 2 else 0.0
-    cov = np.cov(boot)
-    return min(max(float((cov.sum() - np.trace(cov)) / (R * (R - 1))), 0.0), repeat_mean_variance(boot))
-
-
-def request_variance(boot: np.ndarray) -> float:
-    """The part of one repeat's bootstrap variance that the repeats do not share: each repeat's requests'
-    own noise (its prompts' figures are new requests; the prompt sample is the shared part). Run to run
-    holds it too; unlike a session's or a cell's conditions it averages over a larger suite's requests.
-    0 with fewer than two repeats."""
-    R = boot.shape[0]
-    if R < 2 or boot.shape[1] <= 2:
-        return 0.0
-    cov = np.cov(boot)
-    return max(float(np.trace(cov)) / R - float((cov.sum() - np.trace(cov)) / (R * (R - 1))), 0.0)
+    with np.errstate(invalid="ignore"):   # a resample without a figure on both sides: nan, dropped by the caller
+        return np.array([sign * (resampled_log_stat(m, ks, metric, prompts, ordered, draw)
+                                 - resampled_log_stat(m, kb, metric, prompts, ordered, draw)) for ks, kb in pairs])
 
 
 def compare(m: Measurements, rr: RunToRun, server: str, against: str, suite: str, c: int,
@@ -174,7 +131,7 @@ def compare(m: Measurements, rr: RunToRun, server: str, against: str, suite: str
     cmp.estimate = float(np.mean(cmp.logs))
     cmp.prompts, cmp.units = len(prompts), n
     key = ("w", server, against, suite, c, metric)
-    ts, ta = rr.at(metric, server, c), rr.at(metric, against, c)
+    ts, ta = rr.at(metric, server, c, suite), rr.at(metric, against, c, suite)
     if ts is not None and ta is not None:
         # run to run is measured for these servers at c (their other repeats and configurations), so it
         # applies to however many repeats are paired here: a repeat dropped for want of a figure (goodput
@@ -226,7 +183,7 @@ def freeze(cmp: Comparison, v: Verdict | None, s: Settings) -> Comparison:
     if v is None or v.speedup is None or not v.lo or not v.hi:
         return cmp
     dof = v.dof if v.dof is not None else float("inf")
-    t = t_ppf(0.5 + v.confidence / 2, dof)
+    t = t_critical(dof, v.confidence)
     cmp.estimate = math.log(v.speedup)
     cmp.se = (math.log(v.hi) - math.log(v.lo)) / (2 * t) if t > 0 else cmp.se
     cmp.dof = dof
@@ -253,8 +210,7 @@ def decide(cmp: Comparison, s: Settings) -> Verdict:
 
 def log_interval(cmp: Comparison, level: float) -> tuple[float, float]:
     """The interval of the log speedup at `level` (Student t at the comparison's dof)."""
-    t = t_ppf(0.5 + level / 2, cmp.dof)
-    return cmp.estimate - t * cmp.se, cmp.estimate + t * cmp.se
+    return t_interval(cmp.estimate, cmp.se, cmp.dof, level)
 
 
 def look_level(cmp: Comparison, s: Settings) -> float:

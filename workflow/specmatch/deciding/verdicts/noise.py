@@ -48,7 +48,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from ..reading.measurements import Measurements, cell_log_stat
+from ..reading.measurements import Measurements, cell_log_stat, resampled_log_stat, unit_draw, units
 from ...stats import chi2_cdf, chi2_ppf, digamma, median_fit_dof, trigamma, trigamma_inverse
 
 
@@ -85,6 +85,35 @@ class VarianceSum:
         return t * t / den if den > 0 else float("inf")
 
 
+# -- a bootstrap's variance, split by what the repeats share --------------------------------------
+def repeat_mean_variance(boot: np.ndarray) -> float:
+    """Variance over the resamples (columns) of the repeats' (rows') mean."""
+    return float(boot.mean(0).var(ddof=1)) if boot.shape[1] > 2 else 0.0
+
+
+def shared_variance(boot: np.ndarray) -> float:
+    """The part of `repeat_mean_variance` the repeats share (their covariance across resamples), in
+    [0, the whole]: the prompt sample, the same in every repeat, which does not average out. Each
+    repeat's own request noise is the rest; the repeats' spread (run to run) already holds it."""
+    R = boot.shape[0]
+    if R < 2 or boot.shape[1] <= 2:
+        return repeat_mean_variance(boot) if R < 2 else 0.0
+    cov = np.cov(boot)
+    return min(max(float((cov.sum() - np.trace(cov)) / (R * (R - 1))), 0.0), repeat_mean_variance(boot))
+
+
+def request_variance(boot: np.ndarray) -> float:
+    """The part of one repeat's bootstrap variance that the repeats do not share: each repeat's requests'
+    own noise (its prompts' figures are new requests; the prompt sample is the shared part). Run to run
+    holds it too; unlike a session's or a cell's conditions it averages over a larger suite's requests.
+    0 with fewer than two repeats."""
+    R = boot.shape[0]
+    if R < 2 or boot.shape[1] <= 2:
+        return 0.0
+    cov = np.cov(boot)
+    return max(float(np.trace(cov)) / R - float((cov.sum() - np.trace(cov)) / (R * (R - 1))), 0.0)
+
+
 # -- the result ---------------------------------------------------------------------------------
 @dataclass
 class RunToRun:
@@ -103,6 +132,9 @@ class RunToRun:
     dominant: dict = field(default_factory=dict)        # metric -> dominant_suite (None: no suite dominates)
     left_out: list = field(default_factory=list)        # flagged cells, not in tau^2
     session_fits: dict = field(default_factory=dict)    # metric -> SessionFit: what session_share reads
+    # metric -> {(server, suite, c): factor}: a configuration's tau^2 against its group's where the group's
+    # suites differ in cell size (cell_size_scales)
+    scales: dict = field(default_factory=dict)
 
     @property
     def session_share(self) -> dict:
@@ -113,11 +145,13 @@ class RunToRun:
         t = self.tau2.get(metric)
         return math.sqrt(t) if t is not None else None
 
-    def at(self, metric: str, server: str, c: int) -> VarianceSum | None:
-        """tau^2 of `server` at concurrency c: its group's, else its concurrency's, else the pooled one."""
+    def at(self, metric: str, server: str, c: int, suite: str | None = None) -> VarianceSum | None:
+        """tau^2 of `server` at concurrency c: its group's, else its concurrency's, else the pooled one; with
+        `suite`, scaled to that suite's cells where its group's suites differ in size (cell_size_scales)."""
         g = self.groups.get(metric, {})
         if (server, c) in g:
-            return g[(server, c)]
+            factor = self.scales.get(metric, {}).get((server, suite, c))
+            return g[(server, c)] if factor is None else VarianceSum().plus(g[(server, c)], factor)
         lv = self.levels.get(metric, {})
         if c in lv:
             return lv[c]
@@ -312,7 +346,7 @@ def _run_to_run(m: Measurements, servers: list[str] | None) -> RunToRun:
         if servers is None or key[0] in servers:
             configs.setdefault(key[:3], []).append(key)
     tau2, dofs, nconf, rmax = {}, {}, 0, 1
-    groups, levels, priors, dominant, fits = {}, {}, {}, {}, {}
+    groups, levels, priors, dominant, fits, scales = {}, {}, {}, {}, {}, {}
     # a cell measured beside another job (interference.flagged) says how busy the machine was, not how much
     # a configuration moves between sessions: it stays in its verdict (flagged there), and out of tau^2
     # where its configuration keeps two quiet repeats (else all its cells count: a busy machine's run to
@@ -341,8 +375,59 @@ def _run_to_run(m: Measurements, servers: list[str] | None) -> RunToRun:
         s_all = sum(q for q, _ in stats) / sum(d for _, d in stats)
         fits[metric] = session_fit(s_all, resid)
         groups[metric], levels[metric], priors[metric] = _shrunk(metric, cfgs, fits[metric].share(), resid)
+        scales[metric] = cell_size_scales(m, metric, cfgs, {cfg: use[cfg] for cfg, _q, _d in cfgs})
         dominant[metric] = dominant_suite(cfgs)
-    return RunToRun(tau2, dofs, nconf, rmax, groups, levels, priors, dominant, left_out, fits)
+    return RunToRun(tau2, dofs, nconf, rmax, groups, levels, priors, dominant, left_out, fits, scales)
+
+
+# a group's suites are pooled as they are where their cells' sizes differ by less than this ratio: the
+# request-noise parts then differ by less than the estimate's own error at a few dof
+SIZE_RATIO = 1.5
+
+
+def cell_size_scales(m: Measurements, metric: str, cfgs: list, keys: dict) -> dict:
+    """{(server, suite, c): factor} for the configurations of every group (server, c) whose suites' cells
+    differ in size by SIZE_RATIO or more (a 96-turn session suite beside 16-prompt suites): a
+    configuration's tau^2 is its group's pooled one with the requests' own noise taken at its own cell's
+    size. tau^2 = conditions (a session's, a cell's) + the requests' noise of a cell, nu / n for n
+    requests; the group's pooled s^2 holds the second at the suites' dof-weighted mean of nu / n, so the
+    factor is (s^2 - mean(nu / n) + nu / n_k) / s^2, at least (nu / n_k) / s^2. nu, a request's own noise,
+    is pooled over the group's suites from each configuration's bootstrap (the part of its repeats'
+    resampled variance they do not share: request_variance, times n). Pooled as they were, a 96-request
+    cell's intervals came out too wide and the 16-prompt suites' beside it too narrow."""
+    groups: dict = {}
+    for cfg, q, d in cfgs:
+        groups.setdefault((cfg[0], cfg[2]), []).append((cfg, q, d))
+    out = {}
+    for (server, c), members in groups.items():
+        sizes = {cfg: float(np.mean([len(m.arrays[k].out) for k in keys[cfg]])) for cfg, _q, _d in members}
+        if len(members) < 2 or min(sizes.values()) <= 1 or max(sizes.values()) < SIZE_RATIO * min(sizes.values()):
+            continue
+        nus = {cfg: _request_noise(m, keys[cfg], metric) * sizes[cfg] for cfg, _q, _d in members}
+        D = sum(d for _c, _q, d in members)
+        s2 = sum(q for _c, q, _d in members) / D
+        nu = sum(d * nus[cfg] for cfg, _q, d in members) / D
+        mean = sum(d * nu / sizes[cfg] for cfg, _q, d in members) / D
+        if s2 <= 0 or nu <= 0:
+            continue
+        for cfg, _q, _d in members:
+            out[cfg] = max(s2 - mean + nu / sizes[cfg], nu / sizes[cfg]) / s2
+    return out
+
+
+def _request_noise(m: Measurements, keys: list, metric: str) -> float:
+    """A cell's requests' own noise in its log figure: the part of its repeats' bootstrap variance they do
+    not share (request_variance), unbiased for the n units resampled."""
+    common = set.intersection(*(set(m.arrays[k].keys) for k in keys))
+    prompts = sorted({k.split("#", 1)[0] for k in common})
+    sessions = m.session_ids()
+    n = units(prompts, sessions)
+    if n < 2:
+        return 0.0
+    draw = unit_draw(m.settings.rng("request-noise", *keys[0][:3], metric), prompts, sessions, m.settings.bootstrap)
+    boot = np.array([resampled_log_stat(m, k, metric, prompts, sorted(common), draw) for k in keys])
+    boot = boot[:, np.isfinite(boot).all(0)]
+    return n / (n - 1) * request_variance(boot)
 
 
 def dominant_suite(cfgs: list) -> tuple[str, float, float] | None:
