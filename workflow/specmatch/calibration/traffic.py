@@ -14,6 +14,8 @@ so the truth of a mixed suite comes from the simulation, not from the prediction
     python -m specmatch traffic_coverage [--experiments 100] [--concurrency 4] [--size 16]
 prints each profile's coverage (truth inside its interval), the mean interval width and the
 prediction's bias and spread, per concurrency and metric, and the break-even share's coverage.
+`--check SHIFT [--same]` prints instead how often the check of each verified mix agrees at the batched
+concurrency (check_calibration), with the speculative server SHIFT (log) slower on the verifying suites.
 """
 from __future__ import annotations
 
@@ -220,11 +222,13 @@ def basis_counts(size: int, small: int | None = None) -> dict:
 
 
 def traffic_experiment(seed: int, concurrencies=(1, 4), size: int = 16, repeats: int = 2, bootstrap: int = 400,
-                       profiles: dict | None = None, lines: bool = False, basis: dict | None = None, **kw):
-    """One experiment's analysis and traffic rows."""
+                       profiles: dict | None = None, lines: bool = False, basis: dict | None = None,
+                       designs: bool = True, **kw):
+    """One experiment's analysis and traffic rows. `designs`: the analysis also works out what would decide
+    each inconclusive verdict (Settings.designs), which the traffic rows do not read (False: half the time)."""
     cells = traffic_cells(seed, {"basis": basis or basis_counts(size), "generic": {"generic": size}},
                           concurrencies=concurrencies, repeats=repeats, **kw)
-    an = analyse(cells, "base", Settings(bootstrap=bootstrap))
+    an = analyse(cells, "base", Settings(bootstrap=bootstrap, designs=designs))
     return an, traffic_report(an, traffic_profiles(profiles), [], lines=lines)
 
 
@@ -247,28 +251,31 @@ def break_even_truth(seed: int, c: int, size: int, points: int = 11, suites: int
 
 
 def _experiment_rows(a: tuple) -> list:
-    seed, concurrencies, size, break_even, small, noise, world = a
+    seed, concurrencies, size, break_even, small, noise, world, designs = a
     w = WORLDS[world]
     profiles = w.get("profiles") if not break_even else {"training_mix": PROFILES["training_mix"]}
     return traffic_experiment(seed, concurrencies, size, lines=break_even, basis=w.get("basis") or basis_counts(size, small),
-                              request_sd=noise, profiles=profiles, engine=w.get("engine"), strata=w.get("strata"))[1]
+                              request_sd=noise, profiles=profiles, engine=w.get("engine"), strata=w.get("strata"),
+                              designs=designs)[1]
 
 
 def coverage(experiments: int, concurrencies=(1, 4), size: int = 16, seed: int = 1000, truth_suites: int = 400,
              break_even: bool = False, small: int | None = None, request_sd: float = 0.0,
-             world: str = "linear") -> dict:
+             world: str = "linear", designs: bool = True) -> dict:
     """Per (profile, concurrency, metric): how often the truth lies inside the predicted interval, with
     the Monte-Carlo standard error, the mean log width, and the prediction's bias and sd; with
     `break_even`, how often the true break-even share toward generic lies in [lo, hi]. `small`: prompts
     of the basis suite's agent and chat strata (basis_counts; 3 is the default workflow's smallest);
     `request_sd`: heavy-tailed request noise (traffic_cells); `world`: WORLDS (its engine, strata, basis
-    suite and profiles). Each row also counts how often its prediction was marked extrapolated."""
+    suite and profiles); `designs`: traffic_experiment's. Each row also counts how often its prediction was
+    marked extrapolated."""
     w = WORLDS[world]
     truth = {(p, c): traffic_truth(seed - 1, m, size, c, truth_suites, strata=w.get("strata"), engine=w.get("engine"))
              for p, m in (w.get("profiles") or PROFILES).items() for c in concurrencies}
     be_truth = {c: break_even_truth(seed - 2, c, size) for c in concurrencies} if break_even else {}
     hits: dict = {}
-    jobs = [(_experiment_rows, (seed + e, tuple(concurrencies), size, break_even, small, request_sd, world)) for e in range(experiments)]
+    jobs = [(_experiment_rows, (seed + e, tuple(concurrencies), size, break_even, small, request_sd, world, designs))
+            for e in range(experiments)]
     for rows in run_tasks(jobs):   # each experiment is its seed's: the same rows in any number of processes
         for r in rows:
             if r.predicted is None:
@@ -303,7 +310,7 @@ def coverage(experiments: int, concurrencies=(1, 4), size: int = 16, seed: int =
 
 
 def _check_rows(a: tuple) -> list:
-    seed, c, size, shift, small, same, noise = a
+    seed, c, size, shift, small, same, noise, designs = a
     from ..data.prompts import allocate
 
     verified = {p: m for p, m in PROFILES.items() if p != "training_mix"}
@@ -313,7 +320,7 @@ def _check_rows(a: tuple) -> list:
         suites[f"traffic_{p}"] = {"same_prompts": alloc} if same else alloc
     cells = traffic_cells(seed, suites, concurrencies=(c,) if c == 1 else (1, c),
                           shift={f"traffic_{p}": shift for p in verified}, **dict(noise))
-    an = analyse(cells, "base", Settings(bootstrap=200))
+    an = analyse(cells, "base", Settings(bootstrap=200, designs=designs))
     profiles = traffic_profiles()
     for p in profiles.profiles:
         if p.name in verified:
@@ -323,16 +330,16 @@ def _check_rows(a: tuple) -> list:
 
 
 def check_calibration(experiments: int, c: int = 4, shift: float = 0.0, size: int = 16, seed: int = 3000,
-                      small: int | None = None, same: bool = False, **noise) -> dict:
+                      small: int | None = None, same: bool = False, designs: bool = True, **noise) -> dict:
     """How often the check of a verified mix agrees (each verifying suite drawn afresh with its mix, as
     the workflow draws it, disjoint from the estimation prompts; with `same`, drawn from the estimation
-    prompts as verify: same_prompts draws it, c > 1; `noise`: traffic_cells' session_sd and cell_sd):
-    with `shift` 0 the prediction is right
+    prompts as verify: same_prompts draws it, c > 1; `noise`: traffic_cells' session_sd and cell_sd;
+    `designs`: traffic_experiment's): with `shift` 0 the prediction is right
     and it should agree at the interval's level; with the speculative server `shift` (log) slower or
     faster on the verifying suites than the estimates say, it should miss. Per (profile, metric) the
     agreement rate with its Monte-Carlo error and the mean minimum detectable error; ("family", metric)
     for the verified mixes together (Bonferroni)."""
-    jobs = [(_check_rows, (seed + e, c, size, shift, small, same, tuple(sorted(noise.items()))))
+    jobs = [(_check_rows, (seed + e, c, size, shift, small, same, tuple(sorted(noise.items())), designs))
             for e in range(experiments)]
     flags: dict = {}    # (profile or "family", metric) -> one outcome per experiment
     mdes: dict = {}
@@ -362,9 +369,26 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--request-sd", type=float, default=0.0, help="heavy-tailed request noise (sd in log)")
     p.add_argument("--world", choices=sorted(WORLDS), default="linear",
                    help="superlinear: context cost super-linear, rho growing with context, a sessions-heavy mix")
+    p.add_argument("--seed", type=int, default=None, help="the first experiment's seed (default 1000; 3000 with --check)")
+    p.add_argument("--truth-suites", type=int, default=400, help="fresh suites the truth of a mix averages")
+    p.add_argument("--check", type=float, default=None, metavar="SHIFT",
+                   help="the verified mixes' check instead, the speculative server SHIFT (log) slower on their suites")
+    p.add_argument("--same", action="store_true", help="with --check: verifying suites of the estimation prompts")
+    p.add_argument("--session-sd", type=float, default=None, help="with --check: run to run of a session (sd in log)")
+    p.add_argument("--cell-sd", type=float, default=None, help="with --check: run to run of a cell (sd in log)")
     a = p.parse_args(argv)
-    got = coverage(a.experiments, (1, a.concurrency), a.size, break_even=a.break_even, small=a.small,
-                   request_sd=a.request_sd, world=a.world)
+    if a.check is not None:
+        noise = {k: v for k, v in (("session_sd", a.session_sd), ("cell_sd", a.cell_sd)) if v is not None}
+        got = check_calibration(a.experiments, a.concurrency, a.check, a.size, 3000 if a.seed is None else a.seed,
+                                a.small, a.same, **noise)
+        print(f"{a.experiments} experiments, suites of {a.size}, check at c = {a.concurrency}, shift {a.check:+.2f}"
+              f"{', same prompts' if a.same else ''}, 90% intervals, 2 repeats")
+        for (prof, metric), v in sorted(got.items()):
+            mde = "" if v["detectable"] is None else f"  minimum detectable {v['detectable']:.3f}"
+            print(f"{prof:>14} {metric:<18} agrees {v['agree']:.3f} ± {v['mc_se']:.3f} (n={v['n']}){mde}")
+        return 0
+    got = coverage(a.experiments, (1, a.concurrency), a.size, 1000 if a.seed is None else a.seed, a.truth_suites,
+                   break_even=a.break_even, small=a.small, request_sd=a.request_sd, world=a.world)
     print(f"{a.experiments} experiments, suites of {a.size}, c = 1 and {a.concurrency}, 90% intervals, 2 repeats")
     for k, v in sorted(got["rows"].items(), key=lambda kv: (kv[0][0], kv[0][1], kv[0][2])):
         t = (got["truth"].get(k[:2], {}).get(k[2]) if k[0] != "break-even"
