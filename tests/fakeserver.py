@@ -20,6 +20,13 @@ reset, reported as vLLM's usage.prompt_tokens_details.cached_tokens and SGLang's
 meta_info.cached_tokens); `max_model_len` is announced on /v1/models. Every request is logged with its
 prompt and the times it began and ended (`log`).
 
+The server's own clock (`timing=True`, completions and chat): the final usage chunk carries
+`server_timing` as bench/tickserver.py sends it (the client keeps it with the request's record):
+`received_abs` (the request read), `event_abs` and `event_done_abs` (just before each chunk with
+choices, the client's token events, was written and once it was handed to the kernel) and `end_abs`, in perf_counter's clock (CLOCK_MONOTONIC:
+the client's, on one machine). Tests compare the client's stamps with these, not with the scripted
+delays, which a busy machine stretches. `chunks_written` counts token chunks written, over all requests.
+
     python tests/fakeserver.py --port 0 --tokens 16 --ttft 0.05 --itl 0.01
 """
 from __future__ import annotations
@@ -38,7 +45,11 @@ EOS = 2
 class FakeServer:
     def __init__(self, tokens=16, ttft=0.02, itl=0.005, spec=None, tokens_per_event=1, host="127.0.0.1", port=0,
                  tls=None, usage_delay=0.0, empty_first=False, incremental=False, words=False, eos_at=None,
-                 diverge=None, cache=False, max_model_len=None, prefix="", api_key=None, keep_alive_s=None):
+                 diverge=None, cache=False, max_model_len=None, prefix="", api_key=None, keep_alive_s=None,
+                 timing=False):
+        self.timing = timing              # send the server's own clock in the final chunk (module docstring)
+        self.hold: threading.Event | None = None  # set: a stream's first token waits until it is set
+        self.chunks_written = 0           # token chunks written, all requests
         self.keep_alive_s = keep_alive_s  # close a connection idle this long between requests (uvicorn's
                                           # timeout_keep_alive, 5 s in vLLM's server); None: never
         self.idle_closed = 0              # connections closed so
@@ -236,6 +247,7 @@ class FakeServer:
         if self.words:
             return await self._scripted(req, text, n, writer, chat)
         t0 = time.perf_counter()  # CLOCK_MONOTONIC: comparable with the client's clock on one machine
+        before, done = [], []     # per token chunk: just before its write, and once handed to the kernel
         writer.write(b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nTransfer-Encoding: chunked\r\n\r\n")
 
         def chunk(obj):
@@ -244,12 +256,16 @@ class FakeServer:
 
         sent = 0
         first = True
+        if self.hold is not None:   # a test blocks its client first, then lets the tokens go
+            await asyncio.get_running_loop().run_in_executor(None, self.hold.wait)
         if self.empty_first:
             await asyncio.sleep(self.ttft)
             self.server_ttfts.append(time.perf_counter() - t0)
             empty = {"index": 0, "delta": {"role": "assistant", "content": ""}} if chat else {"index": 0, "text": ""}
+            before.append(time.perf_counter())
             chunk({"id": "c", "object": "chunk", "choices": [empty], "usage": None})
             await writer.drain()
+            done.append(time.perf_counter())
             first = False
         if not (self.ttft or self.itl or self.spec or self.empty_first or "CUT" in text or "SLOW" in text):
             # as fast as possible: the whole stream prebuilt and written at once, so the client is the bottleneck
@@ -274,8 +290,11 @@ class FakeServer:
             k = min(self.tokens_per_event, n - sent)
             piece = "x" * k
             choice = {"index": 0, "delta": {"content": piece}} if chat else {"index": 0, "text": piece}
+            before.append(time.perf_counter())
             chunk({"id": "c", "object": "chunk", "choices": [choice], "usage": None})
             await writer.drain()
+            done.append(time.perf_counter())
+            self.chunks_written += 1
             sent += k
             if "CUT" in text and sent >= n // 2:
                 writer.close()
@@ -300,6 +319,9 @@ class FakeServer:
                 "mean_acceptance_length": 1 + accepted / steps, "draft_acceptance_rate": accepted / drafted,
                 "num_spec_steps": steps, "num_accepted_draft_tokens": accepted, "num_draft_tokens": drafted,
                 "num_spec_tokens": self.spec["k"]}}
+        if self.timing:
+            final["server_timing"] = {"received_abs": t0, "event_abs": before, "event_done_abs": done,
+                                      "end_abs": time.perf_counter()}
         chunk(final)
         chunk(b"[DONE]")
         writer.write(b"0\r\n\r\n")

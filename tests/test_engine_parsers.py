@@ -23,7 +23,9 @@ PARSERS = REPO / ".parsers"
 SG_NEW, SG_OLD = PARSERS / "sglang-0.5.23", PARSERS / "sglang-0.5.10"
 
 
-def sglang_parse(argvs: list[list[str]]) -> list[dict]:
+def sglang_run(argvs: list[list[str]]) -> dict:
+    """SGLang's own parser and validation on `argvs`, in one process of the pinned release:
+    {"results": one per argv, "options": its parser's option strings}."""
     if not (SG_NEW / ".done").exists():
         pytest.skip("the pinned SGLang release is not installed (scripts/test.sh runs scripts/setup-parsers.sh)")
     env = {"PYTHONPATH": str(SG_NEW), "PATH": "/usr/bin:/bin", "HF_HUB_OFFLINE": "1"}
@@ -58,10 +60,31 @@ SGLANG_CASES = {
 }
 
 
-@pytest.mark.slow  # the engine's own code in a subprocess: several seconds
-def test_every_sglang_argv_parses_and_validates_with_sglang_itself():
+def deployment_plans() -> list:
+    """The launch plans of the original deployment config (resources/configs/sglang_eagle3_8gpu.yaml)."""
+    from specmatch.config import validate
+
+    cfg = validate(yaml.safe_load((REPO / "resources" / "configs" / "sglang_eagle3_8gpu.yaml").read_text()))
+    return [get_engine({**srv, "sglang_version": "0.5.23"}).launch_plan(30000, 256) for srv in cfg["servers"].values()]
+
+
+@pytest.fixture(scope="module")
+def sglang():
+    """Every argv the SGLang tests check, through SGLang 0.5.23's own code in one process (importing it
+    takes seconds): {"plans", "results"} by case name (SGLANG_CASES, "old flag", "deployment <i>"), and
+    the parser's "options"."""
     plans = {name: sglang_plan(spec, **kw) for name, (spec, kw) in SGLANG_CASES.items()}
-    results = dict(zip(plans, sglang_parse([p.argv[3:] for p in plans.values()])))
+    plans["old flag"] = sglang_plan(EAGLE3, version="0.5.10")  # what the adapter used to emit for every release
+    plans.update({f"deployment {i}": p for i, p in enumerate(deployment_plans())})
+    out = sglang_run([p.argv[3:] for p in plans.values()])
+    assert len(out["results"]) == len(plans)  # one parse per launch, none dropped
+    return {"plans": plans, "results": dict(zip(plans, out["results"])), "options": out["options"]}
+
+
+@pytest.mark.slow  # the engine's own code in a subprocess: several seconds (once for the module)
+def test_every_sglang_argv_parses_and_validates_with_sglang_itself(sglang):
+    plans = {name: sglang["plans"][name] for name in SGLANG_CASES}
+    results = {name: sglang["results"][name] for name in SGLANG_CASES}
     for name, res in results.items():
         assert "error" not in res, (name, res)
         assert res["validation"] == "ok", (name, res["validation"])
@@ -80,13 +103,12 @@ def test_every_sglang_argv_parses_and_validates_with_sglang_itself():
     assert plans["eagle3 spec v2"].env["SGLANG_ENABLE_SPEC_V2"] == "True"
 
 
-@pytest.mark.slow  # the engine's own code in a subprocess: several seconds
-def test_the_old_flag_is_ambiguous_to_current_sglang():
+@pytest.mark.slow  # the engine's own code in a subprocess (the module's one)
+def test_the_old_flag_is_ambiguous_to_current_sglang(sglang):
     """What the adapter used to emit for every release: SGLang 0.5.23 refuses it, so a speculative
     server launched by specmatch would not have started."""
-    old = sglang_plan(EAGLE3, version="0.5.10").argv[3:]
-    assert "--cuda-graph-max-bs" in old
-    res = sglang_parse([old])[0]
+    assert "--cuda-graph-max-bs" in sglang["plans"]["old flag"].argv[3:]
+    res = sglang["results"]["old flag"]
     assert "ambiguous option: --cuda-graph-max-bs could match --cuda-graph-max-bs-decode" in res["error"]
 
 
@@ -104,17 +126,10 @@ def test_older_release_gets_the_flags_its_source_defines():
                 assert f'"{arg}"' in source, arg
 
 
-@pytest.mark.slow  # the engine's own code in a subprocess: several seconds
-def test_the_original_deployment_config_launches_on_sglang():
-    cfg = yaml.safe_load((REPO / "resources" / "configs" / "sglang_eagle3_8gpu.yaml").read_text())
-    from specmatch.config import validate
-
-    cfg = validate(cfg)
-    plans = [get_engine({**srv, "sglang_version": "0.5.23"}).launch_plan(30000, 256)
-             for srv in cfg["servers"].values()]
-    assert len(plans) >= 2  # the baseline and at least one speculative server
-    results = sglang_parse([p.argv[3:] for p in plans])
-    assert len(results) == len(plans)  # one parse per launch, none dropped
+@pytest.mark.slow  # the engine's own code in a subprocess (the module's one)
+def test_the_original_deployment_config_launches_on_sglang(sglang):
+    results = [res for name, res in sglang["results"].items() if name.startswith("deployment ")]
+    assert len(results) >= 2  # the baseline and at least one speculative server
     for res in results:
         assert "error" not in res and res["validation"] == "ok", res
         assert res["parsed"]["tp_size"] == 8
@@ -222,16 +237,18 @@ def test_the_vllm_gpu_example_config_passes_vllms_own_checks(tiny_target):
 
 @needs_vllm
 @pytest.mark.slow  # the engine's own code in a subprocess: several seconds
-def test_a_renamed_schedule_key_is_refused_clearly():
+def test_a_renamed_schedule_key_is_refused_clearly(tmp_path):
     """An open vLLM proposal renames the schedule key (speculative_token_schedule): the adapter says
-    which key this vLLM reads instead of launching a server that ignores it."""
+    which key this vLLM reads instead of launching a server that ignores it. (Both configs are checked
+    against one reading of vLLM's fields, kept in a state folder as before launches.)"""
     eng = get_engine({"engine": "vllm", "model": "m", "speculative": {
         "method": "ngram", "num_speculative_tokens": 4, "speculative_token_schedule": [[1, 4, 4]]}})
     with pytest.raises(SpecmatchError, match="speculative.speculative_token_schedule: vLLM .* its batch-size schedule "
                                              "is num_speculative_tokens_per_batch_size"):
-        eng.validate()
+        eng.validate(tmp_path)
     get_engine({"engine": "vllm", "model": "m", "speculative": {
-        "method": "ngram", "num_speculative_tokens": 4, "num_speculative_tokens_per_batch_size": [[1, 4, 4]]}}).validate()
+        "method": "ngram", "num_speculative_tokens": 4, "num_speculative_tokens_per_batch_size": [[1, 4, 4]]}}
+               ).validate(tmp_path)
 
 
 def test_vllms_speculative_fields_are_read_once_per_vllm(tmp_path, monkeypatch):
@@ -341,18 +358,11 @@ def test_the_cache_arm_turns_vllms_block_drop_off_and_nothing_else(tiny_target, 
         assert offered == probe.use_eagle_block_drop(), method
 
 
-def test_sglang_has_no_server_argument_that_keeps_eagles_cache_loss_off():
+@pytest.mark.slow  # the engine's own code in a subprocess (the module's one)
+def test_sglang_has_no_server_argument_that_keeps_eagles_cache_loss_off(sglang):
     """The SGLang adapter says there is no opt-out: none of the pinned release's own server arguments
     names both speculation (or EAGLE) and the cache, besides the draft model's own KV settings."""
-    if not (SG_NEW / ".done").exists():
-        pytest.skip("the pinned SGLang release is not installed (scripts/test.sh runs scripts/setup-parsers.sh)")
-    code = ("import argparse, json\nfrom sglang.srt.server_args import ServerArgs\n"
-            "p = argparse.ArgumentParser(); ServerArgs.add_cli_args(p)\n"
-            "print(json.dumps([s for a in p._actions for s in a.option_strings]))")
-    env = {"PYTHONPATH": str(SG_NEW), "PATH": "/usr/bin:/bin", "HF_HUB_OFFLINE": "1"}
-    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=300)
-    assert r.returncode == 0, r.stderr[-2000:]
-    flags = json.loads(r.stdout.strip().splitlines()[-1])
+    flags = sglang["options"]
     assert "--disable-radix-cache" in flags and "--speculative-algorithm" in flags   # the parser was read
     both = [f for f in flags if ("spec" in f or "eagle" in f) and ("cache" in f or "radix" in f or "drop" in f)
             and f not in ("--speculative-draft-kv-cache-dtype",)]

@@ -1,6 +1,8 @@
 """Run inside a pinned SGLang release: parse argvs with SGLang's own server-argument parser and run
 its own validation (ServerArgs.from_cli_args), and report what it made of them. Reads a JSON list
-of argvs (the part after `python -m sglang.launch_server`) on stdin, writes JSON on stdout."""
+of argvs (the part after `python -m sglang.launch_server`) on stdin, writes JSON on stdout:
+{"results": one per argv, "options": every option string of the parser}. One process for every
+check of a test module: importing SGLang takes seconds."""
 import argparse
 import contextlib
 import io
@@ -14,6 +16,8 @@ KEEP = ("model_path", "tp_size", "max_running_requests", "cuda_graph_max_bs", "c
         "speculative_num_draft_tokens", "speculative_adaptive", "speculative_adaptive_config", "enable_metrics",
         "host", "port", "dtype")
 out = []
+options = argparse.ArgumentParser()
+ServerArgs.add_cli_args(options)
 for argv in json.loads(sys.stdin.read()):
     parser = argparse.ArgumentParser(prog="sglang.launch_server", exit_on_error=False)
     ServerArgs.add_cli_args(parser)
@@ -32,4 +36,4 @@ for argv in json.loads(sys.stdin.read()):
     except Exception as exc:  # noqa: BLE001 - whatever SGLang's own checks raise
         rec["validation"] = f"{type(exc).__name__}: {str(exc)[:400]}"
     out.append(rec)
-print(json.dumps(out, default=str))
+print(json.dumps({"results": out, "options": [s for a in options._actions for s in a.option_strings]}, default=str))
