@@ -4,8 +4,12 @@
 # Installs nothing that starts itself: no daemon is started here (scripts/slurm-local.sh does that,
 # under a folder of its own). Idempotent: when everything is there it returns in about a second.
 # As root (apt-get); run scripts/setup.sh first (it makes .venv).
+#   --packages   the Debian packages only (no .venv needed: scripts/test.sh installs them while
+#                setup.sh builds .venv, and runs this script again for the plugin)
 set -euo pipefail
 cd "$(dirname "$0")/.."
+packages_only=0
+[[ ${1:-} == --packages ]] && packages_only=1
 VENV=${SPECMATCH_VENV:-.venv}
 PLUGIN_VERSION=2.8.0          # snakemake-executor-plugin-slurm
 JOBSTEP_VERSION=0.6.1         # snakemake-executor-plugin-slurm-jobstep: runs a group inside its allocation
@@ -38,6 +42,10 @@ if ((${#missing[@]})); then
   echo "setup-slurm: installed ${missing[*]}"
 fi
 
+if ((packages_only)); then
+  echo "setup-slurm: Debian packages ready ($(slurmctld -V 2>/dev/null || echo 'slurmctld ?'), munge $(dpkg-query -W -f='${Version}' munge))"
+  exit 0
+fi
 if [[ ! -x "$VENV/bin/python" ]]; then
   echo "setup-slurm: $VENV is missing: run scripts/setup.sh first" >&2
   exit 1

@@ -22,11 +22,25 @@ workers=${SPECMATCH_TEST_WORKERS:-2}
 if ((workers > 1)); then
   args=(-n "$workers" --dist loadscope --no-loadscope-reorder "${args[@]}")
 fi
+if ((!quick)); then
+  # The distribution's packages (apt: the network and dpkg) while uv builds .venv: Chromium and its
+  # driver, then Debian's SLURM and munge (the SLURM plugin goes into .venv once it exists, below)
+  apt_log=$(mktemp)
+  { bash scripts/setup-browser.sh && bash scripts/setup-slurm.sh --packages; } > "$apt_log" 2>&1 &
+  apt=$!
+fi
 bash scripts/setup.sh
 bash scripts/setup-parsers.sh
 if ((quick)); then
   exec .venv/bin/python -m pytest -ra -m "not vllm and not slow" "${args[@]}"
 fi
-bash scripts/setup-browser.sh
-bash scripts/setup-slurm.sh   # Debian's SLURM + munge and Snakemake's SLURM plugin for tests/test_slurm.py
+if ! wait "$apt"; then
+  cat "$apt_log" >&2
+  rm -f "$apt_log"
+  echo "test: installing the browser or SLURM failed" >&2
+  exit 1
+fi
+cat "$apt_log"
+rm -f "$apt_log"
+bash scripts/setup-slurm.sh   # Snakemake's SLURM plugin for tests/test_slurm.py
 exec .venv/bin/python -m pytest -ra "${args[@]}"

@@ -234,6 +234,7 @@ def test_open_loop_throughput_is_not_littles_law():
     assert thr.lo <= 1.0 <= thr.hi and tpot.verdict == Decision.PAYS
 
 
+@pytest.mark.slow
 def test_run_to_run_variance_is_robust_to_one_outlier():
     rng = np.random.default_rng(5)
     cells = experiment(rng, 1.0, repeats=2, suites=("a", "b", "c"), session_sd=0.0, cell_sd=0.03)
@@ -310,6 +311,7 @@ def test_goodput_follows_vllm():
     assert v is not None and v.speedup > 1
 
 
+@pytest.mark.slow
 def test_verification_catches_a_switch_that_costs_throughput():
     rng = np.random.default_rng(4)
     cells = experiment(rng, {1: 1.4, 4: 1.0, 16: 0.6}, repeats=2)
@@ -382,6 +384,7 @@ def grid(rng, speed: dict, sd_c, repeats=3, suites=("a", "b", "c"), prompts=24, 
     return cells
 
 
+@pytest.mark.slow
 def test_median_fit_dof_is_its_efficiency_not_two_over_pi():
     """Finding 5: the median fit's dof used 2/pi, the efficiency of a median of normals; for the median
     of chi2_1 it is 0.37. Simulated: Var(log tau2_hat) matches 2/dof."""
@@ -394,6 +397,7 @@ def test_median_fit_dof_is_its_efficiency_not_two_over_pi():
     assert 0.75 < np.var(logs) / (2 / dof) < 1.33, (np.var(logs), 2 / dof)
 
 
+@pytest.mark.slow
 def test_noise_that_differs_by_concurrency_widens_only_there():
     """Findings 1: one pooled run-to-run variance gave c=16 (noise 8%) the intervals of c=1 (2%);
     identical servers were called different in 23% of c=16 verdicts. Each concurrency now has its own."""
@@ -408,6 +412,7 @@ def test_noise_that_differs_by_concurrency_widens_only_there():
     assert sd("output_throughput", "spec", 16) > 2 * sd("output_throughput", "spec", 1)
 
 
+@pytest.mark.slow
 def test_request_noise_is_counted_once():
     """Finding 5: request-to-request noise moved both tau^2 (the repeats' spread) and the bootstrap's w,
     so intervals carried it twice. With no run-to-run noise but the requests', se^2 now matches the
@@ -531,6 +536,7 @@ def test_an_external_endpoint_still_gets_its_deployment_marked_not_verified():
                            {"spec": ext}) == {}
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("cost, outcome", [(1.0, Outcome.VERIFIED), (0.85, Outcome.FAILED)])
 def test_verification_against_the_reference_the_schedule_fixes(cost, outcome):
     """Finding 2: the recommended deployment is compared, at each concurrency, with the server its
@@ -558,6 +564,7 @@ def test_verification_against_the_reference_the_schedule_fixes(cost, outcome):
     assert {x.against for x in v.per_concurrency if deployed_on(rec, x.concurrency)} == {"spec"}
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("seed", [0, 4, 6])
 def test_verification_asks_no_more_than_it_is_not_worse(seed):
     """Finding 2 (on a quiet machine a right schedule was verified in 35%): 'verified' asked for
@@ -590,6 +597,7 @@ def test_verification_asks_no_more_than_it_is_not_worse(seed):
     assert out[0.92].outcome is not Outcome.VERIFIED
 
 
+@pytest.mark.slow
 def test_a_repeat_without_a_goodput_figure_keeps_the_run_to_run_variance():
     """Finding 1 (goodput at c=16 called different in 23-41% of identical-server verdicts): at c=16 a
     burst of requests finishes together, so goodput is all or nothing, and a repeat where no request

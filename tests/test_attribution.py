@@ -60,6 +60,7 @@ def test_drafting_explains_everything_when_a_step_costs_more_than_a_plain_step()
         assert a.explained_by_drafting is True
 
 
+@pytest.mark.slow
 def test_no_drafts_no_decomposition_and_not_enough_data_is_undecided():
     """A configured-off control drafts nothing: no tau, no rho, and the record says why. A step that
     costs exactly one plain step measured once with noise is neither explained nor unexplained."""
@@ -147,6 +148,7 @@ def test_a_real_acceptance_contrast_survives_the_length_adjustment():
     assert g.contrast.length_adjusted.hi < 0.7 and g.contrast.raw.hi < 0.7
 
 
+@pytest.mark.slow
 def test_configured_off_splits_configuration_and_drafting():
     """Configured but drafting nothing costs 15% (its plain step is 1/0.85 slower); drafting then
     gains. The record carries both verdicts."""
@@ -221,6 +223,7 @@ def without_request_metrics(cells, share: float = 1.0):
     return out
 
 
+@pytest.mark.slow
 def test_a_schedule_that_runs_plain_steps_is_decomposed_over_all_its_decode_steps():
     """A derived batch-size schedule (k=3 at batches 1-4, off above). At c=16 the engine drafts only as
     the batch drains: one request, one step accepting 3, an acceptance length of 4.0 over speculative
@@ -254,6 +257,7 @@ def test_a_schedule_that_runs_plain_steps_is_decomposed_over_all_its_decode_step
     assert "tokens per decode step" in lines and "`sched`" in lines
 
 
+@pytest.mark.slow
 def test_a_schedule_without_per_request_metrics_uses_the_cells_counters_and_nothing_unknown_is_plain():
     """Without per-request metrics the cell's counters give the plain steps (tokens after the first less
     what the speculative steps produced); without counters either, tau is unknown (no decomposition),

@@ -43,6 +43,7 @@ def test_same_prompt_order_for_every_server():
     assert [p.id for p, _ in a[:5]] != [p.id for p, _ in a[5:10]]  # each pass in its own seeded order
 
 
+@pytest.mark.slow
 def test_every_concurrency_measures_the_whole_suite_and_never_the_warmup(tmp_path, fake_server):
     """Defect 6: each concurrency measured a different subset of the suite, and when n + warmup
     exceeded the suite, warm-up prompts were measured again after the cache reset."""
@@ -69,6 +70,7 @@ def test_a_suite_too_small_for_the_concurrency_is_an_error(tmp_path, fake_server
     assert main(a) == 1 and not (tmp_path / "c2.json").exists()
 
 
+@pytest.mark.slow
 def test_a_server_that_dies_mid_cell_is_named_with_its_exit_status(tmp_path, capsys):
     """Defect 12: the only message was "32 of 32 requests failed ... stream cut short"."""
     import sys
@@ -170,6 +172,7 @@ def test_a_flagged_cell_is_remeasured_once_and_the_remeasurement_kept(tmp_path, 
     assert prov["interference"]["remeasured"] == 1 and prov["interference"]["flagged"] is False
 
 
+@pytest.mark.slow
 def test_a_cell_still_flagged_after_its_remeasurement_stays_flagged(tmp_path, fake_server, scripted_readings, capsys):
     srv = fake_server(tokens=4, ttft=0.001, itl=0.001)
     scripted_readings(reading(True, 0.9), reading(True, 0.5))
@@ -180,6 +183,7 @@ def test_a_cell_still_flagged_after_its_remeasurement_stays_flagged(tmp_path, fa
     assert "re-measured" in err and "flagged (requests.on_interference: remeasure)" in err
 
 
+@pytest.mark.slow
 def test_flag_keeps_one_measurement_and_fail_fails_the_cell(tmp_path, fake_server, scripted_readings, capsys):
     srv = fake_server(tokens=4, ttft=0.001, itl=0.001)
     scripted_readings(reading(True, 0.9))
@@ -214,6 +218,7 @@ def test_passes_for_gives_every_worker_enough_requests():
     assert passes_for(10, 1, 3, 4) == 2 and passes_for(16, 1, 4, 16) == 4 and passes_for(5, 1, 1, 16) == 4
 
 
+@pytest.mark.slow
 def test_min_requests_per_worker_lengthens_only_the_cells_that_need_it(tmp_path, fake_server):
     srv = fake_server(tokens=4, ttft=0.001, itl=0.001)
     p = prompts_file(tmp_path, [f"prompt {i}" for i in range(5)])
@@ -237,6 +242,7 @@ def test_min_requests_per_worker_lengthens_only_the_cells_that_need_it(tmp_path,
     assert any("one burst" in w for w in json.loads((tmp_path / "c2.json").read_text())["warnings"])
 
 
+@pytest.mark.slow
 def test_min_requests_per_worker_in_the_config():
     raw = yaml.safe_load((REPO / "resources/configs/cpu_ksweep.yaml").read_text())
     assert validate(raw)["requests"]["min_requests_per_worker"] is None   # the schema's default

@@ -48,6 +48,7 @@ def server_clock(r) -> list[float]:
     return arrivals
 
 
+@pytest.mark.slow
 def test_timings_and_counts_are_exact(fake_server):
     """Counts from the stream, and every time the client records (TTFT, each token's arrival, end to end)
     is the server's own clock's; the cell's figures are those records'. The scripted delays are only lower
@@ -89,6 +90,7 @@ def test_output_tokens_come_from_usage_not_events(fake_server):
     assert all(len(x.arrivals_s) == 8 for x in r)
 
 
+@pytest.mark.slow
 def test_an_endpoint_under_a_path_prefix_is_reached_there(fake_server):
     srv = fake_server(tokens=5, ttft=0.01, itl=0.001, prefix="/team/llm")
     assert srv.base_url.endswith(":%d/team/llm" % srv.port)
@@ -107,6 +109,7 @@ def test_chat_endpoint(fake_server):
     assert all(x.ok and x.output_tokens == 5 for x in r)
 
 
+@pytest.mark.slow
 def test_every_injected_failure_is_counted(fake_server):
     srv = fake_server(tokens=10, ttft=0.01, itl=0.002)
     rs = reqs(3) + reqs(1, "FAIL500") + reqs(1, "CUT here") + reqs(1, "SLOW")
@@ -197,6 +200,7 @@ async def _blocked_while_written(srv, n_requests, chunks, coro, extra=0.05):
     return out, ended[0]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("kernel", [True, False])
 def test_arrivals_do_not_depend_on_when_the_client_reads(fake_server, monkeypatch, kernel):
     """Four streams get their token while the client is blocked. Stamped by the kernel, each arrival is
@@ -222,6 +226,7 @@ def test_arrivals_do_not_depend_on_when_the_client_reads(fake_server, monkeypatc
             assert arrival >= unblocked
 
 
+@pytest.mark.slow
 def test_a_client_that_fell_behind_is_reported(fake_server):
     """Tokens written 30 ms apart that reach the client in one read are counted, and the cell warns."""
     srv = fake_server(tokens=6, ttft=0.01, itl=0.03)
@@ -250,6 +255,7 @@ def tls_cert(tmp_path_factory):
     return d / "cert.pem", d / "key.pem"
 
 
+@pytest.mark.slow
 def test_https_endpoints_are_verified_and_timed_like_plain_ones(fake_server, tls_cert, monkeypatch):
     ctx = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
     ctx.load_cert_chain(*map(str, tls_cert))

@@ -97,6 +97,7 @@ def test_shipped_ksweep_config_is_the_k_sweep_with_the_in_sample_suite():
     (lambda c: (c["summary"].update(recommend_suites=["generic"]), c["suites"]["train_mix"].update(concurrency=[16])),
      "suites.train_mix.concurrency: train_mix is the traffic basis suite"),
 ])
+@pytest.mark.slow
 def test_bad_config_names_the_key(mutate, message):
     cfg = copy.deepcopy(base())
     mutate(cfg)
@@ -128,6 +129,7 @@ def test_the_map_suite_is_the_one_the_stepcost_step_maps():
     assert next(iter(cfg["suites"])) == "generic" and step_cost_suite(cfg) == "train_mix"
 
 
+@pytest.mark.slow
 def test_shipped_example_configs_validate_and_build():
     from specmatch.serving.engines import get_engine
 
@@ -187,6 +189,7 @@ def test_args_and_env_from_a_config_file_launch_as_written(tmp_path, engine):
     assert {k: plan.env[k] for k in ENV_AS_WRITTEN} == ENV_AS_WRITTEN
 
 
+@pytest.mark.slow
 def test_args_and_env_from_snakemake_config_overrides_launch_as_written():
     """`snakemake --config` hands nested values over as text (YAML BaseLoader): text stays text."""
     from snakemake.cli import parse_config

@@ -34,6 +34,7 @@ def test_bins_are_powers_of_two_merged_until_each_is_full():
     assert bin_edges(np.array([]), 8) == []
 
 
+@pytest.mark.slow
 def test_falling_acceptance_and_the_context_where_speculation_stops_paying_are_recovered():
     an = analyse(context_cells(1, falling_tau, rising_rho), "base", SETTINGS)
     axis = context_report(an)
@@ -63,6 +64,7 @@ def test_flat_acceptance_is_no_trend_and_pays_everywhere():
     assert all(r.verdict == Decision.PAYS for r in axis.rows)   # 2.0 / 1.3 = 1.54x at every context
 
 
+@pytest.mark.slow
 def test_a_session_suite_resamples_sessions():
     """Turns of one session go together: a bin's units are its sessions, fewer than its turns, and the
     fall and the crossing are still recovered."""
@@ -76,9 +78,13 @@ def test_a_session_suite_resamples_sessions():
     assert trend.crossover.lo <= CROSSING <= trend.crossover.hi
 
 
+@pytest.mark.slow
 def test_a_session_suite_compares_its_bins_tpot_at_c1_only():
     """At c > 1 each server's batch around a turn follows its own sessions' pace (a session wave): the bins'
-    TPOT and step cost are not compared there, acceptance by context is kept, and the report says so."""
+    TPOT and step cost are not compared there, acceptance by context is kept, and the report says so.
+    Compared at c = 16, identical servers' bins were called in 33% (docs/methods/context.md; its
+    simulation: bench/simulation_figures.py context-waves). Shown to fail: with the c > 1 rows compared
+    as the c = 1 ones are, the first assertion on them fails."""
     from specmatch.deciding.explaining.context import WAVES
     from specmatch.reporting.context import Report, context_lines
 
@@ -94,31 +100,6 @@ def test_a_session_suite_compares_its_bins_tpot_at_c1_only():
     assert t4.acceptance == "falls"
     text = "\n".join(context_lines(Report(axis, None), an))
     assert "| not compared |" in text and "c=4" in text and f"{t1.called} of {t1.bins} bins called" in text
-
-
-@pytest.mark.slow
-def test_session_bins_keep_their_error_rate_at_c1_and_are_not_compared_in_waves():
-    """Issue 48, finding 1: with flat acceptance and servers equal on average on the discrete-event server
-    (16 sessions of 6 turns, a per-session pace of log-sd 0.3 on one server, 0.1 on both), comparing
-    bins at c = 16 called 33% of them (some bin in 89% of suites; 34% with only the turns decoded at the
-    full batch; 27% and 23% with 32 sessions), at c = 1 12.4% ± 1.8% of 450 (150 experiments). Here:
-    c = 1 at nominal (2.3 Monte-Carlo errors, bins of one suite share its sessions), nothing called at
-    c = 16."""
-    from test_session_bootstrap import wave_cells
-
-    called, bins, at16 = 0, 0, 0
-    for seed in range(60):
-        cells = wave_cells(7000 + seed, turns=6, step=150)
-        an = analyse(cells, "base", SETTINGS)
-        axis = context_report(an, an.measurements.session_ids())
-        one = [r for r in axis.rows if r.concurrency == 1]
-        called += sum(r.verdict in (Decision.PAYS, Decision.LOSES) for r in one)
-        bins += len(one)
-        at16 += sum(r.tpot_speedup is not None for r in axis.rows if r.concurrency == 16)
-    rate = called / bins
-    print(f"\nsession bins at c=1: called {rate:.1%} of {bins}")
-    assert bins >= 150 and at16 == 0
-    assert rate <= 0.10 + 2.3 * math.sqrt(0.09 / bins) * 1.5
 
 
 @pytest.mark.slow

@@ -64,6 +64,7 @@ def test_controls_follow_the_config():
     (lambda c: c["summary"]["controls"].update(servers=["baseline"]), "is the baseline"),
     (lambda c: c["summary"]["controls"].update(suites=["nope"]), "summary.controls.suites: 'nope'"),
 ])
+@pytest.mark.slow
 def test_bad_controls_name_the_key(mutate, message):
     cfg = copy.deepcopy(default())
     cfg["summary"]["controls"]["configured_off"] = True
@@ -89,6 +90,7 @@ def test_recommendation_suites_without_a_training_suite_stand_on_the_first_suite
     assert recommendation_suites(cfg) == ["generic"]
 
 
+@pytest.mark.slow
 def test_the_default_workflow_measures_the_controls_and_the_long_control(tmp_path):
     """A dry run of the shipped default with every speculative server controlled and the long
     encyclopedic control added back (the default leaves both out for its time budget): the controls
@@ -116,6 +118,7 @@ def test_the_default_workflow_measures_the_controls_and_the_long_control(tmp_pat
     assert "--suites train_holdout train_mix --out results/rounds/r2.json" in out
 
 
+@pytest.mark.slow
 def test_length_like_composes_control_prompts_as_long_as_the_training_suites(tmp_path, tok):
     tpl = ChatTemplate.of(tok)
     qs = tmp_path / "q.jsonl"
@@ -149,6 +152,7 @@ def with_sessions(prefix_cache: bool = True, **controls):
     return validate(raw)
 
 
+@pytest.mark.slow
 def test_the_cache_arm_is_the_server_with_its_engines_opt_out_on_the_session_suites_only():
     cfg = with_controls(with_sessions())
     arms = {n: s for n, s in cfg["servers"].items() if n.endswith(CACHE)}

@@ -116,6 +116,7 @@ def recommend_step(run_dir, cfg: dict) -> list[Recommendation]:
     return [Recommendation.from_json(x) for x in json.loads((out / "recommendations.json").read_text())]
 
 
+@pytest.mark.slow
 def test_an_endpoint_that_pays_at_low_load_gets_a_schedule_that_drafts_below_the_crossover(run_dir):
     recs = recommend_step(run_dir, servers())
     # the twin configures no speculation and drafts nothing: no speculation recommendation at all
@@ -147,6 +148,7 @@ def test_an_endpoint_that_pays_at_low_load_gets_a_schedule_that_drafts_below_the
     assert dense[1:17] == ks and set(dense[17:]) == {0}   # vLLM carries the last (off) range to its max batch
 
 
+@pytest.mark.slow
 def test_a_configured_max_batch_is_the_endpoints_batch_range(run_dir):
     [rec] = recommend_step(run_dir, servers(max_batch=64))
     assert rec.max_batch == 64 and rec.extrapolated_above == 16 and "17-64 were not measured" in rec.text

@@ -32,6 +32,7 @@ def test_draft_vocabulary_maps_back_to_target_ids():
     assert info["coverage"] == 1.0 and info["distinct_assistant_tokens"] == 2
 
 
+@pytest.mark.slow
 def test_training_never_reads_held_out_rows(tiny_target, data, tok, monkeypatch):
     from specmatch.data import readers
 
@@ -47,6 +48,7 @@ def test_training_never_reads_held_out_rows(tiny_target, data, tok, monkeypatch)
     assert read and not (set(read) & held)
 
 
+@pytest.mark.slow
 def test_same_seed_and_budget_give_the_same_weights(tiny_target, data, tok, tmp_path):
     m, cuts = data
     a = train(tiny_target, cuts, ChatTemplate.of(tok), TINY, aux_layers=[1, 2, 3], log=lambda m: None)
@@ -58,6 +60,7 @@ def test_same_seed_and_budget_give_the_same_weights(tiny_target, data, tok, tmp_
     assert not all(torch.equal(sa[k], c["head"].state_dict()[k]) for k in sa)
 
 
+@pytest.mark.slow
 def test_checkpoint_is_what_vllm_loads_for_eagle3(tiny_target, data, tok, tmp_path):
     from safetensors.torch import load_file
 
@@ -83,6 +86,7 @@ def test_checkpoint_is_what_vllm_loads_for_eagle3(tiny_target, data, tok, tmp_pa
     assert meta["budget"]["steps"] == 4 and "final_top1_agreement_by_step" in meta["metrics"]
 
 
+@pytest.mark.slow
 def test_training_on_regenerated_rows_reads_only_them_and_evaluation_reports_held_out(tiny_target, data, tok,
                                                                                        monkeypatch):
     """With a regenerated store, training reads no original row (the store replaces the seen rows,

@@ -371,6 +371,7 @@ def test_sglang_has_no_server_argument_that_keeps_eagles_cache_loss_off(sglang):
                        "speculative": {"method": "EAGLE3", "model": "d"}}).prefix_cache_kept()[0] is None
 
 
+@pytest.mark.slow
 def test_the_cache_salt_is_a_field_of_each_engines_own_requests():
     """The field a session suite's later passes are salted with (Engine.cache_salt_field) is one the
     engine's own request models declare and carry to the prefix cache: vLLM's chat and completion

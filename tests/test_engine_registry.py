@@ -152,6 +152,7 @@ def test_its_sweep_launch_environment_and_control_are_the_adapters(fake):
     assert mixed_schedule({"drafts": 3, BY_BATCH: [[1, 4, 3], [5, 32, 0]]}) is True
 
 
+@pytest.mark.slow
 def test_a_recommendation_for_it_is_decided_neutrally_and_rendered_by_its_adapter(fake, tmp_path):
     """The recommend step derives `spec__recommended` with the adapter's config; decide and summary write
     and print the adapter's own lines, and no other engine's syntax appears."""

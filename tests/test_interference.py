@@ -259,6 +259,7 @@ def busy_thread(secs: float) -> threading.Thread:
     return th
 
 
+@pytest.mark.slow
 def test_server_children_and_load_generator_threads_are_never_neighbours(tmp_path):
     """A fake server in its own process group (as the watchdog starts one) runs a busy thread and spawns a
     busy child; the load generator (this process) runs a busy thread; a neighbour started outside both
@@ -304,6 +305,7 @@ def test_server_children_and_load_generator_threads_are_never_neighbours(tmp_pat
     assert r.sampler_cpu_s / r.samples < 0.01
 
 
+@pytest.mark.slow
 def test_short_lived_processes_do_not_break_the_sampler():
     """Processes that start and end between scans (pid races): the sampler keeps going and counts them."""
     sampler = Sampler(Owners(own_pids=set()), interval_s=0.05, budget=1.0, gpu=NvidiaSmi.absent())

@@ -60,6 +60,7 @@ def test_the_per_position_model_is_what_vllm_counts():
         tokens_per_step(rates, 4)
 
 
+@pytest.mark.slow
 def test_the_best_k_per_band_is_recovered(sweep):
     m, rr = sweep
     ks = members("spec", m.servers())
@@ -146,6 +147,7 @@ def test_predicted_against_measured(sweep):
                                                      rel=1e-6)
 
 
+@pytest.mark.slow   # a noisy simulated sweep, analysed twice (about 2 s of CPU)
 def test_two_k_within_noise_are_undecided():
     rho = {2: {4: 1.40}, 4: {4: 1.60}}       # TPOT 1.24 and 1.24: no difference, in noisy sessions
     cells = sweep_cells(3, rho, concurrencies=(4,), repeats=2, session_sd=0.08, cell_sd=0.06)
@@ -238,6 +240,7 @@ def test_speculation_decided_and_k_not(monkeypatch, vs_base, best_vs_other, want
         assert ch.server == f"spec@k={ch.k}" and ch.decide.startswith("k=4 against k=2")
 
 
+@pytest.mark.slow
 def test_a_band_where_speculation_pays_but_k_is_open_speculates_with_the_best_estimate():
     """Both k pay at c=1 (k=4 truly about 8% faster) and the data cannot rank them; off is best at c=16.
     Before, the undecided c=1 took c=16's off (the one option both k were shown to beat there); now c=1
@@ -275,8 +278,10 @@ def test_a_band_where_speculation_pays_but_k_is_open_speculates_with_the_best_es
 def test_every_path_that_speculates_needs_a_k_to_beat_off_at_alpha_over_k(monkeypatch, vs_base, best_vs_other, want):
     """Issue 34, finding 5: only "pays, k open" was Bonferroni-adjusted; the "best" path deployed the best
     of K k on its comparison with off at alpha, so where every k equals off a false "speculate" exceeded
-    alpha / 2 (5.5% in the ideal normal model). Now the best's comparison with off is at alpha / K on every
-    path (`deploy_confidence`), and `paying` lists the k that pay there."""
+    alpha / 2 (5.5% in the ideal normal model; 6.5% of 400 simulated sweeps in an independent audit, a rate
+    only hundreds of sweeps tell from 5%: bench/simulation_figures.py kmodel-null). Now the best's
+    comparison with off is at alpha / K on every path (`deploy_confidence`), and `paying` lists the k that
+    pay there. Shown to fail: with kchoice deploying at the plain level, every case fails."""
     table = {(f"spec@k={k}", "base"): ((v[1], v[0]) if isinstance(v[0], dict) else v) for k, v in vs_base.items()}
     table[("spec@k=4", "spec@k=2")] = best_vs_other
     ch = scripted_choice(monkeypatch, table)
@@ -284,24 +289,6 @@ def test_every_path_that_speculates_needs_a_k_to_beat_off_at_alpha_over_k(monkey
     assert ch.deploy_confidence == pytest.approx(0.95)
     vs_off = next(v for v in ch.pairwise if v.against == "base")
     assert vs_off.confidence == pytest.approx(0.95)          # the record shows the level it was decided at
-
-
-@pytest.mark.slow  # 100 simulated sweeps, about 30 s
-def test_speculating_where_every_k_is_as_good_as_off_is_rare():
-    """The null: k=2 and k=4 as fast as the baseline at c=1 (step cost = tokens per step). The best of two
-    k is a selection, so it must pay at alpha / 2 (Bonferroni): a false "speculate" then stays under
-    alpha / 2 = 5% one-sided (at the plain level it was 6.5% of 400 in an independent audit)."""
-    rho = {2: {1: 1.92}, 4: {1: 2.24}}
-    calls, speedups = 0, []
-    for seed in range(100, 200):
-        cells = sweep_cells(seed, rho, concurrencies=(1,), repeats=2, session_sd=0.04, cell_sd=0.03)
-        m = Measurements.of(cells, Settings(**SETTINGS))
-        ch, _ = best_k(m, run_to_run(m), "spec", members("spec", m.servers()), "base", "s", 1, m.settings)
-        calls += bool(ch.k)
-        speedups += [x["speedup"] for k, x in ch.speedups.items() if k != "0"]
-    import statistics
-    assert 0.95 < statistics.geometric_mean(speedups) < 1.02     # the null holds in the simulation
-    assert calls <= 6, calls
 
 
 # -- bands and schedules, every pattern ---------------------------------------------------------------

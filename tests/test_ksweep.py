@@ -59,6 +59,7 @@ def primary(cells):
     return [x for x in cells if x[0].server in CONFIGS]
 
 
+@pytest.mark.slow
 def test_the_analysis_decides_k_per_band_and_no_member_gets_an_on_off_call(grid):
     good, _ = grid
     names = list(CONFIGS)
@@ -71,6 +72,7 @@ def test_the_analysis_decides_k_per_band_and_no_member_gets_an_on_off_call(grid)
     assert {(p.k, p.concurrency) for p in an.k_points} >= {(k, c) for k in (1, 2, 4) for c in TRUE_K}
 
 
+@pytest.mark.slow
 def test_the_recommended_schedule_is_derived_measured_and_verified_against_each_bands_member(grid):
     good, costly = grid
     names = list(CONFIGS)
@@ -100,6 +102,7 @@ def test_the_recommended_schedule_is_derived_measured_and_verified_against_each_
     assert [r.concurrency for r in bad.per_concurrency if r.verdict == Decision.LOSES] == [4]
 
 
+@pytest.mark.slow
 def test_the_summary_shows_the_sweep_the_bands_predicted_vs_measured_and_the_verification(grid, tmp_path):
     from specmatch.reporting import kreport
 
@@ -202,6 +205,7 @@ def test_verification_of_k_schedules_is_calibrated_over_seeds():
     assert outcomes["costly"].count(Outcome.FAILED) >= 7 and Outcome.VERIFIED not in outcomes["costly"], outcomes
 
 
+@pytest.mark.slow
 def test_a_round_of_the_sequential_design_continues_undecided_k_choices():
     """Two k that the data cannot tell apart at c=4 after two repeats (both pay: speculation is decided
     there, k is not): the round measures both members again there (and only what continues); decided
@@ -236,6 +240,7 @@ def test_a_round_of_the_sequential_design_continues_undecided_k_choices():
     assert all(d.action != Continuation.CONTINUE for d in plan(an, Design(2, 2, 0), 2).decisions)
 
 
+@pytest.mark.slow
 def test_a_k_choice_whose_best_changed_is_looked_at_although_one_side_missed_the_round():
     """Round 2 continued k=2 against k=4 at c=4 (the baseline was not measured again there). If at round 3
     the best's comparison is with the baseline, its pair has 2 common repeats: it is still this round's
@@ -259,6 +264,7 @@ def test_a_k_choice_whose_best_changed_is_looked_at_although_one_side_missed_the
     assert all(d.concurrency == 4 for d in k_choices(an, Design(2, 4, 0), 3))
 
 
+@pytest.mark.slow
 def test_the_report_names_ks_it_cannot_predict_in_one_sentence_and_flags_in_sample_suites(grid):
     """A k below the smallest measured one has τ but no step cost (never extrapolated): no row of dashes
     for it, one sentence; a sweep on a suite of seen rows carries the in-sample caveat."""
@@ -280,6 +286,7 @@ def test_the_report_names_ks_it_cannot_predict_in_one_sentence_and_flags_in_samp
     assert "(in-sample:" not in "\n".join(kreport.lines(decided(an), set()))
 
 
+@pytest.mark.slow
 def test_with_two_recommendation_suites_each_schedule_is_checked_by_its_own_server_only(grid):
     """`<parent>__recommended` deploys one suite's schedule. Another suite's undecided recommendation is not
     "not verified" against it, and another suite's schedule says which suite's schedule that server runs."""
@@ -302,6 +309,7 @@ def test_with_two_recommendation_suites_each_schedule_is_checked_by_its_own_serv
     assert other.verified.outcome == Outcome.NOT_MEASURED and "decided on `s`" in other.verified.reason
 
 
+@pytest.mark.slow
 def test_one_k_everywhere_is_measured_as_that_member_and_verified_against_the_references():
     """Issue 34: "keep one k everywhere" was never derived and so never verified. It is a recommendation
     like any other: derived (krecommend.derived_config), found identical to the member of that k as configured

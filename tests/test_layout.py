@@ -6,6 +6,8 @@ import ast
 import re
 from pathlib import Path
 
+import pytest
+
 from builders import REPO
 
 PKG = REPO / "workflow" / "specmatch"
@@ -102,10 +104,12 @@ def test_every_stage_folder_exists_and_holds_modules():
         assert any(p.name != "__init__.py" for p in (PKG / stage).glob("*.py")), f"{stage}/ is empty"
 
 
+@pytest.mark.slow
 def test_no_import_circle():
     assert cycles(graph()) == []
 
 
+@pytest.mark.slow
 def test_imports_point_down_the_stages_or_to_the_root():
     bad = []
     for mod, deps in graph().items():
@@ -138,6 +142,7 @@ def deciding_floor(mod: str) -> int | None:
     return DECIDING.index(parts[2]) if parts[2] in DECIDING else len(DECIDING)
 
 
+@pytest.mark.slow
 def test_the_deciding_stage_is_split_by_question_and_its_floors_point_down():
     mods = modules()
     for floor in DECIDING:
@@ -159,6 +164,7 @@ def test_the_deciding_stage_is_split_by_question_and_its_floors_point_down():
     assert bad == []
 
 
+@pytest.mark.slow
 def test_no_module_reexports_private_names():
     """A module's __all__ lists public names only, and analysis re-exports nothing it does not define."""
     import ast
@@ -177,6 +183,7 @@ def in_registry(mod: str) -> bool:
     return mod == REGISTRY or mod.startswith(REGISTRY + ".")
 
 
+@pytest.mark.slow
 def test_the_engine_registry_imports_only_the_root():
     """What lets the root read the registry: the adapters import nothing of any stage but themselves."""
     g = graph()
@@ -186,6 +193,7 @@ def test_the_engine_registry_imports_only_the_root():
     assert bad == []
 
 
+@pytest.mark.slow
 def test_the_checks_see_a_circle_and_an_upward_import(tmp_path):
     """The graph tools are not vacuous: a circle and an upward import are found."""
     assert cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": set()}) == [["a", "b", "c"]]

@@ -8,11 +8,13 @@ import pytest
 from builders import REPO, run, snakemake_cmd
 
 
+@pytest.mark.slow
 def test_snakemake_lint_is_clean():
     out = run(snakemake_cmd() + ["--lint"], REPO)
     assert "Congratulations, your workflow is in a good condition!" in out.stdout + out.stderr
 
 
+@pytest.mark.slow
 def test_snakefmt_check():
     exe = Path(sys.executable).parent / "snakefmt"
     if not exe.exists():

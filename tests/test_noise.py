@@ -2,6 +2,7 @@
 import math
 
 import numpy as np
+import pytest
 
 from specmatch.deciding.verdicts.noise import _shrunk, prior_dof
 
@@ -54,6 +55,7 @@ def test_prior_dof_reads_scatter_beyond_sampling():
     assert 1.0 < prior_dof(wide) < 5.0
 
 
+@pytest.mark.slow
 def test_flagged_cells_stay_out_of_tau2_and_a_dominating_suite_is_named():
     """A cell measured beside another job (interference.flagged) says how busy the machine was: it is left
     out of run to run (its verdict stays flagged elsewhere), and a suite whose cells alone hold most of

@@ -128,6 +128,7 @@ def test_drafter_budget_is_every_key_but_what_is_passed_on_its_own():
 
 
 
+@pytest.mark.slow
 def test_a_sessions_launch_and_cells_share_the_default_runtime(tmp_path):
     """On a cluster a server session (its launch and cells) is one group, one allocation, and
     Snakemake asks for the sum of a group's runtimes: each job of a session gets an equal share of the

@@ -22,7 +22,7 @@ LINKED = [README, REPO / "results" / "README.md", *sorted((REPO / "docs").rglob(
 # what the run test changes in the example, beside its placeholders (dataset.root, dataset.tokenizer and
 # each external server's base_url): only sizes, so that it runs in a minute on 2 cores
 SHRUNK_SUITE = {"size": 6, "min_per_source": 1}
-SHRUNK = {"concurrency": [1, 2], "repeats": 2}
+SHRUNK = {"concurrency": [1, 2], "repeats": 1}   # one repeat: each server launched once, half the cells
 # keys the example leaves to their defaults that the run test sets: a scripted endpoint streams 12 tokens,
 # and a test machine is shared (a cell flags its neighbours instead of measuring again)
 ADDED = {"requests": {"warmup": 1, "max_tokens": 12, "on_interference": "flag"}, "summary": {"bootstrap": 200}}

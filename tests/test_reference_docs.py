@@ -298,6 +298,7 @@ def test_the_plots_in_the_table_are_the_ones_the_summary_draws():
 
 
 # -- the step --------------------------------------------------------------------------------------------
+@pytest.mark.slow
 def test_the_step_writes_the_pages_and_check_finds_a_stale_one(tmp_path, capsys):
     from specmatch import cli
 

@@ -36,6 +36,7 @@ def answer_block(md: str) -> list[str]:
     return lines[:end + 1]
 
 
+@pytest.mark.slow
 def test_the_first_screen_holds_the_recommendation_the_verdicts_by_load_and_the_machine(rendered):
     out, md = rendered
     first = answer_block(md)

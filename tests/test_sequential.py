@@ -42,6 +42,7 @@ def crossing_rate(design: Design, w: float, b1: float, n: int = 100_000, seed: i
     return float(crossed.mean())
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("w_share", [0.0, 0.5, 0.9])
 @pytest.mark.parametrize("looks", [(2, 3), (2, 4), (2, 6)])
 def test_spending_keeps_the_error_rate_over_every_look(w_share, looks):
@@ -85,6 +86,7 @@ def test_design_forms_and_errors():
         Design.of({"min": 3, "max": 2})
 
 
+@pytest.mark.slow
 def test_config_takes_both_forms_and_names_the_field():
     cfg = load(REPO / "config.yaml", {"repeats": {"min": "2", "max": "3"}})   # --config hands text over
     assert cfg["repeats"] == {"min": 2, "max": 3, "max_cells": 4}   # the default's budget stays
@@ -114,6 +116,7 @@ def test_repeats_are_spent_where_they_likely_decide():
     assert chance_decided(0.02, 1e-6, 1e-5, 2, d, 0.9, math.log(1.5), 30, 30) == pytest.approx(1.0)
 
 
+@pytest.mark.slow
 def test_the_probability_of_deciding_is_calibrated():
     """chance_decided against the truth it predicts: effects drawn flat over +/-20%, nested
     repeats (shared w, session sd 6%), inconclusive at the first look; among those it gives a
@@ -157,6 +160,7 @@ def settings(min_probability: float | None = None) -> Settings:
     return grid.settings(bootstrap=200, repeats=repeats)
 
 
+@pytest.mark.slow
 def test_a_round_continues_only_the_undecided_and_their_baseline(simulated):
     d = Design(2, 3)
     an = analyse([x for x in simulated if x[0].repeat <= 2], "baseline", settings())
@@ -201,6 +205,7 @@ def test_a_round_continues_only_the_undecided_and_their_baseline(simulated):
     assert stopped.repeats == 2 and stopped.verdict == Decision.PAYS
 
 
+@pytest.mark.slow
 def test_a_round_under_a_cell_budget_measures_the_likeliest_to_be_decided_first(simulated):
     """`repeats.max_cells`: the plan without a budget, except that only the configurations likeliest to
     be decided (comparison.chance) continue while their cells fit; the others stop over budget with
@@ -246,6 +251,7 @@ def test_a_round_under_a_cell_budget_measures_the_likeliest_to_be_decided_first(
 
 
 # -- a configuration's verdict is final where the design stopped it -------------------
+@pytest.mark.slow
 def test_a_stopped_configuration_keeps_its_verdict_when_other_cells_are_added(simulated):
     """Round 2 stops every configuration it decided (and those unlikely to be decided); round 3 measures
     other configurations and the baseline beside them, which moves the run-to-run estimate every
@@ -357,6 +363,7 @@ def _open_at_two(seed: int, S: int, others_third: bool):
     return dec3[open_].mean(), list(zip(e2[open_][:4000], bh2[open_][:4000])), (w, band, d)
 
 
+@pytest.mark.slow
 def test_the_chance_uses_the_dof_the_final_look_will_have():
     """chance_decided with run to run estimated, as the analysis estimates it: pooled over S = 3 suites
     (one dof each at R = 2, two at R = 3, every cell measured again). Among comparisons open at R = 2,
@@ -371,6 +378,7 @@ def test_the_chance_uses_the_dof_the_final_look_will_have():
     assert abs(new - got) < abs(old - got) and old < got
 
 
+@pytest.mark.slow
 def test_the_chance_counts_only_the_cells_measured_again():
     """As above, but the third repeat measures only this configuration's cells (a round re-measures the
     configurations that continue): the run-to-run estimate then gains one dof from its own suite, not

@@ -89,6 +89,7 @@ def test_reuse_then_restart_on_config_change(tmp_path, fake_python):
     assert m.read_current() is None
 
 
+@pytest.mark.slow
 def test_startup_crash_reports_log_tail(tmp_path):
     py = engine_python(tmp_path, 'echo "CUDA out of memory: boom" >&2; exit 3')
     m = Manager(tmp_path / "state")
@@ -98,6 +99,7 @@ def test_startup_crash_reports_log_tail(tmp_path):
     assert m.read_current() is None
 
 
+@pytest.mark.slow
 def test_startup_timeout_kills_and_reports(tmp_path):
     py = engine_python(tmp_path, 'echo "loading weights..."; exec sleep 600')
     m = Manager(tmp_path / "state")
@@ -108,6 +110,7 @@ def test_startup_timeout_kills_and_reports(tmp_path):
     assert not out.strip()
 
 
+@pytest.mark.slow
 def test_watchdog_stops_server_when_owner_dies(tmp_path, fake_python, monkeypatch):
     owner = subprocess.Popen(["sleep", "600"])
     monkeypatch.setenv("SPECMATCH_OWNER_PID", str(owner.pid))
@@ -190,6 +193,7 @@ def test_the_engines_own_check_runs_beside_the_start_up_and_a_refusal_stops_the_
     assert wait_dead(a.pid, 30)
 
 
+@pytest.mark.slow
 def test_the_engines_check_does_not_outlive_the_process_that_started_it(tmp_path):
     """The speculative-key check imports vLLM in a child python (about 12 s, in a thread beside the
     start-up). When the process that started it ends (a killed Snakemake, or a launch that failed
@@ -261,6 +265,7 @@ def test_clean_allocations_keeps_everything_when_slurm_cannot_be_asked(tmp_path)
     assert clean_allocations(tmp_path / "none") == []
 
 
+@pytest.mark.slow
 def test_clean_allocations_waits_for_an_allocation_still_completing(tmp_path):
     from specmatch.serving.server import clean_allocations
 
@@ -280,6 +285,7 @@ def test_end_of_run_creates_no_state_folder_on_a_host_that_ran_no_server(tmp_pat
     assert not (tmp_path / "results").exists()
 
 
+@pytest.mark.slow
 def test_a_terminated_cell_says_why_in_its_log_and_dies_of_the_signal(tmp_path):
     """What a cell does when SLURM ends its allocation (SIGTERM to every process of the job): it says
     so on stderr (the cell's log) and dies of the signal, so nothing is written after it."""
@@ -329,6 +335,7 @@ def test_any_step_ended_by_slurm_says_why_even_while_it_loads(tmp_path):
             "(squeue: COMPLETING None); it is aborted and writes no result") in err
 
 
+@pytest.mark.slow
 def test_the_entry_point_installs_the_notice_first_and_leaves_the_watchdog_its_own():
     probe = ("import runpy, signal, sys\n"
              f"sys.path.insert(0, {str(REPO / 'workflow')!r})\n"
@@ -352,6 +359,7 @@ def test_the_entry_point_installs_the_notice_first_and_leaves_the_watchdog_its_o
                           timeout=60).stdout.split() == ["False", "True"]
 
 
+@pytest.mark.slow
 def test_a_jobs_snakemake_orphaned_inside_an_allocation_ends_with_what_it_started(tmp_path):
     """SLURM's linuxproc tracking loses a job's Snakemake once its parent shell has died of the
     allocation's SIGTERM, and Snakemake's SIGTERM handler can hang: the guard ends it (and its
@@ -398,6 +406,7 @@ def test_a_jobs_snakemake_orphaned_inside_an_allocation_ends_with_what_it_starte
                 os.kill(pid, signal.SIGKILL)
 
 
+@pytest.mark.slow
 def test_a_job_whose_parent_was_gone_before_the_guard_started_is_ended_too(tmp_path):
     code = ("import os, sys, time\n"
             f"sys.path.insert(0, {str(REPO / 'workflow')!r})\n"

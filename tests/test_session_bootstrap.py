@@ -119,26 +119,37 @@ def test_the_verdicts_interval_is_a_sessions_and_wider_than_the_turns():
     assert [d for k, (_, d) in a.parts.parts.items() if k[0] == "w"] == [7]
 
 
-@pytest.mark.slow
-def test_session_verdicts_keep_their_error_rate_where_turn_verdicts_do_not():
+def session_false_call_rates(n: int, seed: int = 1000) -> tuple[float, float, int]:
     """Identical servers on average whose speedup varies by session (log-sd 0.20 shared by its 2-6 turns,
-    0.03 per turn), 8 sessions, 2 repeats, c = 1 and 4, throughput and TPOT at 90%: the share of
-    verdicts that call them different. Measured (400 experiments, 1,600 verdicts): by session 11.4%, by
-    turn 42%. Thresholds: by session within nominal +/- 2.3 Monte-Carlo se (verdicts of one experiment
-    share its sessions: the se counts experiments, not verdicts); by turn above twice the nominal rate."""
-    n = 400
+    0.03 per turn), 8 sessions, 2 repeats, c = 1 and 4, throughput and TPOT at 90%, n experiments: the
+    share of verdicts that call them different by session and by turn (the same data), and the verdicts."""
     sess, turn, total = 0, 0, 0
-    for seed in range(n):
-        a, k = false_calls(analyse(session_cells(1000 + seed, turns=(2, 6)), "base", SETTINGS))
-        b, _ = false_calls(analyse(session_cells(1000 + seed, turns=(2, 6), with_sessions=False), "base", SETTINGS))
+    for e in range(n):
+        a, k = false_calls(analyse(session_cells(seed + e, turns=(2, 6)), "base", SETTINGS))
+        b, _ = false_calls(analyse(session_cells(seed + e, turns=(2, 6), with_sessions=False), "base", SETTINGS))
         sess, turn, total = sess + a, turn + b, total + k
-    rate_s, rate_t = sess / total, turn / total
+    return sess / total, turn / total, total
+
+
+@pytest.mark.slow   # 40 experiments (about 5 s of CPU)
+def test_session_verdicts_keep_their_error_rate_where_turn_verdicts_do_not():
+    """Verdicts that resample whole sessions call identical servers different at about the nominal 10%;
+    by turn, 42% (400 experiments, 1,600 verdicts: by session 11.4%; bench/simulation_figures.py
+    session-verdicts). Thresholds: by session within nominal +/- 3 Monte-Carlo se (verdicts of one
+    experiment share its sessions: the se counts experiments, not verdicts); by turn above twice the
+    nominal rate."""
+    n = 40
+    rate_s, rate_t, total = session_false_call_rates(n)
     print(f"\nfalse calls at nominal 10%: by session {rate_s:.3f}, by turn {rate_t:.3f} ({total} verdicts, {n} experiments)")
-    assert abs(rate_s - 0.10) <= 2.3 * math.sqrt(0.09 / n)
+    assert abs(rate_s - 0.10) <= 3 * math.sqrt(0.09 / n)
     assert rate_t >= 0.20
 
 
 def test_a_session_worker_runs_its_turns_back_to_back_and_a_suite_of_c_sessions_is_one_wave():
+    """The drain of a wave read from when its last session started: from the last turn sent, the intervals
+    at c = 16 with 16 sessions were too narrow (Var / se^2 1.47 and 1.42 over 150 simulated waves, 0.97-1.12
+    read from the last start: bench/simulation_figures.py session-wave). Shown to fail: with Arrays.of
+    leaving drain_from unset, the assertion on it fails."""
     from specmatch.calibration.des import Engine, serve
 
     lab = np.repeat(np.arange(4), 3)
@@ -184,25 +195,3 @@ def wave_cells(seed: int, sessions: int = 16, turns: int = 3, sigma: float = 0.3
                                 session=f"{name}-r{r}")
                 cells.append((res, req.with_columns(pl.Series("session_id", [f"s{x}" for x in lab]))))
     return cells
-
-
-@pytest.mark.slow
-def test_a_session_wave_at_full_concurrency_has_honest_intervals():
-    """16 sessions of 3 turns at c = 16 (one wave, the batch shrinking as sessions end) on the
-    discrete-event server: the spread of the estimates over experiments against the stated se. The
-    truth at c = 16 is not 1 (heterogeneous sessions change the wave), so calibration is judged by
-    Var(estimate) / mean(se^2). Measured (150 experiments each): 1.12 and 1.12 (throughput, TPOT) here,
-    0.97 and 0.95 on other seeds, with the drain read from when the last session started; 1.47 and 1.42
-    on those seeds from the last turn sent (the intervals too narrow). Threshold: within [0.75, 1.3] (the ratio's sampling error at 150 is about
-    0.12)."""
-    est: dict = {}
-    for seed in range(150):
-        an = analyse(wave_cells(2000 + seed), "base", SETTINGS)
-        for metric in ("output_throughput", "tpot"):
-            x = next(x for x in an.comparisons[("spec", "sess", metric)] if x.concurrency == 16)
-            est.setdefault(metric, []).append((x.estimate, x.se))
-    for metric, got in est.items():
-        e, s = np.array(got).T
-        ratio = e.var(ddof=1) / (s ** 2).mean()
-        print(f"\n{metric} at c=16, one session wave: Var/se^2 {ratio:.2f}")
-        assert 0.75 <= ratio <= 1.3, (metric, ratio)

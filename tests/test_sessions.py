@@ -28,6 +28,7 @@ def replay(srv, sessions, c=1, settings=SETTINGS, **kw):
                                     {"return_token_ids": True}, **kw)), runs
 
 
+@pytest.mark.slow
 def test_turns_are_sent_in_order_with_the_history_the_previous_answer_made(fake_server):
     """Live: turn t's prompt is the data's text with the server's own earlier answers in it (the fake's
     answer is a function of the prompt, as greedy decoding is); recorded: the data's answers."""
@@ -62,6 +63,7 @@ def answers_of(srv, prompt, n=4):
     return "".join(srv.script(prompt, n, False)[1])
 
 
+@pytest.mark.slow
 def test_the_chat_endpoint_sends_the_history_as_messages(fake_server):
     srv = fake_server(words=True, ttft=0.001, itl=0.001, tokens=3)
     s = session(0, texts(0, 2))
@@ -73,6 +75,7 @@ def test_the_chat_endpoint_sends_the_history_as_messages(fake_server):
         + s.turns[1].messages
 
 
+@pytest.mark.slow
 def test_sessions_reach_an_endpoint_under_a_path_prefix(fake_server):
     srv = fake_server(words=True, ttft=0.001, itl=0.001, tokens=3, prefix="/team/llm")
     (records, outcome), _ = replay(srv, [session(i, texts(i, 2)) for i in range(2)], c=2)
@@ -80,6 +83,7 @@ def test_sessions_reach_an_endpoint_under_a_path_prefix(fake_server):
     assert outcome.turns_sent == 4 and len(srv.log) == 4
 
 
+@pytest.mark.slow
 def test_prefix_cache_is_reset_before_the_cell_and_not_within_a_session(tmp_path, fake_server):
     srv = fake_server(words=True, cache=True, ttft=0.001, itl=0.001, tokens=4)
     ss = [session(i, texts(i)) for i in range(4)]
@@ -101,6 +105,7 @@ def test_prefix_cache_is_reset_before_the_cell_and_not_within_a_session(tmp_path
     assert cell["num_prompts"] == 12 and cell["suite_prompts"] == 4 and cell["prefix_cache_hit_share"] > 0.4
 
 
+@pytest.mark.slow
 def test_concurrency_counts_sessions_in_flight(fake_server):
     """Each worker runs one session at a time, turn after turn: at c=2 two sessions are in flight,
     never two turns of one session."""
@@ -154,6 +159,7 @@ def test_one_server_without_a_salt_keeps_the_configured_passes_for_every_server(
     assert pass_salt(1) == "specmatch-pass-1" and pass_salt(1, "team") == "team-specmatch-pass-1"
 
 
+@pytest.mark.slow
 def test_each_pass_replays_its_sessions_under_its_own_cache_salt(tmp_path, fake_server):
     """4 sessions at c=2 with two sessions per worker... and 4 per worker asked: two passes, the second
     under its own salt. Within a pass a session's turns hit their own history and the shared system
@@ -191,6 +197,7 @@ def test_each_pass_replays_its_sessions_under_its_own_cache_salt(tmp_path, fake_
     assert any("server other: no field" in w for w in cell.get("warnings") or [])
 
 
+@pytest.mark.slow
 def test_a_session_whose_server_fails_mid_way_is_counted_not_dropped(tmp_path, fake_server):
     srv = fake_server(words=True, ttft=0.001, itl=0.001, tokens=4)
     bad = texts(1)
@@ -211,6 +218,7 @@ def test_a_session_whose_server_fails_mid_way_is_counted_not_dropped(tmp_path, f
     assert cell["sessions"]["cut_short"] == {"failed": 1} and cell["sessions"]["turns_not_sent"] == 1
 
 
+@pytest.mark.slow
 def test_a_session_stops_before_a_turn_beyond_the_served_context(tmp_path, fake_server):
     """The next turn's context is predicted from the server's usage plus what the data adds; a turn
     that would not fit (max_model_len less max_tokens, or max_prompt_tokens) is not sent, and the
@@ -235,6 +243,7 @@ def test_a_session_stops_before_a_turn_beyond_the_served_context(tmp_path, fake_
     assert "max_prompt_tokens 12" in cell["sessions"]["examples"][0]["why"] and cell["completed"] == 1
 
 
+@pytest.mark.slow
 def test_the_same_sessions_in_the_same_order_on_every_server(fake_server):
     a = fake_server(words=True, ttft=0.001, itl=0.001, tokens=3)
     b = fake_server(words=True, ttft=0.001, itl=0.001, tokens=3, spec={"k": 2, "accept": 1})

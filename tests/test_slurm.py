@@ -32,7 +32,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from builders import REPO, copy_workflow, run, snakemake_cmd
+from builders import REPO, copy_workflow, run
 from specmatch.records import CellResult, LaunchRecord
 
 pytestmark = pytest.mark.slow
@@ -143,7 +143,10 @@ def wd(tmp_path_factory, slurm, endpoint):
 
 
 def sm_cmd(*args) -> list[str]:
-    return snakemake_cmd() + ["--profile", "profiles/slurm", "--configfile", "slurm.yaml", *LOCAL, *args]
+    """Snakemake with profiles/slurm, through tests/slurm_snakemake.py: the plugin looks at the queue every
+    2 s (its own pauses grow to minutes while nothing ends), from the first look on."""
+    return [sys.executable, str(REPO / "tests" / "slurm_snakemake.py"), "--profile", "profiles/slurm",
+            "--configfile", "slurm.yaml", *LOCAL, "--seconds-between-status-checks", "1", *args]
 
 
 def sm(wd, slurm, *args, timeout=600):

@@ -29,6 +29,7 @@ def collecting(n, text, protocol, ignore_eos, max_tokens=12):
     return reqs
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("protocol", ["openai-completions", "openai-chat", "sglang-generate"])
 @pytest.mark.parametrize("incremental", [False, True])
 def test_outputs_are_kept_and_the_natural_stop_is_measured(fake_server, protocol, incremental):
@@ -106,6 +107,7 @@ NATURAL = {**REQ, "passes": 1, "max_tokens": 10, "ignore_eos": False}
 TEXTS = [f"question {i} about the file" for i in range(6)]
 
 
+@pytest.mark.slow
 def test_greedy_outputs_agree_and_the_summary_says_so(tmp_path, fake_server):
     kw = dict(words=True, eos_at=lambda p: 3 + len(p) % 5, ttft=0.002, itl=0.002, tokens=10)
     servers = {"baseline": fake_server(**kw), "spec": fake_server(**kw, spec={"k": 3, "accept": 1})}
@@ -122,6 +124,7 @@ def test_greedy_outputs_agree_and_the_summary_says_so(tmp_path, fake_server):
     assert all(p["past_stop_tokens"] == 0 for p in stop["past_stop"])
 
 
+@pytest.mark.slow
 def test_a_server_whose_outputs_diverge_is_reported_by_the_summary(tmp_path, fake_server):
     kw = dict(words=True, eos_at=7, ttft=0.002, itl=0.002, tokens=10)
     lossy = fake_server(**kw, diverge=lambda p: 2 if "question 1" in p or "question 4" in p else None)
@@ -137,6 +140,7 @@ def test_a_server_whose_outputs_diverge_is_reported_by_the_summary(tmp_path, fak
     assert "compare them per token: TPOT" in md
 
 
+@pytest.mark.slow
 def test_tokens_past_the_natural_stop_are_counted_and_warned_about(tmp_path, fake_server):
     kw = dict(words=True, eos_at=4, ttft=0.002, itl=0.002, tokens=10)
     servers = {"baseline": fake_server(**kw), "spec": fake_server(**kw, spec={"k": 3, "accept": 1})}
@@ -152,6 +156,7 @@ def test_tokens_past_the_natural_stop_are_counted_and_warned_about(tmp_path, fak
     assert any("after the model's own end-of-sequence token" in w for w in cell["warnings"])
 
 
+@pytest.mark.slow
 def test_session_suites_in_the_summary(tmp_path, fake_server):
     """A session suite through cells and the summary: its sessions, prefix-cache hits and TTFT by turn,
     the session throughput against the baseline, and turns that diverge counted once per session."""

@@ -12,6 +12,7 @@ def reqs(n, text="hello world", protocol="openai-completions"):
     return load_requests(n, text, protocol)
 
 
+@pytest.mark.slow
 def test_e2e_ends_at_the_last_token_chunk_not_the_usage_chunk(fake_server):
     """Defect 9: e2e ended after the usage chunk and [DONE]; vLLM ends at the last chunk with choices."""
     srv = fake_server(tokens=10, ttft=0.05, itl=0.01, usage_delay=0.3)
@@ -19,6 +20,7 @@ def test_e2e_ends_at_the_last_token_chunk_not_the_usage_chunk(fake_server):
     assert r.ok and r.e2e_s == pytest.approx(0.05 + 9 * 0.01, abs=0.04)  # not + 0.3
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("protocol", ["openai-completions", "openai-chat"])
 def test_ttft_counts_the_first_chunk_with_choices_even_if_empty(fake_server, protocol):
     """Defect 9: TTFT counted only non-empty content; vLLM counts the first chunk that carries choices."""
@@ -28,6 +30,7 @@ def test_ttft_counts_the_first_chunk_with_choices_even_if_empty(fake_server, pro
     assert len(r.arrivals_s) == 6 and r.output_tokens == 5
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("incremental", [False, True])
 def test_sglang_stream_counts_every_arrival(fake_server, incremental):
     """Defect 10: with --incremental-streaming-output (delta text) the `len(text) > seen` check dropped
@@ -42,6 +45,7 @@ def test_sglang_stream_counts_every_arrival(fake_server, incremental):
         assert r.num_spec_steps == 4 and r.acceptance_length == pytest.approx(3.0)
 
 
+@pytest.mark.slow
 def test_sglang_error_event_is_reported_as_its_error(fake_server):
     """Defect 10: an SGLang error event was reported as "no usage"."""
     srv = fake_server(tokens=4)
@@ -49,6 +53,7 @@ def test_sglang_error_event_is_reported_as_its_error(fake_server):
     assert not r.ok and r.error == "server error: scripted SGLang failure"
 
 
+@pytest.mark.slow
 def test_definitions_are_written_into_every_cell(tmp_path, fake_server):
     import json
 

@@ -15,6 +15,7 @@ from specmatch.reporting.loadgen import load_generator_lines
 from specmatch.reporting.summary import main as summary_main
 
 
+@pytest.mark.slow
 def test_speedup_crossover_and_schedule(tmp_path):
     cells = experiment(np.random.default_rng(0), {1: 1.5, 4: 1.2, 16: 0.6}, repeats=3, session_sd=0.01, cell_sd=0.01)
     out, md = run_summary(tmp_path, cells, {"baseline": None, "spec": SPEC})
@@ -34,6 +35,7 @@ def test_speedup_crossover_and_schedule(tmp_path):
         assert (out / f).exists(), f
 
 
+@pytest.mark.slow
 def test_never_pays_and_everywhere(tmp_path):
     cells = experiment(np.random.default_rng(1), 0.5, repeats=2, session_sd=0.01, cell_sd=0.01) + [
         (r, q) for r, q in experiment(np.random.default_rng(2), 2.0, repeats=2, session_sd=0.01, cell_sd=0.01)
@@ -46,6 +48,7 @@ def test_never_pays_and_everywhere(tmp_path):
     assert recs["fast"]["action"] == "keep" and recs["fast"]["as_configured"] and recs["fast"]["deploy"]["flag"] is None
 
 
+@pytest.mark.slow
 def test_no_schedule_is_recommended_from_noise(tmp_path):
     cells = experiment(np.random.default_rng(3), {1: 1.05, 4: 1.0, 16: 0.95}, repeats=2)
     out, md = run_summary(tmp_path, cells, {"baseline": None, "spec": SPEC})
@@ -73,6 +76,7 @@ def test_load_generator_section_names_the_clock_and_every_warning():
     assert "older specmatch" in old
 
 
+@pytest.mark.slow
 def test_recommended_server_cells_join_the_tables_but_not_the_decision(tmp_path):
     """The recommend step derived `spec__recommended` and the workflow measured it: its cells get
     verdicts and verify the recommendation, while the recommendation stays the primary grid's."""
@@ -107,6 +111,7 @@ def test_recommended_server_cells_join_the_tables_but_not_the_decision(tmp_path)
     assert "of `baseline` at c=16: the schedule's switch costs throughput" in (out / "summary.md").read_text()
 
 
+@pytest.mark.slow
 def test_why_it_pays_names_what_drafting_cannot_explain(tmp_path):
     """A server whose steps cost about half a plain decode step (tau 1.25, rho 0.55: the embedded
     default's eagle3 at c=1) 'pays', but never as the drafter's doing: the verdict line says so, the
@@ -148,6 +153,7 @@ def test_controls_not_expressible_are_said():
     assert uncontrolled({}, configs, "baseline") == {}
 
 
+@pytest.mark.slow
 def test_a_gain_of_the_configuration_alone_is_never_the_drafters(tmp_path):
     from specmatch.calibration.simulate import decomposed_experiment
 
@@ -224,6 +230,7 @@ def test_the_report_decides_nothing():
             assert ok, f"reporting imports {module}.{name}, which is not a record, a container of records or a name"
 
 
+@pytest.mark.slow
 def test_the_decision_records_read_back_as_written(tmp_path):
     """Every file the decide step writes is its record's serialisation: read back, it writes the same
     JSON, so the summary renders exactly what was decided."""
@@ -249,6 +256,7 @@ def test_the_decision_records_read_back_as_written(tmp_path):
         assert (out / f"{f}.prov.json").exists() and json.loads((out / f"{f}.prov.json").read_text())["rule"] == "decide"
 
 
+@pytest.mark.slow
 def test_the_summary_reads_the_records_not_the_requests(tmp_path):
     """Re-rendering from the records alone, after the request files are gone, gives the same report."""
     cells = experiment(np.random.default_rng(0), {1: 1.5, 4: 1.2, 16: 0.6}, repeats=2, session_sd=0.01, cell_sd=0.01)
@@ -262,6 +270,7 @@ def test_the_summary_reads_the_records_not_the_requests(tmp_path):
     assert {p.name: p.read_bytes() for p in (out / "plots").glob("*.png")} == plots
 
 
+@pytest.mark.slow
 def test_the_recommend_step_writes_its_derived_servers_as_records(tmp_path):
     """servers.json is the DerivedServers serialisation: a schedule that stops speculating above c=4
     derives `spec__recommended` (its config carries the schedule, never `suites`), and the file reads
@@ -309,6 +318,7 @@ def test_one_formatter_writes_unknown_as_a_dash_and_unbounded_as_infinity():
     assert row == "| 2 | 1.40x [—, ∞] pays |"
 
 
+@pytest.mark.slow
 def test_a_schedule_with_plain_steps_says_over_how_many_steps_its_acceptance_was_measured():
     """The engine's acceptance length of a schedule that runs plain steps at some batch sizes counts its
     speculative steps only: the speedup table and the table of every cell both say over how many (the

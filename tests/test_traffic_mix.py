@@ -69,6 +69,7 @@ def test_the_training_mix_is_always_a_profile(tmp_path, tok, tok_dir):
     assert TrafficProfiles.from_json(json.loads(json.dumps(got.to_json()))) == got
 
 
+@pytest.mark.slow
 def test_config_checks_what_the_config_alone_shows():
     cfg = shipped_config()
     ok = validate({**cfg, "traffic": {"gen": {"mix": {"training_mix": 0.6, "generic": 0.4}, "verify": True}}})
@@ -219,6 +220,7 @@ def test_a_verifying_suite_is_drawn_with_the_mix(tmp_path, tok, tok_dir):
     assert "from the estimation suites' own prompts" in sm.verdict and sm.disjoint_from is None
 
 
+@pytest.mark.slow
 def test_the_default_workflow_measures_a_verified_profile_on_the_whole_grid(tmp_path):
     """A dry run of the shipped k-sweep config with two profiles, one verified: the profiles are resolved right
     after inspection, the verified one gets an ordinary prompts job and the cells of every suite

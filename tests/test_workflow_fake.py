@@ -28,7 +28,7 @@ def workdir(tmp_path_factory, tok, tok_dir, endpoints):
         "servers": {"baseline": {"engine": "external", "base_url": endpoints["base"], "flavor": "vllm"},
                     "eagle": {"engine": "external", "base_url": endpoints["spec"], "flavor": "vllm"}},
         "baseline": "baseline", "concurrency": [1, 2], "repeats": 2,
-        "requests": {"warmup": 1, "max_tokens": 12},
+        "requests": {"warmup": 1, "max_tokens": 12, "on_interference": "flag"},   # a shared machine: neighbours flagged, not remeasured
         "summary": {"bootstrap": 200},
     }
     (wd / "test.yaml").write_text(yaml.safe_dump(cfg))
@@ -59,8 +59,8 @@ def test_full_run_then_nothing_then_exact_reruns(workdir):
               "verdicts.json", "recommendations.json"):
         assert (res / "summary" / f).exists(), f
     assert not list(res.rglob("*.partial*"))
-    # second run: nothing to do
-    out = sm(workdir, "-n").stdout
+    # second run: nothing to do (a dry run needs no --cores: test_commands_without_cores_work)
+    out = run(snakemake_cmd() + ["--configfile", "test.yaml", "-n"], workdir).stdout
     assert "Nothing to be done" in out
     # one concurrency changed: only the new cells (both repeats), the recommendation and the summary
     counts = job_counts(sm(workdir, "-n", "--config", "concurrency=[1, 3]").stdout)
@@ -173,15 +173,15 @@ def test_snakemake_report_has_the_verdict_and_plots(workdir):
         assert needle in html, needle
 
 
-@pytest.mark.slow  # three Snakemake runs on the test workflow: about 10 s
+@pytest.mark.slow  # two Snakemake runs on the test workflow: several seconds
 def test_commands_without_cores_work(workdir):
     """`--unlock`, `--summary` and a dry run take no `--cores`: no rule may need the core count
-    while the rules are parsed (a `threads: workflow.cores` did, and `--unlock` failed)."""
+    while the rules are parsed (a `threads: workflow.cores` did, and `--unlock` failed). The dry run
+    without it is test_full_run_then_nothing_then_exact_reruns's "nothing to be done"."""
     base = snakemake_cmd() + ["--configfile", "test.yaml"]
     unlock = run(base + ["--unlock"], workdir)
     assert "Unlocked" in unlock.stdout + unlock.stderr   # one run's own output (Snakemake logs to stderr)
     run(base + ["--summary"], workdir)
-    run(base + ["-n"], workdir)
 
 
 @pytest.fixture(scope="module")
@@ -200,7 +200,7 @@ def seq_workdir(tmp_path_factory, tok, tok_dir, endpoints):
         "servers": {"baseline": base, "copy": dict(base),
                     "eagle": {"engine": "external", "base_url": endpoints["spec"], "flavor": "vllm"}},
         "baseline": "baseline", "concurrency": [1, 2], "repeats": {"min": 2, "max": 3, "min_probability": 0},
-        "requests": {"warmup": 1, "max_tokens": 12},
+        "requests": {"warmup": 1, "max_tokens": 12, "on_interference": "flag"},   # a shared machine: neighbours flagged, not remeasured
         "summary": {"bootstrap": 200, "min_effect": 0.001},
     }
     (wd / "test.yaml").write_text(yaml.safe_dump(cfg))

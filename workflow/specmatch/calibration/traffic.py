@@ -232,16 +232,16 @@ def traffic_experiment(seed: int, concurrencies=(1, 4), size: int = 16, repeats:
     return an, traffic_report(an, traffic_profiles(profiles), [], lines=lines)
 
 
-def break_even_truth(seed: int, c: int, size: int, points: int = 11, suites: int = 300) -> dict:
+def break_even_truth(seed: int, c: int, size: int, points: int = 11, suites: int = 300, rho=None) -> dict:
     """Per metric, where the true speedup crosses 1 along the line from the training mix toward
     `generic` (the generic share), interpolated between `points` shares on log speedup (None: no
-    crossing)."""
+    crossing); `rho`: traffic_truth's."""
     shares = np.linspace(0, 1, points)
     ys = []
     for s in shares:
         mix = {k: (1 - s) * v for k, v in SOURCES.items()}
         mix["generic"] = s
-        ys.append(traffic_truth(seed, {k: v for k, v in mix.items() if v > 0}, size, c, suites))
+        ys.append(traffic_truth(seed, {k: v for k, v in mix.items() if v > 0}, size, c, suites, rho=rho))
     out = {}
     for metric in ("output_throughput", "tpot"):
         y = [t[metric] for t in ys]
@@ -251,30 +251,39 @@ def break_even_truth(seed: int, c: int, size: int, points: int = 11, suites: int
 
 
 def _experiment_rows(a: tuple) -> list:
-    seed, concurrencies, size, break_even, small, noise, world, designs = a
+    seed, concurrencies, size, break_even, small, noise, world, designs, rho = a
     w = WORLDS[world]
     profiles = w.get("profiles") if not break_even else {"training_mix": PROFILES["training_mix"]}
     return traffic_experiment(seed, concurrencies, size, lines=break_even, basis=w.get("basis") or basis_counts(size, small),
-                              request_sd=noise, profiles=profiles, engine=w.get("engine"), strata=w.get("strata"),
-                              designs=designs)[1]
+                              profiles=profiles, engine=w.get("engine"), strata=w.get("strata"), designs=designs,
+                              rho=_flat(rho), **dict(noise))[1]
+
+
+def _flat(rho: float | None):
+    """A speculative step of `rho` plain steps at every batch size (None: _traffic_rho's)."""
+    return None if rho is None else lambda b: rho
 
 
 def coverage(experiments: int, concurrencies=(1, 4), size: int = 16, seed: int = 1000, truth_suites: int = 400,
              break_even: bool = False, small: int | None = None, request_sd: float = 0.0,
-             world: str = "linear", designs: bool = True) -> dict:
+             world: str = "linear", designs: bool = True, session_sd: float = 0.02, cell_sd: float = 0.02,
+             rho: float | None = None) -> dict:
     """Per (profile, concurrency, metric): how often the truth lies inside the predicted interval, with
     the Monte-Carlo standard error, the mean log width, and the prediction's bias and sd; with
     `break_even`, how often the true break-even share toward generic lies in [lo, hi]. `small`: prompts
     of the basis suite's agent and chat strata (basis_counts; 3 is the default workflow's smallest);
-    `request_sd`: heavy-tailed request noise (traffic_cells); `world`: WORLDS (its engine, strata, basis
-    suite and profiles); `designs`: traffic_experiment's. Each row also counts how often its prediction was
-    marked extrapolated."""
+    `request_sd`, `session_sd`, `cell_sd`: heavy-tailed request noise and run to run (traffic_cells);
+    `world`: WORLDS (its engine, strata, basis suite and profiles); `designs`: traffic_experiment's; `rho`:
+    a speculative step of that many plain steps at every batch size (default: 1.25 / 1.5 / 2.3 at batch
+    1 / 4 / 16). Each row also counts how often its prediction was marked extrapolated."""
     w = WORLDS[world]
-    truth = {(p, c): traffic_truth(seed - 1, m, size, c, truth_suites, strata=w.get("strata"), engine=w.get("engine"))
+    truth = {(p, c): traffic_truth(seed - 1, m, size, c, truth_suites, strata=w.get("strata"), rho=_flat(rho),
+                                   engine=w.get("engine"))
              for p, m in (w.get("profiles") or PROFILES).items() for c in concurrencies}
-    be_truth = {c: break_even_truth(seed - 2, c, size) for c in concurrencies} if break_even else {}
+    be_truth = {c: break_even_truth(seed - 2, c, size, rho=_flat(rho)) for c in concurrencies} if break_even else {}
     hits: dict = {}
-    jobs = [(_experiment_rows, (seed + e, tuple(concurrencies), size, break_even, small, request_sd, world, designs))
+    noise = (("cell_sd", cell_sd), ("request_sd", request_sd), ("session_sd", session_sd))
+    jobs = [(_experiment_rows, (seed + e, tuple(concurrencies), size, break_even, small, noise, world, designs, rho))
             for e in range(experiments)]
     for rows in run_tasks(jobs):   # each experiment is its seed's: the same rows in any number of processes
         for r in rows:
