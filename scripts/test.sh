@@ -3,7 +3,7 @@
 #   scripts/test.sh           everything, including the end-to-end test that runs the real workflow
 #                             against a real vLLM CPU server, the report page in a real headless
 #                             Chromium and the workflow through a real one-node SLURM
-#                             (tests/test_slurm.py, about 6.5 minutes) (what CI runs, via .ci/run)
+#                             (tests/test_slurm.py, about 10 minutes, mostly waiting) (what CI runs, via .ci/run)
 #   scripts/test.sh --quick   everything except the real-engine tests (marker vllm) and the long ones
 #                             (marker slow: calibration, whole-workflow runs, the engines' own
 #                             parsers); run it while working
