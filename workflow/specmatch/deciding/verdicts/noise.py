@@ -132,8 +132,8 @@ class RunToRun:
     dominant: dict = field(default_factory=dict)        # metric -> dominant_suite (None: no suite dominates)
     left_out: list = field(default_factory=list)        # flagged cells, not in tau^2
     session_fits: dict = field(default_factory=dict)    # metric -> SessionFit: what session_share reads
-    # metric -> {(server, suite, c): factor}: a configuration's tau^2 against its group's where the group's
-    # suites differ in cell size (cell_size_scales)
+    # metric -> {(server, suite, c): (the group's mean request part, this suite's)} where the group's suites
+    # differ in cell size (cell_size_scales; applied by size_scaled)
     scales: dict = field(default_factory=dict)
 
     @property
@@ -150,8 +150,11 @@ class RunToRun:
         `suite`, scaled to that suite's cells where its group's suites differ in size (cell_size_scales)."""
         g = self.groups.get(metric, {})
         if (server, c) in g:
-            factor = self.scales.get(metric, {}).get((server, suite, c))
-            return g[(server, c)] if factor is None else VarianceSum().plus(g[(server, c)], factor)
+            parts = self.scales.get(metric, {}).get((server, suite, c))
+            if parts is None or g[(server, c)].total <= 0:
+                return g[(server, c)]
+            total = g[(server, c)].total
+            return VarianceSum().plus(g[(server, c)], size_scaled(total, *parts) / total)
         lv = self.levels.get(metric, {})
         if c in lv:
             return lv[c]
@@ -385,13 +388,21 @@ def _run_to_run(m: Measurements, servers: list[str] | None) -> RunToRun:
 SIZE_RATIO = 1.5
 
 
+def size_scaled(tau2: float, mean: float, own: float) -> float:
+    """A suite's tau^2 from its group's: the requests' part the group holds (`mean`, the suites' dof-weighted
+    mean of nu / n) swapped for the suite's own (`own`, nu / n_k), at least `own`. Additive on the group's
+    (shrunk) tau^2: a factor (s^2 - mean + own) / s^2 read off the raw s^2 and multiplied into the shrunk
+    tau^2 grew without bound where s^2 ran low by chance (a 99th percentile of 12x in an audit's
+    simulation, 16/16/96-request suites)."""
+    return max(tau2 - mean + own, own)
+
+
 def cell_size_scales(m: Measurements, metric: str, cfgs: list, keys: dict) -> dict:
-    """{(server, suite, c): factor} for the configurations of every group (server, c) whose suites' cells
-    differ in size by SIZE_RATIO or more (a 96-turn session suite beside 16-prompt suites): a
-    configuration's tau^2 is its group's pooled one with the requests' own noise taken at its own cell's
-    size. tau^2 = conditions (a session's, a cell's) + the requests' noise of a cell, nu / n for n
-    requests; the group's pooled s^2 holds the second at the suites' dof-weighted mean of nu / n, so the
-    factor is (s^2 - mean(nu / n) + nu / n_k) / s^2, at least (nu / n_k) / s^2. nu, a request's own noise,
+    """{(server, suite, c): (mean, own)} for the configurations of every group (server, c) whose suites'
+    cells differ in size by SIZE_RATIO or more (a 96-turn session suite beside 16-prompt suites): a
+    configuration's tau^2 is its group's with the requests' own noise taken at its own cell's size
+    (size_scaled). tau^2 = conditions (a session's, a cell's) + the requests' noise of a cell, nu / n for n
+    requests; the group's tau^2 holds the second at the suites' dof-weighted mean of nu / n. nu, a request's own noise,
     is pooled over the group's suites from each configuration's bootstrap (the part of its repeats'
     resampled variance they do not share: request_variance, times n). Pooled as they were, a 96-request
     cell's intervals came out too wide and the 16-prompt suites' beside it too narrow."""
@@ -411,7 +422,7 @@ def cell_size_scales(m: Measurements, metric: str, cfgs: list, keys: dict) -> di
         if s2 <= 0 or nu <= 0:
             continue
         for cfg, _q, _d in members:
-            out[cfg] = max(s2 - mean + nu / sizes[cfg], nu / sizes[cfg]) / s2
+            out[cfg] = (mean, nu / sizes[cfg])
     return out
 
 
