@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import math
 import os
 import re
 import shutil
@@ -466,3 +467,8 @@ def run_summary(tmp_path, cells, servers, suites=("s",), settings=None):
                             "--servers", json.dumps(cfgs), "--requests", *rp, "--launches", *lp, "--suites", *suites],
                       cp)
     return out, (out / "summary.md").read_text()
+
+
+def coverage_gate(n: int, nominal: float = 0.9) -> float:
+    """A coverage gate of n simulated experiments: the nominal level less 3 binomial Monte-Carlo errors."""
+    return nominal - 3 * math.sqrt(nominal * (1 - nominal) / n)

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 import yaml
 
-from builders import REPO, vllm_installed
+from builders import REPO, coverage_gate, vllm_installed
 
 from specmatch.calibration import stepcost as cal
 from specmatch.calibration.des import serve
@@ -59,7 +59,7 @@ def test_the_map_recovers_a_known_step_cost_and_says_where_it_extrapolates():
 
 def covers(v: dict, n: int) -> bool:
     """A 90% interval's coverage over n experiments at nominal within 3 Monte-Carlo errors (binomial at 90%)."""
-    return v["coverage"] >= 0.9 - 3 * math.sqrt(0.09 / n)
+    return v["coverage"] >= coverage_gate(n)
 
 
 COVERAGE_N = 40   # experiments per world: coverage must reach 0.76 (the audit's defect covered 0.55)

@@ -7,7 +7,7 @@ import math
 import numpy as np
 import pytest
 
-from builders import traffic_cells, traffic_experiment, traffic_profiles, traffic_truth
+from builders import coverage_gate, traffic_cells, traffic_experiment, traffic_profiles, traffic_truth
 from specmatch.calibration.traffic import PROFILES, break_even_truth, coverage
 from specmatch.config import TRAINING_MIX
 from specmatch.deciding.analysis import analyse
@@ -197,11 +197,6 @@ def one_process(monkeypatch):
     monkeypatch.setenv("SPECMATCH_CALIBRATION_WORKERS", "1")
 
 
-def _gate(n: int, nominal: float = 0.9) -> float:
-    """A coverage gate: nominal less 3 Monte-Carlo standard errors of n experiments."""
-    return nominal - 3 * math.sqrt(nominal * (1 - nominal) / n)
-
-
 @pytest.mark.slow   # 10 experiments of c=1 and c=4 (about 15 s of CPU)
 def test_predictions_cover_the_true_mixed_speedup_at_c1_and_a_batched_concurrency(one_process):
     """Every profile's 90% interval at c=1 (closed form) and c=4 (simulated suites) covers the truth, on
@@ -211,7 +206,7 @@ def test_predictions_cover_the_true_mixed_speedup_at_c1_and_a_batched_concurrenc
     for (profile, c, metric), v in got["rows"].items():
         assert v["n"] == 10
         # 90% intervals, not uselessly wide
-        assert v["coverage"] >= _gate(10), (profile, c, metric, v)
+        assert v["coverage"] >= coverage_gate(10), (profile, c, metric, v)
         assert abs(v["bias"]) < 0.5 * v["sd"] + 0.02, (profile, c, metric, v)
 
 
@@ -244,7 +239,7 @@ def test_the_break_even_share_is_recovered(one_process):
     _report(got)
     for metric in ("output_throughput", "tpot"):
         v = got["rows"][("break-even", 1, metric)]
-        assert v["n"] >= 20 and v["coverage"] >= _gate(24) and abs(v["bias"]) < 0.08, (metric, v)
+        assert v["n"] >= 20 and v["coverage"] >= coverage_gate(24) and abs(v["bias"]) < 0.08, (metric, v)
 
 
 def _report(got: dict) -> None:
@@ -368,7 +363,7 @@ def test_a_superlinear_context_cost_inside_the_measured_range_is_covered_by_the_
         if p == "sessions_heavy":
             assert v["extrapolated"] == 1.0
         else:
-            assert v["extrapolated"] == 0.0 and v["coverage"] >= _gate(40), (p, metric, v)
+            assert v["extrapolated"] == 0.0 and v["coverage"] >= coverage_gate(40), (p, metric, v)
 
 
 @pytest.mark.slow
@@ -416,7 +411,7 @@ def test_the_check_agrees_at_its_level_when_right_and_catches_a_shifted_server(o
 
     right = check_calibration(8, 4, 0.0, designs=False)
     for (p, metric), v in right.items():   # at 8 experiments only the lower side of the level can fail
-        assert v["agree"] >= _gate(8), (p, metric, v)
+        assert v["agree"] >= coverage_gate(8), (p, metric, v)
     assert all(0.15 < v["detectable"] < 0.33 for k, v in right.items() if k[0] != "family"), right
     wrong = check_calibration(4, 4, 0.3, designs=False)
     for (p, metric), v in wrong.items():

@@ -45,9 +45,8 @@ import numpy as np
 from .attribution import (PerPrompt, acceptance_length, acceptance_run_to_run, common_prompts, mixed_servers,
                           tokens_per_decode_step)
 from ..verdicts.comparison import Comparison, crossovers, decision
-from ..verdicts.noise import repeat_mean_variance
 from ..reading.measurements import Measurements, Settings
-from ..verdicts.noise import RunToRun, VarianceSum
+from ..verdicts.noise import RunToRun, VarianceSum, repeat_mean_variance
 from ...records import Crossover, Decision, Interval, Record, Verdict
 from ...resample import Clusters, draws
 from ...stats import log_t_interval, t_interval

@@ -33,9 +33,8 @@ import numpy as np
 
 from .ledger import SessionLedger, session_ledger
 from ..verdicts.comparison import decision
-from ..verdicts.noise import repeat_mean_variance
 from ..reading.measurements import Measurements, Settings
-from ..verdicts.noise import RunToRun, VarianceSum
+from ..verdicts.noise import RunToRun, VarianceSum, repeat_mean_variance
 from ...controls import is_cache_arm, parent
 from ...measuring.summary import PAST_STOP_WARNING
 from ...records import Decision, Interval, Record

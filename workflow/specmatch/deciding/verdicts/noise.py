@@ -150,11 +150,10 @@ class RunToRun:
         `suite`, scaled to that suite's cells where its group's suites differ in size (cell_size_scales)."""
         g = self.groups.get(metric, {})
         if (server, c) in g:
-            parts = self.scales.get(metric, {}).get((server, suite, c))
-            if parts is None or g[(server, c)].total <= 0:
-                return g[(server, c)]
-            total = g[(server, c)].total
-            return VarianceSum().plus(g[(server, c)], size_scaled(total, *parts) / total)
+            v, parts = g[(server, c)], self.scales.get(metric, {}).get((server, suite, c))
+            if parts is None or v.total <= 0:
+                return v
+            return VarianceSum().plus(v, size_scaled(v.total, *parts) / v.total)
         lv = self.levels.get(metric, {})
         if c in lv:
             return lv[c]
