@@ -434,13 +434,14 @@ def write_cells(root: Path, cells) -> tuple[list[str], list[str]]:
     return cpaths, rpaths
 
 
-def launches(root: Path, servers: dict) -> list[str]:
+def launches(root: Path, servers: dict, kv_pools: dict | None = None) -> list[str]:
+    """Launch records of vLLM servers ({name: speculative config}), with the KV pools given by name."""
     from specmatch.files import write_json
 
     out = []
     for name, spec in servers.items():
         p = root / "servers" / name / "r1" / "launch.json"
-        write_json(p, launch_record(name, spec).to_json())
+        write_json(p, launch_record(name, spec, kv_pool=(kv_pools or {}).get(name)).to_json())
         out.append(str(p))
     return out
 
@@ -458,9 +459,9 @@ def decide_and_render(out: Path, decide_args: list[str], cells: list[str]) -> No
     assert summary_main(["--cells", *cells, "--out-dir", str(out)]) == 0
 
 
-def run_summary(tmp_path, cells, servers, suites=("s",), settings=None):
+def run_summary(tmp_path, cells, servers, suites=("s",), settings=None, kv_pools=None):
     cp, rp = write_cells(tmp_path, cells)
-    lp = launches(tmp_path, servers)
+    lp = launches(tmp_path, servers, kv_pools)
     cfgs = {n: {"engine": "vllm", "model": "m", **({"speculative": s} if s else {})} for n, s in servers.items()}
     out = tmp_path / "summary"
     decide_and_render(out, ["--baseline", "baseline", "--settings", json.dumps(settings or {"bootstrap": 300}),

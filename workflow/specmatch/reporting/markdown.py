@@ -3,7 +3,7 @@ evidence, assembled from the report's sections."""
 from __future__ import annotations
 
 from ..records import RoundPlan, SuiteMatch
-from . import answer, context, interference, kreport, stepcost, traffic
+from . import answer, context, interference, kreport, kvpool, stepcost, traffic
 from .decided import Decided
 from .design import noise_lines, sequential_lines
 from .loadgen import load_generator_lines
@@ -56,6 +56,9 @@ def markdown(d: Decided, matches: list[SuiteMatch], plans: list[RoundPlan] | Non
     step = stepcost.lines(d.stepcost)
     if step:
         lines += [""] + step
+    kv = kvpool.lines(d)
+    if kv:
+        lines += [""] + kv
     extra = context.lines(d)   # context length, natural stopping, sessions
     if extra:
         lines += [""] + extra

@@ -59,26 +59,30 @@ def model_identity(path: str | None) -> dict | None:
             "note": "weights larger than 2 GiB: hashed by names, sizes and config files"}
 
 
-def engine_warnings(log: str | Path | None, env: dict | None = None) -> list[str]:
-    """The engine's own start-up warnings in this session (the log after its last start marker, up
-    to uvicorn's "Application startup complete"), each once.
+def session_startup(log: str | Path | None, env: dict | None = None) -> str:
+    """This session's start-up lines of the server log: after its last start marker, up to uvicorn's
+    "Application startup complete" (what follows is serving or shutting down), secrets redacted (an
+    engine may echo a token: never into records)."""
+    if not log or not Path(log).is_file():
+        return ""
+    text = Path(log).read_text(errors="replace")
+    for k, v in {**os.environ, **(env or {})}.items():
+        if SECRET_KEY.search(k) and len(v) >= 6:
+            text = text.replace(v, "<redacted>")
+    text = text[text.rfind(START_MARKER) + 1:] if START_MARKER in text else text
+    return text[:text.find(STARTED)] if STARTED in text else text
+
+
+def engine_warnings(startup: str) -> list[str]:
+    """The engine's own warnings in a session's start-up lines (session_startup), each once.
 
     They say what a configuration changes besides drafting: vLLM 0.32 on CPU disables async
     scheduling and caps the scheduled tokens when n-gram speculation is configured, which is what a
     cell with speculation configured but switched off measures. Engines that log without a level
     name (SGLang 0.5.18 logs `[time] message`, utils/common.py configure_logger) contribute nothing here.
     """
-    if not log or not Path(log).is_file():
-        return []
-    text = Path(log).read_text(errors="replace")
-    for k, v in {**os.environ, **(env or {})}.items():  # an engine may echo a token: never into records
-        if SECRET_KEY.search(k) and len(v) >= 6:
-            text = text.replace(v, "<redacted>")
-    text = text[text.rfind(START_MARKER) + 1:] if START_MARKER in text else text
     out: list[str] = []
-    for line in text.splitlines():
-        if STARTED in line:  # what follows is serving (or shutting down), not start-up
-            break
+    for line in startup.splitlines():
         m = _WARNING.search(line)
         if m and (msg := m.group("msg").strip()) and msg not in out:
             out.append(msg)
@@ -112,6 +116,7 @@ def build_record(name: str, cfg: dict, att, max_batch: int, repeat: int = 1) -> 
     except (requests.RequestException, ValueError) as exc:
         models = {"error": str(exc)}
     spec = cfg.get("speculative") or {}
+    startup = session_startup(att.log, engine.user_env()) if engine.launches else ""
     return LaunchRecord(
         server=name, repeat=repeat, session=att.session, engine=cfg["engine"], flavor=engine.flavor,
         config=cfg, config_hash=att.config_hash, max_batch=max_batch,
@@ -122,8 +127,9 @@ def build_record(name: str, cfg: dict, att, max_batch: int, repeat: int = 1) -> 
         drafter=model_identity(spec.get("model")) if spec.get("model") else None,
         speculative=spec or None,
         accelerator=host(), v1_models=models, log=att.log,
-        engine_warnings=engine_warnings(att.log, engine.user_env()) if engine.launches else [],
+        engine_warnings=engine_warnings(startup),
         base_url_at_launch=att.base_url if not engine.launches else None,
+        kv_pool=engine.kv_pool(startup),
     )
 
 

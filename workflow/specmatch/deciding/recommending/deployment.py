@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from typing import Callable, TypeVar
 from ..verdicts.comparison import Comparison, compare, crossovers, decision, regions
 from ..reading.measurements import Settings
-from ...records import Decision, Outcome, Recommendation, Schedule, Verdict, Verification, VerificationRow
+from ...records import Decision, KvPool, Outcome, Recommendation, Schedule, Verdict, Verification, VerificationRow
 from ...serving.engines import Engine, adapters, get_engine
 from ...stats import t_ppf
 
@@ -125,6 +125,7 @@ class ServerInfo:
     argv: tuple = ()             # the launch command (secrets redacted), to say what differs from the baseline's
     k_source: str | None = None  # where `speculative`'s k came from when not from the config (an external endpoint's
                                  # draft counters: analysis.analyse)
+    kv_pool: KvPool | None = None  # the KV cache its engine said it admits (launch record; None: no record)
 
 
 def recommend(info: ServerInfo, suite: str, verdicts: list[Verdict], cmps: list[Comparison],

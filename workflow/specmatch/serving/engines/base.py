@@ -14,7 +14,7 @@ import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 from ...files import SpecmatchError
-from ...records import Acceptance, CellAcceptance, Deployment, Schedule
+from ...records import Acceptance, CellAcceptance, Deployment, KvPool, Schedule
 
 SECRET_KEY = re.compile(r"(key|token|secret|password|passwd|auth)", re.I)
 SECRET_FLAGS = {"--api-key", "--hf-token", "--token"}
@@ -270,6 +270,11 @@ class Engine:
     def counters(self, metrics_text: str) -> dict:
         """Server-wide cumulative counters to difference around a cell."""
         return {}
+
+    def kv_pool(self, startup: str) -> KvPool:
+        """The KV cache this engine says it admits, read from its start-up log (`startup`: one session's
+        lines, launch.session_startup)."""
+        return KvPool(False, reason=f"engine {self.name}: specmatch reads no KV pool figure from its log")
 
     # -- acceptance: one definition per engine, used for the cell, per prompt source and held-out rows
     acceptance_definition = "none: this engine reports no speculative statistics"

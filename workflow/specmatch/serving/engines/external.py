@@ -10,7 +10,7 @@ from __future__ import annotations
 import os
 
 from ...files import SpecmatchError
-from ...records import Acceptance, CellAcceptance, Deployment, Schedule
+from ...records import Acceptance, CellAcceptance, Deployment, KvPool, Schedule
 from .base import Engine
 from .sglang import SGLangEngine
 from .vllm import VLLMEngine
@@ -46,6 +46,10 @@ class ExternalEngine(Engine):
 
     def forced_acceptance(self, tau: float = 2.0) -> tuple[dict | None, str]:
         return None, "an external endpoint: nothing here restarts it with a forced acceptance length"
+
+    def kv_pool(self, startup: str) -> KvPool:
+        return KvPool(False, reason="an external endpoint: specmatch did not start it and reads no log of it, "
+                                    "so its KV pool is unknown")
 
     def named_k(self, spec: dict) -> int:
         return self._reader.named_k(spec)

@@ -26,7 +26,7 @@ import subprocess
 from pathlib import Path
 
 from ...files import SpecmatchError
-from ...records import Acceptance, Deployment, Schedule
+from ...records import Acceptance, Deployment, KvPool, Schedule
 from .base import Engine, LaunchPlan, sweep_values
 
 ALGORITHMS = {"eagle3": "EAGLE3", "eagle": "EAGLE", "standalone": "STANDALONE", "ngram": "NGRAM",
@@ -72,6 +72,9 @@ def adaptive_support(version: str | None) -> dict | None:
 ADAPTIVE_METHODS = ("eagle", "eagle3", "mtp")   # the drafters SGLang adapts
 FORCED_ENV = "SGLANG_SIMULATE_ACC_LEN"               # a simulated acceptance length (off below 0)
 FORCED_MODE_ENV = "SGLANG_SIMULATE_ACC_TOKEN_MODE"   # "real-draft-token": the drafter's own tokens kept
+# the scheduler's start-up line: its KV pool in tokens, and the context length one request may reach
+_SCHEDULER_POOL = re.compile(r"max_total_num_tokens=(?P<tokens>\d+),.*?context_len=(?P<len>\d+),\s*"
+                             r"(?P<mem>available_(?:cpu|gpu)_mem)=.*")
 DEFAULT_STEPS = 3   # the steps a speculative config that names none is taken to draft
 
 
@@ -331,6 +334,18 @@ class SGLangEngine(Engine):
 
     acceptance_definition = ("SGLang: length = completion tokens / verify steps, rate = correct drafts / "
                              "proposed drafts")
+
+    def kv_pool(self, startup: str) -> KvPool:
+        """SGLang's scheduler line at start-up (managers/scheduler.py, 0.5.10 and 0.5.23 alike):
+        "max_total_num_tokens=N, ..., max_running_requests=R, context_len=L, ...". SGLang prints no
+        concurrency of its own: the one here is N / L, as vLLM defines its figure."""
+        m = _SCHEDULER_POOL.search(startup)
+        if m is None:
+            return KvPool(False, reason="SGLang's log has no \"max_total_num_tokens=\" line in this session")
+        tokens, length = int(m["tokens"]), int(m["len"])
+        return KvPool(True, tokens=tokens, per_request_tokens=length,
+                      max_concurrency=round(tokens / length, 2) if length else None,
+                      device="CPU" if m["mem"] == "available_cpu_mem" else "GPU", line=m.group(0).strip())
 
     def parse_request_acceptance(self, final: dict) -> Acceptance | None:
         return parse_meta_info((final or {}).get("meta_info") or {})

@@ -17,15 +17,19 @@ import copy
 import functools
 import json
 import os
+import re
 import subprocess
 from pathlib import Path
 
 from ...files import SpecmatchError, read_json, stable_hash, write_json
-from ...records import Acceptance, CellAcceptance, Deployment, Schedule
+from ...records import Acceptance, CellAcceptance, Deployment, KvPool, Schedule
 from .base import Engine, LaunchPlan, sweep_values
 from .prometheus import parse_prometheus
 
 DEFAULT_MAX_NUM_SEQS = 256
+# the KV pool's start-up lines (kv_cache_utils.py); the device is "GPU", "CPU", "XPU", ... or "<device> + host"
+_KV_SIZE = re.compile(r"(?P<device>[A-Z]+(?: \+ host)?) KV cache size: (?P<tokens>[\d,]+) tokens.*")
+_KV_CONCURRENCY = re.compile(r"Maximum concurrency for (?P<len>[\d,]+) tokens per request: (?P<x>[\d.]+)x.*")
 K = "num_speculative_tokens"                           # the k a server drafts (what a sweep lists)
 SCHEDULE = "num_speculative_tokens_per_batch_size"     # its k per batch size: [[start, end, k], ...]
 BLOCK_DROP_OFF = "disable_eagle_block_drop"           # keep the last cached block an EAGLE drafter drops
@@ -387,6 +391,20 @@ class VLLMEngine(Engine):
                 "accepted_tokens": total("vllm:spec_decode_num_accepted_tokens_total"),
                 "accepted_per_pos": per_pos,
                 "generation_tokens": total("vllm:generation_tokens_total")}
+
+    def kv_pool(self, startup: str) -> KvPool:
+        """vLLM's own start-up figures (v1/core/kv_cache_utils.py): "<device> KV cache size: N tokens" and
+        "Maximum concurrency for L tokens per request: Xx", one line in 0.32 and two in earlier releases;
+        N is X times L (the engine derives the token count from the concurrency it admits)."""
+        size = _KV_SIZE.search(startup)
+        if size is None:
+            return KvPool(False, reason="vLLM's log has no \"KV cache size\" line in this session")
+        conc = _KV_CONCURRENCY.search(startup, size.start())
+        lines = [size.group(0)] + ([conc.group(0)] if conc and conc.start() >= size.end() else [])
+        return KvPool(True, tokens=int(size["tokens"].replace(",", "")),
+                      per_request_tokens=int(conc["len"].replace(",", "")) if conc else None,
+                      max_concurrency=float(conc["x"]) if conc else None, device=size["device"],
+                      line=" / ".join(x.strip() for x in lines))
 
     acceptance_definition = "vLLM: rate = accepted / draft tokens, length = 1 + accepted / drafts"
 
