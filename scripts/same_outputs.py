@@ -31,7 +31,7 @@ import sys
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
-INPUTS = ("cells", "servers", "prompts", "recommend", "rounds", "inspect")   # what the steps read
+INPUTS = ("cells", "servers", "prompts", "recommend", "rounds", "inspect", "stepcost")   # what the steps read
 
 
 def step_command(commands: Path, step: str) -> list[str]:

@@ -129,12 +129,26 @@ def test_the_machine_line_names_a_busy_machine():
                         why=["0.40 cores used by others"])
     cell = lambda i, flagged=False: SimpleNamespace(interference=i, earlier=[], flagged=flagged)  # noqa: E731
     analysis = SimpleNamespace(flagged_claims=[])
-    d = SimpleNamespace(cells={("s", "u", 1, 1): cell(quiet)}, verdicts=[], decisions=SimpleNamespace(analysis=analysis))
+    d = SimpleNamespace(cells={("s", "u", 1, 1): cell(quiet)}, verdicts=[], decisions=SimpleNamespace(analysis=analysis),
+                        map_cells={})
+    d.measured_cells = d.cells
     assert quietness_line(d).startswith("- **Machine:** quiet")
     d.cells[("s", "u", 16, 1)] = cell(busy, flagged=True)
     line = quietness_line(d)
     assert "**busy** during 1 kept measurement(s)" in line and "0.4" not in line.split(";")[0]
+    assert "step-cost map" not in line
+    # the step-cost map's own cells count like every other cell (never in a verdict, but the map rests on them)
+    from specmatch.reporting.decided import Decided
+
+    d.map_cells = {("s", "u", 32, 1): cell(busy, flagged=True), ("b", "u", 32, 1): cell(busy, flagged=True),
+                   ("s", "u", 8, 1): cell(quiet)}
+    d.measured_cells = Decided.measured_cells.fget(d)
+    line = quietness_line(d)
+    assert "**busy** during 3 kept measurement(s)" in line and "over 5 cells" in line
+    assert "the step-cost map's own cells at c=32 among them" in line
+    d.map_cells = {}
     d.cells = {("s", "u", 1, 1): SimpleNamespace(interference=None, earlier=[], flagged=False)}
+    d.measured_cells = d.cells
     assert "not sampled" in quietness_line(d)
 
 

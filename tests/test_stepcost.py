@@ -2,6 +2,7 @@
 (specmatch.calibration.stepcost): the map and its predictions recover the truth within their intervals at
 measured and unmeasured concurrencies, coverage by simulation, the check catches a wrong map, and the
 recommendation uses the map's predictions only where it holds."""
+import json
 import math
 from dataclasses import replace
 from pathlib import Path
@@ -16,7 +17,7 @@ from specmatch.calibration import stepcost as cal
 from specmatch.calibration.des import serve
 from specmatch.calibration.traffic import traffic_cells, traffic_profiles
 from specmatch.config import validate
-from specmatch.deciding.analysis import map_predictions
+from specmatch.deciding.analysis import map_beyond, map_predictions
 from specmatch.deciding.predicting.stepcost import build_map, requests_of
 from specmatch.deciding.predicting.stepcost.map import map_cells
 from specmatch.deciding.predicting.traffic.step_model import Scheduler, fit_step_model, simulate
@@ -134,6 +135,46 @@ def test_the_recommendation_takes_the_maps_verdicts_where_the_grid_has_no_cell()
     assert inside.extrapolated_above == 16 and "extrapolation" in inside.text and inside.predicted
 
 
+def test_above_the_fitted_batches_the_maps_extrapolation_decides_where_its_interval_does():
+    """A server that pays up to c=16 (measured and predicted inside the map's fit) and runs batches up to
+    256: the map's extrapolation loses at 32 and 64 and cannot decide at 128 and 256. The schedule follows
+    the predictions, the undecided batch sizes are off and named as not known, with the map cells that
+    would tell; nothing extends the verdict at c=16. Without a map the extension is flagged and the map
+    cells named."""
+    from specmatch.deciding.recommending.deployment import MapBeyond
+    from specmatch.records import Interval, Recommendation, StepCostBeyond
+
+    info = ServerInfo("eagle3", "vllm", "vllm", {"method": "eagle3", "model": "/d", "num_speculative_tokens": 3},
+                      256)
+    vs = [verdict(1, Decision.PAYS, 1.3), verdict(16, Decision.PAYS, 1.1)]
+    s = Settings()
+    pred = {2: Decision.PAYS, 4: Decision.PAYS, 8: Decision.PAYS}
+    beyond = MapBeyond({32: StepCostBeyond(Interval(0.8, 0.7, 0.9), Decision.LOSES),
+                        64: StepCostBeyond(Interval(0.7, 0.5, 0.98), Decision.LOSES),
+                        128: StepCostBeyond(Interval(0.6, 0.3, 1.2), Decision.INCONCLUSIVE),
+                        256: StepCostBeyond(Interval(0.5, 0.1, 2.5), Decision.INCONCLUSIVE)}, [1, 2, 8, 16], [4])
+    got = recommend(info, "u", vs, [], s, pred, "the map agrees with the cells at c=4", beyond)
+    assert got.action == "schedule" and got.extrapolated_above is None and "extends the verdict" not in got.text
+    ks = got.schedule.ks()
+    assert ks[15] == 3 and ks[31] == 0 and ks[63] == 0 and ks[127] == 0 and ks[255] == 0
+    assert got.not_known == [128, 256] and sorted(got.beyond_map) == ["128", "256", "32", "64"]
+    assert got.measure_there == "step_cost: {concurrency: [1, 2, 4, 8, 16, 128], check: [4]}"
+    assert "loses at c=32 (0.80 [0.70, 0.90]), loses at c=64 (0.70 [0.50, 0.98])" in got.text
+    assert "not known at c=128,256: the interval of its extrapolation is too wide to decide there, so speculation is " \
+           "off there" in got.text
+    assert Recommendation.from_json(json.loads(json.dumps(got.to_json()))).beyond_map == got.beyond_map
+    # where the extrapolation pays all the way up, speculation stays on, predicted
+    pays = MapBeyond({c: StepCostBeyond(Interval(1.2, 1.1, 1.3), Decision.PAYS) for c in (32, 64, 128, 256)},
+                     [1, 2, 8, 16], [4])
+    kept = recommend(info, "u", vs, [], s, pred, "note", pays)
+    assert kept.action == "keep" and kept.not_known == [] and kept.measure_there is None
+    assert "pays at c=32 (1.20 [1.10, 1.30])" in kept.text
+    # no checked map: the last verdict extends, said so, with the map cells that would tell
+    plain = recommend(info, "u", vs, [], s)
+    assert "there it extends the verdict at c=16, an extrapolation" in plain.text
+    assert "`step_cost: {concurrency: [32, 64], check: [32]}`" in plain.text
+
+
 @pytest.mark.slow
 def test_only_a_checked_map_that_holds_decides_and_never_beyond_its_fitted_batches():
     mp = one_map()
@@ -143,6 +184,14 @@ def test_only_a_checked_map_that_holds_decides_and_never_beyond_its_fitted_batch
     unchecked = one_map(check=())
     assert unchecked.holds is None
     assert map_predictions(StepCosts([unchecked]), "spec", "basis", "output_throughput") == ({}, None)
+    # above the fitted batches: the map's extrapolation, its interval wider the farther it goes
+    beyond = map_beyond(StepCosts([mp]), "spec", "basis", "output_throughput")
+    assert sorted(beyond.predictions) == [32, 64] and beyond.fit == [1, 2, 8, 16] and beyond.checks == [4]
+    width = {c: math.log(p.speedup.hi / p.speedup.lo) for c, p in beyond.predictions.items()}
+    inside = next(p.predicted for p in mp.predictions
+                  if (p.suite, p.metric, p.concurrency) == ("basis", "output_throughput", 16))
+    assert min(width.values()) > math.log(inside.hi / inside.lo) > 0
+    assert map_beyond(StepCosts([unchecked]), "spec", "basis", "output_throughput") is None
 
 
 @pytest.mark.slow
@@ -182,6 +231,12 @@ def test_the_summary_section_states_the_check_the_break_even_and_what_was_not_ma
     assert "| 64* |" in text and "agent 3.07" in text and "does not detectably move with τ" in text
     assert "| `basis` | 4 (check) |" in text and "`eagle3__sched`: no step-cost map" in text
     assert [p.name for p in render.plot(sc, tmp_path)] == ["break_even.png"]
+    assert "above them, up to the server's largest batch, where their widened intervals decide" in text
+    assert "Measured while the machine was busy" not in text
+    # a check measured on a busy machine says so (the summary's flagged map cells, by server and concurrency)
+    busy = "\n".join(render.lines(sc, {("spec", 4): ["spec r1"], ("base", 4): ["base r2"], ("other", 8): ["other r1"]}))
+    assert "**Measured while the machine was busy** (flagged cells, see \"Machine quietness\"): c=4 (check): " \
+           "base r2, spec r1." in busy
     bad = one_map(seed=41, rho=lambda b: 1.15 if b <= 2 else 2.6)
     assert bad.holds is False and "**The map misses**" in "\n".join(render.lines(StepCosts([bad])))
 

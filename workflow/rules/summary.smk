@@ -81,6 +81,7 @@ rule summary:
     input:
         **DECIDED,
         cells=summary_cells,
+        map_cells=lambda wildcards: map_cells("json"),
         matches=expand("results/prompts/{suite}.match.json", suite=SUITES),
         rounds=lambda wildcards: round_plans() if DESIGN.sequential else [],
         stepcost="results/stepcost/stepcost.json",
@@ -121,7 +122,10 @@ rule summary:
         rounds=lambda wildcards, input: (
             f"--rounds {' '.join(input.rounds)}" if input.rounds else ""
         ),
+        map_cells=lambda wildcards, input: (
+            f"--map-cells {' '.join(input.map_cells)}" if input.map_cells else ""
+        ),
     shell:
-        "python -m specmatch summary --decided {params.decided} --cells {input.cells}"
+        "python -m specmatch summary --decided {params.decided} --cells {input.cells} {params.map_cells}"
         " --matches {input.matches} {params.rounds} --stepcost {input.stepcost}"
         " --out-dir {params.out_dir} > {log} 2>&1"

@@ -31,12 +31,13 @@ from .explaining.attribution import (acceptance_run_to_run, both, decompose, len
 from .verdicts.comparison import Comparison, compare, crossovers, decide
 from .verdicts.designs import rounds_shares, with_design
 from ..controls import OFF, is_control
-from .recommending.deployment import RECOMMENDED, ServerInfo, engine_of, own_k, recommend, verification, verify_against
+from .recommending.deployment import (RECOMMENDED, MapBeyond, ServerInfo, engine_of, own_k, recommend, verification,
+                                      verify_against)
 from .reading.measurements import Measurements, Settings, drafted_nothing
 from .verdicts.noise import RunToRun, VarianceSum, run_to_run
 from .recommending.krecommend import references, sweep_report
 from ..records import (AdjustedSpeedup, Attribution, CellResult, Contrast, Decision, DerivedServer, Effect, Interval,
-                       Outcome, Recommendation, RoundPlan, StepCosts, Verdict, Verification)
+                       Outcome, Recommendation, RoundPlan, StepCostBeyond, StepCosts, Verdict, Verification)
 from ..stats import log_t_interval
 from ..sweep import members as sweep_members, parents as sweep_parents, sweep_of
 
@@ -202,7 +203,8 @@ def analyse(cells: "Measurements | list[tuple[CellResult, pl.DataFrame]]", basel
             if key in comparisons:
                 vs = [v for v in verdicts if (v.server, v.suite, v.metric) == key]
                 recs.append(recommend(info, suite, vs, comparisons[key], settings,
-                                      *map_predictions(stepcost, server, suite, settings.recommend_metric)))
+                                      *map_predictions(stepcost, server, suite, settings.recommend_metric),
+                                      beyond=map_beyond(stepcost, server, suite, settings.recommend_metric)))
     an = Analysis(settings, baseline, servers, suites, concurrencies, rr, verdicts, comparisons, off, acc, recs, m,
                   infos or {}, cross)
     an.k_recommendations, an.k_points = k_reports(an, recommend_suites or [], primary)
@@ -445,6 +447,19 @@ def map_predictions(stepcost: StepCosts | None, server: str, suite: str, metric:
     checks = sorted({p.concurrency for p in mp.predictions if p.role == "check"})
     return ({p.concurrency: p.decision for p in rows},
             f"the map agrees with the cells at c={','.join(map(str, checks))}, measured only to check it")
+
+
+def map_beyond(stepcost: StepCosts | None, server: str, suite: str, metric: str) -> MapBeyond | None:
+    """The step-cost map's predictions above its fitted batches for `server` on `suite`: an extrapolation
+    of the map's form, with an interval wider than inside the fit (its coverage at 2x and 4x the
+    largest fitted batch: tests/test_stepcost.py), used where the map holds at its checks, as
+    map_predictions is; None where it does not."""
+    mp = next((x for x in (stepcost.maps if stepcost else []) if x.server == server), None)
+    if mp is None or mp.holds is not True:
+        return None
+    rows = {p.concurrency: StepCostBeyond(p.predicted, p.decision) for p in mp.predictions
+            if p.suite == suite and p.metric == metric and p.extrapolated and p.concurrency > max(mp.fit)}
+    return MapBeyond(rows, list(mp.fit), list(mp.checks)) if rows else None
 
 
 def verified_analysis(cells: "Measurements | list", baseline: str, settings: Settings, configs: dict, infos: dict,

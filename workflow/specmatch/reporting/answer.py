@@ -122,7 +122,7 @@ def verdict_table(d: Decided) -> list[str]:
 
 def quietness_line(d: Decided) -> str:
     """Whether the machine was quiet while the cells measured, in one line."""
-    q = interference.quietness(d.cells, d.verdicts, d.decisions.analysis.flagged_claims)
+    q = interference.quietness(d.measured_cells, d.verdicts, d.decisions.analysis.flagged_claims)
     if not q.sampled:
         return ("- **Machine:** not sampled (the cells carry no quietness reading): a busy machine would go "
                 "unnoticed.")
@@ -133,6 +133,10 @@ def quietness_line(d: Decided) -> str:
         return f"- **Machine:** quiet: no kept measurement flagged{again}; {base}."
     rests = (f"; {len(q.claims)} claimed difference(s) rest on them: re-run those on a quiet machine before acting"
              if q.claims else "; no claimed difference rests on them")
+    mapped = sorted({k[2] for k in q.flagged if k in d.map_cells})
+    if mapped:
+        rests += (f"; the step-cost map's own cells at c={','.join(map(str, mapped))} among them: what the map fits or "
+                  "checks there was measured on a busy machine")
     return (f"- **Machine:** **busy** during {len(q.flagged)} kept measurement(s){rests}; {base} (see "
             "\"Machine quietness\").")
 

@@ -8,7 +8,7 @@ figure: what a figure is was decided upstream and written.
 from __future__ import annotations
 
 import functools
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from ..deciding.decide import Decisions
@@ -22,6 +22,7 @@ class Decided:
     decisions: Decisions
     cells: dict   # (server, suite, concurrency, repeat) -> CellResult, in the order the cells were given
     stepcost: StepCosts | None = None   # the step-cost maps (results/stepcost/stepcost.json), when given
+    map_cells: dict = field(default_factory=dict)   # the map's own cells (never in a verdict), keyed as `cells`
 
     @classmethod
     def of(cls, decisions: Decisions, cells: list[CellResult]) -> "Decided":
@@ -35,8 +36,18 @@ class Decided:
         return cls(decisions, out)
 
     @classmethod
-    def read(cls, folder: Path, cell_paths: list[Path]) -> "Decided":
-        return cls.of(Decisions.read(folder), [CellResult.from_json(read_json(p)) for p in cell_paths])
+    def read(cls, folder: Path, cell_paths: list[Path], map_paths: list[Path] = ()) -> "Decided":
+        d = cls.of(Decisions.read(folder), [CellResult.from_json(read_json(p)) for p in cell_paths])
+        for p in map_paths:
+            c = CellResult.from_json(read_json(p))
+            d.map_cells[(c.server, c.suite, c.concurrency, c.repeat)] = c
+        return d
+
+    @property
+    def measured_cells(self) -> dict:
+        """Every cell this run measured: the verdicts' and the step-cost map's (the machine's quietness
+        counts them all: the map's predictions rest on its cells as verdicts rest on theirs)."""
+        return {**self.cells, **self.map_cells}
 
     # -- the grid and its settings ----------------------------------------------------------------
     @functools.cached_property

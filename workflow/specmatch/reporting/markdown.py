@@ -53,7 +53,7 @@ def markdown(d: Decided, matches: list[SuiteMatch], plans: list[RoundPlan] | Non
     why = why_lines(d)
     if why:
         lines += [""] + why
-    step = stepcost.lines(d.stepcost)
+    step = stepcost.lines(d.stepcost, busy_map_cells(d))
     if step:
         lines += [""] + step
     kv = kvpool.lines(d)
@@ -71,13 +71,24 @@ def markdown(d: Decided, matches: list[SuiteMatch], plans: list[RoundPlan] | Non
         lines += [""] + suites_table(matches, training)
     lines += acceptance_tables(d)
     lines += [""] + cells_table(d)
-    lines += interference.section(d.cells, d.verdicts, d.decisions.analysis.flagged_claims)
+    lines += interference.section(d.measured_cells, d.verdicts, d.decisions.analysis.flagged_claims)
     lines += load_generator_lines(list(d.cells.values()))
     lines += ["", "Definitions (every cell's `definitions` field): TTFT is the first stream chunk carrying choices, "
                   "end-to-end latency the last one, TPOT (e2e - TTFT) / (output tokens - 1) with output tokens from the "
                   "server's usage: vLLM bench serve's definitions. Acceptance follows each engine's own definition."]
     lines += files_lines(files or [])
     return "\n".join(lines) + "\n"
+
+
+def busy_map_cells(d: Decided) -> dict[tuple[str, int], list[str]]:
+    """(server, concurrency) -> the flagged cells (busy machine) on the map suite at that concurrency, of
+    the map's servers and the baseline, where the map's fit and check read them."""
+    out: dict = {}
+    suites = {mp.suite for mp in (d.stepcost.maps if d.stepcost else [])}
+    for k, c in d.measured_cells.items():
+        if c.flagged and k[1] in suites:
+            out.setdefault((k[0], k[2]), []).append(f"{k[0]} r{k[3]}")
+    return out
 
 
 def files_lines(files: list[str]) -> list[str]:

@@ -37,6 +37,20 @@ def _steps(mp: StepCostMap) -> str:
     return (" Steps replayed as the engine schedules them: " + "; ".join(parts) + ".") if parts else ""
 
 
+def _busy(mp: StepCostMap, busy: dict) -> str:
+    """The map's cells measured while the machine was busy (flagged), by concurrency: a check or a fit
+    read on a busy machine says so."""
+    at = {}
+    for (server, c), cells in busy.items():
+        if server in (mp.server, mp.baseline) and (c in mp.fit or c in mp.checks):
+            at.setdefault(c, []).extend(cells)
+    if not at:
+        return ""
+    return (" **Measured while the machine was busy** (flagged cells, see \"Machine quietness\"): "
+            + "; ".join(f"c={c}{' (check)' if c in mp.checks else ''}: {', '.join(sorted(v))}"
+                        for c, v in sorted(at.items())) + ".")
+
+
 def _holds(mp: StepCostMap) -> str:
     checks = [p for p in mp.predictions if p.role == "check" and p.measured is not None]
     off = sorted({f"`{p.suite}` c={p.concurrency} ({p.metric}: measured / predicted {_iv(p.difference, '')})"
@@ -55,7 +69,8 @@ def _holds(mp: StepCostMap) -> str:
     return (f"**The map holds** at the concurrency measured only to check it ({checked}) and at the measured "
             f"concurrencies together: no difference lies outside its family's interval (Bonferroni over the "
             f"{mp.comparisons} comparisons measured only to check it, and over every measured one): its predictions "
-            "within the fitted batches decide the concurrencies the verdict grid lacks" + fitted + ".")
+            "within the fitted batches decide the concurrencies the verdict grid lacks, and above them, up to the "
+            "server's largest batch, where their widened intervals decide" + fitted + ".")
 
 
 def _pays(tau, need) -> str:
@@ -69,7 +84,9 @@ def _pays(tau, need) -> str:
     return "close"
 
 
-def lines(sc: StepCosts | None) -> list[str]:
+def lines(sc: StepCosts | None, busy: dict | None = None) -> list[str]:
+    """The step-cost section; `busy`: (server, concurrency) -> flagged cells on the map suite
+    (markdown.busy_map_cells)."""
     if sc is None or not (sc.maps or sc.skipped or sc.kmaps):
         return []
     out = ["## What a speculative step costs, and the acceptance a drafter needs", "",
@@ -83,7 +100,7 @@ def lines(sc: StepCosts | None) -> list[str]:
         sessions = f"{mp.repeats} session{'s' if mp.repeats != 1 else ''}"
         out.append(f"Fitted on the cells at c={', '.join(map(str, mp.fit))} (at least {sessions} each), checked at "
                    f"c={', '.join(map(str, mp.checks)) or 'none'} on `{mp.suite}`; acceptance: {mp.forced}. "
-                   + _holds(mp) + _steps(mp))
+                   + _holds(mp) + _busy(mp, busy or {}) + _steps(mp))
         out.append("")
         strata = sorted(mp.strata, key=lambda s: -s.tau.value)
         head = "| batch | ρ at " + f"{mp.context} tokens (= break-even τ) |" + "".join(

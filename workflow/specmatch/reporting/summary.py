@@ -12,8 +12,8 @@ and writes
 Nothing here decides anything: the parts of the report (reporting.tables, verdicts, design, why,
 recommendations, kreport, loadgen, markdown, plots) render records only.
 
-    python -m specmatch summary --decided results/summary --cells c*.json --matches *.match.json
-        [--rounds rounds/r*.json] --out-dir results/summary
+    python -m specmatch summary --decided results/summary --cells c*.json [--map-cells c*.json]
+        --matches *.match.json [--rounds rounds/r*.json] --out-dir results/summary
 """
 from __future__ import annotations
 
@@ -36,6 +36,8 @@ from .tables import cells_frame, verdicts_frame
 def arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--decided", type=Path, help="the decide step's folder (default: --out-dir)")
     p.add_argument("--cells", nargs="+", type=Path, required=True, help="the cells the decisions were made on")
+    p.add_argument("--map-cells", nargs="*", type=Path, default=[],
+                   help="the step-cost map's own cells (never in a verdict): counted in the machine's quietness")
     p.add_argument("--matches", nargs="*", type=Path, default=[], help="the prompt suites' match reports")
     p.add_argument("--rounds", nargs="*", type=Path, default=[], help="the sequential design's round plans")
     p.add_argument("--stepcost", type=Path, help="the step-cost maps (results/stepcost/stepcost.json)")
@@ -55,9 +57,9 @@ def write_tables(d: Decided, out: Path) -> list[Path]:
 
 def execute(a: argparse.Namespace) -> int:
     folder = a.decided or a.out_dir
-    rec = Recorder("summary", [folder / f for f in FILES.values()] + a.cells + a.matches + a.rounds
+    rec = Recorder("summary", [folder / f for f in FILES.values()] + a.cells + a.map_cells + a.matches + a.rounds
                    + ([a.stepcost] if a.stepcost else []))
-    d = Decided.read(folder, a.cells)
+    d = Decided.read(folder, a.cells, a.map_cells)
     if a.stepcost:
         d.stepcost = StepCosts.from_json(read_json(a.stepcost))
     matches = [SuiteMatch.from_json(read_json(m)) for m in a.matches]

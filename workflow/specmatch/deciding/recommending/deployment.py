@@ -7,8 +7,13 @@ what a server's `speculative` block drafts at a batch size is its adapter's answ
 Concurrency stands in for batch size (a closed loop of C workers keeps about C requests running).
 Where a step-cost map predicts the concurrencies the verdict grid lacks (specmatch.deciding.predicting.stepcost,
 and its checks agree with the cells), its predicted verdicts decide them, marked as predicted
-(`Recommendation.predicted`); else batch sizes above the largest measured concurrency only extend the
-verdict there: the record flags them (`Recommendation.extrapolated_above`) and the text says so. A server whose largest batch is not
+(`Recommendation.predicted`). Above the map's fitted batches its predictions are an extrapolation of its
+form, with intervals wider than inside the fit (their coverage: docs/methods/step-cost.md): where an
+interval decides, it decides the batch sizes there (`Recommendation.beyond_map`); where none does, those
+batch sizes are not known, speculation is off there (nothing shows it pays) and the text names the map
+cells that would tell (`not_known`, `measure_there`). Without a checked map, batch sizes above the largest
+measured concurrency only extend the verdict there: the record flags them
+(`Recommendation.extrapolated_above`), and the text says so and names the map cells. A server whose largest batch is not
 known (an external endpoint, launched by no one here, without a configured `max_batch`) is
 recommended over the measured concurrencies, and the text says so.
 """
@@ -19,7 +24,8 @@ from dataclasses import dataclass
 from typing import Callable, TypeVar
 from ..verdicts.comparison import Comparison, compare, crossovers, decision, regions
 from ..reading.measurements import Settings
-from ...records import Decision, KvPool, Outcome, Recommendation, Schedule, Verdict, Verification, VerificationRow
+from ...records import (Decision, KvPool, Outcome, Recommendation, Schedule, StepCostBeyond, Verdict, Verification,
+                         VerificationRow)
 from ...serving.engines import Engine, adapters, get_engine
 from ...stats import t_ppf
 
@@ -128,9 +134,26 @@ class ServerInfo:
     kv_pool: KvPool | None = None  # the KV cache its engine said it admits (launch record; None: no record)
 
 
+@dataclass
+class MapBeyond:
+    """What a checked step-cost map predicts above its fitted batches (analysis.map_beyond): each
+    concurrency's predicted speedup with its interval and verdict, and the map's cells (the fitted
+    concurrencies and the checks), from which the config line that extends it is written."""
+    predictions: dict[int, StepCostBeyond]
+    fit: list[int]
+    checks: list[int]
+
+    def config_line(self, at: int) -> str:
+        """The `step_cost` setting that adds map cells at `at` (the verdict grid's concurrencies among
+        `concurrency` add nothing: config.schema)."""
+        cs = sorted(set(self.fit) | set(self.checks) | {at})
+        return (f"step_cost: {{concurrency: [{', '.join(map(str, cs))}]"
+                + (f", check: [{', '.join(map(str, self.checks))}]}}" if self.checks else "}"))
+
+
 def recommend(info: ServerInfo, suite: str, verdicts: list[Verdict], cmps: list[Comparison],
-              s: Settings, predicted: dict[int, Decision] | None = None, map_note: str | None = None
-              ) -> Recommendation:
+              s: Settings, predicted: dict[int, Decision] | None = None, map_note: str | None = None,
+              beyond: MapBeyond | None = None) -> Recommendation:
     """What to deploy, built only from verdicts (never from point estimates alone). The batch range is
     the server's (`info.max_batch`), else, for a server whose largest batch is not known (an external
     endpoint without a configured `max_batch`), the measured concurrencies' (nothing is extrapolated
@@ -145,6 +168,8 @@ def recommend(info: ServerInfo, suite: str, verdicts: list[Verdict], cmps: list[
     if predicted:
         dec = dict(sorted({**dec, **{c: True if d == Decision.PAYS else None if d == Decision.INCONCLUSIVE
                                      else False for c, d in predicted.items()}}.items()))
+    # above everything measured or predicted within the fit: the map's extrapolation, where it decides
+    above = {c: p for c, p in (beyond.predictions if beyond and dec else {}).items() if max(dec) < c <= max_batch}
     rec = Recommendation(info.name, suite, regs, cross[0] if cross else None, "undecided", crossovers=cross,
                          max_batch=max_batch, predicted={c: d.value for c, d in predicted.items()},
                          map_note=map_note if predicted else None)
@@ -155,6 +180,12 @@ def recommend(info: ServerInfo, suite: str, verdicts: list[Verdict], cmps: list[
         rec.text = "no recommendation: no concurrency is decided" + (f" ({why})" if why else "")
         rec.evidence = "every verdict is inconclusive"
         return rec
+    known_top = max(dec)   # the largest concurrency measured or predicted within the map's fitted batches
+    if above:
+        rec.beyond_map = {str(c): p for c, p in sorted(above.items())}
+        rec.not_known = [c for c, p in sorted(above.items()) if p.decision == Decision.INCONCLUSIVE]
+        dec = dict(sorted({**dec, **{c: p.decision == Decision.PAYS if p.decision != Decision.INCONCLUSIVE
+                                     else None for c, p in above.items()}}.items()))
     on = on_per_batch(dec, _pairs_crossing(cmps), max_batch)
     measured = {c: d for c, d in dec.items() if c not in predicted}
     pays, loses = _list(measured, True, verdicts, Decision.PAYS), _list(measured, False, verdicts, Decision.LOSES)
@@ -178,14 +209,20 @@ def recommend(info: ServerInfo, suite: str, verdicts: list[Verdict], cmps: list[
                              for r in regs)
     if predicted:
         rec.text += "; " + predicted_text(predicted, map_note)
-    top = max(dec)   # the largest concurrency measured or predicted within the map's fitted batches
+    if above:
+        rec.text += "; " + beyond_text(rec, known_top, beyond)
+    top = max(dec)
     if max_batch > top:
         rec.extrapolated_above = top
-        what = "predicted" if top in predicted else "measured"
+        what = "predicted" if top in predicted or top in above else "measured"
         rec.text += (f"; batch sizes {top + 1}-{max_batch} were not measured (the largest {what} concurrency is "
                      + (f"{top}): there it extends the verdict at c={top}, an extrapolation" if dec[top] is not None else
                         f"{top}, undecided): speculation is off there (nothing shows it pays at or above "
                         f"c={top}; no verdict is extrapolated)"))
+        if not above and info.max_batch:
+            rec.text += (" (no step-cost map checked against the cells predicts there: map cells above "
+                         f"c={top} and one held out to check them would, e.g. `step_cost: {{concurrency: "
+                         f"[{_pow2_above(top)}, {_pow2_above(_pow2_above(top))}], check: [{_pow2_above(top)}]}}`)")
     if not info.max_batch:
         rec.text += (f"; the server's largest batch is not known (an external endpoint: set `max_batch` on it), so the "
                      f"deployment covers the measured concurrencies, 1-{max_batch}")
@@ -222,6 +259,33 @@ def recommend(info: ServerInfo, suite: str, verdicts: list[Verdict], cmps: list[
                                         reason="an external endpoint: nothing here restarts it with the recommended "
                                                "configuration, so it is not measured")
     return rec
+
+
+def beyond_text(rec: Recommendation, known_top: int, beyond: MapBeyond) -> str:
+    """What the map's extrapolation decided above `known_top`, with its intervals, and what it leaves
+    unknown, with the config line whose map cells would tell."""
+    word = {Decision.PAYS: "pays", Decision.LOSES: "loses", Decision.EQUIVALENT: "makes no difference"}
+    decided = [(int(c), p) for c, p in rec.beyond_map.items() if p.decision != Decision.INCONCLUSIVE]
+    what = (f"the step-cost map's extrapolation beyond its fitted batches (c={','.join(map(str, beyond.fit))}; its "
+            "form assumed there, so a knee in the step cost above them is invisible to it)")
+    parts = []
+    if decided:
+        parts.append(f"above c={known_top} {what} decides (predicted, not measured): " + ", ".join(
+            f"{word[p.decision]} at c={c} ({p.speedup.value:.2f} [{p.speedup.lo:.2f}, {p.speedup.hi:.2f}])"
+            for c, p in decided))
+    if rec.not_known:
+        rec.measure_there = beyond.config_line(rec.not_known[0])
+        parts.append(f"not known at c={','.join(map(str, rec.not_known))}: the interval of "
+                     + ("its extrapolation" if decided else what) + " is too wide to decide there, so speculation is "
+                     f"off there; add map cells there: `{rec.measure_there}`")
+    return "; ".join(parts)
+
+
+def _pow2_above(c: int) -> int:
+    b = 1
+    while b <= c:
+        b *= 2
+    return b
 
 
 def predicted_text(predicted: dict[int, Decision], note: str | None) -> str:
