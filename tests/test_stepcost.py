@@ -79,8 +79,8 @@ def test_coverage_of_the_map_and_its_predictions_by_simulation(rho, world):
     with a prefix cache (the audit's world: throughput at 32 covered 0.55 while the discrete-event server
     read rho at a batch that counted prompts waiting for chunks). The figures of every world (`rising`
     and `chunked` too, 200 experiments each) are docs/methods/step-cost.md's, from
-    `python -m specmatch stepcost_coverage`. Shown to fail (`bench/gate_defects.py stepcost`, 7 Dec 2026): with the map's variance a quarter
-    of what it is (StepMap.part scaled by 0.25: intervals half as wide) rho covered 0.675-0.75 against the
+    `python -m specmatch stepcost_coverage`. Shown to fail (`bench/gate_defects.py stepcost`, 7 Dec 2026):
+    with the map's variance a quarter of what it is (StepMap.part scaled by 0.25: intervals half as wide) rho covered 0.675-0.75 against the
     gate's 0.758 in both worlds; at half its variance it covered 0.78-0.85 and passed (at 40 experiments the
     gate catches a true coverage near 0.70, not 0.80), and the throughput rows, whose intervals are mostly
     the suite's own noise, did not move."""
@@ -565,8 +565,8 @@ def test_a_step_cost_curved_in_k_is_caught_by_the_line():
 @pytest.mark.parametrize("shape, n", [("linear", 30), ("curved", 15), ("identical", 30)])
 def test_coverage_of_the_map_in_k_by_simulation(shape, n):
     """The map in k against the truth, n experiments (200 each in docs/methods/step-cost.md: `python -m
-    specmatch stepcost_coverage --k linear|curved`). Shown to fail (`bench/gate_defects.py kmap`, 7 Dec 2026): with KStepMap.part's
-    variance a quarter of what it is, 12 of the 35 rho and prediction keys fell below the gate (0.53-0.73);
+    specmatch stepcost_coverage --k linear|curved`). Shown to fail (`bench/gate_defects.py kmap`, 7 Dec 2026):
+    with KStepMap.part's variance a quarter of what it is, 12 of the 35 rho and prediction keys fell below the gate (0.53-0.73);
     with the baseline's side left out of the error it passed (the baseline's part is small in this world)."""
     got = cal.k_coverage(n, shape=shape, truth_suites=100)
     if shape == "curved":
