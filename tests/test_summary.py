@@ -76,12 +76,17 @@ def test_the_kv_cache_each_server_admits_beside_the_baseline(tmp_path):
     assert "| baseline | 93,184 | 45.50 × 2,048 | 751.5 | — |" in section
     assert "| spec | 90,112 | 44.00 × 2,048 | 726.7 | -3.3% (-3,072 tokens) |" in section
     facts = {f["server"]: f for f in json.loads((out / "analysis.json").read_text())["server_facts"]}
-    assert facts["spec"]["kv_pool"]["tokens"] == 90_112
+    assert facts["spec"]["kv_pool"]["tokens"] == 90_112 and facts["spec"]["max_batch"] == 256
+    # 751 and 727 requests of 124 tokens: both above the largest batch (256), so nothing is capped
+    assert "holds fewer requests than the server's largest batch" not in section
     from specmatch.reporting import kvpool
     from specmatch.reporting.decided import Decided
 
     d = Decided.read(out, [p for p in (tmp_path / "cells").rglob("c*.json") if p.name.count(".") == 1])
     spec = next(f for f in d.decisions.analysis.server_facts if f.server == "spec")
+    spec.kv_pool = KvPool(True, tokens=24_800, per_request_tokens=2_048, max_concurrency=12.1, device="GPU")
+    assert ("At `s`'s mean request the pool holds fewer requests than the server's largest batch: `spec` 200 of 256"
+            in "\n".join(kvpool.lines(d)))
     spec.kv_pool = KvPool(False, reason="an external endpoint")
     assert "| spec | unknown: an external endpoint |  |  |  |" in kvpool.lines(d)
     for f in d.decisions.analysis.server_facts:

@@ -1203,6 +1203,7 @@ class ServerFacts(Record):
     warnings_beside_baseline: list = field(default_factory=list)
     launch_differences: Optional[list] = None
     kv_pool: Optional[KvPool] = None
+    max_batch: Optional[int] = None   # the largest batch it was launched for (0: not known, an external endpoint)
 
 
 @dataclass

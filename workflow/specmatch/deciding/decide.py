@@ -127,7 +127,7 @@ def server_facts(infos: dict[str, ServerInfo], baseline: str) -> list[ServerFact
     for name, info in infos.items():
         warnings = [w for w in info.engine_warnings if w not in set(base.engine_warnings)] if base else []
         diffs = launch_differences(info.argv, base.argv) if base else None
-        out.append(ServerFacts(name, info.speculative, name in mixed, warnings, diffs, info.kv_pool))
+        out.append(ServerFacts(name, info.speculative, name in mixed, warnings, diffs, info.kv_pool, info.max_batch))
     return out
 
 

@@ -35,6 +35,13 @@ def lines(d: Decided) -> list[str]:
                 row.append("—" if f.server == d.baseline else
                            f"{(p.tokens - base.tokens) / base.tokens:+.1%} ({p.tokens - base.tokens:+,} tokens)")
         out.append("| " + " | ".join(row) + " |")
+    capped = [(f.server, f.kv_pool.admits(longest[1]), f.max_batch) for f in facts if longest and f.kv_pool.known
+              and f.max_batch and f.kv_pool.admits(longest[1]) < f.max_batch]
+    if capped:
+        out += ["", f"At `{longest[0]}`'s mean request the pool holds fewer requests than the server's largest batch: "
+                + "; ".join(f"`{s}` {a:.0f} of {b}" for s, a, b in capped)
+                + ". Above that many requests in flight the engine waits for KV blocks (or preempts), so larger batches "
+                "are not reached on that traffic, whatever the recommendation says of them."]
     return out
 
 
