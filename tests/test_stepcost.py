@@ -173,6 +173,9 @@ def test_above_the_fitted_batches_the_maps_extrapolation_decides_where_its_inter
     kept = recommend(info, "u", vs, [], s, pred, "note", pays)
     assert kept.action == "keep" and kept.not_known == [] and kept.measure_there is None
     assert "pays at c=32 (1.20 [1.10, 1.30])" in kept.text
+    # an interval the map's error leaves open on one side still decides, written so
+    open_top = MapBeyond({32: StepCostBeyond(Interval(1.5, 1.2, None), Decision.PAYS)}, [1, 2, 8, 16], [4])
+    assert "pays at c=32 (1.50 [1.20, ∞])" in recommend(info, "u", vs, [], s, pred, "note", open_top).text
     # no checked map: the last verdict extends, said so, with the map cells that would tell
     plain = recommend(info, "u", vs, [], s)
     assert "there it extends the verdict at c=16, an extrapolation" in plain.text

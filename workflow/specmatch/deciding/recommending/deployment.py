@@ -271,14 +271,19 @@ def beyond_text(rec: Recommendation, known_top: int, beyond: MapBeyond) -> str:
     parts = []
     if decided:
         parts.append(f"above c={known_top} {what} decides (predicted, not measured): " + ", ".join(
-            f"{word[p.decision]} at c={c} ({p.speedup.value:.2f} [{p.speedup.lo:.2f}, {p.speedup.hi:.2f}])"
-            for c, p in decided))
+            f"{word[p.decision]} at c={c} ({_bound(p.speedup.value)} [{_bound(p.speedup.lo, '0')}, "
+            f"{_bound(p.speedup.hi, '∞')}])" for c, p in decided))
     if rec.not_known:
         rec.measure_there = beyond.config_line(rec.not_known[0])
         parts.append(f"not known at c={','.join(map(str, rec.not_known))}: the interval of "
                      + ("its extrapolation" if decided else what) + " is too wide to decide there, so speculation is "
                      f"off there; add map cells there: `{rec.measure_there}`")
     return "; ".join(parts)
+
+
+def _bound(x: float | None, unbounded: str = "—") -> str:
+    """A speedup or an interval's bound, two decimals; `unbounded` where the map's error leaves it open."""
+    return unbounded if x is None else f"{x:.2f}"
 
 
 def _pow2_above(c: int) -> int:
