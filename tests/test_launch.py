@@ -116,6 +116,8 @@ def test_the_kv_pool_of_sglang_from_a_real_line_and_both_pinned_releases_source(
     assert (pool.known, pool.device, pool.tokens, pool.per_request_tokens) == (True, "GPU", 2_086_558, 256_000)
     assert pool.max_concurrency == round(2_086_558 / 256_000, 2)
     assert not sglang.kv_pool("[2026-06-28 15:16:45] Load weight end.\n").known
+    older = sglang.kv_pool("max_total_num_tokens=1000, max_prefill_tokens=16384, max_running_requests=8, context_len=500\n")
+    assert (older.tokens, older.per_request_tokens, older.max_concurrency, older.device) == (1000, 500, 2.0, None)
     repo = Path(__file__).resolve().parent.parent
     found = 0
     for v in ("0.5.23", "0.5.10"):   # scripts/setup-parsers.sh: SGLang's own scheduler, the line it logs

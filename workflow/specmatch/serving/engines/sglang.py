@@ -73,8 +73,8 @@ ADAPTIVE_METHODS = ("eagle", "eagle3", "mtp")   # the drafters SGLang adapts
 FORCED_ENV = "SGLANG_SIMULATE_ACC_LEN"               # a simulated acceptance length (off below 0)
 FORCED_MODE_ENV = "SGLANG_SIMULATE_ACC_TOKEN_MODE"   # "real-draft-token": the drafter's own tokens kept
 # the scheduler's start-up line: its KV pool in tokens, and the context length one request may reach
-_SCHEDULER_POOL = re.compile(r"max_total_num_tokens=(?P<tokens>\d+),.*?context_len=(?P<len>\d+),\s*"
-                             r"(?P<mem>available_(?:cpu|gpu)_mem)=.*")
+_SCHEDULER_POOL = re.compile(r"max_total_num_tokens=(?P<tokens>\d+),.*?context_len=(?P<len>\d+)"
+                             r"(?:,\s*(?P<mem>available_(?:cpu|gpu)_mem)=)?.*")
 DEFAULT_STEPS = 3   # the steps a speculative config that names none is taken to draft
 
 
@@ -345,7 +345,8 @@ class SGLangEngine(Engine):
         tokens, length = int(m["tokens"]), int(m["len"])
         return KvPool(True, tokens=tokens, per_request_tokens=length,
                       max_concurrency=round(tokens / length, 2) if length else None,
-                      device="CPU" if m["mem"] == "available_cpu_mem" else "GPU", line=m.group(0).strip())
+                      device={"available_cpu_mem": "CPU", "available_gpu_mem": "GPU"}.get(m["mem"]),
+                      line=m.group(0).strip())
 
     def parse_request_acceptance(self, final: dict) -> Acceptance | None:
         return parse_meta_info((final or {}).get("meta_info") or {})
