@@ -140,11 +140,12 @@ def test_the_recommendation_takes_the_maps_verdicts_where_the_grid_has_no_cell()
 
 
 def test_above_the_fitted_batches_the_maps_extrapolation_decides_where_its_interval_does():
-    """A server that pays up to c=16 (measured and predicted inside the map's fit) and runs batches up to
-    256: the map's extrapolation loses at 32 and 64 and cannot decide at 128 and 256. The schedule follows
-    the predictions, the undecided batch sizes are off and named as not known, with the map cells that
-    would tell; nothing extends the verdict at c=16. Without a map the extension is flagged and the map
-    cells named."""
+    """A server that pays up to c=16 (measured and predicted inside the map's fit, 1-16) and runs batches up
+    to 256: the map's extrapolation loses at 32 (2x the fit, as far as it may decide: deployment.REACH) and
+    its predictions above 32 decide nothing, so 64-256 are not known, off there, with the map cells that
+    would tell (one held out above the grid to check them); nothing extends the verdict at c=16. From the
+    first batch size the extrapolation cannot decide, nothing above it is decided either. Without a map the
+    extension is flagged and the map cells named."""
     from specmatch.deciding.recommending.deployment import MapBeyond
     from specmatch.records import Interval, Recommendation, StepCostBeyond
 
@@ -157,28 +158,37 @@ def test_above_the_fitted_batches_the_maps_extrapolation_decides_where_its_inter
                         64: StepCostBeyond(Interval(0.7, 0.5, 0.98), Decision.LOSES),
                         128: StepCostBeyond(Interval(0.6, 0.3, 1.2), Decision.INCONCLUSIVE),
                         256: StepCostBeyond(Interval(0.5, 0.1, 2.5), Decision.INCONCLUSIVE)}, [1, 2, 8, 16], [4])
+    assert beyond.reach == 32
     got = recommend(info, "u", vs, [], s, pred, "the map agrees with the cells at c=4", beyond)
     assert got.action == "schedule" and got.extrapolated_above is None and "extends the verdict" not in got.text
     ks = got.schedule.ks()
     assert ks[15] == 3 and ks[31] == 0 and ks[63] == 0 and ks[127] == 0 and ks[255] == 0
-    assert got.not_known == [128, 256] and sorted(got.beyond_map) == ["128", "256", "32", "64"]
-    assert got.measure_there == "step_cost: {concurrency: [1, 2, 4, 8, 16, 128], check: [4]}"
-    assert "loses at c=32 (0.80 [0.70, 0.90]), loses at c=64 (0.70 [0.50, 0.98])" in got.text
-    assert "not known at c=128,256: the interval of its extrapolation is too wide to decide there, so speculation is " \
-           "off there" in got.text
+    assert got.not_known == [64, 128, 256] and sorted(got.beyond_map) == ["128", "256", "32", "64"]
+    assert got.measure_there == "step_cost: {concurrency: [1, 2, 4, 8, 16, 64, 128], check: [4, 64]}"
+    assert "decides (predicted, not measured): loses at c=32 (0.80 [0.70, 0.90])" in got.text
+    assert ("not known at c=64,128,256 (above c=32 (2x its largest fitted batch) its extrapolation decides nothing: "
+            "its intervals no longer hold their level there), so speculation is off there") in got.text
     assert Recommendation.from_json(json.loads(json.dumps(got.to_json()))).beyond_map == got.beyond_map
-    # where the extrapolation pays all the way up, speculation stays on, predicted
+    # where the extrapolation pays, speculation is on as far as it may decide, and off above
     pays = MapBeyond({c: StepCostBeyond(Interval(1.2, 1.1, 1.3), Decision.PAYS) for c in (32, 64, 128, 256)},
                      [1, 2, 8, 16], [4])
     kept = recommend(info, "u", vs, [], s, pred, "note", pays)
-    assert kept.action == "keep" and kept.not_known == [] and kept.measure_there is None
-    assert "pays at c=32 (1.20 [1.10, 1.30])" in kept.text
+    assert kept.action == "schedule" and kept.not_known == [64, 128, 256] and kept.schedule.ks()[31] == 3
+    assert kept.schedule.ks()[63] == 0 and "pays at c=32 (1.20 [1.10, 1.30])" in kept.text
+    # nothing above the first batch size it cannot decide is decided: no switching back on far out
+    gap = MapBeyond({24: StepCostBeyond(Interval(1.0, 0.8, 1.3), Decision.INCONCLUSIVE),
+                     32: StepCostBeyond(Interval(1.3, 1.1, 1.5), Decision.PAYS)}, [1, 2, 8, 16], [4])
+    got = recommend(info, "u", vs, [], s, pred, "note", gap)
+    assert got.not_known == [24, 32] and got.schedule.ks()[31] == 0 and got.schedule.ks()[255] == 0
+    assert "at c=24 the interval of the step-cost map's extrapolation" in got.text
+    assert "at c=32, above c=24, its prediction is not taken" in got.text
     # an interval the map's error leaves open on one side still decides, written so
     open_top = MapBeyond({32: StepCostBeyond(Interval(1.5, 1.2, None), Decision.PAYS)}, [1, 2, 8, 16], [4])
     assert "pays at c=32 (1.50 [1.20, ∞])" in recommend(info, "u", vs, [], s, pred, "note", open_top).text
     # no checked map: the last verdict extends, said so, with the map cells that would tell
     plain = recommend(info, "u", vs, [], s)
     assert "there it extends the verdict at c=16, an extrapolation" in plain.text
+    assert "no step-cost map that holds at its check predicts there" in plain.text
     assert "`step_cost: {concurrency: [32, 64], check: [32]}`" in plain.text
 
 

@@ -451,14 +451,14 @@ def map_predictions(stepcost: StepCosts | None, server: str, suite: str, metric:
 
 def map_beyond(stepcost: StepCosts | None, server: str, suite: str, metric: str) -> MapBeyond | None:
     """The step-cost map's predictions above its fitted batches for `server` on `suite`: an extrapolation
-    of the map's form, with an interval wider than inside the fit (its coverage at 2x and 4x the
-    largest fitted batch: tests/test_stepcost.py), used where the map holds at its checks, as
-    map_predictions is; None where it does not."""
+    of the map's form, with an interval wider than inside the fit (it decides up to deployment.REACH
+    times the largest fitted batch), used where the map holds at its checks, as map_predictions is; a
+    concurrency measured only to check the map is not a prediction. None where the map does not hold."""
     mp = next((x for x in (stepcost.maps if stepcost else []) if x.server == server), None)
     if mp is None or mp.holds is not True:
         return None
     rows = {p.concurrency: StepCostBeyond(p.predicted, p.decision) for p in mp.predictions
-            if p.suite == suite and p.metric == metric and p.extrapolated and p.concurrency > max(mp.fit)}
+            if p.suite == suite and p.metric == metric and p.role == "predicted" and p.concurrency > max(mp.fit)}
     return MapBeyond(rows, list(mp.fit), list(mp.checks)) if rows else None
 
 

@@ -134,21 +134,37 @@ class ServerInfo:
     kv_pool: KvPool | None = None  # the KV cache its engine said it admits (launch record; None: no record)
 
 
+# How far above its largest fitted batch the map's extrapolation decides: up to 2x its intervals kept their
+# level and its decisions their error rate in the audit's simulations (8 Dec 2026, 600 maps per step cost);
+# at 4x and beyond they under-covered wherever the fitted curvature sat at its bound (0.83 at 4x and 0.71 at
+# 8x for a step cost rising gently in the map's own form, wrong at 16x in 25% of maps) or the form changed
+# above the fit (0.55 at 8x for a smooth knee): docs/methods/step-cost.md.
+REACH = 2
+
+
 @dataclass
 class MapBeyond:
     """What a checked step-cost map predicts above its fitted batches (analysis.map_beyond): each
     concurrency's predicted speedup with its interval and verdict, and the map's cells (the fitted
-    concurrencies and the checks), from which the config line that extends it is written."""
+    concurrencies and the checks), from which the config line that extends it is written. It decides up to
+    `reach` (REACH times the largest fitted batch); above that, nothing it predicts decides."""
     predictions: dict[int, StepCostBeyond]
     fit: list[int]
     checks: list[int]
 
-    def config_line(self, at: int) -> str:
-        """The `step_cost` setting that adds map cells at `at` (the verdict grid's concurrencies among
-        `concurrency` add nothing: config.schema)."""
-        cs = sorted(set(self.fit) | set(self.checks) | {at})
+    @property
+    def reach(self) -> int:
+        return REACH * max(self.fit)
+
+    def config_line(self, at: int, max_batch: int) -> str:
+        """The `step_cost` setting that extends the map above its fit: map cells at `at` and at twice it
+        (within the server's batches), `at` held out to check the extended map (the verdict grid's
+        concurrencies among `concurrency` add nothing: config.schema)."""
+        new = {at} | ({2 * at} if 2 * at <= max_batch else set())
+        cs = sorted(set(self.fit) | set(self.checks) | new)
+        check = sorted(set(self.checks) | ({at} if len(new) > 1 else set()))
         return (f"step_cost: {{concurrency: [{', '.join(map(str, cs))}]"
-                + (f", check: [{', '.join(map(str, self.checks))}]}}" if self.checks else "}"))
+                + (f", check: [{', '.join(map(str, check))}]}}" if check else "}"))
 
 
 def recommend(info: ServerInfo, suite: str, verdicts: list[Verdict], cmps: list[Comparison],
@@ -183,9 +199,13 @@ def recommend(info: ServerInfo, suite: str, verdicts: list[Verdict], cmps: list[
     known_top = max(dec)   # the largest concurrency measured or predicted within the map's fitted batches
     if above:
         rec.beyond_map = {str(c): p for c, p in sorted(above.items())}
-        rec.not_known = [c for c, p in sorted(above.items()) if p.decision == Decision.INCONCLUSIVE]
-        dec = dict(sorted({**dec, **{c: p.decision == Decision.PAYS if p.decision != Decision.INCONCLUSIVE
-                                     else None for c, p in above.items()}}.items()))
+        # from the first batch size the extrapolation cannot decide (or may not: beyond its reach) up, nothing
+        # is known: a decision above it would rest on the farther, less reliable extrapolation
+        first = next((c for c, p in sorted(above.items())
+                      if p.decision == Decision.INCONCLUSIVE or c > beyond.reach), None)
+        rec.not_known = [c for c in sorted(above) if first is not None and c >= first]
+        dec = dict(sorted({**dec, **{c: None if c in rec.not_known else p.decision == Decision.PAYS
+                                     for c, p in above.items()}}.items()))
     on = on_per_batch(dec, _pairs_crossing(cmps), max_batch)
     measured = {c: d for c, d in dec.items() if c not in predicted}
     pays, loses = _list(measured, True, verdicts, Decision.PAYS), _list(measured, False, verdicts, Decision.LOSES)
@@ -220,7 +240,7 @@ def recommend(info: ServerInfo, suite: str, verdicts: list[Verdict], cmps: list[
                         f"{top}, undecided): speculation is off there (nothing shows it pays at or above "
                         f"c={top}; no verdict is extrapolated)"))
         if not above and info.max_batch:
-            rec.text += (" (no step-cost map checked against the cells predicts there: map cells above "
+            rec.text += (" (no step-cost map that holds at its check predicts there: map cells above "
                          f"c={top} and one held out to check them would, e.g. `step_cost: {{concurrency: "
                          f"[{_pow2_above(top)}, {_pow2_above(_pow2_above(top))}], check: [{_pow2_above(top)}]}}`)")
     if not info.max_batch:
@@ -265,7 +285,7 @@ def beyond_text(rec: Recommendation, known_top: int, beyond: MapBeyond) -> str:
     """What the map's extrapolation decided above `known_top`, with its intervals, and what it leaves
     unknown, with the config line whose map cells would tell."""
     word = {Decision.PAYS: "pays", Decision.LOSES: "loses", Decision.EQUIVALENT: "makes no difference"}
-    decided = [(int(c), p) for c, p in rec.beyond_map.items() if p.decision != Decision.INCONCLUSIVE]
+    decided = [(int(c), p) for c, p in rec.beyond_map.items() if int(c) not in rec.not_known]
     what = (f"the step-cost map's extrapolation beyond its fitted batches (c={','.join(map(str, beyond.fit))}; its "
             "form assumed there, so a knee in the step cost above them is invisible to it)")
     parts = []
@@ -274,9 +294,23 @@ def beyond_text(rec: Recommendation, known_top: int, beyond: MapBeyond) -> str:
             f"{word[p.decision]} at c={c} ({_bound(p.speedup.value)} [{_bound(p.speedup.lo, '0')}, "
             f"{_bound(p.speedup.hi, '∞')}])" for c, p in decided))
     if rec.not_known:
-        rec.measure_there = beyond.config_line(rec.not_known[0])
-        parts.append(f"not known at c={','.join(map(str, rec.not_known))}: the interval of "
-                     + ("its extrapolation" if decided else what) + " is too wide to decide there, so speculation is "
+        rec.measure_there = beyond.config_line(rec.not_known[0], rec.max_batch or max(rec.not_known))
+        own = {int(c): p.decision for c, p in rec.beyond_map.items()}
+        wide = [c for c in rec.not_known if c <= beyond.reach and own[c] == Decision.INCONCLUSIVE]
+        after = [c for c in rec.not_known if c <= beyond.reach and own[c] != Decision.INCONCLUSIVE]
+        far = [c for c in rec.not_known if c > beyond.reach]
+        why = []
+        if wide:
+            why.append(f"at c={','.join(map(str, wide))} the interval of " + ("its extrapolation" if decided else what)
+                       + " is too wide to decide")
+        if after:
+            why.append(f"at c={','.join(map(str, after))}, above c={rec.not_known[0]}, its prediction is not taken: it "
+                       "rests on a farther extrapolation than one that cannot decide")
+        if far:
+            why.append(f"above c={beyond.reach} ({REACH}x its largest fitted batch) "
+                       + ("its extrapolation" if decided or wide else what) + " decides nothing: its intervals no "
+                       "longer hold their level there")
+        parts.append(f"not known at c={','.join(map(str, rec.not_known))} (" + "; ".join(why) + "), so speculation is "
                      f"off there; add map cells there: `{rec.measure_there}`")
     return "; ".join(parts)
 
