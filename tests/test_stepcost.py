@@ -147,17 +147,20 @@ def test_above_the_fitted_batches_the_maps_extrapolation_decides_where_its_inter
     first batch size the extrapolation cannot decide, nothing above it is decided either. Without a map the
     extension is flagged and the map cells named."""
     from specmatch.deciding.recommending.deployment import MapBeyond
-    from specmatch.records import Interval, Recommendation, StepCostBeyond
+    from specmatch.records import Interval, Recommendation, StepCostPrediction
+
+    def at(c, value, lo, hi, decision):   # the map's prediction at c, above its fitted batches
+        return StepCostPrediction("u", c, "output_throughput", Interval(value, lo, hi), decision, 8.0, extrapolated=True)
 
     info = ServerInfo("eagle3", "vllm", "vllm", {"method": "eagle3", "model": "/d", "num_speculative_tokens": 3},
                       256)
     vs = [verdict(1, Decision.PAYS, 1.3), verdict(16, Decision.PAYS, 1.1)]
     s = Settings()
     pred = {2: Decision.PAYS, 4: Decision.PAYS, 8: Decision.PAYS}
-    beyond = MapBeyond({32: StepCostBeyond(Interval(0.8, 0.7, 0.9), Decision.LOSES),
-                        64: StepCostBeyond(Interval(0.7, 0.5, 0.98), Decision.LOSES),
-                        128: StepCostBeyond(Interval(0.6, 0.3, 1.2), Decision.INCONCLUSIVE),
-                        256: StepCostBeyond(Interval(0.5, 0.1, 2.5), Decision.INCONCLUSIVE)}, [1, 2, 8, 16], [4])
+    beyond = MapBeyond({32: at(32, 0.8, 0.7, 0.9, Decision.LOSES),
+                        64: at(64, 0.7, 0.5, 0.98, Decision.LOSES),
+                        128: at(128, 0.6, 0.3, 1.2, Decision.INCONCLUSIVE),
+                        256: at(256, 0.5, 0.1, 2.5, Decision.INCONCLUSIVE)}, [1, 2, 8, 16], [4])
     assert beyond.reach == 32
     got = recommend(info, "u", vs, [], s, pred, "the map agrees with the cells at c=4", beyond)
     assert got.action == "schedule" and got.extrapolated_above is None and "extends the verdict" not in got.text
@@ -170,20 +173,20 @@ def test_above_the_fitted_batches_the_maps_extrapolation_decides_where_its_inter
             "its intervals no longer hold their level there), so speculation is off there") in got.text
     assert Recommendation.from_json(json.loads(json.dumps(got.to_json()))).beyond_map == got.beyond_map
     # where the extrapolation pays, speculation is on as far as it may decide, and off above
-    pays = MapBeyond({c: StepCostBeyond(Interval(1.2, 1.1, 1.3), Decision.PAYS) for c in (32, 64, 128, 256)},
+    pays = MapBeyond({c: at(c, 1.2, 1.1, 1.3, Decision.PAYS) for c in (32, 64, 128, 256)},
                      [1, 2, 8, 16], [4])
     kept = recommend(info, "u", vs, [], s, pred, "note", pays)
     assert kept.action == "schedule" and kept.not_known == [64, 128, 256] and kept.schedule.ks()[31] == 3
     assert kept.schedule.ks()[63] == 0 and "pays at c=32 (1.20 [1.10, 1.30])" in kept.text
     # nothing above the first batch size it cannot decide is decided: no switching back on far out
-    gap = MapBeyond({24: StepCostBeyond(Interval(1.0, 0.8, 1.3), Decision.INCONCLUSIVE),
-                     32: StepCostBeyond(Interval(1.3, 1.1, 1.5), Decision.PAYS)}, [1, 2, 8, 16], [4])
+    gap = MapBeyond({24: at(24, 1.0, 0.8, 1.3, Decision.INCONCLUSIVE),
+                     32: at(32, 1.3, 1.1, 1.5, Decision.PAYS)}, [1, 2, 8, 16], [4])
     got = recommend(info, "u", vs, [], s, pred, "note", gap)
     assert got.not_known == [24, 32] and got.schedule.ks()[31] == 0 and got.schedule.ks()[255] == 0
     assert "at c=24 the interval of the step-cost map's extrapolation" in got.text
     assert "at c=32, above c=24, its prediction is not taken" in got.text
     # an interval the map's error leaves open on one side still decides, written so
-    open_top = MapBeyond({32: StepCostBeyond(Interval(1.5, 1.2, None), Decision.PAYS)}, [1, 2, 8, 16], [4])
+    open_top = MapBeyond({32: at(32, 1.5, 1.2, None, Decision.PAYS)}, [1, 2, 8, 16], [4])
     assert "pays at c=32 (1.50 [1.20, ∞])" in recommend(info, "u", vs, [], s, pred, "note", open_top).text
     # no checked map: the last verdict extends, said so, with the map cells that would tell
     plain = recommend(info, "u", vs, [], s)
@@ -204,7 +207,7 @@ def test_only_a_checked_map_that_holds_decides_and_never_beyond_its_fitted_batch
     # above the fitted batches: the map's extrapolation, its interval wider the farther it goes
     beyond = map_beyond(StepCosts([mp]), "spec", "basis", "output_throughput")
     assert sorted(beyond.predictions) == [32, 64] and beyond.fit == [1, 2, 8, 16] and beyond.checks == [4]
-    width = {c: math.log(p.speedup.hi / p.speedup.lo) for c, p in beyond.predictions.items()}
+    width = {c: math.log(p.predicted.hi / p.predicted.lo) for c, p in beyond.predictions.items()}
     inside = next(p.predicted for p in mp.predictions
                   if (p.suite, p.metric, p.concurrency) == ("basis", "output_throughput", 16))
     assert min(width.values()) > math.log(inside.hi / inside.lo) > 0

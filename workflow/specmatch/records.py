@@ -999,10 +999,11 @@ class Recommendation(Record):
     predicted: dict = field(default_factory=dict)
     map_note: Optional[str] = None
     # above the map's fitted batches, the map's own predictions (an extrapolation of its form, with intervals
-    # wider than inside the fit) decide where their intervals do: concurrency -> the predicted speedup with its
-    # interval and verdict; where they do not decide, the batch sizes are not known: `not_known` the
-    # concurrencies (speculation off there) and `measure_there` the config line whose map cells would tell
-    beyond_map: dict[str, StepCostBeyond] = field(default_factory=dict)
+    # wider than inside the fit) decide where their intervals do: concurrency -> the map's prediction there
+    # (its speedup with its interval, and verdict); where they do not decide, the batch sizes are not known:
+    # `not_known` the concurrencies (speculation off there) and `measure_there` the config line whose map cells
+    # would tell
+    beyond_map: dict[str, StepCostPrediction] = field(default_factory=dict)
     not_known: list = field(default_factory=list)
     measure_there: Optional[str] = None
 
@@ -1036,14 +1037,6 @@ class DerivedServers(Record):
     speculative server got none ("<action>: <text>")."""
     servers: dict[str, DerivedServer] = field(default_factory=dict)
     not_derived: dict = field(default_factory=dict)
-
-
-@dataclass
-class StepCostBeyond(Record):
-    """The step-cost map's predicted speedup at a concurrency above its fitted batches, as a recommendation
-    uses it (Recommendation.beyond_map)."""
-    speedup: Interval
-    decision: Decision
 
 
 @dataclass

@@ -37,7 +37,7 @@ from .reading.measurements import Measurements, Settings, drafted_nothing
 from .verdicts.noise import RunToRun, VarianceSum, run_to_run
 from .recommending.krecommend import references, sweep_report
 from ..records import (AdjustedSpeedup, Attribution, CellResult, Contrast, Decision, DerivedServer, Effect, Interval,
-                       Outcome, Recommendation, RoundPlan, StepCostBeyond, StepCosts, Verdict, Verification)
+                       Outcome, Recommendation, RoundPlan, StepCosts, Verdict, Verification)
 from ..stats import log_t_interval
 from ..sweep import members as sweep_members, parents as sweep_parents, sweep_of
 
@@ -457,7 +457,7 @@ def map_beyond(stepcost: StepCosts | None, server: str, suite: str, metric: str)
     mp = next((x for x in (stepcost.maps if stepcost else []) if x.server == server), None)
     if mp is None or mp.holds is not True:
         return None
-    rows = {p.concurrency: StepCostBeyond(p.predicted, p.decision) for p in mp.predictions
+    rows = {p.concurrency: p for p in mp.predictions
             if p.suite == suite and p.metric == metric and p.role == "predicted" and p.concurrency > max(mp.fit)}
     return MapBeyond(rows, list(mp.fit), list(mp.checks)) if rows else None
 

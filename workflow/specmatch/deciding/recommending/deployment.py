@@ -24,7 +24,7 @@ from dataclasses import dataclass
 from typing import Callable, TypeVar
 from ..verdicts.comparison import Comparison, compare, crossovers, decision, regions
 from ..reading.measurements import Settings
-from ...records import (Decision, KvPool, Outcome, Recommendation, Schedule, StepCostBeyond, Verdict, Verification,
+from ...records import (Decision, KvPool, Outcome, Recommendation, Schedule, StepCostPrediction, Verdict, Verification,
                          VerificationRow)
 from ...serving.engines import Engine, adapters, get_engine
 from ...stats import t_ppf
@@ -148,7 +148,7 @@ class MapBeyond:
     concurrency's predicted speedup with its interval and verdict, and the map's cells (the fitted
     concurrencies and the checks), from which the config line that extends it is written. It decides up to
     `reach` (REACH times the largest fitted batch); above that, nothing it predicts decides."""
-    predictions: dict[int, StepCostBeyond]
+    predictions: dict[int, StepCostPrediction]
     fit: list[int]
     checks: list[int]
 
@@ -291,8 +291,8 @@ def beyond_text(rec: Recommendation, known_top: int, beyond: MapBeyond) -> str:
     parts = []
     if decided:
         parts.append(f"above c={known_top} {what} decides (predicted, not measured): " + ", ".join(
-            f"{word[p.decision]} at c={c} ({_bound(p.speedup.value)} [{_bound(p.speedup.lo, '0')}, "
-            f"{_bound(p.speedup.hi, '∞')}])" for c, p in decided))
+            f"{word[p.decision]} at c={c} ({_bound(p.predicted.value)} [{_bound(p.predicted.lo, '0')}, "
+            f"{_bound(p.predicted.hi, '∞')}])" for c, p in decided))
     if rec.not_known:
         rec.measure_there = beyond.config_line(rec.not_known[0], rec.max_batch or max(rec.not_known))
         own = {int(c): p.decision for c, p in rec.beyond_map.items()}
