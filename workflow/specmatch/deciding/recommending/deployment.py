@@ -145,8 +145,8 @@ REACH = 2
 @dataclass
 class MapBeyond:
     """What a checked step-cost map predicts above its fitted batches (analysis.map_beyond): each
-    concurrency's predicted speedup with its interval and verdict, and the map's cells (the fitted
-    concurrencies and the checks), from which the config line that extends it is written. It decides up to
+    concurrency's prediction, and the map's cells (the fitted concurrencies and the checks), from which the
+    config line that extends it is written (map_cells_line). It decides up to
     `reach` (REACH times the largest fitted batch); above that, nothing it predicts decides."""
     predictions: dict[int, StepCostPrediction]
     fit: list[int]
@@ -156,15 +156,17 @@ class MapBeyond:
     def reach(self) -> int:
         return REACH * max(self.fit)
 
-    def config_line(self, at: int, max_batch: int) -> str:
-        """The `step_cost` setting that extends the map above its fit: map cells at `at` and at twice it
-        (within the server's batches), `at` held out to check the extended map (the verdict grid's
-        concurrencies among `concurrency` add nothing: config.schema)."""
-        new = {at} | ({2 * at} if 2 * at <= max_batch else set())
-        cs = sorted(set(self.fit) | set(self.checks) | new)
-        check = sorted(set(self.checks) | ({at} if len(new) > 1 else set()))
-        return (f"step_cost: {{concurrency: [{', '.join(map(str, cs))}]"
-                + (f", check: [{', '.join(map(str, check))}]}}" if check else "}"))
+
+def map_cells_line(fit: list[int], checks: list[int], at: int, max_batch: int) -> str:
+    """The `step_cost` setting that maps above a map's cells (`fit`, `checks`; none where there is no map):
+    map cells at `at` and at twice it (within the server's batches), `at` held out to check them (the
+    verdict grid's concurrencies among `concurrency` add nothing: config.schema)."""
+    at = min(at, max_batch)
+    new = {at} | ({2 * at} if 2 * at <= max_batch else set())
+    cs = sorted(set(fit) | set(checks) | new)
+    check = sorted(set(checks) | ({at} if len(new) > 1 else set()))
+    return (f"step_cost: {{concurrency: [{', '.join(map(str, cs))}]"
+            + (f", check: [{', '.join(map(str, check))}]}}" if check else "}"))
 
 
 def recommend(info: ServerInfo, suite: str, verdicts: list[Verdict], cmps: list[Comparison],
@@ -241,8 +243,8 @@ def recommend(info: ServerInfo, suite: str, verdicts: list[Verdict], cmps: list[
                         f"c={top}; no verdict is extrapolated)"))
         if not above and info.max_batch:
             rec.text += (" (no step-cost map that holds at its check predicts there: map cells above "
-                         f"c={top} and one held out to check them would, e.g. `step_cost: {{concurrency: "
-                         f"[{_pow2_above(top)}, {_pow2_above(_pow2_above(top))}], check: [{_pow2_above(top)}]}}`)")
+                         f"c={top} and one held out to check them would, e.g. "
+                         f"`{map_cells_line([], [], _pow2_above(top), max_batch)}`)")
     if not info.max_batch:
         rec.text += (f"; the server's largest batch is not known (an external endpoint: set `max_batch` on it), so the "
                      f"deployment covers the measured concurrencies, 1-{max_batch}")
@@ -294,7 +296,8 @@ def beyond_text(rec: Recommendation, known_top: int, beyond: MapBeyond) -> str:
             f"{word[p.decision]} at c={c} ({_bound(p.predicted.value)} [{_bound(p.predicted.lo, '0')}, "
             f"{_bound(p.predicted.hi, '∞')}])" for c, p in decided))
     if rec.not_known:
-        rec.measure_there = beyond.config_line(rec.not_known[0], rec.max_batch or max(rec.not_known))
+        rec.measure_there = map_cells_line(beyond.fit, beyond.checks, rec.not_known[0],
+                                           rec.max_batch or max(rec.not_known))
         own = {int(c): p.decision for c, p in rec.beyond_map.items()}
         wide = [c for c in rec.not_known if c <= beyond.reach and own[c] == Decision.INCONCLUSIVE]
         after = [c for c in rec.not_known if c <= beyond.reach and own[c] != Decision.INCONCLUSIVE]
