@@ -251,7 +251,7 @@ def test_the_summary_section_states_the_check_the_break_even_and_what_was_not_ma
     assert "| 64* |" in text and "agent 3.07" in text and "does not detectably move with τ" in text
     assert "| `basis` | 4 (check) |" in text and "`eagle3__sched`: no step-cost map" in text
     assert [p.name for p in render.plot(sc, tmp_path)] == ["break_even.png"]
-    assert "above them, up to the server's largest batch, where their widened intervals decide" in text
+    assert "above them, up to 2x the largest fitted batch, where their intervals decide" in text
     assert "Measured while the machine was busy" not in text
     # a check measured on a busy machine says so (the summary's flagged map cells, by server and concurrency)
     busy = "\n".join(render.lines(sc, {("spec", 4): ["spec r1"], ("base", 4): ["base r2"], ("other", 8): ["other r1"]}))

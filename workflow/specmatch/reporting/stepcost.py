@@ -8,6 +8,7 @@ import math
 from pathlib import Path
 
 from ..metrics import LABEL
+from ..deciding.recommending.deployment import REACH
 from ..records import Decision, StepCostKMap, StepCostMap, StepCosts
 from .formats import save_figure
 
@@ -69,8 +70,8 @@ def _holds(mp: StepCostMap) -> str:
     return (f"**The map holds** at the concurrency measured only to check it ({checked}) and at the measured "
             f"concurrencies together: no difference lies outside its family's interval (Bonferroni over the "
             f"{mp.comparisons} comparisons measured only to check it, and over every measured one): its predictions "
-            "within the fitted batches decide the concurrencies the verdict grid lacks, and above them, up to the "
-            "server's largest batch, where their widened intervals decide" + fitted + ".")
+            "within the fitted batches decide the concurrencies the verdict grid lacks, and above them, up to "
+            f"{REACH}x the largest fitted batch, where their intervals decide" + fitted + ".")
 
 
 def _pays(tau, need) -> str:
