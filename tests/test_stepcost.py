@@ -141,7 +141,7 @@ def test_the_recommendation_takes_the_maps_verdicts_where_the_grid_has_no_cell()
 
 def test_above_the_fitted_batches_the_maps_extrapolation_decides_where_its_interval_does():
     """A server that pays up to c=16 (measured and predicted inside the map's fit, 1-16) and runs batches up
-    to 256: the map's extrapolation loses at 32 (2x the fit, as far as it may decide: deployment.REACH) and
+    to 256: the map's extrapolation loses at 32 (2x the fit, as far as it may decide: records.REACH) and
     its predictions above 32 decide nothing, so 64-256 are not known, off there, with the map cells that
     would tell (one held out above the grid to check them); nothing extends the verdict at c=16. From the
     first batch size the extrapolation cannot decide, nothing above it is decided either. Without a map the

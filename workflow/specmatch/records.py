@@ -972,6 +972,14 @@ class Deployment(Record):
     note: Optional[str] = None            # the engine's own word on it: its mechanism, or why it cannot run it
 
 
+# How far above its largest fitted batch the map's extrapolation decides: up to 2x its intervals kept their
+# level and its decisions their error rate in the audit's simulations (8 Dec 2026, 600 maps per step cost);
+# at 4x and beyond they under-covered wherever the fitted curvature sat at its bound (0.83 at 4x and 0.71 at
+# 8x for a step cost rising gently in the map's own form, wrong at 16x in 25% of maps) or the form changed
+# above the fit (0.55 at 8x for a smooth knee): docs/methods/step-cost.md.
+REACH = 2
+
+
 @dataclass
 class Recommendation(Record):
     """What to deploy for one speculative server on one suite, built from its verdicts: the
@@ -998,8 +1006,8 @@ class Recommendation(Record):
     # (concurrency -> its predicted verdict), and what the map says of itself (where it was checked)
     predicted: dict = field(default_factory=dict)
     map_note: Optional[str] = None
-    # above the map's fitted batches, the map's own predictions (an extrapolation of its form, with intervals
-    # wider than inside the fit) decide where their intervals do: concurrency -> the map's prediction there
+    # above the map's fitted batches, up to REACH times the largest, the map's own predictions (an extrapolation of
+    # its form, with intervals wider than inside the fit) decide where their intervals do: concurrency -> the map's prediction there
     # (its speedup with its interval, and verdict); where they do not decide, the batch sizes are not known:
     # `not_known` the concurrencies (speculation off there) and `measure_there` the config line whose map cells
     # would tell

@@ -451,7 +451,7 @@ def map_predictions(stepcost: StepCosts | None, server: str, suite: str, metric:
 
 def map_beyond(stepcost: StepCosts | None, server: str, suite: str, metric: str) -> MapBeyond | None:
     """The step-cost map's predictions above its fitted batches for `server` on `suite`: an extrapolation
-    of the map's form, with an interval wider than inside the fit (it decides up to deployment.REACH
+    of the map's form, with an interval wider than inside the fit (it decides up to records.REACH
     times the largest fitted batch), used where the map holds at its checks, as map_predictions is; a
     concurrency measured only to check the map is not a prediction. None where the map does not hold."""
     mp = next((x for x in (stepcost.maps if stepcost else []) if x.server == server), None)

@@ -8,8 +8,7 @@ import math
 from pathlib import Path
 
 from ..metrics import LABEL
-from ..deciding.recommending.deployment import REACH
-from ..records import Decision, StepCostKMap, StepCostMap, StepCosts
+from ..records import REACH, Decision, StepCostKMap, StepCostMap, StepCosts
 from .formats import save_figure
 
 WORD = {Decision.PAYS: "pays", Decision.LOSES: "loses", Decision.EQUIVALENT: "no difference",

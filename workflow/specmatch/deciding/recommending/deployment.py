@@ -24,8 +24,8 @@ from dataclasses import dataclass
 from typing import Callable, TypeVar
 from ..verdicts.comparison import Comparison, compare, crossovers, decision, regions
 from ..reading.measurements import Settings
-from ...records import (Decision, KvPool, Outcome, Recommendation, Schedule, StepCostPrediction, Verdict, Verification,
-                         VerificationRow)
+from ...records import (REACH, Decision, KvPool, Outcome, Recommendation, Schedule, StepCostPrediction, Verdict,
+                         Verification, VerificationRow)
 from ...serving.engines import Engine, adapters, get_engine
 from ...stats import t_ppf
 
@@ -134,12 +134,6 @@ class ServerInfo:
     kv_pool: KvPool | None = None  # the KV cache its engine said it admits (launch record; None: no record)
 
 
-# How far above its largest fitted batch the map's extrapolation decides: up to 2x its intervals kept their
-# level and its decisions their error rate in the audit's simulations (8 Dec 2026, 600 maps per step cost);
-# at 4x and beyond they under-covered wherever the fitted curvature sat at its bound (0.83 at 4x and 0.71 at
-# 8x for a step cost rising gently in the map's own form, wrong at 16x in 25% of maps) or the form changed
-# above the fit (0.55 at 8x for a smooth knee): docs/methods/step-cost.md.
-REACH = 2
 
 
 @dataclass
